@@ -1,0 +1,40 @@
+# The two commands of the quick start: `make demo` and `make test`.
+# Both build .venv from uv.lock on first use and reuse it afterwards.
+
+PYTHON ?= python3
+UV_VERSION := 0.13.9
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint typecheck unit e2e bench clean
+
+$(BIN)/.synced: uv.lock pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check "uv==$(UV_VERSION)"
+	VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/uv sync --frozen --active --quiet
+	touch $@
+
+demo: $(BIN)/.synced
+	$(BIN)/pyinfra inventory/demo.py deploy.py --dry -y
+
+lint: $(BIN)/.synced
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(BIN)/.synced
+	$(BIN)/mypy
+
+unit: $(BIN)/.synced
+	$(BIN)/pytest -m "not e2e"
+
+e2e: $(BIN)/.synced
+	$(BIN)/pytest -m e2e
+
+test: lint typecheck
+	$(BIN)/pytest
+
+bench: $(BIN)/.synced
+	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
