@@ -1,0 +1,160 @@
+"""What the container offers around the GPUs: memory, /dev/shm, disk, device nodes, glibc,
+Python, systemd, and the model source. Each fact is one round trip."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+
+
+@dataclass(frozen=True)
+class Resources:
+    stage_total_bytes: int | None = None
+    stage_free_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    # The container's cgroup memory limit; None when unlimited (then mem_total applies).
+    cgroup_limit_bytes: int | None = None
+    engine_free_bytes: int | None = None
+    glibc: str | None = None
+    python: str | None = None
+    systemd: int | None = None
+    device_nodes: list[str] = field(default_factory=list)
+
+    @property
+    def memory_limit_bytes(self) -> int | None:
+        limits = [v for v in (self.mem_total_bytes, self.cgroup_limit_bytes) if v]
+        return min(limits) if limits else None
+
+
+def _int(text: str) -> int | None:
+    text = text.strip()
+    return int(text) if text.isdigit() else None
+
+
+def _limit(text: str) -> int | None:
+    # cgroup v2 says "max"; v1 says "unlimited" with a number near 2**63.
+    value = _int(text)
+    return value if value is not None and value < 2**62 else None
+
+
+def parse_resources(lines: list[str]) -> Resources:
+    values: dict[str, str] = {}
+    nodes: list[str] = []
+    for line in lines:
+        key, _, value = line.partition("=")
+        if key == "dev":
+            nodes.append(value.strip())
+        else:
+            values[key] = value.strip()
+    stage = values.get("stage", "").split()
+    systemd = values.get("systemd", "").split()
+    glibc = values.get("glibc", "").split()
+    return Resources(
+        stage_total_bytes=_int(stage[0]) if len(stage) == 2 else None,
+        stage_free_bytes=_int(stage[1]) if len(stage) == 2 else None,
+        mem_total_bytes=_int(values.get("mem_kib", "")) * 1024
+        if _int(values.get("mem_kib", ""))
+        else None,
+        cgroup_limit_bytes=_limit(values.get("cgroup_max", "")),
+        engine_free_bytes=_int(values.get("engine_free", "")),
+        glibc=glibc[-1] if glibc else None,
+        python=values.get("python") or None,
+        systemd=_int(systemd[1]) if len(systemd) > 1 else None,
+        device_nodes=sorted(nodes),
+    )
+
+
+class HostResources(FactBase[Resources]):
+    """
+    Returns memory, the stage tmpfs, free disk for engines, glibc, Python, systemd and the
+    NVIDIA device nodes, in one round trip.
+
+    + stage_dir: the tmpfs the model is staged into (e.g. /dev/shm)
+    + engine_root: where engine environments go (its nearest existing parent is measured)
+    """
+
+    def command(self, stage_dir: str, engine_root: str) -> StringCommand:
+        # _separator="": pyinfra flattens nested commands, so spaces are written out here.
+        return StringCommand(
+            "stage=",
+            QuoteString(stage_dir),
+            "; root=",
+            QuoteString(engine_root),
+            "; " + _RESOURCES_SCRIPT,
+            _separator="",
+        )
+
+    def process(self, output: list[str]) -> Resources:
+        return parse_resources(output)
+
+
+# Every probe tolerates absence: an unknown value is reported as unknown, not as a failure.
+_RESOURCES_SCRIPT = " ".join(
+    """
+    echo "stage=$(df -B1 --output=size,avail "$stage" 2>/dev/null | tail -n1)";
+    echo "mem_kib=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)";
+    echo "cgroup_max=$(cat /sys/fs/cgroup/memory.max 2>/dev/null
+        || cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null)";
+    while [ ! -e "$root" ]; do root=$(dirname "$root"); done;
+    echo "engine_free=$(df -B1 --output=avail "$root" 2>/dev/null | tail -n1)";
+    echo "glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null)";
+    echo "python=$(python3 -c 'import platform; print(platform.python_version())' 2>/dev/null)";
+    echo "systemd=$(systemctl --version 2>/dev/null | head -n1)";
+    for n in /dev/nvidia*; do [ -e "$n" ] && echo "dev=$n"; done; true
+    """.split()
+)
+
+
+@dataclass(frozen=True)
+class Model:
+    exists: bool
+    size_bytes: int | None = None
+    # config.json's "architectures"[0]; None when there is no readable config.json.
+    architecture: str | None = None
+    config_error: str | None = None
+
+
+CONFIG_MARKER = "@@config.json"
+
+
+def parse_model(lines: list[str]) -> Model:
+    if not lines or lines[0].strip() != "exists":
+        return Model(exists=False)
+    size = _int(lines[1]) if len(lines) > 1 else None
+    try:
+        start = lines.index(CONFIG_MARKER) + 1
+    except ValueError:
+        return Model(exists=True, size_bytes=size, config_error="no readable config.json")
+    try:
+        config = json.loads("\n".join(lines[start:]))
+        arch = config["architectures"][0]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return Model(exists=True, size_bytes=size, config_error="config.json has no architectures")
+    return Model(exists=True, size_bytes=size, architecture=str(arch))
+
+
+class ModelSource(FactBase[Model]):
+    """
+    Returns whether a model directory exists, its size and its architecture.
+
+    + path: the model directory on the target
+    """
+
+    def command(self, path: str) -> StringCommand:
+        config = QuoteString(f"{path}/config.json")
+        return StringCommand(
+            "if [ -d",
+            QuoteString(path),
+            "]; then echo exists; du -sb",
+            QuoteString(path),
+            "| cut -f1; if [ -r",
+            config,
+            f"]; then echo {CONFIG_MARKER}; cat",
+            config,
+            "; fi; fi; true",
+        )
+
+    def process(self, output: list[str]) -> Model:
+        return parse_model(output)

@@ -1,0 +1,52 @@
+"""TEST DOUBLE: canned answers that make pyinfra's @fake connector look like CT200.
+
+nvidia-smi's part is produced by running the deploy's real NvidiaGpus fact command against the
+nvidia-smi double and a fixture of real captured output, so the demo sees byte-for-byte what
+the fact would read on such a host. The rest is in tests/fixtures/ct200 (see its README).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from operations.facts.gpu import NvidiaGpus
+from operations.facts.host import CONFIG_MARKER
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures"
+DOUBLE = ROOT / "doubles" / "nvidia-smi"
+
+
+def nvidia_smi_output(scenario: str) -> list[str]:
+    """What the NvidiaGpus fact's command prints on a host showing `scenario`."""
+    with tempfile.TemporaryDirectory() as bindir:
+        os.symlink(DOUBLE, Path(bindir) / "nvidia-smi")
+        env = {
+            **os.environ,
+            "PATH": f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "NVIDIA_SMI_DOUBLE_DIR": str(FIXTURES / "nvidia-smi" / scenario),
+        }
+        result = subprocess.run(
+            ["sh", "-c", NvidiaGpus().command()],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        )
+    return result.stdout.splitlines()
+
+
+def fake_responses(scenario: str = "rtx-pro-6000-x8", model_bytes: int = 53_800_000_000) -> dict[str, Any]:
+    """fake_responses host data for pyinfra's @fake connector (substring matchers)."""
+    resources = (FIXTURES / "ct200" / "host-resources.txt").read_text().splitlines()
+    config = (FIXTURES / "ct200" / "model-config.json").read_text().splitlines()
+    return {
+        "--query-gpu=": nvidia_smi_output(scenario),
+        "GNU_LIBC_VERSION": resources,
+        CONFIG_MARKER: ["exists", str(model_bytes), CONFIG_MARKER, *config],
+    }
