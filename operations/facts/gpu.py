@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from pyinfra.api import FactBase
+from pyinfra.api.facts import FactBase
 
 QUERY_FIELDS = ("index", "name", "compute_cap", "memory.total", "driver_version", "uuid")
 RC_MARKER = "@@nvidia-smi-rc="

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api.command import QuoteString, StringCommand
+from pyinfra.api.facts import FactBase
 
 
 @dataclass(frozen=True)
@@ -51,12 +52,11 @@ def parse_resources(lines: list[str]) -> Resources:
     stage = values.get("stage", "").split()
     systemd = values.get("systemd", "").split()
     glibc = values.get("glibc", "").split()
+    mem_kib = _int(values.get("mem_kib", ""))
     return Resources(
         stage_total_bytes=_int(stage[0]) if len(stage) == 2 else None,
         stage_free_bytes=_int(stage[1]) if len(stage) == 2 else None,
-        mem_total_bytes=_int(values.get("mem_kib", "")) * 1024
-        if _int(values.get("mem_kib", ""))
-        else None,
+        mem_total_bytes=mem_kib * 1024 if mem_kib else None,
         cgroup_limit_bytes=_limit(values.get("cgroup_max", "")),
         engine_free_bytes=_int(values.get("engine_free", "")),
         glibc=glibc[-1] if glibc else None,
@@ -92,18 +92,19 @@ class HostResources(FactBase[Resources]):
 
 # Every probe tolerates absence: an unknown value is reported as unknown, not as a failure.
 _RESOURCES_SCRIPT = " ".join(
-    """
-    echo "stage=$(df -B1 --output=size,avail "$stage" 2>/dev/null | tail -n1)";
-    echo "mem_kib=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)";
-    echo "cgroup_max=$(cat /sys/fs/cgroup/memory.max 2>/dev/null
-        || cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null)";
-    while [ ! -e "$root" ]; do root=$(dirname "$root"); done;
-    echo "engine_free=$(df -B1 --output=avail "$root" 2>/dev/null | tail -n1)";
-    echo "glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null)";
-    echo "python=$(python3 -c 'import platform; print(platform.python_version())' 2>/dev/null)";
-    echo "systemd=$(systemctl --version 2>/dev/null | head -n1)";
-    for n in /dev/nvidia*; do [ -e "$n" ] && echo "dev=$n"; done; true
-    """.split()
+    (
+        'echo "stage=$(df -B1 --output=size,avail "$stage" 2>/dev/null | tail -n1)";',
+        "echo \"mem_kib=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)\";",
+        'echo "cgroup_max=$(cat /sys/fs/cgroup/memory.max 2>/dev/null',
+        '|| cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null)";',
+        'while [ ! -e "$root" ]; do root=$(dirname "$root"); done;',
+        'echo "engine_free=$(df -B1 --output=avail "$root" 2>/dev/null | tail -n1)";',
+        'echo "glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null)";',
+        "echo \"python=$(python3 -c 'import platform; print(platform.python_version())'",
+        '2>/dev/null)";',
+        'echo "systemd=$(systemctl --version 2>/dev/null | head -n1)";',
+        'for n in /dev/nvidia*; do [ -e "$n" ] && echo "dev=$n"; done; true',
+    )
 )
 
 

@@ -64,20 +64,39 @@ def test_command_line_numbers_become_text_for_text_settings() -> None:
 def test_pyinfra_connector_keys_are_not_ours_to_judge() -> None:
     settings = load(
         "ct200",
-        [Layer(ORIGIN, {**GOOD, "ssh_user": "root", "ssh_port": 22, "_sudo": True, "fake_delay": 0})],
+        [
+            Layer(
+                ORIGIN, {**GOOD, "ssh_user": "root", "ssh_port": 22, "_sudo": True, "fake_delay": 0}
+            )
+        ],
     )
     assert settings.model_source == GOOD["model_source"]
 
 
 BAD: list[tuple[str, dict[str, Any], str, str]] = [
     # (case, data, key that must be named, text that must appear)
-    ("typo in a key", {"sglang_verison": "0.5.11"}, "sglang_verison", "did you mean 'sglang_version'"),
-    ("typo in another key", {"attention_backed": "triton"}, "attention_backed", "'attention_backend'"),
+    (
+        "typo in a key",
+        {"sglang_verison": "0.5.11"},
+        "sglang_verison",
+        "did you mean 'sglang_version'",
+    ),
+    (
+        "typo in another key",
+        {"attention_backed": "triton"},
+        "attention_backed",
+        "'attention_backend'",
+    ),
     ("unknown key far from any", {"colour": "blue"}, "colour", "Configuration reference"),
     ("version without patch", {"sglang_version": "0.5"}, "sglang_version", "exact SGLang release"),
     ("version as a number", {"sglang_version": 0.5}, "sglang_version", "exact SGLang release"),
     ("lane misspelt", {"cuda_lane": "cuda128"}, "cuda_lane", "CUDA lane such as"),
-    ("relative model_source", {"model_source": "models/qwen"}, "model_source", "absolute directory"),
+    (
+        "relative model_source",
+        {"model_source": "models/qwen"},
+        "model_source",
+        "absolute directory",
+    ),
     ("relative stage dir", {"model_stage_dir": "dev/shm"}, "model_stage_dir", "absolute directory"),
     ("model name with spaces", {"model_name": "Qwen 3.6"}, "model_name", "without spaces"),
     ("dp_size zero", {"dp_size": 0}, "dp_size", "from 1 to 64"),
@@ -86,9 +105,19 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
     ("compute cap as a number", {"gpu_compute_cap": 12}, "gpu_compute_cap", "compute capability"),
     ("privileged port", {"base_port": 80}, "base_port", "1024 to 65471"),
     ("port past the range", {"base_port": 70000}, "base_port", "1024 to 65471"),
-    ("memory fraction above 1", {"mem_fraction_static": 1.5}, "mem_fraction_static", "at most 0.99"),
+    (
+        "memory fraction above 1",
+        {"mem_fraction_static": 1.5},
+        "mem_fraction_static",
+        "at most 0.99",
+    ),
     ("memory fraction zero", {"mem_fraction_static": 0}, "mem_fraction_static", "above 0"),
-    ("mamba strategy unknown", {"mamba_cache_strategy": "extra"}, "mamba_cache_strategy", "extra_buffer"),
+    (
+        "mamba strategy unknown",
+        {"mamba_cache_strategy": "extra"},
+        "mamba_cache_strategy",
+        "extra_buffer",
+    ),
     ("speculative as text", {"speculative": "EAGLE"}, "speculative", "false, or a mapping"),
     (
         "speculative unknown field",
@@ -107,11 +136,13 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
 
 
 @pytest.mark.parametrize(("case", "data", "key", "text"), BAD, ids=[b[0] for b in BAD])
-def test_bad_setting_is_one_clear_line(case: str, data: dict[str, Any], key: str, text: str) -> None:
+def test_bad_setting_is_one_clear_line(
+    case: str, data: dict[str, Any], key: str, text: str
+) -> None:
     problems = problems_for(data)
     assert len(problems) == 1, problems
     line = problems[0]
-    assert line.startswith(f"ct200: ") and key in line and text in line, line
+    assert line.startswith("ct200: ") and key in line and text in line, line
     assert ORIGIN in line, line
     assert "\n" not in line
 

@@ -1,0 +1,122 @@
+"""Show what a deploy would run, per host, without changing anything.
+
+    python -m operations.plan INVENTORY [--data KEY=VALUE ...] [--json]
+
+Loads the inventory and group_data as pyinfra does (same connectors, @fake included), gathers
+the same facts as deploy.py and prints the resolved plan. Exit status 1 when any host has errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from operations import settings as settings_mod
+from operations.host_plan import HostReport, plan_for_host
+
+
+def _parse_data(items: list[str]) -> dict[str, Any]:
+    from pyinfra_cli.util import parse_cli_arg
+
+    data: dict[str, Any] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise SystemExit(f"--data {item!r}: expected KEY=VALUE")
+        data[key] = parse_cli_arg(value)
+    return data
+
+
+def build_state(inventory_path: str, override: dict[str, Any]) -> Any:
+    """An initialised pyinfra State, built the way pyinfra's CLI builds it."""
+    from pyinfra.api.config import Config
+    from pyinfra.api.state import State
+    from pyinfra.context import ctx_inventory, ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    if not Path(inventory_path).exists():
+        raise SystemExit(f"inventory {inventory_path!r}: no such file")
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.append(cwd)
+    state = State(check_for_changes=False)
+    state.cwd = cwd
+    ctx_state.set(state)
+    inventory = make_inventory(inventory_path, cwd=cwd, override_data=override)
+    ctx_inventory.set(inventory)
+    config = Config()
+    # One unreachable host must not stop the plan of the others.
+    config.FAIL_PERCENT = 100
+    state.init(inventory, config)
+    return state
+
+
+def run(inventory_path: str, override: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """(reports by host name, all ok). Settings are checked for every host before connecting."""
+    from pyinfra.api.connect import connect_all
+    from pyinfra.context import ctx_host
+
+    state = build_state(inventory_path, override)
+    hosts = list(state.inventory)
+    loaded: dict[str, settings_mod.Settings] = {}
+    problems: dict[str, list[str]] = {}
+    for host in hosts:
+        try:
+            loaded[host.name] = settings_mod.load_for_host(host)
+        except settings_mod.SettingsError as exc:
+            problems[host.name] = exc.problems
+
+    reports: dict[str, HostReport | str | list[str]] = dict(problems)
+    if loaded:
+        connect_all(state)
+        for host in hosts:
+            if host.name not in loaded:
+                continue
+            if host not in state.activated_hosts:
+                reports[host.name] = "could not connect (see the messages above)"
+                continue
+            with ctx_host.use(host):
+                reports[host.name] = plan_for_host(host, loaded[host.name])
+    ok = all(isinstance(r, HostReport) and r.ok for r in reports.values())
+    return reports, ok
+
+
+def to_json(reports: dict[str, Any]) -> dict[str, Any]:
+    hosts: dict[str, Any] = {}
+    for name, report in reports.items():
+        if isinstance(report, HostReport):
+            hosts[name] = report.to_json()
+        else:
+            errors = report if isinstance(report, list) else [report]
+            hosts[name] = {"errors": errors, "warnings": [], "decisions": [], "ranks": []}
+    return {"hosts": hosts}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m operations.plan", description=__doc__)
+    parser.add_argument("inventory")
+    parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    args = parser.parse_args(argv)
+
+    reports, ok = run(args.inventory, _parse_data(args.data))
+    if args.json:
+        json.dump(to_json(reports), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        from operations.report import print_reports
+
+        settings_errors = {k: v for k, v in reports.items() if isinstance(v, list)}
+        for problems in settings_errors.values():
+            for line in problems:
+                print(f"error: {line}", file=sys.stderr)
+        print_reports({k: v for k, v in reports.items() if not isinstance(v, list)})
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

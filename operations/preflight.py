@@ -1,0 +1,159 @@
+"""Preflight: is this host fit to run the plan? Pure checks over gathered facts.
+
+Each failure says what was expected, what was found and how to fix it. A host with any
+failure gets no change at all (deploy.py stops it before the first change).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from operations.facts.gpu import NvidiaSmi
+from operations.facts.host import Model, Resources
+from operations.kb import Knowledge, version
+from operations.settings import Settings
+
+GIB = 1024**3
+# Host RAM each SGLang process needs beside the weights it maps from /dev/shm (tokenizer,
+# scheduler, CUDA context, pinned buffers): a conservative figure for the memory check.
+RAM_PER_RANK_BYTES = 4 * GIB
+# A fresh engine environment (torch + CUDA libraries + kernels) takes about 12 GB.
+ENGINE_ENV_BYTES = 15 * GIB
+
+MISMATCH_FIX = (
+    "the container's NVIDIA user-space libraries must be the exact version of the host's kernel "
+    "module: on the Proxmox node run 'cat /proc/driver/nvidia/version' and install the same "
+    "driver version inside the container (user space only, --no-kernel-module)"
+)
+NO_DRIVER_FIX = (
+    "pass the GPUs into the container (lxc.cgroup2.devices.allow c 195:* rwm and bind-mount "
+    "/dev/nvidia*) and check that the node's driver is loaded (nvidia-smi on the node)"
+)
+
+
+@dataclass(frozen=True)
+class Failure:
+    check: str
+    expected: str
+    found: str
+    fix: str
+
+
+def _gib(n: int | None) -> str:
+    return "unknown" if n is None else f"{n / GIB:.1f} GiB"
+
+
+def check(
+    settings: Settings,
+    kb: Knowledge,
+    gpu: NvidiaSmi,
+    resources: Resources,
+    model: Model,
+) -> list[Failure]:
+    s = settings
+    failures: list[Failure] = []
+
+    def fail(check: str, expected: str, found: str, fix: str) -> None:
+        failures.append(Failure(check, expected, found, fix))
+
+    if not gpu.ok:
+        error = gpu.error or "no output"
+        if "mismatch" in error.lower():
+            fix = MISMATCH_FIX
+        elif "not found" in error.lower():
+            fix = "install the NVIDIA driver user space (nvidia-smi) in the container"
+        else:
+            fix = NO_DRIVER_FIX
+        fail("nvidia-smi answers", "a list of GPUs", error, fix)
+    else:
+        if len(gpu.gpus) != s.gpu_count:
+            fail(
+                "GPU count",
+                f"{s.gpu_count} GPUs (gpu_count)",
+                f"{len(gpu.gpus)}: {', '.join(sorted({g.name for g in gpu.gpus})) or 'none'}",
+                "pass every GPU into the container, or set gpu_count (and dp_size) to match",
+            )
+        wrong = [g for g in gpu.gpus if g.compute_cap != s.gpu_compute_cap]
+        if wrong:
+            caps = ", ".join(sorted({f"{g.name} ({g.compute_cap})" for g in wrong}))
+            arch = kb.gpus.get(s.gpu_compute_cap, {}).get("arch", s.gpu_compute_cap)
+            fail(
+                "compute capability",
+                f"{s.gpu_compute_cap} ({arch}) on every GPU (gpu_compute_cap)",
+                caps,
+                "this deploy is planned for another GPU: set gpu_compute_cap for this host, "
+                "after checking the knowledge base supports it",
+            )
+
+    expected_nodes = ["/dev/nvidiactl", "/dev/nvidia-uvm"] + [
+        f"/dev/nvidia{i}" for i in range(s.gpu_count)
+    ]
+    missing = [n for n in expected_nodes if n not in resources.device_nodes]
+    if missing:
+        fail(
+            "GPU device nodes",
+            ", ".join(expected_nodes),
+            f"missing {', '.join(missing)}",
+            "add the nodes to the container's config (lxc.mount.entry: /dev/nvidiaN ... bind), "
+            "nvidia-uvm included: CUDA needs it",
+        )
+
+    size = model.size_bytes
+    if size is None and s.model_name in kb.models:
+        size = int(kb.models[s.model_name].get("size_gb", 0) * 1e9) or None
+    if not model.exists:
+        fail(
+            "model source",
+            f"a model directory at {s.model_source} (model_source)",
+            "no such directory",
+            "mount the weights into the container at model_source, or set model_source",
+        )
+    elif model.architecture is None:
+        fail(
+            "model config",
+            f"{s.model_source}/config.json naming the architecture",
+            model.config_error or "unreadable",
+            "point model_source at a Hugging Face model directory (config.json + shards)",
+        )
+
+    if size is not None:
+        if resources.stage_total_bytes is not None and resources.stage_total_bytes < size * 1.02:
+            fail(
+                f"{s.model_stage_dir} size",
+                f">= {_gib(int(size * 1.02))} (the model, {_gib(size)}, plus 2%)",
+                _gib(resources.stage_total_bytes),
+                f"enlarge the tmpfs (mount -o remount,size=... {s.model_stage_dir}, or the "
+                "container's /dev/shm size) or set model_stage_dir",
+            )
+        limit = resources.memory_limit_bytes
+        needed = size + s.dp_size * RAM_PER_RANK_BYTES
+        if limit is not None and limit < needed:
+            fail(
+                "container memory",
+                f">= {_gib(needed)} (model {_gib(size)} in tmpfs + {s.dp_size} ranks x "
+                f"{_gib(RAM_PER_RANK_BYTES)})",
+                _gib(limit),
+                "raise the container's memory limit (pct set CTID --memory MiB): /dev/shm "
+                "pages count against it",
+            )
+
+    release = kb.releases.get(s.sglang_version)
+    if release is not None:
+        floor = release["glibc"]
+        if resources.glibc is None or version(resources.glibc) < version(floor):
+            fail(
+                "glibc",
+                f">= {floor} (the wheels of sglang {s.sglang_version} need it)",
+                resources.glibc or "unknown",
+                "use a newer distribution in the container (Debian 12 has 2.36)",
+            )
+    if resources.systemd is None:
+        fail("systemd", "systemd as init", "not found", "run a systemd-based container")
+    if resources.engine_free_bytes is not None and resources.engine_free_bytes < ENGINE_ENV_BYTES:
+        fail(
+            "disk for engines",
+            f">= {_gib(ENGINE_ENV_BYTES)} free under {s.engine_root}",
+            _gib(resources.engine_free_bytes),
+            "free disk space or grow the container's root disk (pct resize)",
+        )
+    return failures

@@ -1,0 +1,406 @@
+"""The resolver across releases, GPUs, lanes and settings: what each rank runs, or why not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from operations.facts.host import Model
+from operations.resolver import HostPlan, resolve, systemd_quote
+from tests.unit.builders import facts, make_settings
+
+
+def plan(scenario: str = "rtx-pro-6000-x8", **settings: Any) -> HostPlan:
+    return resolve(make_settings(**settings), facts(scenario))
+
+
+def options(p: HostPlan) -> list[str]:
+    assert p.ranks, p.errors
+    return p.ranks[0].argv[3:]
+
+
+def value_of(p: HostPlan, option: str) -> str:
+    argv = options(p)
+    return argv[argv.index(option) + 1]
+
+
+# (case, fixture, settings, {option: value or None for a bare flag}, absent options)
+GOOD: list[tuple[str, str, dict[str, Any], dict[str, str | None], list[str]]] = [
+    (
+        "default: 0.5.11 cu128 on RTX PRO 6000",
+        "rtx-pro-6000-x8",
+        {},
+        {
+            "--attention-backend": "flashinfer",
+            "--mamba-scheduler-strategy": "extra_buffer",
+            "--mem-fraction-static": "0.9",
+            "--served-model-name": "Qwen/Qwen3.6-27B",
+            "--model-path": "/dev/shm/models/Qwen--Qwen3.6-27B",
+            "--host": "127.0.0.1",
+            "--enable-metrics": None,
+        },
+        ["--mamba-radix-cache-strategy", "--speculative-algorithm", "--config"],
+    ),
+    (
+        "0.5.9 serves Qwen3.5 with triton on sm_120",
+        "rtx-pro-6000-x8",
+        {"sglang_version": "0.5.9", "model_name": "Qwen/Qwen3.5-27B"},
+        {"--attention-backend": "triton", "--mamba-scheduler-strategy": "extra_buffer"},
+        [],
+    ),
+    (
+        "0.5.19 keeps a CUDA 12 lane and uses the new Mamba spelling",
+        "rtx-pro-6000-x8",
+        {"sglang_version": "0.5.19"},
+        {"--attention-backend": "flashinfer", "--mamba-radix-cache-strategy": "extra_buffer"},
+        ["--mamba-scheduler-strategy"],
+    ),
+    (
+        "0.5.23 on a CUDA 13 driver uses the renamed Mamba flag",
+        "rtx-pro-6000-x8-driver-580",
+        {"sglang_version": "0.5.23", "cuda_lane": "cu130"},
+        {"--attention-backend": "flashinfer", "--mamba-radix-cache-strategy": "extra_buffer"},
+        ["--mamba-scheduler-strategy"],
+    ),
+    (
+        "explicit triton is kept",
+        "rtx-pro-6000-x8",
+        {"attention_backend": "triton"},
+        {"--attention-backend": "triton"},
+        [],
+    ),
+    (
+        "MTP on 0.5.11: flashinfer too old, auto falls back to triton",
+        "rtx-pro-6000-x8",
+        {
+            "speculative": {
+                "algorithm": "EAGLE",
+                "num_steps": 3,
+                "eagle_topk": 1,
+                "num_draft_tokens": 4,
+            }
+        },
+        {
+            "--attention-backend": "triton",
+            "--speculative-algorithm": "EAGLE",
+            "--speculative-num-steps": "3",
+            "--speculative-eagle-topk": "1",
+            "--speculative-num-draft-tokens": "4",
+        },
+        [],
+    ),
+    (
+        "MTP on 0.5.19: its flashinfer is new enough",
+        "rtx-pro-6000-x8",
+        {"sglang_version": "0.5.19", "speculative": {"algorithm": "EAGLE"}},
+        {"--attention-backend": "flashinfer", "--speculative-algorithm": "EAGLE"},
+        ["--speculative-num-steps"],
+    ),
+    (
+        "CUDA graph batch size, old spelling",
+        "rtx-pro-6000-x8",
+        {"cuda_graph_max_bs": 256},
+        {"--cuda-graph-max-bs": "256"},
+        ["--cuda-graph-max-bs-decode"],
+    ),
+    (
+        "CUDA graph batch size, new spelling",
+        "rtx-pro-6000-x8-driver-580",
+        {"sglang_version": "0.5.23", "cuda_lane": "cu130", "cuda_graph_max_bs": 256},
+        {"--cuda-graph-max-bs-decode": "256"},
+        ["--cuda-graph-max-bs"],
+    ),
+    (
+        "Hopper: fa3 cannot serve the hybrid model, auto picks flashinfer",
+        "h200-x8",
+        {"gpu_compute_cap": "9.0"},
+        {"--attention-backend": "flashinfer"},
+        [],
+    ),
+    (
+        "banner says CUDA N/A: the driver version decides",
+        "cuda-na",
+        {},
+        {"--attention-backend": "flashinfer"},
+        [],
+    ),
+    (
+        "API key by file: the key never reaches the command line",
+        "rtx-pro-6000-x8",
+        {"api_key_file": "secrets/api-key"},
+        {"--config": "/etc/sglang/secrets.yaml"},
+        ["--api-key"],
+    ),
+    (
+        "metrics off",
+        "rtx-pro-6000-x8",
+        {"enable_metrics": False, "server_host": "10.0.0.5", "mem_fraction_static": 0.85},
+        {"--host": "10.0.0.5", "--mem-fraction-static": "0.85"},
+        ["--enable-metrics"],
+    ),
+    (
+        "extra args checked and passed through",
+        "rtx-pro-6000-x8",
+        {"extra_server_args": ["--kv-cache-dtype", "fp8_e4m3", "--chunked-prefill-size", "2048"]},
+        {"--kv-cache-dtype": "fp8_e4m3", "--chunked-prefill-size": "2048"},
+        [],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "scenario", "settings", "want", "absent"), GOOD, ids=[g[0] for g in GOOD]
+)
+def test_resolves(
+    case: str,
+    scenario: str,
+    settings: dict[str, Any],
+    want: dict[str, str | None],
+    absent: list[str],
+) -> None:
+    p = plan(scenario, **settings)
+    assert not p.errors, p.errors
+    argv = options(p)
+    for option, value in want.items():
+        assert option in argv, (option, argv)
+        if value is not None:
+            assert value_of(p, option) == value
+    for option in absent:
+        assert option not in argv
+
+
+def test_default_plan_has_eight_ranks_one_per_gpu_and_port() -> None:
+    p = plan()
+    assert [r.rank for r in p.ranks] == list(range(8))
+    assert [r.port for r in p.ranks] == list(range(30000, 30008))
+    for r in p.ranks:
+        assert r.env == {"CUDA_VISIBLE_DEVICES": str(r.rank)}
+        assert r.argv[:3] == ["/opt/sglang/current/bin/python", "-m", "sglang.launch_server"]
+        assert value_of_rank(r.argv, "--port") == str(r.port)
+        assert r.unit_name == f"sglang@{r.rank}.service"
+        assert f"Environment=CUDA_VISIBLE_DEVICES={r.rank}\n" in r.unit
+        assert f"--port {r.port}" in r.unit
+        assert "User=sglang" in r.unit
+
+
+def value_of_rank(argv: list[str], option: str) -> str:
+    return argv[argv.index(option) + 1]
+
+
+def test_dp_size_smaller_than_gpus() -> None:
+    p = plan(dp_size=4)
+    assert [r.gpu for r in p.ranks] == [0, 1, 2, 3]
+
+
+def test_auto_choice_explains_itself() -> None:
+    p = plan(sglang_version="0.5.9", model_name="Qwen/Qwen3.5-27B")
+    (decision,) = [d for d in p.decisions if d.what == "attention backend"]
+    assert decision.value == "triton"
+    assert "flashinfer" in decision.why and "assert" in decision.why
+
+
+def test_plan_without_host_facts_uses_settings() -> None:
+    p = resolve(make_settings())
+    assert not p.errors and len(p.ranks) == 8
+
+
+# (case, fixture, settings, texts that must all appear in one error)
+REFUSED: list[tuple[str, str, dict[str, Any], list[str]]] = [
+    (
+        "0.5.23 has no CUDA 12 lane and a 570 driver cannot run CUDA 13",
+        "rtx-pro-6000-x8",
+        {"sglang_version": "0.5.23"},
+        ["no cu128", "<0.5.20", "cu130", "570.172.08", "cannot run", ">= 580"],
+    ),
+    (
+        "cu130 lane on a 570 driver",
+        "rtx-pro-6000-x8",
+        {"sglang_version": "0.5.11", "cuda_lane": "cu130"},
+        ["driver 570.172.08 cannot run CUDA 13.0", ">= 580"],
+    ),
+    (
+        "driver 565 is too old for cu128",
+        "driver-565",
+        {},
+        ["driver 565", "cannot run CUDA 12.8", ">= 570"],
+    ),
+    (
+        "0.5.8 is unknown",
+        "rtx-pro-6000-x8",
+        {"sglang_version": "0.5.8"},
+        ["'0.5.8'", "not in the knowledge base", "gen_cli_table.py sglang 0.5.8"],
+    ),
+    (
+        "0.5.8 does not serve the model",
+        "rtx-pro-6000-x8",
+        {"sglang_version": "0.5.8"},
+        ["does not serve Qwen3_5ForConditionalGeneration", "first served by sglang 0.5.9", "18489"],
+    ),
+    (
+        "Qwen3.6 needs 0.5.10",
+        "rtx-pro-6000-x8",
+        {"sglang_version": "0.5.9"},
+        ["cannot serve Qwen/Qwen3.6-27B", ">= 0.5.10"],
+    ),
+    (
+        "fa3 on sm_120",
+        "rtx-pro-6000-x8",
+        {"attention_backend": "fa3"},
+        ["'fa3'", "sm_120", "major 8 or 9"],
+    ),
+    (
+        "fa4 on sm_120",
+        "rtx-pro-6000-x8",
+        {"attention_backend": "fa4"},
+        ["'fa4'", "no SM120", "23985"],
+    ),
+    (
+        "trtllm_mha on sm_120",
+        "rtx-pro-6000-x8",
+        {"attention_backend": "trtllm_mha"},
+        ["'trtllm_mha'", "SM100-only"],
+    ),
+    (
+        "flashinfer on 0.5.9 for a hybrid model",
+        "rtx-pro-6000-x8",
+        {
+            "sglang_version": "0.5.9",
+            "model_name": "Qwen/Qwen3.5-27B",
+            "attention_backend": "flashinfer",
+        },
+        ["accepts only triton, trtllm_mha", "assert"],
+    ),
+    (
+        "unknown backend",
+        "rtx-pro-6000-x8",
+        {"attention_backend": "flashnifer"},
+        ["'flashnifer' is not a known backend", "flashinfer"],
+    ),
+    (
+        "MTP with flashinfer on 0.5.11",
+        "rtx-pro-6000-x8",
+        {"attention_backend": "flashinfer", "speculative": {"algorithm": "EAGLE"}},
+        ["0.6.15.post1", "pins flashinfer 0.6.8.post1"],
+    ),
+    (
+        "MTP without extra_buffer",
+        "rtx-pro-6000-x8",
+        {"mamba_cache_strategy": "no_buffer", "speculative": {"algorithm": "EAGLE"}},
+        ["mamba_cache_strategy 'no_buffer'", "extra_buffer"],
+    ),
+    (
+        "MTP spelt MTP",
+        "rtx-pro-6000-x8",
+        {"speculative": {"algorithm": "MTP"}},
+        ["--speculative-algorithm 'MTP'", "EAGLE"],
+    ),
+    (
+        "a lane that does not exist",
+        "rtx-pro-6000-x8",
+        {"cuda_lane": "cu118"},
+        ["cuda_lane 'cu118'", "not a known lane", "cu128"],
+    ),
+    (
+        "a GPU the knowledge base does not know",
+        "rtx-pro-6000-x8",
+        {"gpu_compute_cap": "7.5"},
+        ["gpu_compute_cap '7.5'", "not in the knowledge base", "12.0"],
+    ),
+    (
+        "more ranks than GPUs",
+        "rtx-pro-6000-x8",
+        {"dp_size": 9},
+        ["dp_size 9", "gpu_count 8", "1 to 8"],
+    ),
+    (
+        "extra option the release lacks",
+        "rtx-pro-6000-x8",
+        {"extra_server_args": ["--no-such-option", "1"]},
+        ["has no option --no-such-option"],
+    ),
+    (
+        "extra option misspelt",
+        "rtx-pro-6000-x8",
+        {"extra_server_args": ["--kv-cache-dtyp", "fp8_e4m3"]},
+        ["did you mean --kv-cache-dtype"],
+    ),
+    (
+        "extra option that settings manage",
+        "rtx-pro-6000-x8",
+        {"extra_server_args": ["--port", "1234"]},
+        ["--port is managed by the setting 'base_port'"],
+    ),
+    (
+        "extra option with a value the release refuses",
+        "rtx-pro-6000-x8",
+        {"extra_server_args": ["--kv-cache-dtype", "int3"]},
+        ["--kv-cache-dtype 'int3' is not accepted by sglang 0.5.11"],
+    ),
+    (
+        "old Mamba spelling passed by hand to 0.5.23",
+        "rtx-pro-6000-x8-driver-580",
+        {
+            "sglang_version": "0.5.23",
+            "cuda_lane": "cu130",
+            "extra_server_args": ["--mamba-scheduler-strategy", "auto"],
+        },
+        ["--mamba-scheduler-strategy is managed by the setting 'mamba_cache_strategy'"],
+    ),
+    (
+        "extra_buffer_lazy before the release that has it",
+        "rtx-pro-6000-x8",
+        {"mamba_cache_strategy": "extra_buffer_lazy"},
+        ["--mamba-scheduler-strategy 'extra_buffer_lazy' is not accepted by sglang 0.5.11"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "scenario", "settings", "texts"), REFUSED, ids=[r[0] for r in REFUSED]
+)
+def test_refused(case: str, scenario: str, settings: dict[str, Any], texts: list[str]) -> None:
+    p = plan(scenario, **settings)
+    assert not p.ranks, "a refused plan must not produce ranks"
+    matching = [e for e in p.errors if all(t in e for t in texts)]
+    assert matching, p.errors
+
+
+def test_unknown_architecture_is_refused_with_how_to_add_it() -> None:
+    model = Model(exists=True, size_bytes=1, architecture="AcmeForCausalLM")
+    p = resolve(make_settings(model_name="acme/Unknown-7B"), facts(model=model))
+    assert any("AcmeForCausalLM is not in the knowledge base" in e for e in p.errors), p.errors
+
+
+def test_unknown_model_without_config_is_a_warning_not_a_guess() -> None:
+    p = resolve(make_settings(model_name="acme/Unknown-7B"), facts(model=None))
+    assert not p.errors and any("architecture unknown" in w for w in p.warnings)
+
+
+def test_refusals_are_distinct() -> None:
+    firsts = set()
+    for _, scenario, settings, _ in REFUSED:
+        p = plan(scenario, **settings)
+        firsts.add(tuple(p.errors))
+    assert len(firsts) >= 20
+
+
+def test_errors_name_the_origin_of_the_setting() -> None:
+    p = plan(attention_backend="fa3")
+    assert any("(set in test)" in e for e in p.errors)
+
+
+@pytest.mark.parametrize(
+    ("arg", "quoted"),
+    [
+        ("--port", "--port"),
+        ("/dev/shm/models/Qwen--Qwen3.6-27B", "/dev/shm/models/Qwen--Qwen3.6-27B"),
+        ("a b", '"a b"'),
+        ("50%", '"50%%"'),
+        ("$HOME", '"$$HOME"'),
+        ('say "hi"', '"say \\"hi\\""'),
+        ("", '""'),
+    ],
+)
+def test_systemd_quote(arg: str, quoted: str) -> None:
+    assert systemd_quote(arg) == quoted
