@@ -137,7 +137,8 @@ def load(host_name: str, layers: list[Layer]) -> Settings:
         close = difflib.get_close_matches(key, list(props), n=1, cutoff=0.6)
         hint = f"did you mean {close[0]!r}?" if close else "see README 'Configuration reference'"
         problems.append(
-            f"{host_name}: unknown setting {key!r} = {merged[key]!r} (set in {origins[key]}); {hint}"
+            f"{host_name}: unknown setting {key!r} = {merged[key]!r} "
+            f"(set in {origins[key]}); {hint}"
         )
 
     validator = jsonschema.Draft202012Validator(schema())

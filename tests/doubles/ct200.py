@@ -41,7 +41,9 @@ def nvidia_smi_output(scenario: str) -> list[str]:
     return result.stdout.splitlines()
 
 
-def fake_responses(scenario: str = "rtx-pro-6000-x8", model_bytes: int = 53_800_000_000) -> dict[str, Any]:
+def fake_responses(
+    scenario: str = "rtx-pro-6000-x8", model_bytes: int = 53_800_000_000
+) -> dict[str, Any]:
     """fake_responses host data for pyinfra's @fake connector (substring matchers)."""
     resources = (FIXTURES / "ct200" / "host-resources.txt").read_text().splitlines()
     config = (FIXTURES / "ct200" / "model-config.json").read_text().splitlines()
