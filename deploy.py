@@ -1,8 +1,11 @@
 """Bring a GPU host from bare to serving: `pyinfra INVENTORY deploy.py [--dry]`.
 
 Steps, in order, each converging (a converged host reports no change):
-  1. gate: settings checked for every host, facts gathered, preflight and plan printed;
-     a host that fails gets no change at all.
+  1. gate (operations/gate.py): settings checked for every host, facts gathered, preflight and
+     the resolved plan printed; a host that fails gets no change at all.
+  2. engine (operations/engine.py): the pinned SGLang for the host's CUDA lane.
+  3. model (operations/model.py): the weights staged in /dev/shm.
+  4. serve (operations/serve.py): one systemd unit per rank, health-gated; the router.
 """
 
 from pyinfra.context import host, state
@@ -10,3 +13,5 @@ from pyinfra.context import host, state
 from operations.gate import plan_or_refuse
 
 report = plan_or_refuse(state, host)
+if report is not None:
+    pass  # steps 2-4 hang here, each a @deploy function taking `report`
