@@ -159,9 +159,8 @@ def load_cli_table(package: str, release: str) -> CliTable | None:
     return CliTable(package=raw["package"], version=raw["version"], options=options)
 
 
-@cache
-def load() -> Knowledge:
-    data = yaml.safe_load((KNOWLEDGE_DIR / "sglang.yaml").read_text())
+def build(data: dict[str, Any]) -> Knowledge:
+    """Check knowledge data against schema.json and its cross-references."""
     schema = json.loads((KNOWLEDGE_DIR / "schema.json").read_text())
     errors = sorted(
         jsonschema.Draft202012Validator(schema).iter_errors(data), key=lambda e: list(e.path)
@@ -174,3 +173,8 @@ def load() -> Knowledge:
     if problems:
         raise KnowledgeError("knowledge/sglang.yaml is inconsistent:\n  " + "\n  ".join(problems))
     return kb
+
+
+@cache
+def load() -> Knowledge:
+    return build(yaml.safe_load((KNOWLEDGE_DIR / "sglang.yaml").read_text()))

@@ -1,0 +1,132 @@
+"""The plan command and the dry-run deploy against the simulated CT200 (pyinfra's @fake
+connector): real pyinfra inventory loading, real fact commands, canned real outputs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PYINFRA = Path(sys.executable).parent / "pyinfra"
+
+
+def plan(*args: str, inventory: str = "inventory/demo.py") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "operations.plan", inventory, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def plan_json(*args: str, inventory: str = "inventory/demo.py") -> tuple[int, dict[str, Any]]:
+    result = plan("--json", *args, inventory=inventory)
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.returncode, json.loads(result.stdout)
+
+
+def test_demo_plan_has_eight_flashinfer_ranks_on_consecutive_ports() -> None:
+    rc, doc = plan_json()
+    assert rc == 0
+    host = doc["hosts"]["@fake/ct200"]
+    assert host["errors"] == []
+    ranks = host["ranks"]
+    assert [r["rank"] for r in ranks] == list(range(8))
+    for r in ranks:
+        argv = r["argv"]
+        assert argv[argv.index("--attention-backend") + 1] == "flashinfer"
+        assert argv[argv.index("--port") + 1] == str(30000 + r["rank"])
+        assert r["env"] == {"CUDA_VISIBLE_DEVICES": str(r["rank"])}
+        assert "ExecStart=" in r["unit"]
+
+
+def test_human_output_shows_decisions_and_ranks() -> None:
+    result = plan()
+    assert result.returncode == 0, result.stderr
+    for text in ("ready", "flashinfer", "30007", "CUDA lane", "sglang@7.service"):
+        assert text in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("data", "texts"),
+    [
+        (["sglang_version=0.5.23"], ["no cu128", "570.172.08", "cannot run", ">= 580"]),
+        (["sglang_version=0.5.8"], ["does not serve Qwen3_5ForConditionalGeneration", "0.5.9"]),
+        (["attention_backend=fa3"], ["'fa3'", "sm_120"]),
+    ],
+)
+def test_refused_on_the_demo_host(data: list[str], texts: list[str]) -> None:
+    args = [a for d in data for a in ("--data", d)]
+    rc, doc = plan_json(*args)
+    assert rc == 1
+    errors = doc["hosts"]["@fake/ct200"]["errors"]
+    assert any(all(t in e for t in texts) for e in errors), errors
+    assert doc["hosts"]["@fake/ct200"]["ranks"] == []
+
+
+def test_cuda13_host_gets_the_renamed_mamba_flag(tmp_path: Path) -> None:
+    inventory = tmp_path / "cuda13.py"
+    inventory.write_text(
+        textwrap.dedent(
+            """
+            from tests.doubles.ct200 import fake_responses
+            hosts = [("@fake/ct201", {
+                "fake_responses": fake_responses("rtx-pro-6000-x8-driver-580"),
+                "fake_delay": 0, "fake_delay_jitter": 0,
+            })]
+            """
+        )
+    )
+    rc, doc = plan_json(
+        "--data", "sglang_version=0.5.23", "--data", "cuda_lane=cu130", inventory=str(inventory)
+    )
+    assert rc == 0, doc
+    argv = doc["hosts"]["@fake/ct201"]["ranks"][0]["argv"]
+    assert argv[argv.index("--mamba-radix-cache-strategy") + 1] == "extra_buffer"
+    assert "--mamba-scheduler-strategy" not in argv
+
+
+def test_bad_settings_are_one_line_each_without_traceback() -> None:
+    result = plan("--data", "dp_sise=4", "--data", "base_port=80")
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(lines) == 2, result.stderr
+    assert any("did you mean 'dp_size'" in ln and "--data" in ln for ln in lines)
+    assert any("base_port = 80" in ln and "1024 to 65471" in ln for ln in lines)
+
+
+def test_dry_deploy_shows_the_plan_and_changes_nothing() -> None:
+    """`make demo`: the real pyinfra CLI over the simulated host."""
+    result = subprocess.run(
+        [str(PYINFRA), "inventory/demo.py", "deploy.py", "--dry", "-y"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert "Traceback" not in out
+    assert out.count("flashinfer") >= 8 and "30007" in out
+
+
+def test_dry_deploy_with_bad_settings_stops_before_any_host_work() -> None:
+    result = subprocess.run(
+        [str(PYINFRA), "inventory/demo.py", "deploy.py", "--dry", "-y", "--data", "dp_size=0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "dp_size = 0" in out and "from 1 to 64" in out
+    assert "Traceback" not in out

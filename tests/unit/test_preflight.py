@@ -1,0 +1,105 @@
+"""Preflight over facts parsed from real captured outputs: each bad host gets its own failure
+with what was expected, what was found and how to fix it."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from operations import kb
+from operations.facts.host import Model, Resources, parse_resources
+from operations.preflight import Failure, check
+from tests.doubles.ct200 import FIXTURES
+from tests.unit.builders import QWEN36, gpu_facts, make_settings
+
+CT200 = parse_resources((FIXTURES / "ct200" / "host-resources.txt").read_text().splitlines())
+GIB = 1024**3
+
+
+def failures(
+    scenario: str = "rtx-pro-6000-x8",
+    resources: Resources = CT200,
+    model: Model = QWEN36,
+    **settings: Any,
+) -> list[Failure]:
+    return check(make_settings(**settings), kb.load(), gpu_facts(scenario), resources, model)
+
+
+def only(fs: list[Failure]) -> Failure:
+    assert len(fs) == 1, fs
+    return fs[0]
+
+
+def test_ct200_passes() -> None:
+    assert failures() == []
+
+
+@pytest.mark.parametrize(
+    ("scenario", "check_name", "found", "fix"),
+    [
+        (
+            "version-mismatch",
+            "nvidia-smi answers",
+            "Driver/library version mismatch",
+            "kernel module",
+        ),
+        ("no-driver", "nvidia-smi answers", "couldn't communicate", "lxc.cgroup2.devices.allow"),
+        ("rtx-pro-6000-x4", "GPU count", "4:", "gpu_count"),
+        ("h200-x8", "compute capability", "NVIDIA H200 (9.0)", "gpu_compute_cap"),
+        ("gb10", "GPU count", "1: NVIDIA GB10", "gpu_count"),
+    ],
+)
+def test_gpu_failures(scenario: str, check_name: str, found: str, fix: str) -> None:
+    fs = [f for f in failures(scenario) if f.check == check_name]
+    f = only(fs)
+    assert found in f.found and fix in f.fix, f
+
+
+def test_gb10_is_also_the_wrong_chip() -> None:
+    checks = {f.check for f in failures("gb10")}
+    assert checks >= {"GPU count", "compute capability"}
+
+
+def test_missing_device_nodes_are_named() -> None:
+    nodes = [n for n in CT200.device_nodes if n not in ("/dev/nvidia-uvm", "/dev/nvidia3")]
+    f = only(failures(resources=dataclasses.replace(CT200, device_nodes=nodes)))
+    assert f.check == "GPU device nodes"
+    assert f.found == "missing /dev/nvidia-uvm, /dev/nvidia3"
+
+
+def test_small_shm_is_refused_with_numbers() -> None:
+    small = dataclasses.replace(CT200, stage_total_bytes=32 * GIB, stage_free_bytes=32 * GIB)
+    f = only(failures(resources=small))
+    assert f.check == "/dev/shm size" and f.found == "32.0 GiB" and "50.1 GiB" in f.expected
+
+
+def test_memory_limit_counts_shm_and_ranks() -> None:
+    tight = dataclasses.replace(CT200, cgroup_limit_bytes=64 * GIB)
+    f = only(failures(resources=tight))
+    assert f.check == "container memory" and f.found == "64.0 GiB" and "8 ranks" in f.expected
+
+
+def test_old_glibc_no_systemd() -> None:
+    old = dataclasses.replace(CT200, glibc="2.31", systemd=None)
+    checks = {f.check: f for f in failures(resources=old)}
+    assert set(checks) == {"glibc", "systemd"}
+    assert checks["glibc"].expected.startswith(">= 2.34")
+
+
+def test_missing_model_source() -> None:
+    f = only(failures(model=Model(exists=False)))
+    assert f.check == "model source" and "/mnt/models/Qwen3.6-27B" in f.expected
+
+
+def test_model_without_config() -> None:
+    f = only(
+        failures(model=Model(exists=True, size_bytes=10, config_error="no readable config.json"))
+    )
+    assert f.check == "model config" and f.found == "no readable config.json"
+
+
+def test_low_disk_for_engines() -> None:
+    f = only(failures(resources=dataclasses.replace(CT200, engine_free_bytes=2 * GIB)))
+    assert f.check == "disk for engines" and f.found == "2.0 GiB"
