@@ -11,7 +11,8 @@ from typing import Any
 from operations import kb as kbmod
 from operations import preflight, resolver
 from operations.facts.gpu import NvidiaGpus, NvidiaSmi
-from operations.facts.host import HostResources, Model, ModelSource, Resources
+from operations.facts.host import HostResources, Model, Resources
+from operations.facts.model import source_model
 from operations.settings import Settings
 
 
@@ -42,7 +43,7 @@ def gather(host: Any, settings: Settings) -> tuple[NvidiaSmi, Resources, Model]:
     resources = host.get_fact(
         HostResources, stage_dir=settings.model_stage_dir, engine_root=settings.engine_root
     )
-    model = host.get_fact(ModelSource, path=settings.model_source)
+    model = source_model(host, settings)
     return gpu, resources, model
 
 

@@ -17,6 +17,8 @@ GIB = 1024**3
 # Host RAM each SGLang process needs beside the weights it maps from /dev/shm (tokenizer,
 # scheduler, CUDA context, pinned buffers): a conservative figure for the memory check.
 RAM_PER_RANK_BYTES = 4 * GIB
+# tmpfs bookkeeping and small files beside the weights: a copy needs 2% more than its size.
+STAGE_HEADROOM = 1.02
 # A fresh engine environment (torch + CUDA libraries + kernels) takes about 12 GB.
 ENGINE_ENV_BYTES = 15 * GIB
 
@@ -37,6 +39,51 @@ class Failure:
     expected: str
     found: str
     fix: str
+
+
+@dataclass(frozen=True)
+class StageRoom:
+    """How a model copy fits the tmpfs: the plan prints it, the model step follows it.
+
+    mode "beside": the new copy goes next to the current one, servers keep running until the
+    switch; "inplace": the current copy is removed first, with the servers stopped; None: it
+    does not fit either way (why says so, with the numbers).
+    """
+
+    mode: str | None
+    copy_bytes: int
+    why: str
+
+
+def stage_room(
+    settings: Settings, resources: Resources, size: int, copy_bytes: int, current_bytes: int
+) -> StageRoom:
+    """The one capacity rule for staging: free tmpfs space and the memory limit, with headroom.
+
+    size: the whole model; copy_bytes: what must be copied (unchanged files are hard links to
+    the current copy); current_bytes: the current copy, freed by an in-place swap.
+    """
+    free = resources.stage_free_bytes
+    limit = resources.memory_limit_bytes
+    ranks = settings.dp_size * RAM_PER_RANK_BYTES
+    need = int(copy_bytes * STAGE_HEADROOM)
+    in_memory = current_bytes + copy_bytes + ranks
+    if (free is None or free >= need) and (limit is None or limit >= in_memory):
+        return StageRoom("beside", copy_bytes, f"{_gib(copy_bytes)} to copy, {_gib(free)} free")
+    beside_why = (
+        f"{_gib(need)} needed beside the current copy ({_gib(current_bytes)}), "
+        f"{_gib(free)} free in {settings.model_stage_dir}, memory limit {_gib(limit)}"
+    )
+    whole = int(size * STAGE_HEADROOM)
+    if current_bytes and (free is None or free + current_bytes >= whole):
+        return StageRoom("inplace", size, f"{beside_why}: replacing it with the servers stopped")
+    return StageRoom(
+        None,
+        copy_bytes,
+        f"the model needs {_gib(need)} = {need} bytes in {settings.model_stage_dir}; "
+        f"{_gib(free)} = {free} bytes free (current copy {_gib(current_bytes)}); "
+        "nothing was copied",
+    )
 
 
 def _gib(n: int | None) -> str:
@@ -101,26 +148,33 @@ def check(
     size = model.size_bytes
     if size is None and s.model_name in kb.models:
         size = int(kb.models[s.model_name].get("size_gb", 0) * 1e9) or None
-    if not model.exists:
+    source = s.source
+    where = source.controller_dir if source.kind == "controller" else source.target_dir
+    on = "the controller" if source.kind == "controller" else "the target"
+    if source.kind == "hf" and not model.exists:
+        pass  # downloaded by the model step; its size comes from the knowledge base until then
+    elif not model.exists:
         fail(
             "model source",
-            f"a model directory at {s.model_source} (model_source)",
+            f"a model directory at {where} on {on} (model_source {s.model_source})",
             "no such directory",
             "mount the weights into the container at model_source, or set model_source",
         )
     elif model.architecture is None:
         fail(
             "model config",
-            f"{s.model_source}/config.json naming the architecture",
+            f"{where}/config.json naming the architecture",
             model.config_error or "unreadable",
             "point model_source at a Hugging Face model directory (config.json + shards)",
         )
 
     if size is not None:
-        if resources.stage_total_bytes is not None and resources.stage_total_bytes < size * 1.02:
+        need = int(size * STAGE_HEADROOM)
+        if resources.stage_total_bytes is not None and resources.stage_total_bytes < need:
             fail(
                 f"{s.model_stage_dir} size",
-                f">= {_gib(int(size * 1.02))} (the model, {_gib(size)}, plus 2%)",
+                f">= {_gib(need)} = {need} bytes (the model, {_gib(size)}, plus 2%); "
+                "nothing was copied",
                 _gib(resources.stage_total_bytes),
                 f"enlarge the tmpfs (mount -o remount,size=... {s.model_stage_dir}, or the "
                 "container's /dev/shm size) or set model_stage_dir",

@@ -49,6 +49,31 @@ class Speculative:
 
 
 @dataclass(frozen=True)
+class SourceSpec:
+    """What `model_source` names (docs/model.md): where the weights come from, and the
+    persistent directory on the target they are staged from (the boot unit reads it too)."""
+
+    kind: str  # "target", "controller" or "hf"
+    target_dir: str
+    controller_dir: str | None = None
+    repo: str | None = None
+    revision: str | None = None
+
+
+def parse_source(model_source: str, cache_dir: str) -> SourceSpec:
+    """The schema has checked the form; this only splits it."""
+    if model_source.startswith("controller:"):
+        path = model_source.removeprefix("controller:").rstrip("/") or "/"
+        name = path.rsplit("/", 1)[-1] or "root"
+        return SourceSpec("controller", f"{cache_dir}/controller/{name}", controller_dir=path)
+    if model_source.startswith("hf://"):
+        repo, _, revision = model_source.removeprefix("hf://").rpartition("@")
+        slug = repo.replace("/", "--")
+        return SourceSpec("hf", f"{cache_dir}/hf/{slug}@{revision}", repo=repo, revision=revision)
+    return SourceSpec("target", model_source)
+
+
+@dataclass(frozen=True)
 class Settings:
     sglang_version: str
     cuda_lane: str
@@ -71,8 +96,16 @@ class Settings:
     service_user: str
     wheelhouse: str | None
     api_key_file: str | None
+    model_cache_dir: str = "/var/cache/sglang-models"
+    model_verify: str = "manifest"
+    model_hub_cli: str = "/opt/sglang-hub/bin/hf"
+    model_stage_bwlimit_mbps: float | None = None
     # Where each key's value came from, for messages that point at the right file.
     origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def source(self) -> SourceSpec:
+        return parse_source(self.model_source, self.model_cache_dir)
 
     def origin(self, key: str) -> str:
         return self.origins.get(key, "default")
@@ -177,6 +210,10 @@ def load(host_name: str, layers: list[Layer]) -> Settings:
         service_user=values["service_user"],
         wheelhouse=values["wheelhouse"],
         api_key_file=values["api_key_file"],
+        model_cache_dir=values["model_cache_dir"].rstrip("/") or "/",
+        model_verify=values["model_verify"],
+        model_hub_cli=values["model_hub_cli"],
+        model_stage_bwlimit_mbps=values["model_stage_bwlimit_mbps"],
         origins={k: origins[k] for k in ours},
     )
 

@@ -1,0 +1,157 @@
+"""What the target holds of the model: the source's manifest against the staged copy's.
+
+Both are read by the staging script itself (operations/files/stage_model.py `plan`), sent inline
+so the fact works before the deploy has installed anything; the same code decides "unchanged"
+here and in the copy, so the plan and the run never disagree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from pyinfra.api.command import QuoteString, StringCommand
+from pyinfra.api.facts import FactBase
+
+from operations.facts.host import CONFIG_MARKER, Model, ModelSource, parse_model
+from operations.settings import Settings
+
+SCRIPT_PATH = Path(__file__).resolve().parent.parent / "files" / "stage_model.py"
+
+
+@cache
+def script_text() -> str:
+    return SCRIPT_PATH.read_text()
+
+
+@cache
+def script_module() -> ModuleType:
+    """The staging script, imported on the controller (controller sources are scanned here)."""
+    spec = importlib.util.spec_from_file_location("stage_model", SCRIPT_PATH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass(frozen=True)
+class Copy:
+    digest: str
+    bytes: int
+    files: int
+
+
+@dataclass(frozen=True)
+class Staging:
+    """The source (a directory on the target) against the copy under STAGE_DIR/models/SLUG."""
+
+    source: Copy | None = None
+    staged: Copy | None = None
+    # Why the source cannot be read (missing, unreadable); None when it was scanned.
+    error: str | None = None
+    # Interrupted copies and superseded versions the next stage run removes.
+    leftovers: list[str] = field(default_factory=list)
+    # The revision our hub download marker records (hf:// sources), else None.
+    hub_revision: str | None = None
+    # Bytes a stage run would copy: files the current copy does not already hold.
+    copy_bytes: int | None = None
+    changed_files: list[str] = field(default_factory=list)
+    # model_verify full: staged files whose sha256 differs from the source's.
+    mismatched: list[str] = field(default_factory=list)
+    up_to_date: bool = False
+
+
+def _copy(data: Any) -> Copy | None:
+    if not isinstance(data, dict):
+        return None
+    return Copy(digest=str(data["digest"]), bytes=int(data["bytes"]), files=int(data["files"]))
+
+
+def parse_staging(lines: list[str]) -> Staging:
+    try:
+        data = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        tail = lines[-1] if lines else "no output"
+        return Staging(error=f"the staging script did not answer: {tail}")
+    return Staging(
+        source=_copy(data.get("source")),
+        staged=_copy(data.get("staged")),
+        error=data.get("error"),
+        leftovers=list(data.get("leftovers") or []),
+        hub_revision=data.get("hub_revision"),
+        copy_bytes=data.get("copy_bytes"),
+        changed_files=list(data.get("changed_files") or []),
+        mismatched=list(data.get("mismatched") or []),
+        up_to_date=bool(data.get("up_to_date")),
+    )
+
+
+class ModelStaging(FactBase[Staging]):
+    """
+    Returns the source's manifest summary against the staged copy's, in one round trip.
+
+    .. code:: python
+
+        Staging(
+            source=Copy(digest="52cd26977905ef55", bytes=53800000000, files=19),
+            staged=Copy(digest="52cd26977905ef55", bytes=53800000000, files=19),
+            error=None, leftovers=[], hub_revision=None, copy_bytes=0,
+            changed_files=[], mismatched=[], up_to_date=True,
+        )
+
+    + source: the model directory on the target
+    + stage_dir: the tmpfs (models go under STAGE_DIR/models)
+    + slug: the staged directory's name
+    + verify: "manifest" (stat only) or "full" (re-hash the staged copy)
+    """
+
+    def requires_command(self, *args: Any, **kwargs: Any) -> str:
+        return "python3"
+
+    def command(
+        self, source: str, stage_dir: str, slug: str, verify: str = "manifest"
+    ) -> StringCommand:
+        return StringCommand(
+            "python3",
+            "-c",
+            QuoteString(script_text()),
+            "plan",
+            QuoteString(source),
+            QuoteString(stage_dir),
+            QuoteString(slug),
+            "--verify",
+            QuoteString(verify),
+        )
+
+    def process(self, output: list[str]) -> Staging:
+        return parse_staging(output)
+
+
+def local_model(path: str) -> Model:
+    """ModelSource's answer for a directory on the controller (same parser, read here)."""
+    root = Path(path)
+    if not root.is_dir():
+        return Model(exists=False)
+    size = sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and ".cache" not in p.parts)
+    lines = ["exists", str(size)]
+    config = root / "config.json"
+    with contextlib.suppress(OSError):
+        lines += [CONFIG_MARKER, *config.read_text().splitlines()]
+    return parse_model(lines)
+
+
+def source_model(host: Any, settings: Settings) -> Model:
+    """The model the deploy will stage: read where it is now (controller or target)."""
+    source = settings.source
+    if source.kind == "controller" and source.controller_dir is not None:
+        return local_model(source.controller_dir)
+    model: Model = host.get_fact(ModelSource, path=source.target_dir)
+    return model

@@ -1,0 +1,624 @@
+#!/usr/bin/env python3
+"""Stage a model directory into a tmpfs: manifest-compared, atomic, resumable.
+
+The one staging code path: the deploy runs it over SSH and the boot unit
+(sglang-stage-model.service) runs it at boot. It runs with the host's python3 and the standard
+library only, because it must work on a bare container before any engine is installed.
+
+Layout under STAGE_DIR/models (SLUG is the served name made path-safe):
+  SLUG               symlink -> .SLUG@DIGEST: the only name servers read (--model-path)
+  .SLUG@DIGEST/      a complete copy; .staged-manifest.json inside says what it holds
+  .SLUG.tmp-PID/     a copy in progress; never visible under SLUG, removed by the next run
+  .SLUG.lock         flock: the boot unit and a deploy never stage at the same time
+
+Subcommands (output is JSON on the last stdout line; progress lines go before it):
+  scan SOURCE                               the source's manifest summary
+  plan SOURCE STAGE_DIR SLUG [--verify V]   what a stage run would do (read only; a pyinfra fact)
+  stage SOURCE STAGE_DIR SLUG [...]         copy what changed, verify, switch, clean up
+  fetch-hub --cli HF --repo R --revision V --dest DIR [--token-file F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+MANIFEST = ".staged-manifest.json"
+# The hub's --local-dir metadata and our download marker live in .cache; never served.
+SKIP_DIRS = {".cache", ".git"}
+HUB_MARKER = ".cache/sglang-hub-complete"
+CHUNK = 64 * 1024 * 1024
+EXIT_REFUSED = 3  # does not fit, source missing: the message says why; nothing was copied
+EXIT_CHANGED = 4  # a source file changed during the copy: staged nothing, re-run later
+
+
+class StageError(Exception):
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# --------------------------------------------------------------------------------- manifest
+
+
+def _hub_sha256(root: str, rel: str, mtime_ns: int) -> str | None:
+    """The hub's LFS sha256 for a file downloaded with --local-dir, while still trustworthy."""
+    meta = os.path.join(root, ".cache", "huggingface", "download", rel + ".metadata")
+    try:
+        with open(meta) as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    if len(lines) < 3:
+        return None
+    etag, stamp = lines[1].strip().strip('"'), lines[2].strip()
+    try:
+        # Same rule as huggingface_hub: metadata older than the file describes another file.
+        if float(stamp) * 1e9 < mtime_ns - 1e9:
+            return None
+    except ValueError:
+        return None
+    if len(etag) == 64 and all(c in "0123456789abcdef" for c in etag):
+        return etag
+    return None
+
+
+def scan(root: str) -> dict[str, Any]:
+    """Every served file under root with size and mtime (stat only: never reads contents)."""
+    if not os.path.isdir(root):
+        raise StageError(f"model source {root}: no such directory", EXIT_REFUSED)
+    if not os.access(root, os.R_OK | os.X_OK):
+        raise StageError(f"model source {root}: not readable", EXIT_REFUSED)
+    files: list[dict[str, Any]] = []
+
+    def walk_error(exc: OSError) -> None:
+        raise StageError(f"model source: cannot read {exc.filename}: {exc.strerror}", EXIT_REFUSED)
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=walk_error):
+        if dirpath == root:
+            dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS]
+        dirnames.sort()
+        for name in sorted(filenames):
+            full = os.path.join(dirpath, name)
+            rel = os.path.relpath(full, root)
+            if rel == MANIFEST:
+                continue
+            st = os.stat(full)
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            if not os.access(full, os.R_OK):
+                raise StageError(f"model source: {full} is not readable", EXIT_REFUSED)
+            entry: dict[str, Any] = {"path": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+            sha = _hub_sha256(root, rel, st.st_mtime_ns)
+            if sha:
+                entry["sha256"] = sha
+            files.append(entry)
+    files.sort(key=lambda e: e["path"])
+    return {"files": files, "bytes": sum(e["size"] for e in files), "digest": digest(files)}
+
+
+def _key(entry: dict[str, Any]) -> tuple[str, int, int, str]:
+    return (entry["path"], entry["size"], entry["mtime_ns"], entry.get("sha256", ""))
+
+
+def digest(files: list[dict[str, Any]]) -> str:
+    text = json.dumps([_key(e) for e in files], separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------------- layout
+
+
+class Layout:
+    def __init__(self, stage_dir: str, slug: str) -> None:
+        self.models = os.path.join(stage_dir, "models")
+        self.slug = slug
+        self.final = os.path.join(self.models, slug)
+        self.lock = os.path.join(self.models, f".{slug}.lock")
+
+    def version(self, dig: str) -> str:
+        return os.path.join(self.models, f".{self.slug}@{dig}")
+
+    def temp(self) -> str:
+        return os.path.join(self.models, f".{self.slug}.tmp-{os.getpid()}")
+
+    def current(self) -> str | None:
+        """The complete copy SLUG points at, or None."""
+        try:
+            target = os.readlink(self.final)
+        except OSError:
+            return None
+        path = os.path.join(self.models, target)
+        return path if os.path.isfile(os.path.join(path, MANIFEST)) else None
+
+    def leftovers(self) -> list[str]:
+        """Interrupted copies and superseded versions: ours to delete."""
+        try:
+            names = os.listdir(self.models)
+        except OSError:
+            return []
+        current = self.current()
+        out = []
+        for name in names:
+            path = os.path.join(self.models, name)
+            if name.startswith(f".{self.slug}.tmp-") or (
+                name.startswith(f".{self.slug}@") and path != current
+            ):
+                out.append(path)
+        return sorted(out)
+
+
+def read_manifest(version_dir: str | None) -> dict[str, Any] | None:
+    if version_dir is None:
+        return None
+    try:
+        with open(os.path.join(version_dir, MANIFEST)) as fh:
+            loaded: dict[str, Any] = json.load(fh)
+            return loaded
+    except (OSError, ValueError):
+        return None
+
+
+# --------------------------------------------------------------------------------- hashing
+
+
+def sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(CHUNK // 8):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _workers() -> int:
+    return max(2, min(8, os.cpu_count() or 2))
+
+
+def verify_full(source: str, version_dir: str, files: list[dict[str, Any]]) -> list[str]:
+    """Files whose staged bytes differ from the source's (hub sha256, else the source file).
+
+    hashlib releases the GIL on large blocks, so threads hash files in parallel.
+    """
+
+    def bad(entry: dict[str, Any]) -> str | None:
+        rel: str = entry["path"]
+        try:
+            got = sha256_file(os.path.join(version_dir, rel))
+        except OSError:
+            return rel
+        want = entry.get("sha256") or sha256_file(os.path.join(source, rel))
+        return None if got == want else rel
+
+    with concurrent.futures.ThreadPoolExecutor(_workers()) as pool:
+        return sorted(p for p in pool.map(bad, files) if p)
+
+
+# --------------------------------------------------------------------------------- planning
+
+
+def plan(source: str, stage_dir: str, slug: str, verify: str = "manifest") -> dict[str, Any]:
+    """What `stage` would do, without changing anything."""
+    layout = Layout(stage_dir, slug)
+    result: dict[str, Any] = {"source": None, "error": None}
+    current = layout.current()
+    staged = read_manifest(current)
+    result["staged"] = (
+        {"digest": staged["digest"], "bytes": staged["bytes"], "files": len(staged["files"])}
+        if staged
+        else None
+    )
+    result["leftovers"] = layout.leftovers()
+    result["hub_revision"] = _read_text(os.path.join(source, HUB_MARKER))
+    try:
+        src = scan(source)
+    except (StageError, OSError) as exc:
+        result["error"] = str(exc)
+        return result
+    result["source"] = {"digest": src["digest"], "bytes": src["bytes"], "files": len(src["files"])}
+    reuse = _reusable(src["files"], staged)
+    result["copy_bytes"] = sum(e["size"] for e in src["files"] if _key(e) not in reuse)
+    result["changed_files"] = [e["path"] for e in src["files"] if _key(e) not in reuse]
+    result["mismatched"] = []
+    if staged and current and staged["digest"] == src["digest"] and verify == "full":
+        result["mismatched"] = verify_full(source, current, src["files"])
+    result["up_to_date"] = bool(
+        staged
+        and staged["digest"] == src["digest"]
+        and not result["mismatched"]
+        and not result["leftovers"]
+    )
+    return result
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path) as fh:
+            return fh.read().strip() or None
+    except OSError:
+        return None
+
+
+def _reusable(files: list[dict[str, Any]], staged: dict[str, Any] | None) -> set[tuple[Any, ...]]:
+    """Entries the current copy already holds byte-identical (same path, size, mtime, hash)."""
+    if not staged:
+        return set()
+    have = {_key(e) for e in staged["files"]}
+    return {_key(e) for e in files if _key(e) in have}
+
+
+# --------------------------------------------------------------------------------- staging
+
+
+class Progress:
+    """Bytes, rate and time left, one line every `interval` seconds on stdout."""
+
+    def __init__(self, total: int, interval: float, bwlimit: float | None) -> None:
+        self.total = total
+        self.done = 0
+        self.interval = interval
+        self.bwlimit = bwlimit
+        self.started = time.monotonic()
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def add(self, n: int) -> None:
+        with self.lock:
+            self.done += n
+            done = self.done
+        if self.bwlimit:
+            # Rate limit: stay behind the schedule a steady bwlimit would keep.
+            ahead = done / self.bwlimit - (time.monotonic() - self.started)
+            if ahead > 0:
+                self.stop.wait(ahead)
+
+    def line(self) -> str:
+        elapsed = max(time.monotonic() - self.started, 1e-6)
+        rate = self.done / elapsed
+        left = (self.total - self.done) / rate if rate > 0 else 0.0
+        pct = 100.0 * self.done / self.total if self.total else 100.0
+        return (
+            f"stage: {self.done / 2**30:.2f}/{self.total / 2**30:.2f} GiB ({pct:.0f}%), "
+            f"{rate / 2**20:.0f} MiB/s, {left:.0f}s left"
+        )
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.interval):
+            print(self.line(), flush=True)
+
+    def __enter__(self) -> Progress:
+        if self.interval > 0 and self.total:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join()
+
+
+def _copy_file(src: str, dst: str, entry: dict[str, Any], progress: Progress) -> None:
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    with open(src, "rb") as fin:
+        before = os.fstat(fin.fileno())
+        if (before.st_size, before.st_mtime_ns) != (entry["size"], entry["mtime_ns"]):
+            raise StageError(
+                f"source file {src} changed since it was scanned; nothing was switched, "
+                "re-run when the source is stable",
+                EXIT_CHANGED,
+            )
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            offset = 0
+            while offset < entry["size"]:
+                # sendfile copies in the kernel (no user-space buffer), like cp's copy_file_range.
+                sent = os.sendfile(fd, fin.fileno(), offset, min(CHUNK, entry["size"] - offset))
+                if sent == 0:
+                    break
+                offset += sent
+                progress.add(sent)
+            os.utime(fd, ns=(entry["mtime_ns"], entry["mtime_ns"]))
+        finally:
+            os.close(fd)
+        after = os.fstat(fin.fileno())
+    if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns) or (
+        offset != entry["size"]
+    ):
+        raise StageError(
+            f"source file {src} changed during the copy ({entry['size']} bytes expected, "
+            f"{offset} copied, now {after.st_size}); nothing was switched, re-run when the "
+            "source is stable",
+            EXIT_CHANGED,
+        )
+
+
+def _fits(layout: Layout, need: int) -> tuple[bool, int]:
+    st = os.statvfs(layout.models)
+    free = st.f_bavail * st.f_frsize
+    return free >= need, free
+
+
+def _remove(path: str) -> None:
+    if os.path.islink(path) or os.path.isfile(path):
+        os.unlink(path)
+    elif os.path.isdir(path):
+        shutil.rmtree(path)
+
+
+def _lock(layout: Layout, timeout: float) -> int:
+    fd = os.open(layout.lock, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + timeout
+    announced = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                raise StageError(
+                    f"another staging run holds {layout.lock} for {timeout:.0f}s"
+                ) from None
+            if not announced:
+                print(f"stage: waiting for another staging run ({layout.lock})", flush=True)
+                announced = True
+            time.sleep(0.2)  # polling a lock held by another process, within the deadline
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def stage(
+    source: str,
+    stage_dir: str,
+    slug: str,
+    mode: str = "beside",
+    verify: str = "manifest",
+    progress_interval: float = 2.0,
+    bwlimit: float | None = None,
+    lock_timeout: float = 1800.0,
+) -> dict[str, Any]:
+    """Make SLUG point at a complete, verified copy of source. Returns {changed, digest, ...}."""
+    layout = Layout(stage_dir, slug)
+    if not os.path.isdir(stage_dir):
+        raise StageError(f"stage directory {stage_dir} does not exist", EXIT_REFUSED)
+    os.makedirs(layout.models, mode=0o755, exist_ok=True)
+    lock_fd = _lock(layout, lock_timeout)
+    try:
+        return _stage_locked(layout, source, mode, verify, progress_interval, bwlimit)
+    finally:
+        os.close(lock_fd)
+
+
+def _stage_locked(
+    layout: Layout,
+    source: str,
+    mode: str,
+    verify: str,
+    progress_interval: float,
+    bwlimit: float | None,
+) -> dict[str, Any]:
+    changed = False
+    # We hold the lock: any temp dir is from a run that died. Superseded versions go too.
+    for path in layout.leftovers():
+        print(f"stage: removing leftover {path}", flush=True)
+        _remove(path)
+        changed = True
+    if os.path.islink(layout.final) and layout.current() is None:
+        os.unlink(layout.final)  # points at nothing complete: no model beats a partial one
+        changed = True
+
+    src = scan(source)
+    current = layout.current()
+    staged = read_manifest(current)
+    if staged and current and staged["digest"] == src["digest"]:
+        bad = verify_full(source, current, src["files"]) if verify == "full" else []
+        if not bad:
+            return {"changed": changed, "digest": src["digest"], "bytes": src["bytes"]}
+        print(f"stage: {len(bad)} staged file(s) differ from the source: {bad[:5]}", flush=True)
+        staged = None  # copy everything again rather than trust a damaged copy
+
+    reuse = _reusable(src["files"], staged)
+    copy = [e for e in src["files"] if _key(e) not in reuse]
+    copy_bytes = sum(e["size"] for e in copy)
+    fits, free = _fits(layout, copy_bytes)
+    if not fits and mode in ("inplace", "auto") and current:
+        print(
+            f"stage: {copy_bytes / 2**30:.2f} GiB to copy, {free / 2**30:.2f} GiB free beside "
+            f"the current copy: replacing it in place",
+            flush=True,
+        )
+        os.unlink(layout.final)
+        _remove(current)
+        current, reuse = None, set()
+        copy = src["files"]
+        copy_bytes = src["bytes"]
+        fits, free = _fits(layout, copy_bytes)
+    if not fits:
+        raise StageError(
+            f"model needs {copy_bytes} bytes ({copy_bytes / 2**30:.2f} GiB) in "
+            f"{layout.models}, {free} bytes ({free / 2**30:.2f} GiB) free; nothing was copied",
+            EXIT_REFUSED,
+        )
+
+    temp = layout.temp()
+    os.mkdir(temp, 0o755)
+    try:
+        # Unchanged files are hard links to the current copy: no bytes, no time.
+        for entry in src["files"]:
+            if _key(entry) in reuse and current:
+                dst = os.path.join(temp, entry["path"])
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                os.link(os.path.join(current, entry["path"]), dst)
+        print(
+            f"stage: copying {len(copy)} file(s), {copy_bytes / 2**30:.2f} GiB "
+            f"({len(src['files']) - len(copy)} unchanged)",
+            flush=True,
+        )
+        with (
+            Progress(copy_bytes, progress_interval, bwlimit) as progress,
+            concurrent.futures.ThreadPoolExecutor(_workers()) as pool,
+        ):
+            jobs = [
+                pool.submit(
+                    _copy_file,
+                    os.path.join(source, e["path"]),
+                    os.path.join(temp, e["path"]),
+                    e,
+                    progress,
+                )
+                for e in sorted(copy, key=lambda e: -e["size"])
+            ]
+            for job in concurrent.futures.as_completed(jobs):
+                job.result()
+        if verify == "full":
+            bad = verify_full(source, temp, src["files"])
+            if bad:
+                raise StageError(f"copied files differ from the source after copy: {bad[:5]}")
+        for dirpath, dirnames, _ in os.walk(temp):
+            for d in dirnames:
+                os.chmod(os.path.join(dirpath, d), 0o755)
+        manifest = {"source": source, "staged_at": time.time(), **src}
+        with open(os.path.join(temp, MANIFEST), "w") as fh:
+            json.dump(manifest, fh)
+        final_version = layout.version(src["digest"])
+        if os.path.exists(final_version):
+            _remove(final_version)
+        os.rename(temp, final_version)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+    # The switch: a new symlink renamed over the old one is atomic; readers see old or new.
+    link_tmp = layout.final + ".new"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(link_tmp)
+    os.symlink(os.path.basename(final_version), link_tmp)
+    os.rename(link_tmp, layout.final)
+    for path in layout.leftovers():
+        _remove(path)
+    return {
+        "changed": True,
+        "digest": src["digest"],
+        "bytes": src["bytes"],
+        "copied_bytes": copy_bytes,
+        "copied_files": len(copy),
+    }
+
+
+# --------------------------------------------------------------------------------- hub
+
+
+def fetch_hub(cli: str, repo: str, revision: str, dest: str, token_file: str | None) -> bool:
+    """Download repo@revision into dest with the hub's own CLI, once. True when it downloaded."""
+    marker = os.path.join(dest, HUB_MARKER)
+    if _read_text(marker) == revision:
+        return False
+    os.makedirs(dest, mode=0o755, exist_ok=True)
+    env = dict(os.environ)
+    if token_file:
+        # The token reaches the CLI through its environment only: never argv, never a log.
+        env["HF_TOKEN"] = _read_text(token_file) or ""
+    env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    argv = [cli, "download", repo, "--revision", revision, "--local-dir", dest]
+    print(f"stage: downloading {repo}@{revision} into {dest}", flush=True)
+    try:
+        proc = subprocess.run(argv, env=env, check=False)
+    except OSError as exc:
+        raise StageError(f"cannot run the hub CLI {cli}: {exc.strerror}", EXIT_REFUSED) from None
+    if proc.returncode != 0:
+        raise StageError(f"{cli} download {repo}@{revision} failed (exit {proc.returncode})")
+    os.makedirs(os.path.dirname(marker), exist_ok=True)
+    with open(marker + ".tmp", "w") as fh:
+        fh.write(revision + "\n")
+    os.rename(marker + ".tmp", marker)
+    return True
+
+
+# --------------------------------------------------------------------------------- CLI
+
+
+def _raise_exit(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="stage_model.py", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("scan")
+    p.add_argument("source")
+    p = sub.add_parser("plan")
+    for name in ("source", "stage_dir", "slug"):
+        p.add_argument(name)
+    p.add_argument("--verify", choices=["manifest", "full"], default="manifest")
+    p = sub.add_parser("stage")
+    for name in ("source", "stage_dir", "slug"):
+        p.add_argument(name)
+    p.add_argument("--mode", choices=["beside", "inplace", "auto"], default="beside")
+    p.add_argument("--verify", choices=["manifest", "full"], default="manifest")
+    p.add_argument("--progress-interval", type=float, default=2.0)
+    p.add_argument("--bwlimit-mbps", type=float, default=None)
+    p.add_argument("--lock-timeout", type=float, default=1800.0)
+    p = sub.add_parser("fetch-hub")
+    p.add_argument("--cli", required=True)
+    p.add_argument("--repo", required=True)
+    p.add_argument("--revision", required=True)
+    p.add_argument("--dest", required=True)
+    p.add_argument("--token-file")
+    args = parser.parse_args(argv)
+    # A stop (systemctl stop, the deploy's SSH session closing) unwinds like an exception, so
+    # the copy in progress is removed on the way out; SIGKILL leaves it for the next run.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_exit)
+    try:
+        if args.cmd == "scan":
+            out: dict[str, Any] = scan(args.source)
+            out = {k: out[k] for k in ("digest", "bytes")} | {"files": len(out["files"])}
+        elif args.cmd == "plan":
+            out = plan(args.source, args.stage_dir, args.slug, args.verify)
+        elif args.cmd == "stage":
+            bw = args.bwlimit_mbps * 1e6 if args.bwlimit_mbps else None
+            out = stage(
+                args.source,
+                args.stage_dir,
+                args.slug,
+                args.mode,
+                args.verify,
+                args.progress_interval,
+                bw,
+                args.lock_timeout,
+            )
+        else:
+            downloaded = fetch_hub(args.cli, args.repo, args.revision, args.dest, args.token_file)
+            out = {"changed": downloaded}
+    except StageError as exc:
+        print(f"stage: error: {exc}", file=sys.stderr, flush=True)
+        return exc.code
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            print(
+                f"stage: error: {exc.filename}: no space left; nothing was switched",
+                file=sys.stderr,
+            )
+            return EXIT_REFUSED
+        print(f"stage: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

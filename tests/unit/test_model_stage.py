@@ -1,0 +1,242 @@
+"""The staging script on local directories: the same code the deploy and the boot unit run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from operations.facts.model import SCRIPT_PATH, script_module
+
+sm = script_module()
+HF_DOUBLE = Path(__file__).resolve().parent.parent / "doubles" / "hf"
+CONFIG = {"architectures": ["Qwen3_5ForConditionalGeneration"]}
+
+
+def make_model(root: Path, shards: int = 3, shard_bytes: int = 200_000) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps(CONFIG))
+    for i in range(shards):
+        (root / f"model-{i:05d}.safetensors").write_bytes(os.urandom(shard_bytes))
+    return root
+
+
+def stage(src: Path, shm: Path, **kwargs: Any) -> dict[str, Any]:
+    result: dict[str, Any] = sm.stage(str(src), str(shm), "m", progress_interval=0, **kwargs)
+    return result
+
+
+def served(shm: Path) -> Path:
+    return shm / "models" / "m"
+
+
+def same_tree(a: Path, b: Path) -> bool:
+    names = sorted(p.name for p in a.iterdir() if not p.name.startswith("."))
+    return names == sorted(p.name for p in b.iterdir() if not p.name.startswith(".")) and all(
+        (a / n).read_bytes() == (b / n).read_bytes() for n in names
+    )
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Path:
+    return make_model(tmp_path / "src")
+
+
+@pytest.fixture
+def shm(tmp_path: Path) -> Path:
+    path = tmp_path / "shm"
+    path.mkdir()
+    return path
+
+
+def test_stage_then_unchanged(src: Path, shm: Path) -> None:
+    first = stage(src, shm)
+    assert first["changed"] and first["copied_files"] == 4
+    assert same_tree(src, served(shm))
+    assert served(shm).is_symlink()
+
+    again = stage(src, shm)
+    assert again == {"changed": False, "digest": first["digest"], "bytes": first["bytes"]}
+    assert sm.plan(str(src), str(shm), "m")["up_to_date"]
+
+
+def test_changed_shard_is_the_only_copy_and_the_rest_are_links(src: Path, shm: Path) -> None:
+    stage(src, shm)
+    old = os.readlink(served(shm))
+    inode = (served(shm) / "model-00000.safetensors").stat().st_ino
+    (src / "model-00001.safetensors").write_bytes(os.urandom(200_000))
+
+    planned = sm.plan(str(src), str(shm), "m")
+    assert planned["changed_files"] == ["model-00001.safetensors"]
+    assert planned["copy_bytes"] == 200_000
+    result = stage(src, shm)
+
+    assert result["copied_files"] == 1
+    assert os.readlink(served(shm)) != old
+    assert same_tree(src, served(shm))
+    # Superseded version removed; unchanged shards share inodes with what was staged before.
+    new = os.readlink(served(shm))
+    assert sorted(p.name for p in (shm / "models").iterdir()) == sorted([".m.lock", new, "m"])
+    assert (served(shm) / "model-00000.safetensors").stat().st_ino == inode
+
+
+def test_interrupted_copy_is_never_served_and_is_cleaned(src: Path, shm: Path) -> None:
+    stage(src, shm)
+    current = os.readlink(served(shm))
+    # What a killed run leaves: a partial temp copy beside the served one.
+    partial = shm / "models" / ".m.tmp-99999"
+    partial.mkdir()
+    (partial / "model-00000.safetensors").write_bytes(b"half")
+    assert sm.plan(str(src), str(shm), "m")["leftovers"] == [str(partial)]
+    assert not sm.plan(str(src), str(shm), "m")["up_to_date"]
+
+    result = stage(src, shm)
+
+    assert result["changed"] and not partial.exists()
+    assert os.readlink(served(shm)) == current
+
+
+def test_dangling_link_after_killed_in_place_swap_is_removed(src: Path, shm: Path) -> None:
+    (shm / "models").mkdir()
+    os.symlink(".m@gone", served(shm))
+    assert sm.Layout(str(shm), "m").current() is None
+    stage(src, shm)
+    assert same_tree(src, served(shm))
+
+
+def test_file_changing_during_copy_switches_nothing(
+    src: Path, shm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = os.sendfile
+
+    def growing(out_fd: int, in_fd: int, offset: int | None, count: int) -> int:
+        sent = real(out_fd, in_fd, offset, count)
+        with open(src / "model-00002.safetensors", "ab") as fh:
+            fh.write(b"more")
+        return sent
+
+    monkeypatch.setattr(os, "sendfile", growing)
+    with pytest.raises(sm.StageError, match="changed") as info:
+        stage(src, shm)
+    assert info.value.code == sm.EXIT_CHANGED
+    assert not served(shm).exists()
+    assert [p.name for p in (shm / "models").iterdir()] == [".m.lock"]
+
+
+def test_missing_and_unreadable_sources_are_refused(tmp_path: Path, shm: Path) -> None:
+    with pytest.raises(sm.StageError, match="no such directory"):
+        stage(tmp_path / "nope", shm)
+    assert "no such directory" in sm.plan(str(tmp_path / "nope"), str(shm), "m")["error"]
+    if os.geteuid() != 0:  # root reads everything: only checkable as a user
+        src = make_model(tmp_path / "locked")
+        (src / "config.json").chmod(0)
+        with pytest.raises(sm.StageError, match="not readable"):
+            stage(src, shm)
+
+
+def test_no_room_is_refused_before_copying(
+    src: Path, shm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sm, "_fits", lambda layout, need: (False, 1000))
+    with pytest.raises(sm.StageError, match=r"needs 600\d+ bytes .* 1000 bytes") as info:
+        stage(src, shm)
+    assert info.value.code == sm.EXIT_REFUSED
+    assert [p.name for p in (shm / "models").iterdir()] == [".m.lock"]
+
+
+def test_in_place_swap_when_beside_does_not_fit(
+    src: Path, shm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stage(src, shm)
+    (src / "model-00000.safetensors").write_bytes(os.urandom(200_000))
+    answers = iter([(False, 10), (True, 10**9)])  # beside: no room; after removing: room
+    monkeypatch.setattr(sm, "_fits", lambda layout, need: next(answers))
+    result = stage(src, shm, mode="inplace")
+    assert result["copied_files"] == 4
+    assert same_tree(src, served(shm))
+
+
+def test_full_verify_finds_a_damaged_copy_and_restages(src: Path, shm: Path) -> None:
+    stage(src, shm)
+    victim = served(shm) / "model-00002.safetensors"
+    data = bytearray(victim.read_bytes())
+    data[100] ^= 0xFF
+    st = victim.stat()
+    victim.chmod(0o644)
+    victim.write_bytes(bytes(data))
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size, same mtime
+
+    assert sm.plan(str(src), str(shm), "m")["up_to_date"]  # a manifest cannot see it
+    assert sm.plan(str(src), str(shm), "m", "full")["mismatched"] == ["model-00002.safetensors"]
+    assert stage(src, shm, verify="full")["changed"]
+    assert same_tree(src, served(shm))
+
+
+def test_hub_checksums_enter_the_manifest(tmp_path: Path) -> None:
+    dest = tmp_path / "hub"
+    log = tmp_path / "hf.log"
+    env = {**os.environ, "HF_DOUBLE_LOG": str(log), "HF_TOKEN": "hf_secret_value"}
+    subprocess.run(
+        [str(HF_DOUBLE), "download", "org/m", "--revision", "r1", "--local-dir", str(dest)],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    files = {e["path"]: e for e in sm.scan(str(dest))["files"]}
+    assert set(files) == {
+        "config.json",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    }
+    assert len(files["model-00001-of-00002.safetensors"]["sha256"]) == 64
+    assert "sha256" not in files["config.json"]  # a git sha1 etag is not a content sha256
+    assert "hf_secret_value" not in log.read_text()
+
+
+def test_fetch_hub_downloads_once_with_the_token_only_in_the_environment(tmp_path: Path) -> None:
+    log = tmp_path / "hf.log"
+    token = tmp_path / "token"
+    token.write_text("hf_secret_value\n")
+    env = {**os.environ, "HF_DOUBLE_LOG": str(log)}
+    argv = [sys.executable, str(SCRIPT_PATH), "fetch-hub", "--cli", str(HF_DOUBLE)]
+    argv += ["--repo", "org/m", "--revision", "r1", "--dest", str(tmp_path / "d")]
+    argv += ["--token-file", str(token)]
+
+    first = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    second = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+
+    assert json.loads(first.stdout.splitlines()[-1]) == {"changed": True}
+    assert json.loads(second.stdout.splitlines()[-1]) == {"changed": False}
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(calls) == 1 and calls[0]["token"] is True
+    assert "hf_secret_value" not in first.stdout + first.stderr + log.read_text()
+
+
+def test_failed_download_leaves_no_marker(tmp_path: Path) -> None:
+    env = {**os.environ, "HF_DOUBLE_LOG": str(tmp_path / "log"), "HF_DOUBLE_FAIL": "1"}
+    argv = [sys.executable, str(SCRIPT_PATH), "fetch-hub", "--cli", str(HF_DOUBLE)]
+    argv += ["--repo", "org/m", "--revision", "r1", "--dest", str(tmp_path / "d")]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode != 0 and "failed" in proc.stderr
+    assert not (tmp_path / "d" / sm.HUB_MARKER).exists()
+
+
+def test_cli_prints_progress_then_json(tmp_path: Path) -> None:
+    src = make_model(tmp_path / "src", shards=2, shard_bytes=3_000_000)
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    argv = [sys.executable, str(SCRIPT_PATH), "stage", str(src), str(shm), "m"]
+    proc = subprocess.run(
+        [*argv, "--progress-interval", "0.001", "--bwlimit-mbps", "100"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lines = proc.stdout.splitlines()
+    assert any("MiB/s" in line and "left" in line for line in lines[:-1]), lines
+    assert json.loads(lines[-1])["changed"] is True
