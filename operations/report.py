@@ -25,9 +25,13 @@ def failures_table(host: str, failures: list[Failure]) -> Table:
     return table
 
 
-def _short_argv(argv: list[str]) -> str:
-    # The python path and module are the same for every rank: show the options.
-    return shlex.join(argv[3:])
+def _common_options(argv: list[str]) -> str:
+    """A rank's options without its port: the part every rank shares."""
+    options = argv[3:]
+    if "--port" in options:
+        at = options.index("--port")
+        options = options[:at] + options[at + 2 :]
+    return shlex.join(options)
 
 
 def host_panel(name: str, report: HostReport) -> Panel:
@@ -57,14 +61,18 @@ def host_panel(name: str, report: HostReport) -> Panel:
     for error in report.plan.errors:
         parts.append(Text(f"error: {error}", style="red"))
     if report.plan.ranks:
+        first = report.plan.ranks[0]
+        parts.append(Text(f"every rank runs: {' '.join(first.argv[:3])}", style="bold"))
+        parts.append(Text(f"  {_common_options(first.argv)} --port PORT\n"))
         ranks = Table(title="ranks", title_justify="left")
         ranks.add_column("rank", justify="right")
-        ranks.add_column("GPU", justify="right")
+        ranks.add_column("GPU (CUDA_VISIBLE_DEVICES)", justify="right")
         ranks.add_column("port", justify="right")
         ranks.add_column("unit")
-        ranks.add_column("options")
         for r in report.plan.ranks:
-            ranks.add_row(str(r.rank), str(r.gpu), str(r.port), r.unit_name, _short_argv(r.argv))
+            ranks.add_row(
+                str(r.rank), r.env.get("CUDA_VISIBLE_DEVICES", ""), str(r.port), r.unit_name
+            )
         parts.append(ranks)
     style = "green" if report.ok else "red"
     status = "ready" if report.ok else "refused"

@@ -115,7 +115,8 @@ def test_dry_deploy_shows_the_plan_and_changes_nothing() -> None:
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
     assert "Traceback" not in out
-    assert out.count("flashinfer") >= 8 and "30007" in out
+    assert "--attention-backend flashinfer" in out
+    assert all(f"sglang@{rank}.service" in out for rank in range(8)) and "30007" in out
 
 
 def test_dry_deploy_with_bad_settings_stops_before_any_host_work() -> None:
