@@ -11,7 +11,8 @@ Steps, in order, each converging (a converged host reports no change):
 from pyinfra.context import host, state
 
 from operations.gate import plan_or_refuse
+from operations.model import stage_model
 
 report = plan_or_refuse(state, host)
 if report is not None:
-    pass  # steps 2-4 hang here, each a @deploy function taking `report`
+    stage_model(report)

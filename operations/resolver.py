@@ -23,7 +23,7 @@ from operations.settings import Settings
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 CONFIG_DIR = "/etc/sglang"
 SECRETS_FILE = f"{CONFIG_DIR}/secrets.yaml"
-STAGE_UNIT = ""  # the staging unit (issue: stage model weights) orders itself before the ranks
+STAGE_UNIT = "sglang-stage-model.service"  # operations/model.py: stages the weights at boot
 START_TIMEOUT_S = 1800
 
 # Options the resolver writes from settings; extra_server_args may not set them again.

@@ -1,0 +1,357 @@
+"""Step 3: the model's weights staged in /dev/shm, where eight servers load them at memory speed.
+
+The copy itself is one script, operations/files/stage_model.py, run by the deploy (with live
+progress) and by the boot unit sglang-stage-model.service (after every restart /dev/shm is
+empty). This module only decides whether and how it runs:
+
+  source   -> a persistent directory on the target (rsync from the controller or the hub's CLI;
+              a target directory is used as it is)
+  manifest -> the ModelStaging fact compares the source with the staged copy: unchanged is a
+              no-op that never reads the weights
+  capacity -> preflight.stage_room: beside the current copy, in place with the servers
+              stopped, or refused with the numbers before a byte is copied
+Docs: docs/model.md.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
+from io import StringIO
+from pathlib import Path
+from typing import Any, cast
+
+from pyinfra import logger
+from pyinfra.api.command import FileUploadCommand, FunctionCommand, QuoteString, StringCommand
+from pyinfra.api.deploy import deploy
+from pyinfra.api.exceptions import OperationError
+from pyinfra.api.operation import operation
+from pyinfra.context import host
+from pyinfra.facts.files import File
+from pyinfra.operations import files, systemd
+
+from operations.facts.host import Resources
+from operations.facts.model import SCRIPT_PATH, ModelStaging, Staging, script_module
+from operations.gate import refuse
+from operations.host_plan import HostReport
+from operations.preflight import stage_room
+from operations.resolver import (
+    CONFIG_DIR,
+    STAGE_UNIT,
+    TEMPLATES,
+    staged_model_path,
+    systemd_quote,
+)
+from operations.settings import Settings
+
+SCRIPT_DEST = "/usr/local/lib/sglang-deploy/stage_model.py"
+UNIT_PATH = f"/etc/systemd/system/{STAGE_UNIT}"
+# Root-only, and only for the length of one download: the token never lands in a unit file.
+TOKEN_DIR = f"{CONFIG_DIR}/hub"
+TOKEN_FILE = f"{TOKEN_DIR}/token"
+TOKEN_ENV = "HF_TOKEN"
+HUB_REQUIREMENT = "huggingface_hub>=0.34,<2"  # 0.34 introduced the `hf` command
+STAGE_TIMEOUT_S = 3600
+# Ranks the in-place swap stops; the serve step starts them again (the model changed).
+RANK_UNITS = ("sglang.target", "sglang@*.service")
+
+
+def _gib(n: int | None) -> str:
+    return "unknown" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+# ------------------------------------------------------------------------------ decisions
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """What the stage operation does: "unchanged", "beside", "inplace" or "refuse"."""
+
+    mode: str
+    why: str
+
+
+def decide(
+    settings: Settings, resources: Resources | None, staging: Staging | None, source_pending: bool
+) -> StagePlan:
+    """From the manifest comparison and the capacity rule to one line the plan prints.
+
+    source_pending: the source changes during this run (rsync or a hub download), so what the
+    fact saw is stale: stage beside (the script refuses with numbers if that does not fit).
+    """
+    if source_pending:
+        return StagePlan("beside", "the source is fetched in this run; staged beside after it")
+    if staging is None:
+        return StagePlan("refuse", "python3 is missing on the target (the staging script needs it)")
+    if staging.error or staging.source is None:
+        return StagePlan("refuse", f"{staging.error or 'source unreadable'}; nothing was copied")
+    source, staged = staging.source, staging.staged
+    if staging.up_to_date and staged is not None:
+        return StagePlan(
+            "unchanged",
+            f"staged copy matches the source (manifest {source.digest}, {source.files} files, "
+            f"{_gib(source.bytes)})",
+        )
+    if staged is not None and staged.digest == source.digest:
+        if not staging.mismatched:
+            n = len(staging.leftovers)
+            return StagePlan("beside", f"{n} leftover(s) of an interrupted run to clean up")
+        copy = source.bytes  # a damaged copy is replaced whole
+        what = f"{len(staging.mismatched)} staged file(s) differ from their checksums"
+    else:
+        copy = staging.copy_bytes if staging.copy_bytes is not None else source.bytes
+        what = f"{len(staging.changed_files)} file(s) new or changed"
+    room = stage_room(
+        settings, resources or Resources(), source.bytes, copy, staged.bytes if staged else 0
+    )
+    if room.mode is None:
+        return StagePlan("refuse", room.why)
+    return StagePlan(room.mode, f"{what}; {room.why}")
+
+
+# ------------------------------------------------------------------------------ operations
+
+
+def _run_live(state: Any, host: Any, command: str, what: str) -> bool:
+    """Run on the target and print its output as it comes (the copy's progress lines)."""
+    ok, output = host.run_shell_command(command, print_output=True)
+    if not ok:
+        last = output.stderr_lines[-1] if output.stderr_lines else "no message"
+        logger.error(f"{host.print_prefix}{what} failed: {last}")
+    return bool(ok)
+
+
+def stage_command(
+    source_dir: str,
+    stage_dir: str,
+    slug: str,
+    mode: str,
+    verify: str,
+    bwlimit_mbps: float | None,
+    python: str = "python3",
+    script: str = SCRIPT_DEST,
+) -> list[str]:
+    """The one command line of a staging run: the deploy and the boot unit both use it."""
+    argv = [python, script, "stage", source_dir, stage_dir, slug, "--mode", mode]
+    argv += ["--verify", verify]
+    if bwlimit_mbps:
+        argv += ["--bwlimit-mbps", f"{bwlimit_mbps:g}"]
+    return argv
+
+
+@operation(is_idempotent=False)
+def staged(
+    source_dir: str,
+    stage_dir: str,
+    slug: str,
+    mode: str,
+    why: str,
+    verify: str = "manifest",
+    bwlimit_mbps: float | None = None,
+) -> Any:
+    """
+    Make STAGE_DIR/models/SLUG a complete copy of source_dir (what `decide` planned).
+
+    + mode: "unchanged" (no-op), "beside" or "inplace" (the ranks are stopped first)
+    + why: the plan's sentence, printed for a no-op
+    + verify: "manifest" or "full" (re-hash the copy before switching to it)
+    + bwlimit_mbps: cap the copy rate (MB/s), None for full speed
+    """
+    if mode == "unchanged":
+        host.noop(why)
+        return
+    if mode not in ("beside", "inplace"):
+        raise OperationError(f"unknown staging mode {mode!r}")
+    if mode == "inplace":
+        yield StringCommand("systemctl", "stop", *(QuoteString(u) for u in RANK_UNITS))
+    argv = stage_command(source_dir, stage_dir, slug, mode, verify, bwlimit_mbps)
+    yield FunctionCommand(_run_live, (shlex.join(argv), "staging the model"), {})
+
+
+@operation(is_idempotent=False)
+def synced_from_controller(
+    local_dir: str, target_dir: str, local_digest: str, target_digest: str | None
+) -> Any:
+    """
+    rsync a model directory from the controller into the target's persistent cache.
+
+    + local_dir: the directory on the controller
+    + target_dir: where it is kept on the target (model_cache_dir/controller/NAME)
+    + local_digest: the controller copy's manifest digest
+    + target_digest: the cache's manifest digest (ModelStaging of target_dir), None if absent
+    """
+    if target_digest == local_digest:
+        host.noop(f"{target_dir} matches {local_dir} (manifest {local_digest})")
+        return
+    yield StringCommand("mkdir", "-p", QuoteString(target_dir))
+    # The host's own SSH settings (user, port, key, known hosts): pyinfra builds the --rsh.
+    yield from files.rsync._inner(
+        src=local_dir.rstrip("/") + "/",
+        dest=target_dir.rstrip("/") + "/",
+        flags=["-a", "--delete", "--partial-dir=.rsync-partial", "--info=progress2"],
+    )
+
+
+@operation(is_idempotent=False)
+def hub_cli(cli: str) -> Any:
+    """
+    The Hugging Face CLI at `cli`, installed into its own venv when missing.
+
+    + cli: the path of the `hf` command (model_hub_cli)
+    """
+    if host.get_fact(File, path=cli):
+        host.noop(f"{cli} is installed")
+        return
+    venv = os.path.dirname(os.path.dirname(cli))
+    yield StringCommand("python3", "-m", "venv", QuoteString(venv))
+    yield StringCommand(
+        QuoteString(f"{venv}/bin/pip"), "install", "-q", QuoteString(HUB_REQUIREMENT)
+    )
+
+
+@operation(is_idempotent=False)
+def fetched_from_hub(
+    cli: str, repo: str, revision: str, dest: str, downloaded_revision: str | None
+) -> Any:
+    """
+    Download repo@revision once into dest with the hub's CLI; the token from the controller's
+    HF_TOKEN reaches it through a root-only file removed right after (never argv, logs, diffs).
+
+    + downloaded_revision: what the download marker in dest says (ModelStaging.hub_revision)
+    """
+    if downloaded_revision == revision:
+        host.noop(f"{repo}@{revision} is downloaded in {dest}")
+        return
+    token = os.environ.get(TOKEN_ENV)
+    argv = [
+        *("python3", SCRIPT_DEST, "fetch-hub", "--cli", cli, "--repo", repo),
+        *("--revision", revision, "--dest", dest),
+    ]
+    if token:
+        yield StringCommand("install", "-d", "-m", "700", QuoteString(TOKEN_DIR))
+        yield StringCommand("install", "-m", "600", "/dev/null", QuoteString(TOKEN_FILE))
+        yield FileUploadCommand(StringIO(token), TOKEN_FILE)
+        argv += ["--token-file", TOKEN_FILE]
+    command = shlex.join(argv)
+    # The token file goes whatever the download's outcome; the exit status is the download's.
+    wrapped = f"{command}; rc=$?; rm -f {shlex.quote(TOKEN_FILE)}; exit $rc" if token else command
+    yield FunctionCommand(_run_live, (wrapped, "downloading from the hub"), {})
+
+
+# ------------------------------------------------------------------------------ the step
+
+
+@dataclass
+class StageResult:
+    """What later steps need: whether the staged model changed in this run (restart ranks)."""
+
+    op: Any = None
+
+    def changed(self) -> bool:
+        return bool(self.op is not None and self.op.did_change())
+
+
+def slug_of(settings: Settings) -> str:
+    return staged_model_path(settings).rsplit("/", 1)[-1]
+
+
+def unit_text_args(settings: Settings) -> dict[str, Any]:
+    argv = stage_command(
+        settings.source.target_dir,
+        settings.model_stage_dir,
+        slug_of(settings),
+        "auto",  # at boot no rank runs yet: in place is safe when beside does not fit
+        "manifest",
+        settings.model_stage_bwlimit_mbps,
+        python="/usr/bin/python3",
+    )
+    return {
+        "model_name": settings.model_name,
+        "stage_dir": settings.model_stage_dir,
+        "source_dir": settings.source.target_dir,
+        "script": SCRIPT_DEST,
+        "exec_start": " ".join(systemd_quote(a) for a in argv),
+        "timeout_s": STAGE_TIMEOUT_S,
+    }
+
+
+@deploy("Model: stage the weights in the tmpfs")
+def _stage_model(report: HostReport) -> StageResult:
+    s = report.settings
+    source = s.source
+    slug = slug_of(s)
+
+    files.put(
+        name="Install the staging script",
+        src=str(SCRIPT_PATH),
+        dest=SCRIPT_DEST,
+        mode="755",
+        create_remote_dir=True,
+    )
+    unit = files.template(
+        name=f"Write {STAGE_UNIT} (stages the model at boot)",
+        src=str(Path(TEMPLATES) / "sglang-stage-model.service.j2"),
+        dest=UNIT_PATH,
+        **unit_text_args(s),
+    )
+    systemd.daemon_reload(name="systemd daemon-reload", _if=unit.did_change)
+    systemd.service(
+        name=f"Enable {STAGE_UNIT} at boot", service=STAGE_UNIT, running=None, enabled=True
+    )
+
+    staging: Staging | None = host.get_fact(
+        ModelStaging,
+        source=source.target_dir,
+        stage_dir=s.model_stage_dir,
+        slug=slug,
+        verify=s.model_verify,
+    )
+    pending = False
+    if source.kind == "controller" and source.controller_dir is not None:
+        local = script_module().scan(source.controller_dir)
+        cached = staging.source.digest if staging is not None and staging.source else None
+        synced_from_controller(
+            name=f"Sync the model from the controller ({_gib(local['bytes'])})",
+            local_dir=source.controller_dir,
+            target_dir=source.target_dir,
+            local_digest=local["digest"],
+            target_digest=cached,
+        )
+        pending = cached != local["digest"]
+    elif source.kind == "hf" and source.repo and source.revision:
+        done = staging.hub_revision if staging is not None else None
+        if done != source.revision:
+            hub_cli(name="Install the Hugging Face CLI", cli=s.model_hub_cli)
+            pending = True
+        fetched_from_hub(
+            name=f"Download {source.repo}@{source.revision} (once)",
+            cli=s.model_hub_cli,
+            repo=source.repo,
+            revision=source.revision,
+            dest=source.target_dir,
+            downloaded_revision=done,
+        )
+
+    plan = decide(s, report.resources, staging, pending)
+    logger.info(f"{host.print_prefix}model {s.model_name}: {plan.mode}: {plan.why}")
+    if plan.mode == "refuse":
+        refuse(name="Refuse: the model cannot be staged, nothing copied", summary=plan.why)
+        return StageResult()
+    op = staged(
+        name=f"Stage {s.model_name} in {s.model_stage_dir} ({plan.mode})",
+        source_dir=source.target_dir,
+        stage_dir=s.model_stage_dir,
+        slug=slug,
+        mode=plan.mode,
+        why=plan.why,
+        verify=s.model_verify,
+        bwlimit_mbps=s.model_stage_bwlimit_mbps,
+    )
+    return StageResult(op)
+
+
+# @deploy types every call as returning OperationMeta; this step returns a StageResult
+# (`stage_model(report).changed()`: did the staged model change, so the ranks restart).
+stage_model = cast(Callable[[HostReport], StageResult], _stage_model)
