@@ -1,0 +1,360 @@
+#!/usr/bin/env python3
+"""Generate the table of real command-line options of one SGLang (or sglang-router) release.
+
+Usage::
+
+    python scripts/gen_cli_table.py sglang 0.5.11
+    python scripts/gen_cli_table.py sglang-router 0.3.2
+
+The script never touches the project's own virtualenv.  It creates (or reuses) a throwaway
+virtualenv outside the repository, under ``~/.cache/sglang-deploy/cli-tables/<pkg>-<ver>``
+(``--cache-dir`` or ``$SGLANG_DEPLOY_CACHE`` move it), downloads the release's wheel from PyPI with
+``pip download --no-deps``, installs the wheel with ``--no-deps`` together with only what importing
+the argument module needs (a CPU build of torch, transformers at the version the release pins,
+and a few small packages), then builds the release's real ``argparse`` parser inside that
+virtualenv and writes ``operations/knowledge/cli/<pkg>-<ver>.json``.
+
+No GPU is needed.  One import-time hack is applied (see ``EXTRACTOR``): PyPI only has CUDA builds
+of torchvision for x86_64 Linux, whose C extension cannot load next to a CPU torch, and
+``torchvision/_meta_registrations.py`` then fails hard while registering fake kernels for the
+missing ``torchvision::*`` operators.  Those registrations only matter for torch.compile tracing,
+so the module is replaced by an empty one before anything imports torchvision.  Nothing of sglang
+is patched.  ``CUDA_VISIBLE_DEVICES`` is emptied for the child, so a GPU on the machine running
+this script cannot change the result.
+
+The output is deterministic (sorted keys, sorted choices, no help texts, no defaults), so running
+the script again for a committed release must give no diff; ``--check`` verifies exactly that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import email.parser
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TABLE_DIR = REPO_ROOT / "operations" / "knowledge" / "cli"
+
+# torch: always the CPU build.  Releases pin CUDA builds of torch (e.g. sglang 0.5.11 pins
+# torch==2.11.0, which on PyPI is a multi-GB CUDA 13 build); the option table does not depend on
+# the torch build, and a CPU wheel of 2.13.0 is small (and may already lie in a local wheel dir).
+# torchvision must match torch exactly, or pip "upgrades" torch to a CUDA build to satisfy it.
+TORCH_CONSTRAINTS = ("torch==2.13.0", "torchvision==0.28.0")
+
+# Importable module name -> distribution name, for modules whose names differ.
+MODULE_TO_DIST = {
+    "PIL": "pillow",
+    "zmq": "pyzmq",
+    "yaml": "pyyaml",
+    "google": "protobuf",
+    "cv2": "opencv-python-headless",
+    "sklearn": "scikit-learn",
+    "multipart": "python-multipart",
+    "dateutil": "python-dateutil",
+    "IPython": "ipython",
+    "partial_json_parser": "partial-json-parser",
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    """How to read one package's parser."""
+
+    dist: str  # PyPI distribution name
+    module: str  # module holding the args class
+    args_class: str  # class with a static add_cli_args(parser)
+    # What the import needs beyond the wheel itself.  Where the release's METADATA pins a
+    # package with ==, that exact version is installed.
+    needs: tuple[str, ...] = field(default_factory=tuple)
+
+
+TARGETS: dict[str, Target] = {
+    "sglang": Target(
+        dist="sglang",
+        module="sglang.srt.server_args",
+        args_class="ServerArgs",
+        needs=(
+            "torch",
+            "torchvision",
+            "transformers",
+            "numpy",
+            "pydantic",
+            "orjson",
+            "pyzmq",
+            "psutil",
+            "requests",
+            "openai",
+            "sentencepiece",
+            "tokenizers",
+            "safetensors",
+            "setproctitle",
+            "starlette",
+            "triton",
+            "pillow",
+            "pybase64",
+            "ipython",
+            "aiohttp",
+            "partial-json-parser",
+            "dill",
+            "msgspec",  # 0.5.19 and later
+            "xgrammar",  # 0.5.19 (imported lazily in 0.5.23)
+        ),
+    ),
+    "sglang-router": Target(
+        dist="sglang-router",
+        module="sglang_router.router_args",
+        args_class="RouterArgs",
+        needs=(),
+    ),
+}
+
+# Runs inside the throwaway virtualenv: builds the parser and prints the raw actions as JSON.
+# Kept free of interpretation; the table is built by the outer process.
+EXTRACTOR = r"""
+import argparse, importlib, json, sys, types
+# The only hack (see the module docstring): the CUDA build of torchvision cannot load its C ops
+# beside a CPU torch, and its fake-kernel registrations for those ops would raise at import.
+sys.modules["torchvision._meta_registrations"] = types.ModuleType("torchvision._meta_registrations")
+module_name, class_name = sys.argv[1], sys.argv[2]
+cls = getattr(importlib.import_module(module_name), class_name)
+parser = argparse.ArgumentParser()
+cls.add_cli_args(parser)
+registry = {v: k for k, v in parser._registries["action"].items() if isinstance(k, str)}
+out = []
+for a in parser._actions:
+    if not a.option_strings:
+        continue
+    choices = None if a.choices is None else [str(c) for c in a.choices]
+    help_text = a.help if isinstance(a.help, str) and a.help != argparse.SUPPRESS else ""
+    out.append({
+        "option_strings": list(a.option_strings),
+        "dest": a.dest,
+        "nargs": a.nargs,
+        "choices": choices,
+        "action": registry.get(type(a), type(a).__name__),
+        "mro": [k.__name__ for k in type(a).__mro__],
+        "help": help_text,
+        "deprecated_attr": bool(getattr(a, "deprecated", False)),
+    })
+json.dump(out, sys.stdout)
+"""
+
+_DEPRECATED_HELP = re.compile(r"^\W*deprecated\b", re.IGNORECASE)
+_HELP_ACTIONS = {"help", "version"}
+
+
+def log(msg: str) -> None:
+    print(f"[gen_cli_table] {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    log("$ " + " ".join(cmd))
+    return subprocess.run(cmd, check=True, text=True, **kwargs)
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("SGLANG_DEPLOY_CACHE")
+    base = Path(env) if env else Path.home() / ".cache" / "sglang-deploy"
+    return base / "cli-tables"
+
+
+def venv_python(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+def ensure_venv(venv: Path) -> None:
+    if venv.resolve().is_relative_to(REPO_ROOT):
+        raise SystemExit(f"refusing to create the throwaway virtualenv inside the repo: {venv}")
+    if venv_python(venv).exists():
+        log(f"reusing {venv}")
+        return
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    base = getattr(sys, "_base_executable", sys.executable)
+    run([base, "-m", "venv", str(venv)])
+
+
+def pip(venv: Path, *args: str) -> None:
+    run([str(venv_python(venv)), "-m", "pip", "--disable-pip-version-check", *args])
+
+
+def download_wheel(venv: Path, dist: str, version: str) -> Path:
+    dest = venv / "wheels"
+    dest.mkdir(exist_ok=True)
+    pip(
+        venv,
+        "download",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        "-d",
+        str(dest),
+        f"{dist}=={version}",
+    )
+    norm = re.sub(r"[-_.]+", "_", dist).lower()
+    found = [p for p in dest.glob("*.whl") if p.name.lower().startswith(f"{norm}-{version}-")]
+    if len(found) != 1:
+        raise SystemExit(f"expected one wheel of {dist}=={version} in {dest}, found {found}")
+    return found[0]
+
+
+def exact_pins(wheel: Path) -> dict[str, str]:
+    """Unconditional ``name==version`` requirements of a wheel, keyed by normalized name."""
+    with zipfile.ZipFile(wheel) as zf:
+        meta_name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        meta = email.parser.Parser().parsestr(zf.read(meta_name).decode())
+    pins: dict[str, str] = {}
+    for req in meta.get_all("Requires-Dist") or []:
+        if ";" in req:
+            continue  # markers (extras, platforms): not what a plain import needs
+        m = re.fullmatch(r"\s*([A-Za-z0-9._-]+)(\[[^\]]*\])?\s*\(?\s*==\s*([^\s,)]+)\s*\)?\s*", req)
+        if m:
+            pins[normalize(m.group(1))] = m.group(3)
+    return pins
+
+
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def requirement(name: str, pins: dict[str, str]) -> str:
+    key = normalize(name)
+    if key in {normalize(c.split("==")[0]) for c in TORCH_CONSTRAINTS}:
+        return name  # version comes from the constraints file
+    return f"{name}=={pins[key]}" if key in pins else name
+
+
+def install(venv: Path, reqs: list[str]) -> None:
+    constraints = venv / "cli-table-constraints.txt"
+    constraints.write_text("\n".join(TORCH_CONSTRAINTS) + "\n")
+    pip(venv, "install", "--only-binary", ":all:", "-c", str(constraints), *reqs)
+
+
+def extract(venv: Path, target: Target, pins: dict[str, str]) -> list[dict[str, Any]]:
+    """Build the parser in the venv; install a module the import asks for, up to 30 times."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "SGLANG", "CUDA"))}
+    env.update(
+        CUDA_VISIBLE_DEVICES="",
+        PYTHONHASHSEED="0",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    cmd = [str(venv_python(venv)), "-I", "-c", EXTRACTOR, target.module, target.args_class]
+    tried: set[str] = set()
+    with tempfile.TemporaryDirectory() as cwd:
+        for _ in range(30):
+            log(f"building {target.module}.{target.args_class}.add_cli_args(...)")
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
+            if proc.returncode == 0:
+                result: list[dict[str, Any]] = json.loads(proc.stdout)
+                return result
+            missing = re.findall(r"No module named '([^'.]+)", proc.stderr)
+            if not missing or missing[-1] in tried:
+                sys.stderr.write(proc.stderr)
+                raise SystemExit(f"importing {target.module} failed (see above)")
+            module = missing[-1]
+            tried.add(module)
+            dist = MODULE_TO_DIST.get(module, module)
+            log(f"import asks for {module!r}: installing {dist} (add it to TARGETS' needs)")
+            install(venv, [requirement(dist, pins)])
+    raise SystemExit("gave up after 30 missing modules")
+
+
+def is_deprecated(raw: dict[str, Any]) -> bool:
+    return (
+        bool(raw["deprecated_attr"])
+        or any("Deprecated" in name for name in raw["mro"])
+        or bool(_DEPRECATED_HELP.search(raw["help"]))
+    )
+
+
+def build_table(package: str, version: str, raw: list[dict[str, Any]]) -> dict[str, Any]:
+    target = TARGETS[package]
+    options: dict[str, dict[str, Any]] = {}
+    for act in raw:
+        if act["action"] in _HELP_ACTIONS and "-h" in act["option_strings"]:
+            continue  # -h/--help: every parser has it
+        nargs = act["nargs"]
+        entry = {
+            "dest": act["dest"],
+            "takes_value": nargs != 0 and act["action"] not in _HELP_ACTIONS,
+            "nargs": nargs,
+            "choices": None if act["choices"] is None else sorted(act["choices"]),
+            "action": act["action"],
+            "deprecated": is_deprecated(act),
+        }
+        for opt in act["option_strings"]:
+            if opt in options:
+                raise SystemExit(f"{opt} registered twice")
+            options[opt] = entry
+    return {
+        "package": package,
+        "version": version,
+        "source": (
+            f"{target.dist}=={version} wheel from PyPI: "
+            f"{target.module}.{target.args_class}.add_cli_args"
+        ),
+        "generated_by": f"scripts/gen_cli_table.py {package} {version}",
+        "options": options,
+    }
+
+
+def render(table: dict[str, Any]) -> str:
+    return json.dumps(table, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def generate(package: str, version: str, cache_dir: Path) -> str:
+    target = TARGETS[package]
+    venv = cache_dir / f"{package}-{version}"
+    ensure_venv(venv)
+    wheel = download_wheel(venv, target.dist, version)
+    pins = exact_pins(wheel)
+    marker = venv / ".cli-table-installed"
+    if not marker.exists():
+        if target.needs:
+            install(venv, [requirement(n, pins) for n in target.needs])
+        pip(venv, "install", "--no-deps", "--force-reinstall", str(wheel))
+        marker.write_text(wheel.name + "\n")
+    raw = extract(venv, target, pins)
+    return render(build_table(package, version, raw))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("package", choices=sorted(TARGETS))
+    ap.add_argument("version", help="exact release, e.g. 0.5.11")
+    ap.add_argument("--cache-dir", type=Path, default=None, help="where throwaway venvs live")
+    ap.add_argument("--out-dir", type=Path, default=TABLE_DIR)
+    ap.add_argument(
+        "--check", action="store_true", help="do not write; fail if the committed table differs"
+    )
+    args = ap.parse_args(argv)
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)*([a-z]+[0-9]*)?(\.post[0-9]+)?", args.version):
+        ap.error(f"not an exact release version: {args.version}")
+
+    text = generate(args.package, args.version, args.cache_dir or default_cache_dir())
+    out = args.out_dir / f"{args.package}-{args.version}.json"
+    if args.check:
+        if not out.exists() or out.read_text() != text:
+            log(f"{out} is missing or differs from the regenerated table")
+            return 1
+        log(f"{out} is up to date")
+        return 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    n = len(json.loads(text)["options"])
+    log(f"wrote {out} ({n} option strings)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
