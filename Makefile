@@ -15,7 +15,7 @@ $(BIN)/.synced: uv.lock pyproject.toml
 	touch $@
 
 demo: $(BIN)/.synced
-	$(BIN)/pyinfra inventory/demo.py deploy.py --dry -y
+	$(BIN)/pyinfra inventory/demo.py deploy.py --dry
 
 lint: $(BIN)/.synced
 	$(BIN)/ruff check .

@@ -107,5 +107,9 @@ class NvidiaGpus(FactBase[NvidiaSmi]):
             "nvidia-smi 2>/dev/null | grep -m1 'CUDA Version' || true"
         )
 
+    @staticmethod
+    def default() -> NvidiaSmi:
+        return NvidiaSmi(ok=False, error="nvidia-smi printed nothing")
+
     def process(self, output: list[str]) -> NvidiaSmi:
         return parse_nvidia_smi(output)

@@ -86,6 +86,10 @@ class HostResources(FactBase[Resources]):
             _separator="",
         )
 
+    @staticmethod
+    def default() -> Resources:
+        return Resources()
+
     def process(self, output: list[str]) -> Resources:
         return parse_resources(output)
 
@@ -154,8 +158,13 @@ class ModelSource(FactBase[Model]):
             config,
             f"]; then echo {CONFIG_MARKER}; cat",
             config,
-            "; fi; fi; true",
+            # Never silent: pyinfra hands an empty output to default(), not to process().
+            "; fi; else echo missing; fi; true",
         )
+
+    @staticmethod
+    def default() -> Model:
+        return Model(exists=False)
 
     def process(self, output: list[str]) -> Model:
         return parse_model(output)

@@ -49,6 +49,8 @@ def fake_responses(
     config = (FIXTURES / "ct200" / "model-config.json").read_text().splitlines()
     return {
         "--query-gpu=": nvidia_smi_output(scenario),
+        # pyinfra's own facts that the deploy's built-in operations read.
+        "uname -s": ["Linux"],
         "GNU_LIBC_VERSION": resources,
         CONFIG_MARKER: ["exists", str(model_bytes), CONFIG_MARKER, *config],
     }
