@@ -10,9 +10,11 @@ Steps, in order, each converging (a converged host reports no change):
 
 from pyinfra.context import host, state
 
+from operations.engine import install_engine
 from operations.gate import plan_or_refuse
 from operations.model import stage_model
 
 report = plan_or_refuse(state, host)
 if report is not None:
+    engine = install_engine(report)
     stage_model(report)

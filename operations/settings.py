@@ -100,6 +100,12 @@ class Settings:
     model_verify: str = "manifest"
     model_hub_cli: str = "/opt/sglang-hub/bin/hf"
     model_stage_bwlimit_mbps: float | None = None
+    # The engine install (operations/engine.py, docs/engine.md); defaults as in the schema.
+    engine_keep: int = 3
+    package_index_url: str = "https://pypi.org/simple"
+    torch_index_url: str = "https://download.pytorch.org/whl/{lane}"
+    kernel_index_url: str = "https://docs.sglang.io/whl/{lane}"
+    uv_version: str = "0.13.9"
     # Where each key's value came from, for messages that point at the right file.
     origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
@@ -210,6 +216,11 @@ def load(host_name: str, layers: list[Layer]) -> Settings:
         service_user=values["service_user"],
         wheelhouse=values["wheelhouse"],
         api_key_file=values["api_key_file"],
+        engine_keep=values["engine_keep"],
+        package_index_url=values["package_index_url"],
+        torch_index_url=values["torch_index_url"],
+        kernel_index_url=values["kernel_index_url"],
+        uv_version=values["uv_version"],
         model_cache_dir=values["model_cache_dir"].rstrip("/") or "/",
         model_verify=values["model_verify"],
         model_hub_cli=values["model_hub_cli"],

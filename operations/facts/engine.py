@@ -1,0 +1,122 @@
+"""What the host has of the engine: its versioned environments, the `current` link, the uv
+bootstrapped under the engine root, and the wheels already synced there. Each fact is one round
+trip; operations/engine.py changes what these facts read.
+"""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+from pyinfra.api.command import QuoteString, StringCommand
+from pyinfra.api.facts import FactBase
+
+# Written into an environment only after it passed its checks: an environment without it is
+# partial (a cut download, a full disk, a failed check) and is removed by the next run.
+MARKER = "sglang-deploy.json"
+
+
+class EnvInfo(TypedDict):
+    complete: bool
+    # Last activation (or installation) time of a complete environment, epoch seconds.
+    activated_at: int | None
+
+
+class EngineHost(TypedDict):
+    current: str | None
+    envs: dict[str, EnvInfo]
+    uv: str | None
+
+
+def parse_engine_state(lines: list[str]) -> EngineHost:
+    state: EngineHost = {"current": None, "envs": {}, "uv": None}
+    for line in lines:
+        key, _, value = line.strip().partition("=")
+        if key == "env":
+            name, _, stamp = value.partition(" ")
+            state["envs"][name] = {
+                "complete": True,
+                "activated_at": int(stamp) if stamp.isdigit() else None,
+            }
+        elif key == "partial" and value:
+            state["envs"].setdefault(value, {"complete": False, "activated_at": None})
+        elif key == "current" and value:
+            # Only the environment's name counts: the link may be relative or absolute.
+            state["current"] = value.rstrip("/").rsplit("/", 1)[-1]
+        elif key == "uv" and value:
+            # "uv 0.13.9" or "uv 0.13.9 (x86_64-unknown-linux-gnu)"
+            words = value.split()
+            state["uv"] = words[1] if len(words) > 1 and words[0] == "uv" else None
+    return state
+
+
+class EngineState(FactBase[EngineHost]):
+    """
+    Returns the engine environments under the engine root, the `current` link and uv's version.
+
+    .. code:: python
+
+        {
+            "current": "0.5.11-cu128-1a2b3c4d",
+            "envs": {
+                "0.5.11-cu128-1a2b3c4d": {"complete": True, "activated_at": 1767225600},
+                "0.5.19-cu128-9f8e7d6c": {"complete": False, "activated_at": None},
+            },
+            "uv": "0.13.9",
+        }
+
+    + engine_root: where environments live (ENGINE_ROOT/envs/<name>, ENGINE_ROOT/current)
+    """
+
+    def command(self, engine_root: str) -> StringCommand:
+        return StringCommand(
+            "root=",
+            QuoteString(engine_root),
+            "; " + _STATE_SCRIPT,
+            _separator="",
+        )
+
+    def process(self, output: list[str]) -> EngineHost:
+        return parse_engine_state(output)
+
+
+_STATE_SCRIPT = " ".join(
+    (
+        'for d in "$root"/envs/*/; do [ -d "$d" ] || continue; n=$(basename "$d");',
+        f'if [ -f "${{d}}{MARKER}" ]; then echo "env=$n $(stat -c %Y "${{d}}{MARKER}")";',
+        'else echo "partial=$n"; fi; done;',
+        'echo "current=$(readlink "$root/current" 2>/dev/null)";',
+        'echo "uv=$("$root/tools/bin/uv" --version 2>/dev/null)"; true',
+    )
+)
+
+
+class WheelhouseFiles(FactBase[dict[str, int]]):
+    """
+    Returns the wheels in a directory on the host, by file name, with their sizes in bytes.
+
+    .. code:: python
+
+        {"torch-2.11.0+cu128-cp311-cp311-manylinux_2_28_x86_64.whl": 905000000}
+
+    + path: the host's copy of the wheelhouse
+    """
+
+    @staticmethod
+    def default() -> dict[str, int]:
+        # No output: the directory does not exist yet.
+        return {}
+
+    def command(self, path: str) -> StringCommand:
+        return StringCommand(
+            "find",
+            QuoteString(path),
+            "-maxdepth 1 -type f -name '*.whl' -printf '%s %f\\n' 2>/dev/null; true",
+        )
+
+    def process(self, output: list[str]) -> dict[str, int]:
+        files: dict[str, int] = {}
+        for line in output:
+            size, _, name = line.strip().partition(" ")
+            if size.isdigit() and name:
+                files[name] = int(size)
+        return files

@@ -1,0 +1,283 @@
+"""TEST DOUBLE of SGLang's HTTP server, run by `python -m sglang.launch_server`.
+
+It behaves like the real server where a deploy can observe it, with the standard library only:
+- the command line is parsed with the pinned release's real option table (knowledge/cli,
+  embedded at wheel-build time): an unknown or misspelled option exits 2 with argparse's
+  "unrecognized arguments", as the real parser does;
+- `--config FILE.yaml` (flat `option-name: value` keys) is merged into the command line, the
+  command line winning, as sglang/srt/server_args_config_parser.py does;
+- it needs CUDA_VISIBLE_DEVICES and a readable --model-path directory, else it exits 1;
+- /health and /health_generate answer 503 while "loading" (SGLANG_DOUBLE_LOAD_SECONDS, default
+  2), then 200; /v1/models, /get_model_info, /get_server_info, POST /v1/chat/completions (a canned
+  reply naming the served model); /metrics only with --enable-metrics;
+- with --api-key every route except /health* and /metrics needs `Authorization: Bearer KEY`
+  (401 otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from typing import Any
+
+from sglang._double_build import VERSION
+
+LOAD_SECONDS_ENV = "SGLANG_DOUBLE_LOAD_SECONDS"
+OPEN_PATHS = ("/health", "/health_generate", "/metrics")
+
+
+def option_table() -> dict[str, Any]:
+    text = resources.files("sglang").joinpath("_cli_table.json").read_text()
+    table: dict[str, Any] = json.loads(text)
+    return table
+
+
+def build_parser(table: dict[str, Any]) -> argparse.ArgumentParser:
+    # allow_abbrev stays on: the real parser accepts unique prefixes and rejects ambiguous ones.
+    parser = argparse.ArgumentParser(prog="python -m sglang.launch_server")
+    for name, opt in sorted(table["options"].items()):
+        kwargs: dict[str, Any] = {"dest": opt["dest"]}
+        if opt["takes_value"]:
+            nargs = opt["nargs"]
+            if nargs is not None:
+                kwargs["nargs"] = nargs
+            if opt["choices"] is not None:
+                kwargs["choices"] = opt["choices"]
+        elif name.startswith("--no-"):
+            kwargs.update(action="store_false")
+        else:
+            kwargs.update(action="store_true")
+        parser.add_argument(name, **kwargs)
+    return parser
+
+
+def _yaml_scalar(text: str) -> Any:
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    lowered = text.lower()
+    if lowered in ("true", "yes", "on"):
+        return True
+    if lowered in ("false", "no", "off"):
+        return False
+    if lowered in ("null", "~", ""):
+        return None
+    if text.startswith("[") and text.endswith("]"):
+        return [_yaml_scalar(item) for item in text[1:-1].split(",") if item.strip()]
+    return text
+
+
+def read_config(path: str) -> list[str]:
+    """A flat YAML file of `option-name: value` -> command-line words."""
+    if not path.endswith((".yaml", ".yml")):
+        raise SystemExit(f"--config {path}: the config file must end in .yaml or .yml")
+    words: list[str] = []
+    with open(path, encoding="utf-8") as fh:
+        for raw in fh:
+            line = raw.split(" #", 1)[0].rstrip()
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            key, sep, value = line.partition(":")
+            if not sep:
+                raise SystemExit(f"--config {path}: not a flat 'option-name: value' line: {line!r}")
+            option = "--" + key.strip().replace("_", "-")
+            parsed = _yaml_scalar(value)
+            if parsed is True:
+                words.append(option)
+            elif parsed is False or parsed is None:
+                continue
+            elif isinstance(parsed, list):
+                words += [option, *(str(v) for v in parsed)]
+            else:
+                words += [option, str(parsed)]
+    return words
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = build_parser(option_table())
+    args = parser.parse_args(argv)
+    if getattr(args, "config", None):
+        # Config values first, so the same option on the command line wins.
+        args = parser.parse_args([*read_config(args.config), *argv])
+    return args
+
+
+class _State:
+    def __init__(self, args: argparse.Namespace, load_seconds: float) -> None:
+        self.args = args
+        self.ready_at = time.monotonic() + load_seconds
+        self.served_model = args.served_model_name or args.model_path
+        self.requests = 0
+        self.lock = threading.Lock()
+
+    @property
+    def ready(self) -> bool:
+        return time.monotonic() >= self.ready_at
+
+
+def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "sglang-double/" + VERSION
+
+        def log_message(self, format: str, *args: Any) -> None:
+            sys.stderr.write("[double] " + (format % args) + "\n")
+
+        def _send(self, code: int, body: Any, content_type: str = "application/json") -> None:
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _authorised(self) -> bool:
+            key = state.args.api_key
+            path = self.path.split("?", 1)[0]
+            if not key or path.startswith(OPEN_PATHS):
+                return True
+            if self.headers.get("Authorization", "") == f"Bearer {key}":
+                return True
+            self._send(401, {"error": "Unauthorized"})
+            return False
+
+        def do_GET(self) -> None:
+            if not self._authorised():
+                return
+            path = self.path.split("?", 1)[0]
+            if path in ("/health", "/health_generate"):
+                if state.ready:
+                    self._send(200, b"", "text/plain")
+                else:
+                    self._send(503, b"", "text/plain")
+            elif path == "/metrics":
+                if not state.args.enable_metrics:
+                    self._send(404, {"detail": "Not Found"})
+                    return
+                name = state.served_model
+                text = (
+                    "# HELP sglang:num_running_reqs The number of running requests.\n"
+                    "# TYPE sglang:num_running_reqs gauge\n"
+                    f'sglang:num_running_reqs{{model_name="{name}"}} 0.0\n'
+                    "# TYPE sglang:prompt_tokens_total counter\n"
+                    f'sglang:prompt_tokens_total{{model_name="{name}"}} {state.requests * 8}.0\n'
+                )
+                self._send(200, text.encode(), "text/plain; version=0.0.4")
+            elif path == "/v1/models":
+                self._send(
+                    200,
+                    {
+                        "object": "list",
+                        "data": [
+                            {
+                                "id": state.served_model,
+                                "object": "model",
+                                "owned_by": "sglang",
+                                "root": state.served_model,
+                            }
+                        ],
+                    },
+                )
+            elif path == "/get_model_info":
+                self._send(
+                    200,
+                    {
+                        "model_path": state.args.model_path,
+                        "tokenizer_path": state.args.model_path,
+                        "is_generation": True,
+                        "served_model_name": state.served_model,
+                    },
+                )
+            elif path == "/get_server_info":
+                info = {k: v for k, v in vars(state.args).items() if k != "api_key"}
+                self._send(200, {**info, "version": VERSION})
+            else:
+                self._send(404, {"detail": "Not Found"})
+
+        def do_POST(self) -> None:
+            if not self._authorised():
+                return
+            path = self.path.split("?", 1)[0]
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            if path != "/v1/chat/completions":
+                self._send(404, {"detail": "Not Found"})
+                return
+            if not state.ready:
+                self._send(503, {"error": "the server is still loading"})
+                return
+            try:
+                request = json.loads(raw or b"{}")
+            except ValueError:
+                self._send(400, {"error": "invalid JSON"})
+                return
+            with state.lock:
+                state.requests += 1
+                n = state.requests
+            content = f"Hello from the SGLang test double serving {state.served_model}."
+            self._send(
+                200,
+                {
+                    "id": f"chatcmpl-double-{n}",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": request.get("model") or state.served_model,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": content},
+                            "finish_reason": "stop",
+                        }
+                    ],
+                    "usage": {"prompt_tokens": 8, "completion_tokens": 12, "total_tokens": 20},
+                },
+            )
+
+    return Handler
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if not args.model_path:
+        print("error: --model-path is required", file=sys.stderr)
+        return 2
+    if not os.environ.get("CUDA_VISIBLE_DEVICES"):
+        print(
+            "RuntimeError: No CUDA GPUs are available (CUDA_VISIBLE_DEVICES unset)", file=sys.stderr
+        )
+        return 1
+    if not (os.path.isdir(args.model_path) and os.access(args.model_path, os.R_OK | os.X_OK)):
+        print(f"OSError: cannot read the model directory {args.model_path}", file=sys.stderr)
+        return 1
+    host = args.host or "127.0.0.1"
+    port = int(args.port or 30000)
+    load_seconds = float(os.environ.get(LOAD_SECONDS_ENV, "2"))
+    state = _State(args, load_seconds)
+    server = ThreadingHTTPServer((host, port), _handler(state))
+    server.daemon_threads = True
+
+    def stop(signum: int, frame: Any) -> None:
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    print(
+        f"[double] sglang {VERSION} serving {state.served_model} on http://{host}:{port} "
+        f"(GPU {os.environ['CUDA_VISIBLE_DEVICES']}, loading for {load_seconds:g}s)",
+        flush=True,
+    )
+
+    def announce() -> None:
+        time.sleep(load_seconds)  # the double's simulated load time, not synchronisation
+        print("[double] The server is fired up and ready to roll!", flush=True)
+
+    threading.Thread(target=announce, daemon=True).start()
+    server.serve_forever()
+    server.server_close()
+    return 0

@@ -1,0 +1,212 @@
+"""Local package indexes for the engine tests: PEP 503 `simple` trees of the double wheels,
+served on loopback by `python3 -m http.server` and stopped by PID.
+
+The testbed's containers share this machine's network namespace, so a server bound to
+127.0.0.1:PORT here is reachable from inside every container at the same address.
+
+    main = LocalIndex(tmp / "main"); main.add(wheels["sglang"], uv_wheel()); main.start()
+    main.url                       # http://127.0.0.1:PORT/simple
+    main.stop()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import html
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+from tests.testbed.rootfs import CACHE_DIR
+
+START_TIMEOUT_S = 15.0
+POLL_S = 0.05
+UV_VERSION = "0.13.9"  # the default of the uv_version setting
+
+
+def wait_for(
+    check: Callable[[], bool],
+    timeout: float,
+    what: str,
+    proc: subprocess.Popen[bytes] | None = None,
+) -> None:
+    """Poll `check` until it is true; raise after `timeout` seconds (or when `proc` dies)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what}: the process exited with {proc.returncode}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not after {timeout:.0f}s")
+        # The pause between polls; with a process, it returns at once if the process dies.
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=POLL_S)
+        else:
+            time.sleep(POLL_S)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+class LocalIndex:
+    """A PEP 503 index (or several, one per sub-path) in `root`, served over HTTP on loopback.
+
+    add(wheel, sub="simple") puts a wheel under ROOT/SUB/<project>/ and rewrites the project's
+    page; the server reads from disk, so wheels added while it runs are served at once.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.port: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base(self) -> str:
+        assert self.port is not None, "start() the index first"
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"{self.base}/simple"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    def add(self, *wheels: Path, sub: str = "simple") -> None:
+        projects: set[Path] = set()
+        for wheel in wheels:
+            project = canonicalize_name(parse_wheel_filename(wheel.name)[0])
+            folder = self.root / sub / project
+            folder.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(wheel, folder / wheel.name)
+            projects.add(folder)
+        for folder in projects:
+            self._write_page(folder)
+        self._write_root(self.root / sub)
+
+    def remove(self, name_glob: str, sub: str = "simple") -> None:
+        for path in (self.root / sub).glob(f"*/{name_glob}"):
+            path.unlink()
+            self._write_page(path.parent)
+
+    @staticmethod
+    def _write_page(folder: Path) -> None:
+        links = []
+        for wheel in sorted(folder.glob("*.whl")):
+            digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+            href = html.escape(f"{wheel.name}#sha256={digest}")
+            links.append(f'<a href="{href}">{html.escape(wheel.name)}</a><br/>')
+        body = "\n".join(links)
+        (folder / "index.html").write_text(
+            f"<!DOCTYPE html>\n<html><body>\n{body}\n</body></html>\n"
+        )
+
+    @staticmethod
+    def _write_root(simple: Path) -> None:
+        names = sorted(p.name for p in simple.iterdir() if p.is_dir())
+        body = "\n".join(f'<a href="{n}/">{n}</a><br/>' for n in names)
+        (simple / "index.html").write_text(
+            f"<!DOCTYPE html>\n<html><body>\n{body}\n</body></html>\n"
+        )
+
+    def start(self) -> None:
+        if self.pid is not None:
+            return
+        self.port = self.port or free_port()
+        self._proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "http.server",
+                "--bind",
+                "127.0.0.1",
+                str(self.port),
+                "--directory",
+                str(self.root),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=(self.root.parent / f"{self.root.name}.http.log").open("ab"),
+        )
+        port = self.port
+        wait_for(lambda: _listening(port), START_TIMEOUT_S, f"index on port {port}", self._proc)
+
+    def stop(self) -> None:
+        proc = self._proc
+        self._proc = None
+        if proc is None or proc.poll() is not None:
+            return
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def uv_wheel(version: str = UV_VERSION) -> Path:
+    """The real uv wheel from PyPI, cached outside the repository (downloaded once with pip)."""
+    cache = CACHE_DIR / "wheels"
+    cache.mkdir(parents=True, exist_ok=True)
+    found = sorted(cache.glob(f"uv-{version}-*manylinux*x86_64*.whl"))
+    if found:
+        return found[0]
+    python = shutil.which("python3") or sys.executable
+    proc = subprocess.run(
+        [
+            python,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary",
+            ":all:",
+            "--platform",
+            "manylinux_2_17_x86_64",
+            "--python-version",
+            "3.11",
+            f"uv=={version}",
+            "-d",
+            str(cache),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    found = sorted(cache.glob(f"uv-{version}-*manylinux*x86_64*.whl"))
+    if proc.returncode != 0 or not found:
+        raise RuntimeError(
+            f"could not fetch the uv {version} wheel into {cache} (pip download failed: "
+            f"{proc.stderr.strip()[-300:]}); put it there by hand to run offline"
+        )
+    return found[0]
+
+
+def wheelhouse(target: Path, wheels: Iterable[Path]) -> Path:
+    """A flat directory of wheels, as a user's `wheelhouse` setting names."""
+    target.mkdir(parents=True, exist_ok=True)
+    for wheel in wheels:
+        shutil.copyfile(wheel, target / wheel.name)
+    return target

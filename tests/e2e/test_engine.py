@@ -1,0 +1,429 @@
+"""The engine step end to end: real `pyinfra -y INVENTORY deploy.py` runs against a testbed
+container, installing the double wheels (tests/doubles/wheels.py) from package indexes served on
+loopback (tests/e2e/index.py).
+
+One container serves the whole module; every test uses its own engine_root on it, so each test
+sets up the state it needs and no test depends on another's order.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from operations import kb as kbmod
+from operations.engine import engine_spec
+from operations.facts.engine import MARKER
+from operations.settings import Layer, load
+from tests import testbed as tb
+from tests.doubles import wheels as doubles
+from tests.e2e.index import LocalIndex, free_port, uv_wheel, wait_for, wheelhouse
+from tests.testbed import Container, ContainerSpec, inventory_file
+
+pytestmark = pytest.mark.e2e
+
+PYINFRA = Path(sys.executable).parent / "pyinfra"
+REPO = Path(__file__).resolve().parents[2]
+LANE = "cu128"
+OLD, NEW = "0.5.11", "0.5.19"  # both publish a cu128 lane and serve Qwen3.6
+MODEL_DIR = "/mnt/models/Qwen3.6-27B"
+MODEL_CONFIG = json.dumps(
+    {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5"}
+)
+DEPLOY_TIMEOUT_S = 600
+
+
+# -- fixtures -------------------------------------------------------------------------------
+
+
+@dataclass
+class Indexes:
+    """The three indexes of the cu128 lane: main (sglang, flashinfer, uv), torch, kernel."""
+
+    main: LocalIndex
+    torch: LocalIndex
+    kernel: LocalIndex
+
+    def data(self) -> dict[str, Any]:
+        return {
+            "package_index_url": self.main.url,
+            "torch_index_url": self.torch.base + "/{lane}",
+            "kernel_index_url": self.kernel.base + "/{lane}",
+        }
+
+    def all(self) -> list[LocalIndex]:
+        return [self.main, self.torch, self.kernel]
+
+    def requests(self) -> int:
+        """How many requests the three servers have logged so far."""
+        total = 0
+        for index in self.all():
+            log = index.root.parent / f"{index.root.name}.http.log"
+            if log.exists():
+                total += sum(1 for line in log.read_text().splitlines() if '"GET ' in line)
+        return total
+
+
+@pytest.fixture(scope="module")
+def double_wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Path]]:
+    out = tmp_path_factory.mktemp("wheels")
+    return {release: doubles.release_wheels(out / release, release, LANE) for release in (OLD, NEW)}
+
+
+def _make_indexes(root: Path, wheels: dict[str, dict[str, Path]]) -> Indexes:
+    indexes = Indexes(
+        LocalIndex(root / "main"), LocalIndex(root / "torch"), LocalIndex(root / "kernel")
+    )
+    for release_wheels in wheels.values():
+        indexes.main.add(release_wheels["sglang"], release_wheels["flashinfer"])
+        indexes.torch.add(release_wheels["torch"], sub=LANE)
+        indexes.kernel.add(release_wheels["kernel"], sub=LANE)
+    indexes.main.add(uv_wheel())
+    for index in indexes.all():
+        index.start()
+    return indexes
+
+
+@pytest.fixture(scope="module")
+def indexes(
+    tmp_path_factory: pytest.TempPathFactory, double_wheels: dict[str, dict[str, Path]]
+) -> Iterator[Indexes]:
+    made = _make_indexes(tmp_path_factory.mktemp("index"), double_wheels)
+    yield made
+    for index in made.all():
+        index.stop()
+
+
+@pytest.fixture(scope="module")
+def target(testbed: tb.Testbed) -> Iterator[Container]:
+    """One GPU-shaped container (8 x RTX PRO 6000 double) holding a model directory."""
+    (container,) = testbed.boot(
+        ContainerSpec(extra_files={f"{MODEL_DIR}/config.json": MODEL_CONFIG})
+    )
+    yield container
+    testbed.destroy(container)
+
+
+# -- running the deploy ---------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    rc: int
+    output: str
+    # Operation name (the part after the deploy's name) -> this host's status line.
+    statuses: dict[str, str] = field(default_factory=dict)
+
+    def engine_ops(self) -> dict[str, str]:
+        return {k: v for k, v in self.statuses.items() if k.startswith("Engine:")}
+
+    def __str__(self) -> str:
+        return f"rc={self.rc}\n{self.output[-6000:]}"
+
+
+_STATUS = re.compile(r"^(Success|No changes|Error|Skipped)\b")
+_STARTING = re.compile(r"^--> Starting operation: (?:.* \| )?(?P<op>.+?)\s*$")
+
+
+def parse_statuses(output: str, host_name: str) -> dict[str, str]:
+    """pyinfra's log: '--> Starting operation: DEPLOY | OP' then '[host] Success' etc."""
+    statuses: dict[str, str] = {}
+    op: str | None = None
+    prefix = f"[{host_name}] "
+    for raw in output.splitlines():
+        line = re.sub(r"\x1b\[[0-9;]*m", "", raw).strip()
+        started = _STARTING.match(line)
+        if started:
+            op = started.group("op")
+            continue
+        if op and line.startswith(prefix):
+            status = line[len(prefix) :]
+            if _STATUS.match(status):
+                statuses[op] = status
+    return statuses
+
+
+def deploy(container: Container, tmp_path: Path, data: dict[str, Any], *args: str) -> Run:
+    host_data = {"model_source": MODEL_DIR, "dp_size": 1, **data}
+    inventory = inventory_file(tmp_path, {container: host_data})
+    proc = subprocess.run(
+        [str(PYINFRA), "-y", str(inventory), str(REPO / "deploy.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=DEPLOY_TIMEOUT_S,
+        cwd=REPO,
+        check=False,
+    )
+    output = proc.stdout + proc.stderr
+    return Run(proc.returncode, output, parse_statuses(output, container.name))
+
+
+def env_name(release: str, **data: Any) -> str:
+    settings = load(
+        "t", [Layer("t", {"model_source": MODEL_DIR, "sglang_version": release, **data})]
+    )
+    return engine_spec(settings, kbmod.load()).name
+
+
+def sh(container: Container, cmd: str) -> str:
+    rc, out, err = container.ssh_run(cmd)
+    assert rc == 0, f"{cmd}: rc={rc}\n{out}\n{err}"
+    return out.strip()
+
+
+def current(container: Container, root: str) -> str | None:
+    rc, out, _ = container.ssh_run(f"readlink {shlex.quote(root + '/current')}")
+    return out.strip() if rc == 0 else None
+
+
+def envs(container: Container, root: str) -> dict[str, bool]:
+    """Environment name -> complete (has its marker)."""
+    out = sh(
+        container,
+        f"cd {shlex.quote(root)}/envs 2>/dev/null && for d in */; do d=${{d%/}}; "
+        f'[ -f "$d/{MARKER}" ] && echo "$d 1" || echo "$d 0"; done; true',
+    )
+    return {line.split()[0]: line.split()[1] == "1" for line in out.splitlines() if line.strip()}
+
+
+def installed_versions(container: Container, root: str) -> tuple[str, str, str]:
+    out = sh(
+        container,
+        f"{root}/current/bin/python -c 'import sglang, torch; "
+        "print(sglang.__version__, torch.__version__, torch.version.cuda)'",
+    )
+    sglang, torch, cuda = out.split()
+    return sglang, torch, cuda
+
+
+def ok(run: Run) -> None:
+    assert run.rc == 0, str(run)
+    failed = {
+        k: v for k, v in run.engine_ops().items() if not v.startswith(("Success", "No changes"))
+    }
+    assert not failed, f"{failed}\n{run}"
+
+
+# -- tests ----------------------------------------------------------------------------------
+
+
+def test_fresh_install_then_a_second_run_changes_nothing(
+    target: Container, indexes: Indexes, tmp_path: Path
+) -> None:
+    root = "/opt/sglang-fresh"
+    data = {**indexes.data(), "engine_root": root, "sglang_version": OLD}
+
+    first = deploy(target, tmp_path, data)
+
+    ok(first)
+    name = env_name(OLD)
+    assert current(target, root) == f"envs/{name}"
+    assert envs(target, root) == {name: True}
+    assert installed_versions(target, root) == (OLD, "2.11.0+cu128", "12.8")
+    # The index URLs are in a root-only file, never on a command line.
+    assert sh(target, f"stat -c %a {root}/uv.toml") == "600"
+    assert first.engine_ops()[f"Engine: current -> {name}"] == "Success"
+
+    before = target.snapshot([root + "/envs", root + "/current"])
+    requests_before = indexes.requests()
+    second = deploy(target, tmp_path, data)
+
+    ok(second)
+    engine_ops = second.engine_ops()
+    assert engine_ops == {
+        f"Engine: current -> {name}": "No changes",
+        "Engine: prune old environments": "No changes",
+    }, second
+    assert target.snapshot([root + "/envs", root + "/current"]) == before
+    assert indexes.requests() == requests_before, "a converged run must download nothing"
+
+
+def test_pin_change_switches_and_pin_back_is_instant_without_an_index(
+    target: Container, indexes: Indexes, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    root = "/opt/sglang-pins"
+    old, new = env_name(OLD), env_name(NEW)
+    ok(deploy(target, tmp_path, {**indexes.data(), "engine_root": root, "sglang_version": OLD}))
+
+    upgrade = deploy(
+        target, tmp_path, {**indexes.data(), "engine_root": root, "sglang_version": NEW}
+    )
+
+    ok(upgrade)
+    assert current(target, root) == f"envs/{new}"
+    assert envs(target, root) == {old: True, new: True}
+    assert installed_versions(target, root) == (NEW, "2.13.0+cu128", "12.8")
+
+    # Every index is down: switching back can only work without downloading anything.
+    dead = f"http://127.0.0.1:{free_port()}"
+    offline = {
+        "package_index_url": dead + "/simple",
+        "torch_index_url": dead + "/{lane}",
+        "kernel_index_url": dead + "/{lane}",
+    }
+    back = deploy(target, tmp_path, {**offline, "engine_root": root, "sglang_version": OLD})
+
+    ok(back)
+    assert set(back.engine_ops()) == {f"Engine: current -> {old}", "Engine: prune old environments"}
+    assert back.engine_ops()[f"Engine: current -> {old}"] == "Success"
+    assert current(target, root) == f"envs/{old}"
+    assert installed_versions(target, root)[0] == OLD
+
+
+def test_wrong_lane_torch_is_refused_and_current_stays(
+    target: Container,
+    indexes: Indexes,
+    double_wheels: dict[str, dict[str, Path]],
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    root = "/opt/sglang-lane"
+    ok(deploy(target, tmp_path, {**indexes.data(), "engine_root": root, "sglang_version": OLD}))
+    serving = current(target, root)
+    torch_version = kbmod.load().releases[NEW]["torch"]
+
+    # 1. The cu128 index serves only a CUDA 13 torch: the lane-tagged pin cannot be met.
+    cu130 = LocalIndex(tmp_path_factory.mktemp("cu130-in-cu128"))
+    cu130.add(doubles.torch_wheel(tmp_path / "w130", torch_version, "cu130"), sub=LANE)
+    cu130.start()
+    try:
+        run = deploy(
+            target,
+            tmp_path,
+            {
+                **indexes.data(),
+                "torch_index_url": cu130.base + "/{lane}",
+                "engine_root": root,
+                "sglang_version": NEW,
+            },
+        )
+    finally:
+        cu130.stop()
+    assert run.rc != 0, str(run)
+    assert f"torch=={torch_version}+cu128" in run.output, str(run)
+    assert current(target, root) == serving
+
+    # 2. A torch labelled +cu128 that is a CUDA 13.0 build inside: the check names it.
+    liar = LocalIndex(tmp_path_factory.mktemp("mislabelled"))
+    liar.add(doubles.torch_wheel(tmp_path / "wliar", torch_version, LANE, cuda="13.0"), sub=LANE)
+    liar.start()
+    try:
+        run = deploy(
+            target,
+            tmp_path,
+            {
+                **indexes.data(),
+                "torch_index_url": liar.base + "/{lane}",
+                "engine_root": root,
+                "sglang_version": NEW,
+            },
+        )
+    finally:
+        liar.stop()
+    assert run.rc != 0, str(run)
+    assert "torch.version.cuda: expected 12.8 (the cu128 lane), found 13.0" in run.output, str(run)
+    assert current(target, root) == serving
+    assert envs(target, root)[env_name(NEW)] is False  # left partial, never pointed at
+
+    # 3. The next run with the right index removes the partial environment and succeeds.
+    ok(deploy(target, tmp_path, {**indexes.data(), "engine_root": root, "sglang_version": NEW}))
+    assert current(target, root) == f"envs/{env_name(NEW)}"
+    assert envs(target, root) == {env_name(OLD): True, env_name(NEW): True}
+
+
+def _health(container: Container, port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://{container.address}:{port}/health", timeout=2) as r:
+            return int(r.status)
+    except OSError as exc:
+        return int(getattr(exc, "code", 0) or 0)
+
+
+def test_index_down_during_install_fails_and_the_running_server_is_untouched(
+    target: Container,
+    double_wheels: dict[str, dict[str, Path]],
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    root = "/opt/sglang-fault"
+    own = _make_indexes(tmp_path_factory.mktemp("own-index"), double_wheels)
+    port = 31000
+    try:
+        ok(deploy(target, tmp_path, {**own.data(), "engine_root": root, "sglang_version": OLD}))
+        # A server of the double, run from `current` like the serve step's units.
+        sh(
+            target,
+            f"systemd-run --unit=sglang-engine-test -E CUDA_VISIBLE_DEVICES=0 "
+            f"-E SGLANG_DOUBLE_LOAD_SECONDS=0 {root}/current/bin/python -m sglang.launch_server "
+            f"--model-path {MODEL_DIR} --host {target.address} --port {port}",
+        )
+        wait_for(lambda: _health(target, port) == 200, 30, "the double server's /health")
+        pid = sh(target, "systemctl show -p MainPID --value sglang-engine-test")
+
+        own.kernel.stop()  # the kernel index goes away while the new release is installed
+        run = deploy(target, tmp_path, {**own.data(), "engine_root": root, "sglang_version": NEW})
+
+        assert run.rc != 0, str(run)
+        assert "Engine: install" in " ".join(
+            k for k, v in run.statuses.items() if v.startswith("Error")
+        ), str(run)
+        assert current(target, root) == f"envs/{env_name(OLD)}"
+        assert sh(target, "systemctl show -p MainPID --value sglang-engine-test") == pid
+        assert _health(target, port) == 200
+        assert envs(target, root).get(env_name(NEW)) is False  # partial, never current
+
+        own.kernel.start()
+        ok(deploy(target, tmp_path, {**own.data(), "engine_root": root, "sglang_version": NEW}))
+        assert envs(target, root) == {env_name(OLD): True, env_name(NEW): True}
+        assert current(target, root) == f"envs/{env_name(NEW)}"
+    finally:
+        target.ssh_run(
+            "systemctl stop sglang-engine-test; systemctl reset-failed sglang-engine-test"
+        )
+        for index in own.all():
+            index.stop()
+
+
+def test_offline_install_from_the_wheelhouse(
+    target: Container,
+    double_wheels: dict[str, dict[str, Path]],
+    tmp_path: Path,
+) -> None:
+    root = "/opt/sglang-offline"
+    dead = f"http://127.0.0.1:{free_port()}"
+    offline = {
+        "package_index_url": dead + "/simple",
+        "torch_index_url": dead + "/{lane}",
+        "kernel_index_url": dead + "/{lane}",
+        "engine_root": root,
+        "sglang_version": OLD,
+    }
+    partial = wheelhouse(
+        tmp_path / "partial",
+        [p for role, p in double_wheels[OLD].items() if role != "kernel"] + [uv_wheel()],
+    )
+
+    refused = deploy(target, tmp_path, {**offline, "wheelhouse": str(partial)})
+
+    assert refused.rc != 0, str(refused)
+    assert "no wheel for sglang-kernel==0.4.2+cu128" in refused.output, str(refused)
+    assert target.ssh_run(f"test -e {root}")[0] == 1, "a refused wheelhouse changes nothing"
+
+    full = wheelhouse(tmp_path / "full", [*double_wheels[OLD].values(), uv_wheel()])
+    run = deploy(target, tmp_path, {**offline, "wheelhouse": str(full)})
+
+    ok(run)
+    assert current(target, root) == f"envs/{env_name(OLD)}"
+    assert installed_versions(target, root) == (OLD, "2.11.0+cu128", "12.8")
+    synced = sh(target, f"ls {root}/wheelhouse").split()
+    assert sorted(synced) == sorted(p.name for p in full.glob("*.whl"))
