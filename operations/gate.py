@@ -16,26 +16,24 @@ from operations import settings as settings_mod
 from operations.host_plan import HostReport, plan_for_host
 from operations.report import host_panel
 
-_checked_states: set[int] = set()
+# Settings of the whole inventory, loaded once per pyinfra run (deploy.py runs once per host).
+_inventory_settings: dict[int, list[tuple[str, settings_mod.Settings]]] = {}
 
 
 class SettingsInvalid(PyinfraError):
     """Raised while loading deploy.py: pyinfra prints it as one message, no traceback."""
 
 
-def check_all_settings(state: Any) -> None:
-    """Every host's settings at once, before the first fact is gathered from any host."""
-    if id(state) in _checked_states:
-        return
-    _checked_states.add(id(state))
-    problems: list[str] = []
-    for host in state.inventory:
-        try:
-            settings_mod.load_for_host(host)
-        except settings_mod.SettingsError as exc:
-            problems.extend(exc.problems)
-    if problems:
-        raise SettingsInvalid("invalid settings, nothing was changed:\n  " + "\n  ".join(problems))
+def inventory_settings(state: Any) -> list[tuple[str, settings_mod.Settings]]:
+    """Every host's settings, checked all at once before the first fact is gathered."""
+    if id(state) not in _inventory_settings:
+        loaded, problems = settings_mod.load_inventory(state.inventory)
+        if problems:
+            raise SettingsInvalid(
+                "invalid settings, nothing was changed:\n  " + "\n  ".join(problems)
+            )
+        _inventory_settings[id(state)] = list(loaded.items())
+    return _inventory_settings[id(state)]
 
 
 def _refuse(state: Any, host: Any, summary: str) -> bool:
@@ -55,13 +53,14 @@ def refuse(summary: str) -> Any:
 
 def plan_or_refuse(state: Any, host: Any) -> HostReport | None:
     """The host's plan when it may go on; otherwise queue a refusal and return None."""
-    check_all_settings(state)
-    settings = settings_mod.load_for_host(host)
-    report = plan_for_host(host, settings)
+    everyone = inventory_settings(state)
+    settings = dict(everyone)[host.name]
+    report = plan_for_host(host, settings, everyone)
     Console(stderr=True).print(host_panel(host.name, report))
     if report.ok:
         return report
     problems = [f.check for f in report.failures] + report.plan.errors
+    problems += report.router.errors if report.router else []
     refuse(
         name="Refuse: preflight or plan failed, no change made",
         summary=f"{len(problems)} problem(s): " + "; ".join(problems),

@@ -24,17 +24,31 @@ class HostReport:
     gpu: NvidiaSmi | None = None
     resources: Resources | None = None
     model: Model | None = None
+    # Set on the host that runs the router.
+    router: resolver.RouterPlan | None = None
+
+    @property
+    def errors(self) -> list[str]:
+        """Every reason this host is refused, preflight first."""
+        return (
+            [
+                f"preflight: {f.check}: expected {f.expected}; found {f.found}; fix: {f.fix}"
+                for f in self.failures
+            ]
+            + self.plan.errors
+            + (self.router.errors if self.router else [])
+        )
 
     @property
     def ok(self) -> bool:
-        return not self.failures and not self.plan.errors
+        return not self.errors
 
     def to_json(self) -> dict[str, Any]:
         data = self.plan.to_json()
-        data["errors"] = [
-            f"preflight: {f.check}: expected {f.expected}; found {f.found}; fix: {f.fix}"
-            for f in self.failures
-        ] + data["errors"]
+        data["errors"] = self.errors
+        if self.router is not None:
+            data["warnings"] = data["warnings"] + self.router.warnings
+            data["router"] = {"argv": self.router.argv, "unit": self.router.unit}
         return data
 
 
@@ -47,9 +61,16 @@ def gather(host: Any, settings: Settings) -> tuple[NvidiaSmi, Resources, Model]:
     return gpu, resources, model
 
 
-def plan_for_host(host: Any, settings: Settings) -> HostReport:
+def plan_for_host(
+    host: Any, settings: Settings, inventory_settings: list[tuple[str, Settings]] | None = None
+) -> HostReport:
+    """`inventory_settings`: every host's settings, by name, for the router's worker list."""
     knowledge = kbmod.load()
     gpu, resources, model = gather(host, settings)
     failures = preflight.check(settings, knowledge, gpu, resources, model)
     plan = resolver.resolve(settings, resolver.Facts(gpu=gpu, model=model), knowledge)
-    return HostReport(settings, plan, failures, gpu, resources, model)
+    router = None
+    if settings.router is not None and settings.router.host == host.name:
+        everyone = inventory_settings or [(host.name, settings)]
+        router = resolver.resolve_router(settings, host.name, everyone)
+    return HostReport(settings, plan, failures, gpu, resources, model, router)

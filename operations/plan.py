@@ -62,25 +62,25 @@ def run(inventory_path: str, override: dict[str, Any]) -> tuple[dict[str, Any], 
 
     state = build_state(inventory_path, override)
     hosts = list(state.inventory)
-    loaded: dict[str, settings_mod.Settings] = {}
-    problems: dict[str, list[str]] = {}
-    for host in hosts:
-        try:
-            loaded[host.name] = settings_mod.load_for_host(host)
-        except settings_mod.SettingsError as exc:
-            problems[host.name] = exc.problems
-
-    reports: dict[str, HostReport | str | list[str]] = dict(problems)
-    if loaded:
+    loaded, problems = settings_mod.load_inventory(hosts)
+    reports: dict[str, HostReport | str | list[str]] = {}
+    for problem in problems:
+        name = problem.split(":", 1)[0]
+        reports.setdefault(name, [])
+        entry = reports[name]
+        assert isinstance(entry, list)
+        entry.append(problem)
+    everyone = [(name, s) for name, s in loaded.items() if name not in reports]
+    if everyone:
         connect_all(state)
         for host in hosts:
-            if host.name not in loaded:
+            if host.name in reports:
                 continue
             if host not in state.activated_hosts:
                 reports[host.name] = "could not connect (see the messages above)"
                 continue
             with ctx_host.use(host):
-                reports[host.name] = plan_for_host(host, loaded[host.name])
+                reports[host.name] = plan_for_host(host, loaded[host.name], everyone)
     ok = all(isinstance(r, HostReport) and r.ok for r in reports.values())
     return reports, ok
 

@@ -417,47 +417,11 @@ class _Resolution:
 
     def check_against_cli(self, args: list[str], origin: str) -> None:
         """Refuse anything the pinned release's own parser would reject."""
-        table = self.table
-        if table is None:
+        if self.table is None:
             return
-        release = self.s.sglang_version
-        i = 0
-        while i < len(args):
-            word = args[i]
-            i += 1
-            if not word.startswith("--"):
-                self.error(f"{origin}: {word!r} is not an option (sglang options start with --)")
-                continue
-            name, eq, inline = word.partition("=")
-            option = table.get(name)
-            if option is None:
-                close = _close_options(name, table.options)
-                hint = f"; did you mean {close}?" if close else ""
-                self.error(f"{origin}: sglang {release} has no option {name}{hint}")
-                continue
-            if option.deprecated:
-                self.plan.warnings.append(f"{origin}: {name} is deprecated in sglang {release}")
-            values: list[str] = []
-            if eq:
-                values = [inline]
-            elif option.takes_value:
-                many = option.nargs in ("*", "+") or isinstance(option.nargs, int)
-                while i < len(args) and not args[i].startswith("--"):
-                    values.append(args[i])
-                    i += 1
-                    if not many:
-                        break
-                if not values and option.nargs not in ("?", "*"):
-                    self.error(f"{origin}: {name} needs a value")
-            elif eq:
-                self.error(f"{origin}: {name} takes no value")
-            if option.choices is not None:
-                for value in values:
-                    if value not in option.choices:
-                        self.error(
-                            f"{origin}: {name} {value!r} is not accepted by sglang {release}; "
-                            f"accepted: {', '.join(option.choices)}"
-                        )
+        errors, warnings = cli_problems(args, self.table, origin)
+        self.plan.errors.extend(errors)
+        self.plan.warnings.extend(warnings)
 
     # -- ranks --------------------------------------------------------------------------------
 
@@ -513,6 +477,158 @@ class _Resolution:
             return self.plan
         self.ranks(args + list(self.s.extra_server_args))
         return self.plan
+
+
+ROUTER_UNIT = "sglang-router.service"
+
+
+@dataclass(frozen=True)
+class RouterPlan:
+    argv: list[str]
+    unit: str
+    workers: list[str]
+    health_url: str
+    env_dir: str
+    version: str
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def router_env_dir(settings: Settings) -> str:
+    version = settings.router.version if settings.router else "none"
+    return f"{settings.engine_root}/router/sglang-router-{version}"
+
+
+def worker_urls(all_settings: list[tuple[str, Settings]]) -> list[str]:
+    """Every rank of every host, as the router reaches it."""
+    urls = []
+    for _, s in all_settings:
+        address = f"[{s.server_host}]" if ":" in s.server_host else s.server_host
+        urls += [f"http://{address}:{s.base_port + rank}" for rank in range(s.dp_size)]
+    return urls
+
+
+def resolve_router(
+    settings: Settings, host_name: str, all_settings: list[tuple[str, Settings]]
+) -> RouterPlan:
+    """The router's command line and unit, for the host that runs it."""
+    router = settings.router
+    assert router is not None and router.host == host_name
+    env_dir = router_env_dir(settings)
+    workers = worker_urls(all_settings)
+    argv = [
+        f"{env_dir}/bin/python",
+        "-m",
+        "sglang_router.launch_router",
+        "--worker-urls",
+        *workers,
+        "--policy",
+        router.policy,
+        "--host",
+        router.bind,
+        "--port",
+        str(router.port),
+    ]
+    errors: list[str] = []
+    warnings: list[str] = []
+    table = kbmod.load_cli_table("sglang-router", router.version)
+    if table is None:
+        errors.append(
+            f"router version {router.version!r}: no option table for sglang-router "
+            f"{router.version}; run 'python scripts/gen_cli_table.py sglang-router "
+            f"{router.version}' (see operations/knowledge/cli/README.md)"
+        )
+    else:
+        found, warned = cli_problems(argv[3:], table, "router command line")
+        errors += found
+        warnings += warned
+    for name, s in all_settings:
+        ports = range(s.base_port, s.base_port + s.dp_size)
+        if name == host_name and router.port in ports:
+            errors.append(
+                f"router port {router.port} (set in {settings.origin('router')}) collides with "
+                f"rank {router.port - s.base_port} of {name} (ports {ports.start}-{ports.stop - 1})"
+                "; choose a router port outside every host's rank ports"
+            )
+        if name != host_name and s.server_host.startswith("127."):
+            warnings.append(
+                f"router on {host_name} reaches {name}'s ranks at {s.server_host}, a loopback "
+                "address: set server_host for that host to an address the router can reach"
+            )
+    bind = "127.0.0.1" if router.bind in ("0.0.0.0", "::") else router.bind
+    unit = (
+        jinja2.Environment(
+            loader=jinja2.FileSystemLoader(TEMPLATES),
+            keep_trailing_newline=True,
+            undefined=jinja2.StrictUndefined,
+            autoescape=False,
+        )
+        .get_template("sglang-router.service.j2")
+        .render(
+            version=router.version,
+            workers=workers,
+            port=router.port,
+            user=settings.service_user,
+            exec_start=" ".join(systemd_quote(a) for a in argv),
+        )
+    )
+    return RouterPlan(
+        argv=argv,
+        unit=unit,
+        workers=workers,
+        health_url=f"http://{bind}:{router.port}/health",
+        env_dir=env_dir,
+        version=router.version,
+        errors=errors,
+        warnings=warnings,
+    )
+
+
+def cli_problems(
+    args: list[str], table: kbmod.CliTable, origin: str
+) -> tuple[list[str], list[str]]:
+    """(errors, warnings) for `args` under a release's real option table: unknown options,
+    missing or unexpected values, values outside the option's choices."""
+    errors: list[str] = []
+    warnings: list[str] = []
+    release = f"{table.package} {table.version}"
+    i = 0
+    while i < len(args):
+        word = args[i]
+        i += 1
+        if not word.startswith("--"):
+            errors.append(f"{origin}: {word!r} is not an option (options start with --)")
+            continue
+        name, eq, inline = word.partition("=")
+        option = table.get(name)
+        if option is None:
+            close = _close_options(name, table.options)
+            hint = f"; did you mean {close}?" if close else ""
+            errors.append(f"{origin}: {release} has no option {name}{hint}")
+            continue
+        if option.deprecated:
+            warnings.append(f"{origin}: {name} is deprecated in {release}")
+        values: list[str] = []
+        if eq and not option.takes_value:
+            errors.append(f"{origin}: {name} takes no value")
+        elif eq:
+            values = [inline]
+        elif option.takes_value:
+            many = option.nargs in ("*", "+") or isinstance(option.nargs, int)
+            while i < len(args) and not args[i].startswith("--"):
+                values.append(args[i])
+                i += 1
+                if not many:
+                    break
+            if not values and option.nargs not in ("?", "*"):
+                errors.append(f"{origin}: {name} needs a value")
+        for value in values:
+            if option.choices is not None and value not in option.choices:
+                errors.append(
+                    f"{origin}: {name} {value!r} is not accepted by {release}; "
+                    f"accepted: {', '.join(option.choices)}"
+                )
+    return errors, warnings
 
 
 def _close_options(name: str, options: dict[str, Any]) -> str | None:

@@ -29,12 +29,11 @@ from pyinfra.operations import server, systemd
 from operations import resolver
 from operations.facts.serve import Serving, ServingState
 from operations.host_plan import HostReport
-from operations.resolver import SECRETS_FILE, Rank
+from operations.resolver import ROUTER_UNIT, SECRETS_FILE, Rank, RouterPlan
 from operations.settings import Settings
 
 UNIT_DIR = "/etc/systemd/system"
 TARGET = "sglang.target"
-ROUTER_UNIT = "sglang-router.service"
 SCRIPT_DIR = "/usr/local/lib/sglang-deploy"
 WAIT_SCRIPT = f"{SCRIPT_DIR}/wait_healthy.py"
 _WAIT_SOURCE = Path(__file__).parent / "files" / "wait_healthy.py"
@@ -312,8 +311,14 @@ class ServeStep:
         )
 
 
+ROUTER_MARKER = ".sglang-deploy-complete"
+
+
 def managed_paths(settings: Settings) -> list[str]:
-    return [WAIT_SCRIPT, SECRETS_FILE, f"{UNIT_DIR}/{TARGET}", f"{UNIT_DIR}/{ROUTER_UNIT}"]
+    paths = [WAIT_SCRIPT, SECRETS_FILE, f"{UNIT_DIR}/{TARGET}", f"{UNIT_DIR}/{ROUTER_UNIT}"]
+    if settings.router is not None:
+        paths.append(f"{resolver.router_env_dir(settings)}/{ROUTER_MARKER}")
+    return paths
 
 
 def serving_state(settings: Settings) -> Serving:
@@ -329,10 +334,89 @@ def serving_state(settings: Settings) -> Serving:
 
 @deploy("Serve: SGLang ranks as systemd units")
 def _serve(report: HostReport, upstream: Sequence[OperationMeta | None] = ()) -> ServeStep:
-    step = ServeStep(report, serving_state(report.settings), [m for m in upstream if m])
+    serving = serving_state(report.settings)
+    step = ServeStep(report, serving, [m for m in upstream if m])
     step.run()
+    if report.router is not None:
+        _route(report, serving, report.router)
     return step
 
 
 # @deploy types every call as returning OperationMeta; this step returns its ServeStep.
 serve = cast(Callable[..., ServeStep], _serve)
+
+
+@operation()
+def router_env(engine_root: str, env_dir: str, version: str, installed: bool) -> Any:
+    """
+    sglang-router in its own environment, with the engine's uv and package sources.
+
+    + engine_root: ENGINE_ROOT (uv and its config live there)
+    + env_dir: the router's environment
+    + version: the sglang-router release
+    + installed: whether env_dir holds a checked install (from the ServingState fact)
+    """
+    if installed:
+        host.noop(f"sglang-router {version} is installed")
+        return
+    uv = QuoteString(f"{engine_root}/tools/bin/uv")
+    common = [
+        "--config-file",
+        QuoteString(f"{engine_root}/uv.toml"),
+        "--cache-dir",
+        QuoteString(f"{engine_root}/cache"),
+        "--no-progress",
+    ]
+    env = QuoteString(env_dir)
+    python = QuoteString(f"{env_dir}/bin/python")
+    yield StringCommand("rm", "-rf", env)
+    yield StringCommand(
+        uv,
+        "venv",
+        *common,
+        "--no-python-downloads",
+        "--python-preference",
+        "system",
+        "--python",
+        "python3",
+        env,
+    )
+    yield StringCommand(
+        uv, "pip", "install", *common, "--python", python, QuoteString(f"sglang-router=={version}")
+    )
+    yield StringCommand(
+        python,
+        "-c",
+        QuoteString("import sglang_router.launch_router"),
+        "&&",
+        "touch",
+        QuoteString(f"{env_dir}/{ROUTER_MARKER}"),
+    )
+
+
+def _route(report: HostReport, serving: Serving, plan: RouterPlan) -> None:
+    s = report.settings
+    env = router_env(
+        name=f"Router: sglang-router {plan.version}",
+        engine_root=s.engine_root,
+        env_dir=plan.env_dir,
+        version=plan.version,
+        installed=f"{plan.env_dir}/{ROUTER_MARKER}" in serving.files,
+    )
+    unit = managed_file(
+        name=f"Router: {ROUTER_UNIT}",
+        dest=f"{UNIT_DIR}/{ROUTER_UNIT}",
+        content=plan.unit,
+        present_sha256=serving.files.get(f"{UNIT_DIR}/{ROUTER_UNIT}"),
+    )
+    if env.will_change or unit.will_change or serving.router_active != "active":
+        systemd.daemon_reload(name="Router: reload systemd")
+        server.shell(
+            name=f"Router: (re)start {ROUTER_UNIT}",
+            commands=[f"systemctl enable {ROUTER_UNIT}", f"systemctl restart {ROUTER_UNIT}"],
+        )
+        wait_healthy(
+            name="Router: wait for /health",
+            checks=[(ROUTER_UNIT, plan.health_url)],
+            timeout_s=s.health_timeout_s,
+        )

@@ -74,6 +74,17 @@ def parse_source(model_source: str, cache_dir: str) -> SourceSpec:
 
 
 @dataclass(frozen=True)
+class Router:
+    """sglang-router on the inventory host `host`, in front of every rank of every host."""
+
+    host: str
+    port: int = 8000
+    policy: str = "cache_aware"
+    bind: str = "0.0.0.0"
+    version: str = "0.3.2"
+
+
+@dataclass(frozen=True)
 class Settings:
     sglang_version: str
     cuda_lane: str
@@ -106,6 +117,10 @@ class Settings:
     torch_index_url: str = "https://download.pytorch.org/whl/{lane}"
     kernel_index_url: str = "https://docs.sglang.io/whl/{lane}"
     uv_version: str = "0.13.9"
+    # Serving (operations/serve.py); defaults as in the schema.
+    health_timeout_s: int = 1800
+    restart_batch_size: int = 1
+    router: Router | None = None
     # Where each key's value came from, for messages that point at the right file.
     origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
@@ -221,6 +236,9 @@ def load(host_name: str, layers: list[Layer]) -> Settings:
         torch_index_url=values["torch_index_url"],
         kernel_index_url=values["kernel_index_url"],
         uv_version=values["uv_version"],
+        health_timeout_s=values["health_timeout_s"],
+        restart_batch_size=values["restart_batch_size"],
+        router=Router(**values["router"]) if isinstance(values["router"], dict) else None,
         model_cache_dir=values["model_cache_dir"].rstrip("/") or "/",
         model_verify=values["model_verify"],
         model_hub_cli=values["model_hub_cli"],
@@ -248,3 +266,25 @@ def layers_for_host(host: Any, group_data_dir: Path | None = None) -> list[Layer
 
 def load_for_host(host: Any) -> Settings:
     return load(host.name, layers_for_host(host))
+
+
+def load_inventory(hosts: Iterable[Any]) -> tuple[dict[str, Settings], list[str]]:
+    """Every host's settings, and every problem of every host (the whole inventory at once)."""
+    loaded: dict[str, Settings] = {}
+    problems: list[str] = []
+    hosts = list(hosts)
+    for host in hosts:
+        try:
+            loaded[host.name] = load_for_host(host)
+        except SettingsError as exc:
+            problems.extend(exc.problems)
+    names = [h.name for h in hosts]
+    for name, s in loaded.items():
+        if s.router is not None and s.router.host not in names:
+            close = difflib.get_close_matches(s.router.host, names, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"hosts: {', '.join(names)}"
+            problems.append(
+                f"{name}: router.host {s.router.host!r} (set in {s.origin('router')}) is not a "
+                f"host of this inventory; {hint}"
+            )
+    return loaded, problems

@@ -31,6 +31,8 @@ class Serving:
     files: dict[str, str] = field(default_factory=dict)
     # Whether the service user exists.
     user_exists: bool = False
+    # ActiveState of sglang-router.service ("inactive" when there is none).
+    router_active: str | None = None
 
     def stale(self, rank: int) -> bool:
         state = self.ranks.get(rank)
@@ -51,6 +53,7 @@ def parse_serving(lines: list[str]) -> Serving:
     top: dict[str, int | None] = {}
     files: dict[str, str] = {}
     user_exists = False
+    router_active: str | None = None
     for line in lines:
         word, _, rest = line.partition(" ")
         if word == "unit":
@@ -69,6 +72,8 @@ def parse_serving(lines: list[str]) -> Serving:
             current["restarts"] = _int(line.split("=", 1)[1])
         elif word in ("engine", "model"):
             top[word] = _int(rest)
+        elif word == "router":
+            router_active = rest.strip() or None
         elif word == "user":
             user_exists = rest.strip() == "yes"
         elif word == "file":
@@ -84,6 +89,7 @@ def parse_serving(lines: list[str]) -> Serving:
         model_changed_at=top.get("model"),
         files=files,
         user_exists=user_exists,
+        router_active=router_active,
     )
 
 
@@ -121,7 +127,9 @@ class ServingState(FactBase[Serving]):
             *checksums,
             'echo "user $(id -u',
             QuoteString(user),
-            '>/dev/null 2>&1 && echo yes || echo no)"; true',
+            '>/dev/null 2>&1 && echo yes || echo no)";',
+            'echo "router $(systemctl show sglang-router.service -p ActiveState --value',
+            '2>/dev/null)"; true',
         )
 
     @staticmethod
