@@ -44,6 +44,8 @@ HUB_MARKER = ".cache/sglang-hub-complete"
 CHUNK = 64 * 1024 * 1024
 EXIT_REFUSED = 3  # does not fit, source missing: the message says why; nothing was copied
 EXIT_CHANGED = 4  # a source file changed during the copy: staged nothing, re-run later
+# Set by SIGTERM/SIGHUP: copy threads stop at their next chunk, so the temp copy goes at once.
+STOP = threading.Event()
 
 
 class StageError(Exception):
@@ -284,7 +286,7 @@ class Progress:
             # Rate limit: stay behind the schedule a steady bwlimit would keep.
             ahead = done / self.bwlimit - (time.monotonic() - self.started)
             if ahead > 0:
-                self.stop.wait(ahead)
+                STOP.wait(ahead)  # a signal ends the wait at once
 
     def line(self) -> str:
         elapsed = max(time.monotonic() - self.started, 1e-6)
@@ -324,9 +326,13 @@ def _copy_file(src: str, dst: str, entry: dict[str, Any], progress: Progress) ->
         fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             offset = 0
+            # Rate-limited copies go in small steps, so the rate is smooth and a stop is quick.
+            chunk = max(2**20, int(progress.bwlimit / 8)) if progress.bwlimit else CHUNK
             while offset < entry["size"]:
+                if STOP.is_set():
+                    raise StageError("stopped by a signal; nothing was switched")
                 # sendfile copies in the kernel (no user-space buffer), like cp's copy_file_range.
-                sent = os.sendfile(fd, fin.fileno(), offset, min(CHUNK, entry["size"] - offset))
+                sent = os.sendfile(fd, fin.fileno(), offset, min(chunk, entry["size"] - offset))
                 if sent == 0:
                     break
                 offset += sent
@@ -552,6 +558,7 @@ def fetch_hub(cli: str, repo: str, revision: str, dest: str, token_file: str | N
 
 
 def _raise_exit(signum: int, frame: object) -> None:
+    STOP.set()
     raise SystemExit(128 + signum)
 
 

@@ -240,3 +240,27 @@ def test_cli_prints_progress_then_json(tmp_path: Path) -> None:
     lines = proc.stdout.splitlines()
     assert any("MiB/s" in line and "left" in line for line in lines[:-1]), lines
     assert json.loads(lines[-1])["changed"] is True
+
+
+def test_sigterm_removes_the_copy_in_progress(tmp_path: Path) -> None:
+    src = make_model(tmp_path / "src", shards=2, shard_bytes=20_000_000)
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    argv = [sys.executable, str(SCRIPT_PATH), "stage", str(src), str(shm), "m"]
+    proc = subprocess.Popen(
+        [*argv, "--bwlimit-mbps", "5", "--progress-interval", "0.05"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # the first progress line: the copy is under way
+            if "MiB/s" in line:
+                break
+        assert any(p.name.startswith(".m.tmp-") for p in (shm / "models").iterdir())
+        proc.terminate()
+        assert proc.wait(timeout=30) != 0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert sorted(p.name for p in (shm / "models").iterdir()) == [".m.lock"]
