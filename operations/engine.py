@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shlex
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from io import StringIO
-from pathlib import Path
 from typing import Any, cast
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
@@ -76,6 +76,15 @@ class EngineSpec:
     @property
     def name(self) -> str:
         return f"{self.release}-{self.lane}-{self.digest}"
+
+    def to_json(self) -> dict[str, Any]:
+        # pyinfra's serialisation hook (op fixtures, --debug-operations).
+        return {**asdict(self), "requirements": list(self.requirements), "name": self.name}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EngineSpec:
+        fields = {k: v for k, v in data.items() if k != "name"}
+        return cls(**{**fields, "requirements": tuple(data["requirements"])})
 
     def marker(self) -> dict[str, Any]:
         return {
@@ -324,13 +333,12 @@ def require_wheels(wheelhouse: str, requirements: list[str]) -> Any:
     + wheelhouse: the directory of wheels on the controller
     + requirements: the pinned `name==version` requirements
     """
-    root = Path(wheelhouse)
-    names = sorted(p.name for p in root.glob("*.whl")) if root.is_dir() else []
-    missing = missing_wheels(tuple(requirements), names)
+    is_dir = os.path.isdir(wheelhouse)
+    missing = missing_wheels(tuple(requirements), _local_wheels(wheelhouse) if is_dir else [])
     if not missing:
         host.noop(f"the wheelhouse {wheelhouse} holds every pinned wheel")
         return
-    where = f"in {wheelhouse}" if root.is_dir() else f"({wheelhouse} is not a directory)"
+    where = f"in {wheelhouse}" if is_dir else f"({wheelhouse} is not a directory)"
     yield FunctionCommand(
         _fail, (f"wheelhouse: no wheel for {', '.join(missing)} {where}; nothing changed",), {}
     )
@@ -352,16 +360,21 @@ def sync_wheelhouse(src: str, dest: str) -> Any:
     + dest: its copy on the host
     """
     remote = host.get_fact(WheelhouseFiles, path=dest)
-    local = sorted(Path(src).glob("*.whl"))
-    todo = [p for p in local if remote.get(p.name) != p.stat().st_size]
+    local = _local_wheels(src)
+    todo = [n for n in local if remote.get(n) != os.path.getsize(os.path.join(src, n))]
     if not todo:
         host.noop(f"{dest} already holds the {len(local)} wheel(s) of {src}")
         return
-    yield StringCommand("mkdir", "-p", f"{dest}/.partial")
-    for path in todo:
-        partial = f"{dest}/.partial/{path.name}"
-        yield FileUploadCommand(str(path), partial)
-        yield StringCommand("mv", "-f", _q(partial), _q(f"{dest}/{path.name}"))
+    yield StringCommand("mkdir", "-p", _q(f"{dest}/.partial"))
+    for file_name in todo:
+        partial = f"{dest}/.partial/{file_name}"
+        yield FileUploadCommand(os.path.join(src, file_name), partial)
+        yield StringCommand("mv", "-f", _q(partial), _q(f"{dest}/{file_name}"))
+
+
+def _local_wheels(directory: str) -> list[str]:
+    # os.* rather than pathlib: pyinfra-testing fakes local files through os and os.path.
+    return sorted(n for n in os.listdir(directory) if n.endswith(".whl"))
 
 
 @operation()
@@ -418,7 +431,8 @@ def build_env(engine_root: str, env_name: str, requirements: list[str], python: 
     )
 
 
-def _verify(state: Any, host: Any, env: str, spec: EngineSpec) -> bool:
+def _verify(state: Any, host: Any, env: str, wanted: dict[str, Any]) -> bool:
+    spec = EngineSpec.from_json(wanted)
     status, output = host.run_shell_command(
         StringCommand(_q(f"{env}/bin/python"), "-c", _q(PROBE_SCRIPT))
     )
@@ -450,7 +464,7 @@ def verify_env(engine_root: str, spec: EngineSpec) -> Any:
         host.noop(f"{spec.name} passed its checks when it was installed")
         return
     env = _env_dir(engine_root, spec.name)
-    yield FunctionCommand(_verify, (env, spec), {})
+    yield FunctionCommand(_verify, (env, spec.to_json()), {})
     marker = json.dumps(spec.marker(), sort_keys=True)
     yield (
         f"printf '%s\\n' {_q(marker)} > {_q(env + '/' + MARKER + '.tmp')} && "

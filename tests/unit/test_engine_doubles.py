@@ -1,0 +1,204 @@
+"""The GPU test doubles are real wheels that behave like the real packages where a deploy looks:
+valid RECORDs, the knowledge base's pins, and a launch_server double that parses the release's
+real command line and serves the endpoints the serve step checks."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+import zipfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.doubles import wheels
+from tests.e2e.index import free_port, wait_for
+
+RELEASE = "0.5.11"
+
+
+@pytest.fixture(scope="module")
+def unpacked(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The four double wheels of 0.5.11/cu128 unpacked into one directory (a PYTHONPATH)."""
+    out = tmp_path_factory.mktemp("double-wheels")
+    site = out / "site"
+    for wheel in wheels.release_wheels(out, RELEASE, "cu128").values():
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extractall(site)
+    return site
+
+
+def run_python(site: Path, code: str, env: dict[str, str] | None = None) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(site), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return proc.stdout.strip()
+
+
+def test_wheels_carry_valid_records_and_the_knowledge_base_pins(tmp_path: Path) -> None:
+    built = wheels.release_wheels(tmp_path, RELEASE, "cu128")
+
+    assert sorted(p.name for p in built.values()) == [
+        "flashinfer_python-0.6.8.post1-py3-none-any.whl",
+        "sglang-0.5.11-py3-none-any.whl",
+        "sglang_kernel-0.4.2+cu128-py3-none-any.whl",
+        "torch-2.11.0+cu128-py3-none-any.whl",
+    ]
+    assert wheels.metadata_of(built["sglang"])["Requires-Dist"] == [
+        "torch==2.11.0",
+        "sglang-kernel==0.4.2",
+        "flashinfer-python==0.6.8.post1",
+    ]
+    for wheel in built.values():
+        with zipfile.ZipFile(wheel) as zf:
+            record = next(n for n in zf.namelist() if n.endswith("RECORD"))
+            for line in zf.read(record).decode().splitlines():
+                path, digest, size = line.rsplit(",", 2)
+                if path == record:
+                    continue
+                data = zf.read(path)
+                b64 = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+                assert digest == "sha256=" + b64.decode() and int(size) == len(data), path
+
+
+def test_rebuilding_a_wheel_gives_the_same_bytes(tmp_path: Path) -> None:
+    a = wheels.torch_wheel(tmp_path / "a", "2.11.0", "cu128")
+    b = wheels.torch_wheel(tmp_path / "b", "2.11.0", "cu128")
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_torch_double_reports_its_build(unpacked: Path) -> None:
+    code = (
+        "import json, torch; print(json.dumps([torch.__version__, torch.version.cuda, "
+        "torch.cuda.is_available(), torch.cuda.get_arch_list()]))"
+    )
+    version, cuda, available, archs = json.loads(run_python(unpacked, code))
+
+    assert (version, cuda) == ("2.11.0+cu128", "12.8")
+    assert available == Path("/dev/nvidia0").exists()
+    assert archs == (list(wheels.DEFAULT_ARCHS) if available else [])
+
+
+def launch(site: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sglang.launch_server", *args],
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(site), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_launch_server_refuses_unknown_flags_like_argparse(unpacked: Path, tmp_path: Path) -> None:
+    proc = launch(unpacked, "--model-path", str(tmp_path), "--mamba-radix-cache-strategy", "auto")
+
+    assert proc.returncode == 2
+    assert "unrecognized arguments: --mamba-radix-cache-strategy" in proc.stderr
+
+
+def test_launch_server_needs_gpus_and_a_readable_model(unpacked: Path, tmp_path: Path) -> None:
+    no_gpu = launch(unpacked, "--model-path", str(tmp_path))
+    no_model = launch(unpacked, "--model-path", str(tmp_path / "nope"), CUDA_VISIBLE_DEVICES="0")
+
+    assert no_gpu.returncode == 1 and "No CUDA GPUs" in no_gpu.stderr
+    assert no_model.returncode == 1 and "cannot read the model directory" in no_model.stderr
+
+
+ServerFactory = Callable[[float], str]
+
+
+@pytest.fixture
+def start_server(unpacked: Path, tmp_path: Path) -> Iterator[ServerFactory]:
+    """start_server(load_seconds) -> base URL of the double, API key from --config; every
+    server started is stopped by its PID after the test."""
+    procs: list[subprocess.Popen[bytes]] = []
+    config = tmp_path / "secrets.yaml"
+    config.write_text('api-key: "k3y"\n')
+
+    def start(load_seconds: float) -> str:
+        port = free_port()
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sglang.launch_server",
+                "--model-path",
+                str(tmp_path),
+                "--served-model-name",
+                "Qwen/Qwen3.6-27B",
+                "--port",
+                str(port),
+                "--enable-metrics",
+                "--config",
+                str(config),
+            ],
+            env={
+                "PATH": os.environ["PATH"],
+                "PYTHONPATH": str(unpacked),
+                "CUDA_VISIBLE_DEVICES": "0",
+                "SGLANG_DOUBLE_LOAD_SECONDS": str(load_seconds),
+            },
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        procs.append(proc)
+        base = f"http://127.0.0.1:{port}"
+        wait_for(lambda: status(base + "/health") in (200, 503), 15, "the double", proc)
+        return base
+
+    yield start
+    for proc in procs:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+
+
+def status(url: str, key: str | None = None, body: bytes | None = None) -> int:
+    request = urllib.request.Request(url, data=body)
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=2) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except OSError:
+        return 0
+
+
+def test_server_double_answers_503_while_loading(start_server: ServerFactory) -> None:
+    server = start_server(600)
+
+    assert status(server + "/health") == 503
+    assert status(server + "/v1/chat/completions", key="k3y", body=b"{}") == 503
+
+
+def test_server_double_loads_then_serves_behind_the_api_key(start_server: ServerFactory) -> None:
+    server = start_server(0.2)
+    wait_for(lambda: status(server + "/health") == 200, 15, "/health 200 after loading")
+
+    assert status(server + "/metrics") == 200  # open, like the real one
+    assert status(server + "/v1/models") == 401
+    assert status(server + "/v1/models", key="wrong") == 401
+    assert status(server + "/v1/models", key="k3y") == 200
+    request = urllib.request.Request(
+        server + "/v1/chat/completions",
+        data=json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode(),
+        headers={"Authorization": "Bearer k3y", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:
+        reply = json.load(response)
+    assert "Qwen/Qwen3.6-27B" in reply["choices"][0]["message"]["content"]
