@@ -8,7 +8,9 @@ successive deploys of one host.
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -19,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.testbed import Container, ContainerSpec, Testbed, inventory_file
+from tests.testbed.container import ExtraFile
 
 pytestmark = pytest.mark.e2e
 
@@ -35,11 +38,18 @@ BASE_DATA: dict[str, Any] = {
 }
 CONFIG = json.dumps({"architectures": ["Qwen3_5ForConditionalGeneration"]})
 DEADLINE_S = 60.0
+HF_DOUBLE = ROOT / "tests" / "doubles" / "hf"
+TOKEN = "hf_e2e_secret_token_value"
 
 
 @pytest.fixture(scope="module")
 def host(testbed: Testbed) -> Iterator[Container]:
-    (c,) = testbed.boot(ContainerSpec(extra_files={f"{SOURCE}/config.json": CONFIG}))
+    files: dict[str, ExtraFile] = {
+        f"{SOURCE}/config.json": CONFIG,
+        # The hub CLI double where model_hub_cli points: present, so nothing is pip-installed.
+        "/opt/sglang-hub/bin/hf": (HF_DOUBLE.read_text(), 0o755),
+    }
+    (c,) = testbed.boot(ContainerSpec(extra_files=files))
     try:
         for i in range(1, 4):
             shard = f"{SOURCE}/model-0000{i}-of-00003.safetensors"
@@ -56,7 +66,11 @@ def run(c: Container, cmd: str) -> str:
 
 
 def deploy(
-    c: Container, tmp_path: Path, timeout: float = 300, **data: Any
+    c: Container,
+    tmp_path: Path,
+    timeout: float = 300,
+    env: dict[str, str] | None = None,
+    **data: Any,
 ) -> subprocess.CompletedProcess[str]:
     inventory = inventory_file(tmp_path, {c: {**BASE_DATA, **data}})
     return subprocess.run(
@@ -66,6 +80,7 @@ def deploy(
         timeout=timeout,
         cwd=ROOT,
         check=False,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -175,3 +190,39 @@ def test_6_reboot_stages_again_from_the_boot_unit(host: Container) -> None:
     assert tree_sums(host, SERVED) == sums
     journal = run(host, "journalctl -b -u sglang-stage-model.service --no-pager")
     assert "stage: copying 4 file(s)" in journal, journal
+
+
+def test_7_hub_source_downloads_once_and_keeps_the_token_out(
+    host: Container, tmp_path: Path
+) -> None:
+    source = "hf://e2e-org/tiny@0123abcd"
+    env = {"HF_TOKEN": TOKEN}
+    first = deploy(host, tmp_path, env=env, model_source=source, model_name="e2e/hub")
+    text = ok(first)
+    cache = "/var/cache/sglang-models/hf/e2e-org--tiny@0123abcd"
+    assert tree_sums(host, "/dev/shm/models/e2e--hub") == tree_sums(host, cache)
+    second = ok(deploy(host, tmp_path, env=env, model_source=source, model_name="e2e/hub"))
+    assert "unchanged: staged copy matches the source" in second, second
+
+    calls = [json.loads(line) for line in run(host, "cat /var/log/hf-double.log").splitlines()]
+    assert len(calls) == 1 and calls[0]["token"] is True  # once, and the token arrived
+    assert "e2e-org/tiny" in calls[0]["argv"]
+    assert host.ssh_run("test -e /etc/sglang/hub/token")[0] == 1  # removed after the download
+    leaks = host.ssh_run(
+        f"grep -rl {TOKEN} /etc /var/log /var/cache/sglang-models /dev/shm /run/log 2>/dev/null"
+    )[1]
+    assert leaks == "" and TOKEN not in text + second
+
+
+@pytest.mark.skipif(shutil.which("rsync") is None, reason="the controller has no rsync")
+def test_8_controller_source_is_sent_with_rsync(host: Container, tmp_path: Path) -> None:
+    local = tmp_path / "controller-model"
+    local.mkdir()
+    (local / "config.json").write_text(CONFIG)
+    (local / "model-00001-of-00001.safetensors").write_bytes(os.urandom(3_000_000))
+    data: dict[str, Any] = {"model_source": f"controller:{local}", "model_name": "e2e/ctl"}
+    ok(deploy(host, tmp_path, **data))
+    cache = f"/var/cache/sglang-models/controller/{local.name}"
+    assert tree_sums(host, "/dev/shm/models/e2e--ctl") == tree_sums(host, cache)
+    again = ok(deploy(host, tmp_path, **data))
+    assert "matches" in again and "unchanged: staged copy matches the source" in again, again
