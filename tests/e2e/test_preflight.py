@@ -1,0 +1,271 @@
+"""Preflight end to end: the real `pyinfra -y INVENTORY deploy.py` against testbed containers.
+
+A good host passes the gate and goes on to the next step; each bad host is refused with its own
+message and left byte for byte as it was (a checksummed listing of /etc/systemd/system, /opt and
+/dev/shm before and after); `--dry` shows the same preflight and changes nothing.
+
+Three containers serve the whole module (boots are the slow part and the machine is shared):
+`good`, `bad` (its nvidia-smi double's fixture folder is swapped between runs, so one container
+plays every GPU scenario) and `no_uvm` (device nodes are fixed at boot).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import testbed as tb
+from tests.testbed import Container, ContainerSpec, inventory_file
+from tests.testbed.container import DOUBLE_FIXTURE_DIR_IN_CONTAINER, scenario_dir
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+PYINFRA = Path(sys.executable).parent / "pyinfra"
+RUN_TIMEOUT_S = 300
+SNAPSHOT_PATHS = ("/etc/systemd/system", "/opt", "/dev/shm")
+
+MODEL = "/srv/models/tiny"
+BIG_MODEL = "/srv/models/big"
+MODEL_FILES: dict[str, str | bytes] = {
+    f"{MODEL}/config.json": json.dumps({"architectures": ["Qwen3_5ForConditionalGeneration"]}),
+    f"{MODEL}/model-00001-of-00001.safetensors": bytes(range(256)) * 16,
+}
+# What the containers can really offer: a few GB of /dev/shm and the machine's RAM. The model's
+# size (a few KiB, measured on the host) is what the capacity checks use; one rank keeps the
+# memory check (model + 4 GiB per rank) within any CI machine.
+GOOD_DATA: dict[str, Any] = {"model_source": MODEL, "dp_size": 1}
+
+
+@dataclass
+class Hosts:
+    good: Container
+    bad: Container
+    no_uvm: Container
+
+
+@pytest.fixture(scope="module")
+def hosts(testbed: tb.Testbed) -> Iterator[Hosts]:
+    good, bad, no_uvm = testbed.boot(
+        ContainerSpec(extra_files=MODEL_FILES),
+        ContainerSpec(extra_files=MODEL_FILES),
+        ContainerSpec(missing_devices={"nvidia-uvm"}, extra_files=MODEL_FILES),
+    )
+    try:
+        # A sparse shard 1 GiB larger than this container's /dev/shm (its size follows the
+        # machine's RAM): the model's apparent size is what must fit, no bytes are written.
+        shm = int(ssh(bad, "df -B1 --output=size /dev/shm | tail -n1"))
+        ssh(
+            bad,
+            f"mkdir -p {BIG_MODEL} && cp {MODEL}/config.json {BIG_MODEL}/ && "
+            f"truncate -s {shm + 2**30} {BIG_MODEL}/model-00001-of-00001.safetensors",
+        )
+        yield Hosts(good, bad, no_uvm)
+    finally:
+        for c in (good, bad, no_uvm):
+            testbed.destroy(c)
+
+
+def ssh(c: Container, cmd: str) -> str:
+    rc, out, err = c.ssh_run(cmd)
+    assert rc == 0, f"{c.name}: {cmd}: rc {rc}\n{out}\n{err}"
+    return out
+
+
+def use_scenario(c: Container, scenario: str) -> None:
+    """Swap the nvidia-smi double's fixture folder; the double reads it on every call."""
+    target = c.root / DOUBLE_FIXTURE_DIR_IN_CONTAINER
+    shutil.rmtree(target)
+    target.mkdir()
+    for item in scenario_dir(scenario).iterdir():
+        if item.is_file() and item.name != "SOURCE.md":
+            shutil.copyfile(item, target / item.name)
+
+
+@dataclass
+class Run:
+    rc: int
+    out: str
+
+    def panel(self, c: Container) -> str:
+        """The host's plan panel, box drawing removed and whitespace collapsed to one space."""
+        lines = self.out.splitlines()
+        title = re.compile(rf"╭─+ {re.escape(c.name)}: (ready|refused) ─")
+        starts = [i for i, line in enumerate(lines) if title.search(line)]
+        assert len(starts) == 1, f"expected one panel for {c.name}:\n{self.out}"
+        block = []
+        for line in lines[starts[0] :]:
+            block.append(line)
+            if line.startswith("╰"):
+                break
+        text = re.sub(r"[│┃╭╮╰╯─━┏┓┗┛┡┩┣┫╇╋┳┻┠┨┯┷┼┬┴├┤└┘┌┐]", " ", "\n".join(block))
+        return " ".join(text.split())
+
+    def refused(self, c: Container) -> bool:
+        return f"[{c.name}] refused:" in self.out
+
+
+def deploy(tmp_path: Path, hosts_data: dict[Container, dict[str, Any]], *args: str) -> Run:
+    inventory = inventory_file(tmp_path, hosts_data)
+    proc = subprocess.run(
+        [str(PYINFRA), "-y", str(inventory), "deploy.py", *args],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        cwd=ROOT,
+        # rich sizes its tables to COLUMNS when not on a terminal: wide enough that no cell wraps.
+        env={**os.environ, "COLUMNS": "1000"},
+        check=False,
+    )
+    return Run(proc.returncode, proc.stdout + proc.stderr)
+
+
+def snapshot(c: Container) -> dict[str, str]:
+    return c.snapshot(SNAPSHOT_PATHS)
+
+
+def went_on(run: Run, c: Container) -> bool:
+    """The host ran operations after the gate (the gate queues none for a host it lets pass)."""
+    _, _, operations = run.out.partition("--> Beginning operation run...")
+    return (
+        re.search(rf"^\s*\[{re.escape(c.name)}\] (Success|No changes)", operations, re.M)
+        is not None
+    )
+
+
+def assert_passed_gate(run: Run, c: Container) -> None:
+    assert f"{c.name}: ready" in run.panel(c), run.out
+    assert not run.refused(c), run.out
+    # The steps after the gate (engine install, model staging) may still fail here for reasons
+    # outside preflight (the testbed has no package index), so the exit status is not asserted:
+    # the host's own operations running after the gate is the proof that it went on.
+    assert went_on(run, c), run.out
+
+
+@dataclass(frozen=True)
+class Bad:
+    """One way a host is unfit: which container, which nvidia-smi fixture, what the panel says."""
+
+    host: str  # "bad" (its fixture folder is swapped) or "no_uvm"
+    texts: tuple[str, ...]
+    scenario: str = "rtx-pro-6000-x8"
+    data: tuple[tuple[str, Any], ...] = ()
+
+
+BAD = {
+    "version-mismatch": Bad(
+        "bad",
+        (
+            "nvidia-smi answers",
+            "Driver/library version mismatch",
+            "must be the exact version of the host's kernel module",
+            "--no-kernel-module",
+        ),
+        scenario="version-mismatch",
+    ),
+    "no-driver": Bad(
+        "bad",
+        ("nvidia-smi answers", "couldn't communicate with the NVIDIA driver", "c 195:* rwm"),
+        scenario="no-driver",
+    ),
+    "four-gpus": Bad(
+        "bad",
+        ("GPU count", "8 GPUs (gpu_count)", "4: NVIDIA RTX PRO 6000 Blackwell Server Edition"),
+        scenario="rtx-pro-6000-x4",
+    ),
+    "h200": Bad(
+        "bad",
+        ("compute capability", "12.0 (sm_120)", "NVIDIA H200 (9.0)"),
+        scenario="h200-x8",
+    ),
+    "gb10": Bad(
+        "bad", ("compute capability", "NVIDIA GB10 (12.1)", "1: NVIDIA GB10"), scenario="gb10"
+    ),
+    "driver-565": Bad(
+        "bad",
+        ("driver 565.57.01 cannot run CUDA 12.8", "needs driver >= 570", "CUDA Version 12.7"),
+        scenario="driver-565",
+    ),
+    "no-nvidia-uvm": Bad(
+        "no_uvm", ("GPU device nodes", "missing /dev/nvidia-uvm", "nvidia-uvm included")
+    ),
+    "model-source-missing": Bad(
+        "bad",
+        ("model source", "a model directory at /srv/models/absent", "no such directory"),
+        data=(("model_source", "/srv/models/absent"),),
+    ),
+    "shm-too-small": Bad(
+        "bad",
+        ("/dev/shm size", "nothing was copied", "enlarge the tmpfs"),
+        data=(("model_source", BIG_MODEL),),
+    ),
+}
+
+
+def test_good_host_passes_preflight(hosts: Hosts, tmp_path: Path) -> None:
+    run = deploy(tmp_path, {hosts.good: GOOD_DATA})
+
+    assert_passed_gate(run, hosts.good)
+    panel = run.panel(hosts.good)
+    assert "8 x NVIDIA RTX PRO 6000 Blackwell Server Edition driver 570.172.08" in panel
+    assert "preflight failed" not in panel
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_host_is_refused_and_left_unchanged(hosts: Hosts, tmp_path: Path, case: str) -> None:
+    bad = BAD[case]
+    c: Container = getattr(hosts, bad.host)
+    if c is hosts.bad:
+        use_scenario(c, bad.scenario)
+    before = snapshot(c)
+
+    run = deploy(tmp_path, {c: {**GOOD_DATA, **dict(bad.data)}})
+
+    assert run.rc != 0, run.out
+    panel = run.panel(c)
+    assert f"{c.name}: refused" in panel, run.out
+    missing = [t for t in bad.texts if t not in panel]
+    assert not missing, f"{missing} not in the panel of {c.name}:\n{run.out}"
+    assert run.refused(c), run.out
+    assert not went_on(run, c), run.out
+    assert snapshot(c) == before
+
+
+def test_dry_run_shows_the_same_preflight_and_changes_nothing(hosts: Hosts, tmp_path: Path) -> None:
+    use_scenario(hosts.bad, "version-mismatch")
+    before = {c.name: snapshot(c) for c in (hosts.good, hosts.bad)}
+
+    run = deploy(tmp_path, {hosts.good: GOOD_DATA, hosts.bad: GOOD_DATA}, "--dry")
+
+    assert "Traceback" not in run.out
+    bad = run.panel(hosts.bad)
+    assert f"{hosts.bad.name}: refused" in bad
+    assert "preflight failed, nothing will be changed" in bad
+    assert "Driver/library version mismatch" in bad
+    assert f"{hosts.good.name}: ready" in run.panel(hosts.good)
+    assert "--> Beginning operation run..." not in run.out
+    assert {c.name: snapshot(c) for c in (hosts.good, hosts.bad)} == before
+
+
+def test_one_bad_one_good_in_one_run(hosts: Hosts, tmp_path: Path) -> None:
+    use_scenario(hosts.bad, "version-mismatch")
+    before = snapshot(hosts.bad)
+
+    run = deploy(tmp_path, {hosts.bad: GOOD_DATA, hosts.good: GOOD_DATA})
+
+    assert run.rc != 0, run.out
+    assert run.refused(hosts.bad), run.out
+    assert "Driver/library version mismatch" in run.panel(hosts.bad)
+    assert not went_on(run, hosts.bad), run.out
+    assert snapshot(hosts.bad) == before
+    assert_passed_gate(run, hosts.good)
