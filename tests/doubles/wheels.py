@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import random
 import re
 import zipfile
 from pathlib import Path
@@ -120,13 +121,24 @@ def torch_wheel(
     lane: str,
     cuda: str | None = None,
     archs: tuple[str, ...] = DEFAULT_ARCHS,
+    padding_bytes: int = 0,
 ) -> Path:
-    """torch `version`+`lane`; `cuda` is what torch.version.cuda says (default: the lane's)."""
+    """torch `version`+`lane`; `cuda` is what torch.version.cuda says (default: the lane's).
+
+    padding_bytes adds an incompressible blob (as the real wheel's CUDA libraries are), for
+    benchmarks that should move bytes; it is seeded, so the wheel stays reproducible."""
     if cuda is None:
         cuda = knowledge()["lanes"][lane]["cuda"]
     full = f"{version}+{lane}"
     build = {"VERSION": full, "CUDA": cuda, "ARCH_LIST": list(archs)}
-    return build_wheel(outdir, "torch", full, _package_files("torch", build))
+    files = _package_files("torch", build)
+    if padding_bytes:
+        rng = random.Random(0)
+        chunks = [
+            rng.randbytes(min(2**20, padding_bytes - i)) for i in range(0, padding_bytes, 2**20)
+        ]
+        files["torch/lib/_double_padding.bin"] = b"".join(chunks)
+    return build_wheel(outdir, "torch", full, files)
 
 
 def kernel_wheel(outdir: Path, package: str, version: str, lane: str) -> Path:
@@ -163,13 +175,15 @@ def sglang_wheel(outdir: Path, release: str) -> Path:
     )
 
 
-def release_wheels(outdir: Path, release: str, lane: str) -> dict[str, Path]:
+def release_wheels(
+    outdir: Path, release: str, lane: str, torch_padding_bytes: int = 0
+) -> dict[str, Path]:
     """Every double wheel one release needs on one lane, by role (sglang, torch, kernel...)."""
     pins = knowledge()["releases"][release]
     kernel = pins["kernel"]
     return {
         "sglang": sglang_wheel(outdir, release),
-        "torch": torch_wheel(outdir, pins["torch"], lane),
+        "torch": torch_wheel(outdir, pins["torch"], lane, padding_bytes=torch_padding_bytes),
         "kernel": kernel_wheel(outdir, kernel["package"], kernel["version"], lane),
         "flashinfer": flashinfer_wheel(outdir, pins["flashinfer"]),
     }

@@ -1,0 +1,157 @@
+"""The engine step against plain `pip install` of the same wheels, in one testbed container
+(needs root, like the e2e tests). Prints one line per measurement and the ratios; asserts nothing.
+
+The wheels are the test doubles of sglang 0.5.11 / cu128 (tests/doubles/wheels.py), with an
+incompressible blob of BENCH_TORCH_MB in torch so that installing moves bytes as a real torch
+(about 900 MB of CUDA libraries) does; plus the real uv wheel. Measured, ROUNDS times each:
+  pip fresh        inside the container: python3 -m venv + pip install --no-index (the baseline)
+  pip again        the same pip install into that venv once more (already satisfied)
+  engine fresh     `pyinfra -y INVENTORY engine-only deploy` with `wheelhouse` set, a new
+                   engine_root each round: gate facts, wheelhouse sync over SFTP, uv bootstrap,
+                   venv + install with uv, the checks, the switch; SSH and pyinfra included
+  engine converged the same run again on the last engine_root
+The pip numbers exclude SSH and pyinfra; the engine numbers include them (that is what a user
+waits for), so the ratios are an upper bound on the engine's own overhead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from operations import kb as kbmod  # noqa: E402
+from operations.engine import engine_spec  # noqa: E402
+from operations.settings import Layer, load  # noqa: E402
+from tests.doubles import wheels  # noqa: E402
+from tests.e2e.index import uv_wheel  # noqa: E402
+from tests.testbed import ContainerSpec, Testbed, ensure_testbed, inventory_file  # noqa: E402
+
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+TORCH_MB = int(os.environ.get("BENCH_TORCH_MB", "300"))
+RELEASE, LANE = "0.5.11", "cu128"
+MODEL_DIR = "/mnt/models/Qwen3.6-27B"
+PYINFRA = Path(sys.executable).parent / "pyinfra"
+TIMER = (
+    "import subprocess, sys, time; t = time.monotonic(); "
+    "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
+    "print(time.monotonic() - t)"
+)
+# Only the gate and the engine step, so that later steps do not count.
+ENGINE_DEPLOY = """\
+from pyinfra.context import host, state
+
+from operations.engine import install_engine
+from operations.gate import plan_or_refuse
+
+report = plan_or_refuse(state, host)
+if report is not None:
+    install_engine(report)
+"""
+
+
+def main() -> int:
+    if os.geteuid() != 0:
+        print("engine_bench: needs root (systemd-nspawn testbed); skipped")
+        return 0
+    work = Path(tempfile.mkdtemp(prefix="engine-bench-"))
+    bed = Testbed(ensure_testbed())
+    try:
+        wheelhouse = work / "wheelhouse"
+        built = wheels.release_wheels(wheelhouse, RELEASE, LANE, TORCH_MB * 2**20)
+        shutil.copyfile(uv_wheel(), wheelhouse / uv_wheel().name)
+        config = json.dumps({"architectures": ["Qwen3_5ForConditionalGeneration"]})
+        (c,) = bed.boot(ContainerSpec(extra_files={f"{MODEL_DIR}/config.json": config}))
+        # The baseline's copy of the wheels goes straight onto the container's disk.
+        shutil.copytree(wheelhouse, c.root / "root/wheelhouse")
+        settings = load("bench", [Layer("bench", {"model_source": MODEL_DIR})])
+        requirements = engine_spec(settings, kbmod.load()).requirements
+        deploy_file = work / "engine_deploy.py"
+        deploy_file.write_text(ENGINE_DEPLOY)
+
+        def sh(cmd: str) -> str:
+            rc, out, err = c.ssh_run(cmd, timeout=900)
+            if rc != 0:
+                raise RuntimeError(f"{cmd}: {err}")
+            return out
+
+        def timed_inside(cmd: str) -> float:
+            return float(sh(shlex.join(["python3", "-c", TIMER, "sh", "-c", cmd])))
+
+        def engine_run(engine_root: str) -> float:
+            data = {
+                "model_source": MODEL_DIR,
+                "dp_size": 1,
+                "engine_root": engine_root,
+                "wheelhouse": str(wheelhouse),
+                "sglang_version": RELEASE,
+            }
+            inventory = inventory_file(work, {c: data})
+            start = time.monotonic()
+            proc = subprocess.run(
+                [str(PYINFRA), "-y", str(inventory), str(deploy_file)],
+                capture_output=True,
+                text=True,
+                timeout=900,
+                cwd=ROOT,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+                check=False,
+            )
+            elapsed = time.monotonic() - start
+            if proc.returncode != 0:
+                raise RuntimeError(f"engine deploy failed:\n{proc.stdout[-3000:]}{proc.stderr}")
+            return elapsed
+
+        reqs = " ".join(shlex.quote(r) for r in requirements)
+        pip_fresh, pip_again, fresh, converged = [], [], [], []
+        for i in range(ROUNDS):
+            venv = f"/root/pip-bench-{i}"
+            install = (
+                f"{venv}/bin/pip install --disable-pip-version-check --no-index "
+                f"--find-links /root/wheelhouse {reqs}"
+            )
+            pip_fresh.append(timed_inside(f"python3 -m venv {venv} && {install}"))
+            pip_again.append(timed_inside(install))
+            fresh.append(engine_run(f"/opt/bench-{i}"))
+            converged.append(engine_run(f"/opt/bench-{i}"))
+
+        size_mb = sum(p.stat().st_size for p in built.values()) / 2**20
+        print(
+            f"engine_bench: {len(built)} wheels of sglang {RELEASE}/{LANE}, {size_mb:.0f} MB, "
+            f"median of {ROUNDS} rounds"
+        )
+        med = {
+            k: statistics.median(v)
+            for k, v in {
+                "pip fresh": pip_fresh,
+                "pip again": pip_again,
+                "engine fresh": fresh,
+                "engine converged": converged,
+            }.items()
+        }
+        for name, value in med.items():
+            print(f"  {name:<17} {value:7.2f} s")
+        for top, bottom in (
+            ("engine fresh", "pip fresh"),
+            ("engine converged", "pip fresh"),
+            ("engine converged", "pip again"),
+        ):
+            print(f"  ratio {top} / {bottom}: {med[top] / med[bottom]:.2f}")
+        return 0
+    finally:
+        bed.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
