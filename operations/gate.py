@@ -37,7 +37,10 @@ def inventory_settings(state: Any) -> list[tuple[str, settings_mod.Settings]]:
 
 
 def _refuse(state: Any, host: Any, summary: str) -> bool:
-    logger.error(f"{host.print_prefix}refused: {summary}")
+    first, *rest = summary.splitlines() or [""]
+    logger.error(f"{host.print_prefix}refused: {first}")
+    for line in rest:
+        logger.error(f"{host.print_prefix}  {line}")
     return False
 
 
@@ -46,7 +49,7 @@ def refuse(summary: str) -> Any:
     """
     Fail this host here, before any change: preflight or the resolver refused it.
 
-    + summary: one line saying why (the full table was printed with the plan)
+    + summary: why; a first line, then any details, one per line
     """
     yield FunctionCommand(_refuse, (summary,), {})
 
@@ -59,10 +62,12 @@ def plan_or_refuse(state: Any, host: Any) -> HostReport | None:
     Console(stderr=True).print(host_panel(host.name, report))
     if report.ok:
         return report
-    problems = [f.check for f in report.failures] + report.plan.errors
-    problems += report.router.errors if report.router else []
-    refuse(
-        name="Refuse: preflight or plan failed, no change made",
-        summary=f"{len(problems)} problem(s): " + "; ".join(problems),
-    )
+    refuse(name="Refuse: preflight or plan failed, no change made", summary=refusal(report))
     return None
+
+
+def refusal(report: HostReport) -> str:
+    """What a refused host logs: every problem in full, one per line. The table printed with
+    the plan is cut to the terminal's width (80 columns in a CI log); this text is not."""
+    errors = report.errors
+    return "\n".join([f"{len(errors)} problem(s), nothing changed:", *(f"- {e}" for e in errors)])

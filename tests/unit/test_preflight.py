@@ -8,11 +8,13 @@ from typing import Any
 
 import pytest
 
-from operations import kb
+from operations import kb, resolver
 from operations.facts.host import Model, Resources, parse_resources
+from operations.gate import refusal
+from operations.host_plan import HostReport
 from operations.preflight import Failure, check
 from tests.doubles.ct200 import FIXTURES
-from tests.unit.builders import QWEN36, gpu_facts, make_settings
+from tests.unit.builders import QWEN36, facts, gpu_facts, make_settings
 
 CT200 = parse_resources((FIXTURES / "ct200" / "host-resources.txt").read_text().splitlines())
 GIB = 1024**3
@@ -103,3 +105,17 @@ def test_model_without_config() -> None:
 def test_low_disk_for_engines() -> None:
     f = only(failures(resources=dataclasses.replace(CT200, engine_free_bytes=2 * GIB)))
     assert f.check == "disk for engines" and f.found == "2.0 GiB"
+
+
+def test_refusal_logs_every_problem_in_full() -> None:
+    """The line pyinfra logs for a refused host: the table beside it is cut at 80 columns in a
+    CI log, so this one carries what was found and the whole fix."""
+    settings = make_settings()
+    gpu_failures = failures("version-mismatch")
+    plan = resolver.resolve(settings, facts("version-mismatch"), kb.load())
+    first, *lines = refusal(HostReport(settings, plan, gpu_failures)).splitlines()
+
+    assert first == f"{len(gpu_failures) + len(plan.errors)} problem(s), nothing changed:"
+    (mismatch,) = [line for line in lines if "nvidia-smi answers" in line]
+    assert "Driver/library version mismatch" in mismatch
+    assert "host's kernel module" in mismatch and "--no-kernel-module" in mismatch
