@@ -14,9 +14,6 @@ from operations.kb import Knowledge, version
 from operations.settings import Settings
 
 GIB = 1024**3
-# Host RAM each SGLang process needs beside the weights it maps from /dev/shm (tokenizer,
-# scheduler, CUDA context, pinned buffers): a conservative figure for the memory check.
-RAM_PER_RANK_BYTES = 4 * GIB
 # tmpfs bookkeeping and small files beside the weights: a copy needs 2% more than its size.
 STAGE_HEADROOM = 1.02
 # A fresh engine environment (torch + CUDA libraries + kernels) takes about 12 GB.
@@ -55,6 +52,10 @@ class StageRoom:
     why: str
 
 
+def ram_per_rank(settings: Settings) -> int:
+    return int(settings.ram_per_rank_gb * GIB)
+
+
 def stage_room(
     settings: Settings, resources: Resources, size: int, copy_bytes: int, current_bytes: int
 ) -> StageRoom:
@@ -65,7 +66,7 @@ def stage_room(
     """
     free = resources.stage_free_bytes
     limit = resources.memory_limit_bytes
-    ranks = settings.dp_size * RAM_PER_RANK_BYTES
+    ranks = settings.dp_size * ram_per_rank(settings)
     need = int(copy_bytes * STAGE_HEADROOM)
     in_memory = current_bytes + copy_bytes + ranks
     if (free is None or free >= need) and (limit is None or limit >= in_memory):
@@ -180,12 +181,12 @@ def check(
                 "container's /dev/shm size) or set model_stage_dir",
             )
         limit = resources.memory_limit_bytes
-        needed = size + s.dp_size * RAM_PER_RANK_BYTES
+        needed = size + s.dp_size * ram_per_rank(s)
         if limit is not None and limit < needed:
             fail(
                 "container memory",
                 f">= {_gib(needed)} (model {_gib(size)} in tmpfs + {s.dp_size} ranks x "
-                f"{_gib(RAM_PER_RANK_BYTES)})",
+                f"{_gib(ram_per_rank(s))}, ram_per_rank_gb)",
                 _gib(limit),
                 "raise the container's memory limit (pct set CTID --memory MiB): /dev/shm "
                 "pages count against it",

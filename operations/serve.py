@@ -283,6 +283,10 @@ class ServeStep:
             name=f"Serve: wait for /health of {', '.join(units)}",
             checks=[(r.unit_name, _health_url(s, r.port)) for r in self.start],
             timeout_s=s.health_timeout_s,
+            hint=(
+                "The ranks that were serving before this run were not touched: the deploy stops "
+                "here, before any restart."
+            ),
         )
 
     def _roll(self, batch: list[Rank], what: str, gate: ServeStep | None) -> None:

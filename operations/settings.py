@@ -118,6 +118,7 @@ class Settings:
     kernel_index_url: str = "https://docs.sglang.io/whl/{lane}"
     uv_version: str = "0.13.9"
     # Serving (operations/serve.py); defaults as in the schema.
+    ram_per_rank_gb: float = 4
     health_timeout_s: int = 1800
     restart_batch_size: int = 1
     router: Router | None = None
@@ -236,6 +237,7 @@ def load(host_name: str, layers: list[Layer]) -> Settings:
         torch_index_url=values["torch_index_url"],
         kernel_index_url=values["kernel_index_url"],
         uv_version=values["uv_version"],
+        ram_per_rank_gb=float(values["ram_per_rank_gb"]),
         health_timeout_s=values["health_timeout_s"],
         restart_batch_size=values["restart_batch_size"],
         router=Router(**values["router"]) if isinstance(values["router"], dict) else None,

@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import html
 import os
+import re
 import shutil
 import signal
 import socket
@@ -167,9 +168,16 @@ class LocalIndex:
 
 def uv_wheel(version: str = UV_VERSION) -> Path:
     """The real uv wheel from PyPI, cached outside the repository (downloaded once with pip)."""
+    return pypi_wheel("uv", version)
+
+
+def pypi_wheel(name: str, version: str) -> Path:
+    """A real x86_64 wheel from PyPI (uv, sglang-router), cached outside the repository."""
     cache = CACHE_DIR / "wheels"
     cache.mkdir(parents=True, exist_ok=True)
-    found = sorted(cache.glob(f"uv-{version}-*manylinux*x86_64*.whl"))
+    stem = name.replace("-", "_")
+    pattern = f"{stem}-{version}-*x86_64*.whl"
+    found = sorted(cache.glob(pattern))
     if found:
         return found[0]
     python = shutil.which("python3") or sys.executable
@@ -183,10 +191,12 @@ def uv_wheel(version: str = UV_VERSION) -> Path:
             "--only-binary",
             ":all:",
             "--platform",
+            "manylinux_2_28_x86_64",
+            "--platform",
             "manylinux_2_17_x86_64",
             "--python-version",
             "3.11",
-            f"uv=={version}",
+            f"{name}=={version}",
             "-d",
             str(cache),
         ],
@@ -195,13 +205,56 @@ def uv_wheel(version: str = UV_VERSION) -> Path:
         timeout=300,
         check=False,
     )
-    found = sorted(cache.glob(f"uv-{version}-*manylinux*x86_64*.whl"))
+    found = sorted(cache.glob(pattern))
     if proc.returncode != 0 or not found:
         raise RuntimeError(
-            f"could not fetch the uv {version} wheel into {cache} (pip download failed: "
+            f"could not fetch the {name} {version} wheel into {cache} (pip download failed: "
             f"{proc.stderr.strip()[-300:]}); put it there by hand to run offline"
         )
     return found[0]
+
+
+def pypi_wheels_with_deps(requirement: str) -> list[Path]:
+    """A real package and everything it needs, as x86_64 wheels for the containers' Python 3.11
+    (e.g. the real sglang-router and its web stack), cached outside the repository."""
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", requirement)
+    cache = CACHE_DIR / "wheels" / f"{slug}-with-deps"
+    done = cache / ".complete"
+    if not done.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        python = shutil.which("python3") or sys.executable
+        proc = subprocess.run(
+            [
+                python,
+                "-m",
+                "pip",
+                "download",
+                "--only-binary",
+                ":all:",
+                "--platform",
+                "manylinux_2_28_x86_64",
+                "--platform",
+                "manylinux_2_17_x86_64",
+                "--platform",
+                "manylinux2014_x86_64",
+                "--python-version",
+                "3.11",
+                requirement,
+                "-d",
+                str(cache),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"could not fetch {requirement} and its dependencies into {cache}: "
+                f"{proc.stderr.strip()[-500:]}"
+            )
+        done.touch()
+    return sorted(cache.glob("*.whl"))
 
 
 def wheelhouse(target: Path, wheels: Iterable[Path]) -> Path:

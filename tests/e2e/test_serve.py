@@ -1,0 +1,318 @@
+"""The serve step end to end: real `pyinfra -y INVENTORY deploy.py` runs against testbed
+containers, the SGLang server double (installed as the real package is, from the loopback
+index) behind the real sglang-router.
+
+Two containers serve the module. Tests that change what runs bring the host back to the
+module's baseline settings first (a deploy that must converge), so no test depends on another's
+order.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import testbed as tb
+from tests.doubles import wheels as doubles
+from tests.e2e.index import pypi_wheels_with_deps, wait_for
+from tests.e2e.test_engine import (
+    LANE,
+    MODEL_CONFIG,
+    PYINFRA,
+    REPO,
+    Indexes,
+    Run,
+    _make_indexes,
+    parse_statuses,
+)
+from tests.testbed import Container, ContainerSpec, inventory_file
+
+pytestmark = pytest.mark.e2e
+
+RELEASE = "0.5.11"
+MODEL_DIR = "/srv/models/qwen"
+ROUTER_PORT = 8000
+DEPLOY_TIMEOUT_S = 900
+API_KEY = "sk-test-6f1d2e0a9b8c4d3e"
+
+
+@pytest.fixture(scope="module")
+def indexes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Indexes]:
+    out = tmp_path_factory.mktemp("serve-wheels")
+    made = _make_indexes(
+        tmp_path_factory.mktemp("serve-index"),
+        {RELEASE: doubles.release_wheels(out, RELEASE, LANE)},
+    )
+    # The real router and its web stack, from PyPI, served like everything else.
+    made.main.add(*pypi_wheels_with_deps("sglang-router==0.3.2"))
+    yield made
+    for index in made.all():
+        index.stop()
+
+
+@pytest.fixture(scope="module")
+def hosts(testbed: tb.Testbed) -> Iterator[list[Container]]:
+    spec = ContainerSpec(
+        extra_files={
+            f"{MODEL_DIR}/config.json": MODEL_CONFIG,
+            f"{MODEL_DIR}/model-00001-of-00001.safetensors": b"\0" * 4096,
+        }
+    )
+    containers = testbed.boot(spec, spec)
+    yield containers
+    for container in containers:
+        testbed.destroy(container)
+
+
+def base_data(container: Container, indexes: Indexes, **extra: Any) -> dict[str, Any]:
+    return {
+        **indexes.data(),
+        "sglang_version": RELEASE,
+        "model_source": MODEL_DIR,
+        # Each container binds its own loopback address: they share the network namespace.
+        "server_host": container.address,
+        "health_timeout_s": 120,
+        "ram_per_rank_gb": 0.25,
+        **extra,
+    }
+
+
+def deploy(tmp_path: Path, data: dict[Container, dict[str, Any]], *args: str) -> Run:
+    inventory = inventory_file(tmp_path, data)
+    proc = subprocess.run(
+        [str(PYINFRA), "-y", str(inventory), str(REPO / "deploy.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=DEPLOY_TIMEOUT_S,
+        cwd=REPO,
+        check=False,
+    )
+    output = proc.stdout + proc.stderr
+    first = next(iter(data))
+    return Run(proc.returncode, output, parse_statuses(output, first.name))
+
+
+def ok(run: Run) -> None:
+    assert run.rc == 0, str(run)
+
+
+def serve_ops(run: Run) -> dict[str, str]:
+    return {k: v for k, v in run.statuses.items() if k.startswith(("Serve:", "Router:"))}
+
+
+def unit_states(c: Container, ranks: range) -> dict[int, tuple[str, int]]:
+    """rank -> (ActiveState, MainPID)."""
+    states = {}
+    for rank in ranks:
+        _, out, _ = c.ssh_run(f"systemctl show sglang@{rank}.service -p ActiveState -p MainPID")
+        props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+        states[rank] = (props.get("ActiveState", ""), int(props.get("MainPID") or 0))
+    return states
+
+
+def http(url: str, body: dict[str, Any] | None = None, key: str | None = None) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method="POST" if body else "GET")
+    request.add_header("Content-Type", "application/json")
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            raw = response.read().decode()
+            try:
+                return response.status, json.loads(raw)
+            except ValueError:
+                return response.status, raw  # the router's /health says "OK"
+    except urllib.error.HTTPError as error:
+        return error.code, None
+    except (urllib.error.URLError, OSError):
+        return 0, None  # nothing listening (yet)
+
+
+def health(c: Container, port: int) -> int:
+    return http(f"http://{c.address}:{port}/health")[0]
+
+
+def converge(tmp_path: Path, c: Container, indexes: Indexes, **extra: Any) -> Run:
+    run = deploy(tmp_path, {c: base_data(c, indexes, **extra)})
+    ok(run)
+    return run
+
+
+def journal_events(c: Container) -> list[tuple[float, int, str]]:
+    """(time, rank, 'start'|'ready') from the journal, in order."""
+    _, out, _ = c.ssh_run("journalctl -o short-unix --no-pager -u 'sglang@*' | tail -n 400")
+    events = []
+    for line in out.splitlines():
+        match = re.match(r"^(\d+\.\d+) \S+ (\S+)\[\d+\]: (.*)$", line)
+        if not match:
+            continue
+        stamp, ident, text = float(match.group(1)), match.group(2), match.group(3)
+        rank_match = re.match(r"sglang-(\d+)$", ident)
+        if rank_match is None:
+            continue
+        rank = int(rank_match.group(1))
+        # The double's two lines: when it starts loading, and when /health turns 200.
+        if "ready to roll" in text:
+            events.append((stamp, rank, "ready"))
+        elif "loading for" in text:
+            events.append((stamp, rank, "start"))
+    return events
+
+
+# -- tests -----------------------------------------------------------------------------------
+
+
+def test_eight_ranks_serve_and_a_second_run_changes_nothing(
+    hosts: list[Container], indexes: Indexes, tmp_path: Path
+) -> None:
+    a = hosts[0]
+    first = converge(tmp_path, a, indexes)
+    assert all(state == "active" for state, _ in unit_states(a, range(8)).values())
+    assert [health(a, 30000 + rank) for rank in range(8)] == [200] * 8
+    # The unit runs as the service user, from the engine's current environment.
+    _, user, _ = a.ssh_run("ps -o user= -p $(systemctl show sglang@0.service -p MainPID --value)")
+    assert user.strip() == "sglang"
+    assert "Serve: wait for /health" in " ".join(serve_ops(first))
+
+    pids = unit_states(a, range(8))
+    second = converge(tmp_path, a, indexes)
+    changed = {k: v for k, v in serve_ops(second).items() if v != "No changes"}
+    assert changed == {}, second
+    assert unit_states(a, range(8)) == pids, "a converged run must restart nothing"
+
+
+def test_systemd_brings_back_a_killed_rank(
+    hosts: list[Container], indexes: Indexes, tmp_path: Path
+) -> None:
+    a = hosts[0]
+    converge(tmp_path, a, indexes)
+    _, old_pid = unit_states(a, range(2, 3))[2]
+    assert a.ssh_run(f"kill -9 {old_pid}")[0] == 0
+
+    def back() -> bool:
+        state, pid = unit_states(a, range(2, 3))[2]
+        return state == "active" and pid not in (0, old_pid) and health(a, 30002) == 200
+
+    wait_for(back, timeout=60, what="rank 2 restarted by systemd")
+
+
+def test_a_changed_setting_rolls_one_rank_at_a_time_and_then_converges(
+    hosts: list[Container], indexes: Indexes, tmp_path: Path
+) -> None:
+    a = hosts[0]
+    converge(tmp_path, a, indexes)
+    a.ssh_run("journalctl --rotate >/dev/null 2>&1; journalctl --vacuum-time=1s >/dev/null 2>&1")
+    since = float(a.ssh_run("date +%s.%N")[1])
+
+    rolled = converge(tmp_path, a, indexes, mem_fraction_static=0.85)
+    batches = [k for k in serve_ops(rolled) if re.match(r"Serve: restart batch \d+: restart", k)]
+    assert len(batches) == 8, rolled
+    _, unit, _ = a.ssh_run("systemctl cat sglang@5.service")
+    assert "--mem-fraction-static 0.85" in unit
+
+    events = [e for e in journal_events(a) if e[0] >= since]
+    starts = {rank: t for t, rank, kind in events if kind == "start"}
+    readies = {rank: t for t, rank, kind in events if kind == "ready"}
+    assert sorted(starts) == list(range(8)), events
+    for rank in range(1, 8):
+        # Rank N starts only after rank N-1 answered healthy: one batch at a time.
+        assert starts[rank] >= readies[rank - 1], (rank, events)
+
+    again = converge(tmp_path, a, indexes, mem_fraction_static=0.85)
+    assert {k: v for k, v in serve_ops(again).items() if v != "No changes"} == {}
+    converge(tmp_path, a, indexes)
+
+
+def test_dp_size_shrinks_and_grows(
+    hosts: list[Container], indexes: Indexes, tmp_path: Path
+) -> None:
+    a = hosts[0]
+    converge(tmp_path, a, indexes)
+    converge(tmp_path, a, indexes, dp_size=4)
+    assert all(s == "active" for s, _ in unit_states(a, range(4)).values())
+    for rank in range(4, 8):
+        assert a.ssh_run(f"test -e /etc/systemd/system/sglang@{rank}.service")[0] != 0
+        assert unit_states(a, range(rank, rank + 1))[rank][0] in ("inactive", "")
+    converge(tmp_path, a, indexes)
+    assert [health(a, 30000 + rank) for rank in range(8)] == [200] * 8
+
+
+def test_a_rank_that_cannot_start_fails_the_deploy_and_the_others_keep_serving(
+    hosts: list[Container], indexes: Indexes, tmp_path: Path
+) -> None:
+    a = hosts[0]
+    converge(tmp_path, a, indexes)
+    pids = unit_states(a, range(8))
+    # Something else takes rank 3's port: its restart fails, as a real clash would.
+    squatter = f"systemd-run --unit squat-30003 python3 -m http.server --bind {a.address} 30003"
+    a.ssh_run(f"systemctl stop sglang@3.service; {squatter}")
+    wait_for(lambda: health(a, 30003) in (404, 501, 200), timeout=30, what="squatter listening")
+    try:
+        run = deploy(tmp_path, {a: base_data(a, indexes, mem_fraction_static=0.8)})
+        assert run.rc != 0
+        # The failure shows the rank's own journal: the real reason, not just "timeout".
+        assert "sglang@3.service" in run.output and "journal lines" in run.output
+        assert "Address already in use" in run.output
+        assert "were not touched" in run.output
+        after = unit_states(a, range(8))
+        for rank in (0, 1, 2, 4, 5, 6, 7):
+            # The deploy stopped before rolling: the same processes still serve.
+            assert after[rank] == pids[rank] and health(a, 30000 + rank) == 200
+    finally:
+        a.ssh_run("systemctl stop squat-30003.service")
+    converge(tmp_path, a, indexes)
+
+
+def test_two_hosts_behind_one_router_and_the_api_key_stays_secret(
+    hosts: list[Container], indexes: Indexes, tmp_path: Path
+) -> None:
+    a, b = hosts
+    key_file = tmp_path / "api-key"
+    key_file.write_text(API_KEY + "\n")
+    router = {"host": a.name, "port": ROUTER_PORT, "bind": a.address}
+    common = {"dp_size": 2, "router": router, "api_key_file": str(key_file)}
+    run = deploy(
+        tmp_path,
+        {a: base_data(a, indexes, **common), b: base_data(b, indexes, **common)},
+    )
+    ok(run)
+    assert API_KEY not in run.output
+
+    url = f"http://{a.address}:{ROUTER_PORT}"
+    wait_for(lambda: http(f"{url}/health")[0] == 200, timeout=60, what="router healthy")
+    seen = set()
+    for _ in range(8):
+        status, body = http(
+            f"{url}/v1/chat/completions",
+            {"model": "Qwen/Qwen3.6-27B", "messages": [{"role": "user", "content": "hi"}]},
+            key=API_KEY,
+        )
+        assert status == 200, body
+        assert "Qwen/Qwen3.6-27B" in json.dumps(body), body  # a rank's reply, not the router's
+        seen.add(json.dumps(body, sort_keys=True))
+    assert seen, "the router answered no completion"
+
+    # Without the key, a rank refuses; /health stays open.
+    assert http(f"http://{b.address}:30000/v1/models")[0] == 401
+    assert http(f"http://{b.address}:30000/v1/models", key=API_KEY)[0] == 200
+    for c in (a, b):
+        _, files, _ = c.ssh_run(
+            f"grep -rl -- {API_KEY} /etc /opt /usr/local /var/lib/sglang 2>/dev/null; true"
+        )
+        assert files.split() == ["/etc/sglang/secrets.yaml"], files
+        _, mode, _ = c.ssh_run("stat -c '%a %U %G' /etc/sglang/secrets.yaml")
+        assert mode.split() == ["640", "root", "sglang"]
+        _, cmdlines, _ = c.ssh_run("cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '")
+        assert API_KEY not in cmdlines
+        assert "--config /etc/sglang/secrets.yaml" in cmdlines
+
+    converge(tmp_path, a, indexes)
