@@ -152,12 +152,17 @@ def snapshot(c: Container) -> dict[str, str]:
 
 
 def went_on(run: Run, c: Container) -> bool:
-    """The host ran operations after the gate (the gate queues none for a host it lets pass)."""
+    """The host ran an operation after the gate: a result line for it (success or error) under
+    any operation but the gate's refusal, which is the only one the gate itself queues."""
     _, _, operations = run.out.partition("--> Beginning operation run...")
-    return (
-        re.search(rf"^\s*\[{re.escape(c.name)}\] (Success|No changes)", operations, re.M)
-        is not None
-    )
+    for section in operations.split("--> Starting operation: ")[1:]:
+        name, _, body = section.partition("\n")
+        if name.startswith("Refuse: preflight"):
+            continue
+        for line in body.splitlines():
+            if line.strip().startswith(f"[{c.name}] ") and not line.strip().endswith("Skipped"):
+                return True
+    return False
 
 
 def assert_passed_gate(run: Run, c: Container) -> None:
