@@ -20,6 +20,7 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any, cast
 
+from pyinfra import logger
 from pyinfra.api.command import FileUploadCommand, QuoteString, StringCommand
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import OperationMeta, operation
@@ -193,6 +194,26 @@ class ServeStep:
             elif any(meta.will_change for meta in self.upstream):
                 self.maybe_restart.append(rank)
 
+    def summary(self) -> str:
+        """What this run does to the ranks, for the plan printed before any change."""
+        size = self.report.settings.restart_batch_size
+
+        def names(ranks: Sequence[Rank]) -> str:
+            return ", ".join(str(r.rank) for r in ranks)
+
+        parts = []
+        if self.start:
+            parts.append(f"start rank(s) {names(self.start)} together")
+        if self.restart:
+            batches = " then ".join(f"[{names(b)}]" for b in _batches(self.restart, size))
+            parts.append(f"restart (changed) in batches {batches}")
+        if self.maybe_restart:
+            batches = " then ".join(f"[{names(b)}]" for b in _batches(self.maybe_restart, size))
+            parts.append(f"restart if the engine or model changes, in batches {batches}")
+        if self.remove:
+            parts.append(f"stop and remove rank(s) {', '.join(map(str, self.remove))}")
+        return "; ".join(parts) or "every rank runs what the plan says: nothing to restart"
+
     def upstream_changed(self) -> bool:
         return any(meta.did_change() for meta in self.upstream)
 
@@ -340,6 +361,7 @@ def serving_state(settings: Settings) -> Serving:
 def _serve(report: HostReport, upstream: Sequence[OperationMeta | None] = ()) -> ServeStep:
     serving = serving_state(report.settings)
     step = ServeStep(report, serving, [m for m in upstream if m])
+    host.log(f"ranks: {step.summary()}", logger.info)
     step.run()
     if report.router is not None:
         _route(report, serving, report.router)

@@ -7,6 +7,7 @@ the fact would read on such a host. The rest is in tests/fixtures/ct200 (see its
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import tempfile
@@ -47,7 +48,21 @@ def fake_responses(
     """fake_responses host data for pyinfra's @fake connector (substring matchers)."""
     resources = (FIXTURES / "ct200" / "host-resources.txt").read_text().splitlines()
     config = (FIXTURES / "ct200" / "model-config.json").read_text().splitlines()
+    shards = [f"model-{i:05d}-of-00015.safetensors" for i in range(1, 16)]
+    never_staged = {
+        "source": {"digest": "52cd26977905ef55", "bytes": model_bytes, "files": len(shards) + 4},
+        "error": None,
+        "staged": None,
+        "leftovers": [],
+        "hub_revision": None,
+        "copy_bytes": model_bytes,
+        "changed_files": ["config.json", "tokenizer.json", *shards],
+        "mismatched": [],
+        "up_to_date": False,
+    }
     return {
+        # The staging script's plan (operations/facts/model.py): nothing staged yet.
+        "Stage a model directory into a tmpfs": [json.dumps(never_staged)],
         "--query-gpu=": nvidia_smi_output(scenario),
         # pyinfra's own facts that the deploy's built-in operations read.
         "uname -s": ["Linux"],
