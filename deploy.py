@@ -13,8 +13,11 @@ from pyinfra.context import host, state
 from operations.engine import install_engine
 from operations.gate import plan_or_refuse
 from operations.model import stage_model
+from operations.serve import serve
 
 report = plan_or_refuse(state, host)
 if report is not None:
     engine = install_engine(report)
-    stage_model(report)
+    model = stage_model(report)
+    # Ranks restart when their unit changed, or when the engine or the model did in this run.
+    serve(report, upstream=[engine.switched, model.op])
