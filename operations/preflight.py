@@ -121,6 +121,14 @@ def check(
                 f"{len(gpu.gpus)}: {', '.join(sorted({g.name for g in gpu.gpus})) or 'none'}",
                 "pass every GPU into the container, or set gpu_count (and dp_size) to match",
             )
+        if gpu.cuda_version is None:
+            fail(
+                "CUDA user space",
+                "nvidia-smi's banner naming the CUDA version the driver supports",
+                "CUDA Version: N/A (libcuda is not visible in the container)",
+                "install the driver's user-space libraries in the container (libcuda.so.1, the "
+                "same version as the node's driver; the NVIDIA .run with --no-kernel-module)",
+            )
         wrong = [g for g in gpu.gpus if g.compute_cap != s.gpu_compute_cap]
         if wrong:
             caps = ", ".join(sorted({f"{g.name} ({g.compute_cap})" for g in wrong}))

@@ -16,10 +16,11 @@ from operations.preflight import Failure
 
 def failures_table(host: str, failures: list[Failure]) -> Table:
     table = Table(title=f"{host}: preflight failed, nothing will be changed", title_justify="left")
-    table.add_column("check", style="bold")
-    table.add_column("expected")
-    table.add_column("found", style="red")
-    table.add_column("how to fix")
+    # fold: a fix is only useful whole, also when the output goes to a log 80 columns wide.
+    table.add_column("check", style="bold", overflow="fold")
+    table.add_column("expected", overflow="fold")
+    table.add_column("found", style="red", overflow="fold")
+    table.add_column("how to fix", overflow="fold")
     for f in failures:
         table.add_row(f.check, f.expected, f.found, f.fix)
     return table

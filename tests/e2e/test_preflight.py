@@ -218,6 +218,11 @@ BAD = {
         ("driver 565.57.01 cannot run CUDA 12.8", "needs driver >= 570", "CUDA Version 12.7"),
         scenario="driver-565",
     ),
+    "cuda-na": Bad(
+        "bad",
+        ("CUDA user space", "CUDA Version: N/A", "libcuda.so.1"),
+        scenario="cuda-na",
+    ),
     "no-nvidia-uvm": Bad(
         "no_uvm", ("GPU device nodes", "missing /dev/nvidia-uvm", "nvidia-uvm included")
     ),

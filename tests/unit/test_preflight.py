@@ -59,6 +59,11 @@ def test_gpu_failures(scenario: str, check_name: str, found: str, fix: str) -> N
     assert found in f.found and fix in f.fix, f
 
 
+def test_cuda_na_means_no_usable_cuda_in_the_container() -> None:
+    f = only(failures("cuda-na"))
+    assert f.check == "CUDA user space" and "N/A" in f.found and "libcuda" in f.fix
+
+
 def test_gb10_is_also_the_wrong_chip() -> None:
     checks = {f.check for f in failures("gb10")}
     assert checks >= {"GPU count", "compute capability"}
