@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -86,6 +86,8 @@ class Router:
 
 @dataclass(frozen=True)
 class Settings:
+    """Typed settings: one field per key of settings.schema.json, where their defaults live."""
+
     sglang_version: str
     cuda_lane: str
     model_name: str
@@ -107,21 +109,19 @@ class Settings:
     service_user: str
     wheelhouse: str | None
     api_key_file: str | None
-    model_cache_dir: str = "/var/cache/sglang-models"
-    model_verify: str = "manifest"
-    model_hub_cli: str = "/opt/sglang-hub/bin/hf"
-    model_stage_bwlimit_mbps: float | None = None
-    # The engine install (operations/engine.py, docs/engine.md); defaults as in the schema.
-    engine_keep: int = 3
-    package_index_url: str = "https://pypi.org/simple"
-    torch_index_url: str = "https://download.pytorch.org/whl/{lane}"
-    kernel_index_url: str = "https://docs.sglang.io/whl/{lane}"
-    uv_version: str = "0.13.9"
-    # Serving (operations/serve.py); defaults as in the schema.
-    ram_per_rank_gb: float = 4
-    health_timeout_s: int = 1800
-    restart_batch_size: int = 1
-    router: Router | None = None
+    model_cache_dir: str
+    model_verify: str
+    model_hub_cli: str
+    model_stage_bwlimit_mbps: float | None
+    engine_keep: int
+    package_index_url: str
+    torch_index_url: str
+    kernel_index_url: str
+    uv_version: str
+    ram_per_rank_gb: float
+    health_timeout_s: int
+    restart_batch_size: int
+    router: Router | None
     # Where each key's value came from, for messages that point at the right file.
     origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
@@ -209,44 +209,35 @@ def load(host_name: str, layers: list[Layer]) -> Settings:
         raise SettingsError(problems)
 
     values = {**defaults(), **ours}
-    spec = values["speculative"]
-    return Settings(
-        sglang_version=values["sglang_version"],
-        cuda_lane=values["cuda_lane"],
-        model_name=values["model_name"],
-        model_source=values["model_source"].rstrip("/") or "/",
-        model_stage_dir=values["model_stage_dir"].rstrip("/") or "/",
-        dp_size=values["dp_size"],
-        gpu_count=values["gpu_count"],
-        gpu_compute_cap=values["gpu_compute_cap"],
-        server_host=values["server_host"],
-        base_port=values["base_port"],
-        attention_backend=values["attention_backend"],
-        mem_fraction_static=float(values["mem_fraction_static"]),
-        mamba_cache_strategy=values["mamba_cache_strategy"],
-        cuda_graph_max_bs=values["cuda_graph_max_bs"],
-        speculative=Speculative(**spec) if isinstance(spec, dict) else None,
-        enable_metrics=values["enable_metrics"],
-        extra_server_args=tuple(values["extra_server_args"]),
-        engine_root=values["engine_root"].rstrip("/") or "/",
-        service_user=values["service_user"],
-        wheelhouse=values["wheelhouse"],
-        api_key_file=values["api_key_file"],
-        engine_keep=values["engine_keep"],
-        package_index_url=values["package_index_url"],
-        torch_index_url=values["torch_index_url"],
-        kernel_index_url=values["kernel_index_url"],
-        uv_version=values["uv_version"],
-        ram_per_rank_gb=float(values["ram_per_rank_gb"]),
-        health_timeout_s=values["health_timeout_s"],
-        restart_batch_size=values["restart_batch_size"],
-        router=Router(**values["router"]) if isinstance(values["router"], dict) else None,
-        model_cache_dir=values["model_cache_dir"].rstrip("/") or "/",
-        model_verify=values["model_verify"],
-        model_hub_cli=values["model_hub_cli"],
-        model_stage_bwlimit_mbps=values["model_stage_bwlimit_mbps"],
-        origins={k: origins[k] for k in ours},
-    )
+    typed = {key: _CONVERT.get(key, _same)(values[key]) for key in props}
+    return Settings(**typed, origins={k: origins[k] for k in ours})
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _path(value: str) -> str:
+    return value.rstrip("/") or "/"
+
+
+def _number(value: float | None) -> float | None:
+    return None if value is None else float(value)
+
+
+# Shapes the schema has checked, turned into the types Settings declares.
+_CONVERT: dict[str, Callable[[Any], Any]] = {
+    "model_source": _path,
+    "model_stage_dir": _path,
+    "model_cache_dir": _path,
+    "engine_root": _path,
+    "mem_fraction_static": float,
+    "ram_per_rank_gb": float,
+    "model_stage_bwlimit_mbps": _number,
+    "extra_server_args": tuple,
+    "speculative": lambda v: Speculative(**v) if isinstance(v, dict) else None,
+    "router": lambda v: Router(**v) if isinstance(v, dict) else None,
+}
 
 
 def layers_for_host(host: Any, group_data_dir: Path | None = None) -> list[Layer]:

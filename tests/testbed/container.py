@@ -391,6 +391,7 @@ class Container:
 
 
 class Testbed:
+    __test__ = False  # a fixture helper, not a test class
     """Boots and tracks containers; close() stops everything it started."""
 
     def __init__(self, tarball: Path, workdir: Path | None = None) -> None:
