@@ -36,3 +36,24 @@ def test_every_setting_is_documented_with_its_default() -> None:
 
 def test_ci_runs_the_readme_test_command() -> None:
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_every_preflight_check_is_in_the_troubleshooting_table() -> None:
+    import ast
+
+    source = (ROOT / "operations" / "preflight.py").read_text()
+    checks = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "fail" and node.args:
+            first = node.args[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                checks.add(first.value)
+            elif isinstance(first, ast.JoinedStr):
+                # f"{s.model_stage_dir} size": the README names it with the default dir.
+                tail = "".join(v.value for v in first.values if isinstance(v, ast.Constant)).strip()
+                checks.add(f"/dev/shm {tail}")
+    assert len(checks) >= 12, checks
+    table = README.split("## Troubleshooting", 1)[1]
+    rows = [line.split("|")[1] for line in table.splitlines() if line.startswith("| ")]
+    for check in checks:
+        assert any(check in row for row in rows), f"{check!r} is not in the troubleshooting table"
