@@ -1,0 +1,464 @@
+"""Whether every replica is serving, per host and rank, in one screen (docs/status.md).
+
+    python -m operations.status INVENTORY [--data KEY=VALUE ...] [--json]
+
+Loads the inventory as pyinfra does (operations/plan.py), reads one fact per host
+(operations/facts/status.py: one SSH round trip whatever the number of ranks) and prints a table
+per host, or one JSON document with --json. Exit status: 0 when every configured rank of every
+host (and each host's router) is healthy, 1 when any is not or a host could not be read, 2 when
+the command itself could not run (no such inventory, bad arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from operations import resolver
+from operations.facts.status import ROUTER_KEY, HostStatus, ServingStatus, UnitStatus
+from operations.settings import Settings
+
+EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_ERROR = 0, 1, 2
+HUB_MARKER = ".cache/sglang-hub-complete"  # operations/files/stage_model.py HUB_MARKER
+PROBE_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True)
+class RankStatus:
+    rank: int
+    unit: str
+    port: int
+    # Within dp_size; a unit found beyond it is reported, but does not count.
+    expected: bool
+    # "active (running)", "failed (failed)", "missing" (no unit file), ...
+    state: str
+    # "ok", "http 503", "refused", "timeout", "not probed", ...
+    health: str
+    healthy: bool
+    sglang_version: str | None
+    lane: str | None
+    engine: str | None
+    model: str
+    model_revision: str | None
+    gpu: int | None
+    gpu_name: str | None
+    gpu_memory_used_mib: int | None
+    gpu_memory_total_mib: int | None
+    pid: int | None
+    uptime_s: int | None
+    restarts: int | None
+    # Started before `current` or the staged model last switched: still runs the previous one.
+    stale: bool = False
+
+
+@dataclass(frozen=True)
+class RouterStatus:
+    unit: str
+    state: str
+    health: str
+    healthy: bool
+    url: str | None
+    pid: int | None
+    uptime_s: int | None
+    restarts: int | None
+
+
+@dataclass
+class HostResult:
+    name: str
+    reachable: bool
+    error: str | None = None
+    ranks: list[RankStatus] = field(default_factory=list)
+    router: RouterStatus | None = None
+
+    @property
+    def counted(self) -> list[RankStatus]:
+        return [r for r in self.ranks if r.expected]
+
+    @property
+    def healthy(self) -> bool:
+        return (
+            self.reachable
+            and self.error is None
+            and all(r.healthy for r in self.counted)
+            and (self.router is None or self.router.healthy)
+        )
+
+    def summary(self) -> str:
+        if not self.reachable:
+            return f"{self.name}: unreachable: {self.error}"
+        if self.error is not None:
+            return f"{self.name}: {self.error}"
+        good = sum(1 for r in self.counted if r.healthy)
+        line = f"{self.name}: {good}/{len(self.counted)} ranks healthy"
+        bad = [f"rank {r.rank} {r.state}, {r.health}" for r in self.counted if not r.healthy]
+        if len(bad) > 3:
+            bad = [*bad[:2], f"{len(bad) - 2} more"]
+        if bad:
+            line += " (" + "; ".join(bad) + ")"
+        if self.router is not None:
+            line += f", router {'healthy' if self.router.healthy else self.router.health}"
+        return line
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "reachable": self.reachable,
+            "error": self.error,
+            "healthy": self.healthy,
+            "ranks": [asdict(r) for r in self.ranks],
+            "router": asdict(self.router) if self.router is not None else None,
+        }
+
+
+# -- from settings and the fact to rows (pure) ----------------------------------------------
+
+
+def health_url(address: str, port: int) -> str:
+    """/health as the host itself reaches a server bound to `address`."""
+    if address in ("0.0.0.0", "::", ""):
+        address = "127.0.0.1"
+    if ":" in address:
+        address = f"[{address}]"
+    return f"http://{address}:{port}/health"
+
+
+def router_url(settings: Settings, host_name: str) -> str | None:
+    router = settings.router
+    if router is None or router.host != host_name:
+        return None
+    return health_url(router.bind, router.port)
+
+
+def fact_args(settings: Settings, host_name: str) -> dict[str, Any]:
+    """The ServingStatus arguments for a host with these settings."""
+    urls = {
+        str(rank): health_url(settings.server_host, settings.base_port + rank)
+        for rank in range(settings.dp_size)
+    }
+    router = router_url(settings, host_name)
+    if router is not None:
+        urls[ROUTER_KEY] = router
+    source = settings.source
+    return {
+        "ranks": list(range(settings.dp_size)),
+        "health_urls": urls,
+        "engine_root": settings.engine_root,
+        "model_path": resolver.staged_model_path(settings),
+        "hub_marker": f"{source.target_dir}/{HUB_MARKER}" if source.kind == "hf" else None,
+        "router": router is not None,
+        "timeout_s": PROBE_TIMEOUT_S,
+    }
+
+
+def describe_health(answer: str | None, probe_error: str | None) -> str:
+    if answer is None:
+        return f"not probed ({probe_error})" if probe_error else "not probed"
+    if answer == "200":
+        return "ok"
+    if answer.isdigit():
+        return f"http {answer}"
+    return answer.replace("error:", "error ")
+
+
+def describe_unit(unit: UnitStatus | None) -> str:
+    if unit is None or not unit.exists:
+        return "missing"
+    return f"{unit.active or '?'} ({unit.sub or '?'})"
+
+
+def _uptime(unit: UnitStatus | None, now: int | None) -> int | None:
+    if unit is None or unit.started_at is None or now is None or unit.active != "active":
+        return None
+    return max(0, now - unit.started_at)
+
+
+def _gpu_index(unit: UnitStatus | None, rank: int) -> int | None:
+    if unit is not None and unit.visible_devices is not None:
+        first = unit.visible_devices.split(",")[0]
+        return int(first) if first.isdigit() else None
+    return rank  # one rank per GPU (operations/resolver.py)
+
+
+def rank_rows(settings: Settings, status: HostStatus) -> list[RankStatus]:
+    expected = set(range(settings.dp_size))
+    gpus = {g.index: g for g in status.gpus}
+    revision = status.model_digest
+    if status.model_hub_revision:
+        revision = f"{status.model_hub_revision} ({status.model_digest or 'not staged'})"
+    rows = []
+    for rank in sorted(expected | set(status.ranks)):
+        unit = status.ranks.get(rank)
+        if rank not in expected and (unit is None or not unit.exists):
+            continue
+        answer = status.health.get(str(rank))
+        state = describe_unit(unit)
+        healthy = unit is not None and unit.exists and unit.active == "active" and answer == "200"
+        index = _gpu_index(unit, rank)
+        gpu = gpus.get(index) if index is not None else None
+        rows.append(
+            RankStatus(
+                rank=rank,
+                unit=resolver.unit_name(rank),
+                port=settings.base_port + rank,
+                expected=rank in expected,
+                state=state,
+                health=describe_health(answer, status.health_error)
+                if rank in expected
+                else "not probed (beyond dp_size)",
+                healthy=healthy,
+                sglang_version=status.engine_release,
+                lane=status.engine_lane,
+                engine=status.engine_current,
+                model=settings.model_name,
+                model_revision=revision,
+                gpu=index,
+                gpu_name=gpu.name if gpu else None,
+                gpu_memory_used_mib=gpu.memory_used_mib if gpu else None,
+                gpu_memory_total_mib=gpu.memory_total_mib if gpu else None,
+                pid=unit.main_pid if unit is not None else None,
+                uptime_s=_uptime(unit, status.now),
+                restarts=unit.restarts if unit is not None and unit.exists else None,
+                stale=healthy and status.stale(rank),
+            )
+        )
+    return rows
+
+
+def router_row(settings: Settings, host_name: str, status: HostStatus) -> RouterStatus | None:
+    url = router_url(settings, host_name)
+    if url is None:
+        return None
+    unit = status.router
+    answer = status.health.get(ROUTER_KEY)
+    return RouterStatus(
+        unit=resolver.ROUTER_UNIT,
+        state=describe_unit(unit),
+        health=describe_health(answer, status.health_error),
+        healthy=unit is not None and unit.active == "active" and answer == "200",
+        url=url,
+        pid=unit.main_pid if unit is not None else None,
+        uptime_s=_uptime(unit, status.now),
+        restarts=unit.restarts if unit is not None and unit.exists else None,
+    )
+
+
+def host_result(name: str, settings: Settings, status: HostStatus) -> HostResult:
+    return HostResult(
+        name=name,
+        reachable=True,
+        ranks=rank_rows(settings, status),
+        router=router_row(settings, name, status),
+    )
+
+
+def to_json(results: Iterable[HostResult]) -> dict[str, Any]:
+    results = list(results)
+    return {
+        "hosts": {r.name: r.to_json() for r in results},
+        "healthy": all(r.healthy for r in results),
+    }
+
+
+def exit_status(results: Iterable[HostResult]) -> int:
+    results = list(results)
+    return EXIT_HEALTHY if results and all(r.healthy for r in results) else EXIT_UNHEALTHY
+
+
+# -- reading the hosts ----------------------------------------------------------------------
+
+
+def _quiet_pyinfra() -> None:
+    """pyinfra logs connection failures itself; we print one line per host instead."""
+    import logging
+
+    logger = logging.getLogger("pyinfra")
+    logger.addHandler(logging.NullHandler())
+    logger.propagate = False
+
+
+def _one_line(error: BaseException | str) -> str:
+    text = error.args[0] if isinstance(error, BaseException) and error.args else error
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return " ".join(lines) or type(error).__name__
+
+
+def run(inventory_path: str, override: dict[str, Any]) -> list[HostResult]:
+    """One result per inventory host, in inventory order."""
+    from operations.plan import build_state
+
+    _quiet_pyinfra()
+    return read_hosts(build_state(inventory_path, override))
+
+
+def read_hosts(state: Any) -> list[HostResult]:
+    """Settings of every host first, then connect to the good ones and read one fact each."""
+    from pyinfra.api.connect import connect_all
+    from pyinfra.api.state import BaseStateCallback
+    from pyinfra.context import ctx_host
+
+    from operations import settings as settings_mod
+
+    hosts = list(state.inventory)
+    loaded, problems = settings_mod.load_inventory(hosts)
+    errors: dict[str, str] = {}
+    for problem in problems:
+        name, _, text = problem.partition(": ")
+        errors[name] = f"{errors[name]}; {text}" if name in errors else f"settings: {text}"
+
+    connect_errors: dict[str, str] = {}
+
+    class Errors(BaseStateCallback):
+        @staticmethod
+        def host_connect_error(state: Any, host: Any, error: Any) -> None:
+            connect_errors[host.name] = _one_line(error)
+
+    state.add_callback_handler(Errors())
+    if any(h.name in loaded and h.name not in errors for h in hosts):
+        connect_all(state)
+
+    results: list[HostResult] = []
+    for host in hosts:
+        if host.name in errors:
+            results.append(HostResult(host.name, reachable=False, error=errors[host.name]))
+            continue
+        if host not in state.activated_hosts:
+            error = connect_errors.get(host.name, "could not connect")
+            results.append(HostResult(host.name, reachable=False, error=error))
+            continue
+        settings = loaded[host.name]
+        try:
+            with ctx_host.use(host):
+                status = host.get_fact(ServingStatus, **fact_args(settings, host.name))
+        except Exception as exc:  # a failed read is this host's result, never a traceback
+            error = f"status: {_one_line(exc)}"
+            results.append(HostResult(host.name, reachable=True, error=error))
+            continue
+        results.append(host_result(host.name, settings, status))
+    return results
+
+
+# -- the terminal view ----------------------------------------------------------------------
+
+
+def _duration(seconds: int | None) -> str:
+    if seconds is None:
+        return "-"
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def _gpu_cell(r: RankStatus) -> str:
+    if r.gpu is None:
+        return "-"
+    if r.gpu_name is None:
+        return f"{r.gpu}"
+    used = f"{(r.gpu_memory_used_mib or 0) / 1024:.1f}"
+    total = f"{(r.gpu_memory_total_mib or 0) / 1024:.0f}"
+    return f"{r.gpu} {r.gpu_name}, {used}/{total} GiB"
+
+
+def host_table(result: HostResult) -> Any:
+    from rich.table import Table
+
+    table = Table()
+    table.add_column("rank", justify="right")
+    for column in ("unit", "health", "sglang", "model"):
+        table.add_column(column)
+    table.add_column("port", justify="right")
+    table.add_column("GPU")
+    table.add_column("uptime", justify="right")
+    table.add_column("restarts", justify="right")
+    for r in result.ranks:
+        version = f"{r.sglang_version or '?'} {r.lane or ''}".strip() if r.engine else "-"
+        if r.stale:
+            version += " (restart pending)"
+        model = f"{r.model}@{r.model_revision}" if r.model_revision else f"{r.model} (not staged)"
+        health_style = "green" if r.healthy else ("dim" if not r.expected else "red")
+        rank = str(r.rank) if r.expected else f"{r.rank} (extra)"
+        table.add_row(
+            rank,
+            r.state,
+            f"[{health_style}]{r.health}[/]",
+            version,
+            model,
+            str(r.port),
+            _gpu_cell(r),
+            _duration(r.uptime_s),
+            "-" if r.restarts is None else str(r.restarts),
+        )
+    return table
+
+
+def print_results(results: list[HostResult], console: Any = None) -> None:
+    from rich.console import Console
+    from rich.text import Text
+
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            # cron mail and log files: wide enough that rows do not wrap.
+            console = Console(width=200)
+    for result in results:
+        if not result.reachable or result.error is not None:
+            console.print(Text(result.summary(), style="bold red"))
+            continue
+        console.print(Text(result.name, style="bold"))
+        console.print(host_table(result))
+        style = "bold green" if result.healthy else "bold red"
+        console.print(Text(result.summary(), style=style))
+        if result.router is not None:
+            router = result.router
+            console.print(
+                Text(
+                    f"  router {router.url}: {router.state}, {router.health}, "
+                    f"up {_duration(router.uptime_s)}, restarts {router.restarts}",
+                    style="green" if router.healthy else "red",
+                )
+            )
+    healthy = all(r.healthy for r in results) and bool(results)
+    bad = [r.name for r in results if not r.healthy]
+    console.print(
+        Text("all healthy", style="bold green")
+        if healthy
+        else Text(f"NOT healthy: {', '.join(bad) or 'no hosts'}", style="bold red")
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    from operations.plan import _parse_data
+
+    parser = argparse.ArgumentParser(prog="python -m operations.status", description=__doc__)
+    parser.add_argument("inventory")
+    parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    args = parser.parse_args(argv)
+
+    try:
+        results = run(args.inventory, _parse_data(args.data))
+    except SystemExit as exc:
+        if isinstance(exc.code, str):
+            print(f"error: {exc.code}", file=sys.stderr)
+            return EXIT_ERROR
+        raise
+    if args.json:
+        json.dump(to_json(results), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print_results(results)
+    return exit_status(results)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

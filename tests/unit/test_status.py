@@ -1,0 +1,271 @@
+"""The status command's pure parts: the fact's answer (captured on testbed containers, see
+tests/facts/status.ServingStatus) and the settings in, rows, summaries, exit status and JSON out;
+then the whole command against pyinfra's @fake connector and a port where nothing listens."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from operations import status as st
+from operations.facts.status import HostStatus, ServingStatus, parse_status
+from tests.unit.builders import make_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "facts" / "status.ServingStatus"
+GPU = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+ROUTER = {"host": "ct200", "port": 8000, "bind": "127.0.0.10"}
+
+
+def output(case: str) -> list[str]:
+    lines: list[str] = json.loads((FIXTURES / f"{case}.json").read_text())["output"]
+    return lines
+
+
+def fact(case: str, *extra: str, drop: str | None = None) -> HostStatus:
+    lines = [line for line in output(case) if drop is None or not line.startswith(drop)]
+    return parse_status([*lines, *extra])
+
+
+def result(status: HostStatus, **settings: Any) -> st.HostResult:
+    settings.setdefault("server_host", "127.0.0.10")
+    return st.host_result("ct200", make_settings(**settings), status)
+
+
+# -- rows -----------------------------------------------------------------------------------
+
+
+def test_eight_healthy_ranks_and_the_router() -> None:
+    status = fact("eight-ranks-and-the-router-healthy")
+    r = result(status, router=ROUTER)
+    assert r.healthy and st.exit_status([r]) == 0
+    assert r.summary() == "ct200: 8/8 ranks healthy, router healthy"
+    first = r.ranks[0]
+    assert (first.state, first.health, first.healthy) == ("active (running)", "ok", True)
+    assert (first.sglang_version, first.lane) == ("0.5.11", "cu128")
+    assert first.engine == "0.5.11-cu128-fb8f6a42"
+    assert (first.model, first.model_revision) == ("Qwen/Qwen3.6-27B", "21d5607c34a07d56")
+    assert (first.port, first.gpu, first.gpu_name) == (30000, 0, GPU)
+    assert (first.pid, first.uptime_s, first.restarts, first.stale) == (360, 13, 0, False)
+    assert [row.port for row in r.ranks] == list(range(30000, 30008))
+    assert r.router is not None and r.router.healthy and r.router.pid == 512
+    assert r.router.url == "http://127.0.0.10:8000/health"
+
+
+def test_a_stopped_rank_is_unhealthy() -> None:
+    r = result(fact("rank-2-stopped"), router=ROUTER)
+    assert not r.healthy and st.exit_status([r]) == 1
+    assert (
+        r.summary() == "ct200: 7/8 ranks healthy (rank 2 inactive (dead), refused), router healthy"
+    )
+    two = r.ranks[2]
+    assert (two.state, two.health, two.healthy) == ("inactive (dead)", "refused", False)
+    assert two.pid is None and two.uptime_s is None
+
+
+def test_a_configured_rank_without_a_unit_is_missing() -> None:
+    r = result(fact("never-deployed"))
+    assert [row.state for row in r.ranks] == ["missing"] * 8
+    assert not any(row.healthy for row in r.ranks) and row_restarts(r) == [None] * 8
+    assert r.summary() == (
+        "ct200: 0/8 ranks healthy (rank 0 missing, refused; rank 1 missing, refused; 6 more)"
+    )
+    assert r.ranks[0].model_revision is None and r.ranks[0].sglang_version is None
+
+
+def row_restarts(r: st.HostResult) -> list[int | None]:
+    return [row.restarts for row in r.ranks]
+
+
+def test_a_running_unit_that_does_not_answer_is_unhealthy() -> None:
+    status = fact("eight-ranks-and-the-router-healthy", "health 5 503", drop="health 5 ")
+    r = result(status)
+    assert [row.rank for row in r.ranks if not row.healthy] == [5]
+    assert r.ranks[5].health == "http 503" and r.ranks[5].state == "active (running)"
+
+
+def test_units_beyond_dp_size_are_shown_but_do_not_count() -> None:
+    r = result(fact("eight-ranks-and-the-router-healthy"), dp_size=4)
+    assert [row.expected for row in r.ranks] == [True] * 4 + [False] * 4
+    assert r.healthy and r.summary() == "ct200: 4/4 ranks healthy"
+    assert r.ranks[6].health == "not probed (beyond dp_size)"
+
+
+def test_no_python3_means_not_probed_and_not_healthy() -> None:
+    lines = [line for line in output("eight-ranks-and-the-router-healthy")]
+    lines = [line for line in lines if not line.startswith("health ")]
+    lines.append("health_unavailable python3 not found on the host")
+    r = result(parse_status(lines))
+    assert not r.healthy
+    assert r.ranks[0].health == "not probed (python3 not found on the host)"
+
+
+def test_hub_revision_uptime_restarts_and_gpu_memory() -> None:
+    status = fact(
+        "eight-ranks-and-the-router-healthy",
+        "model_hub_revision 5f3c1a2b",
+        "gpu 0, NVIDIA H200, 120512, 143771",
+        "gpu_rc 0",
+        drop="gpu",
+    )
+    lines = output("eight-ranks-and-the-router-healthy")
+    assert "NRestarts=0" in lines
+    r = result(status)
+    first = r.ranks[0]
+    assert first.model_revision == "5f3c1a2b (21d5607c34a07d56)"
+    assert (first.gpu_name, first.gpu_memory_used_mib, first.gpu_memory_total_mib) == (
+        "NVIDIA H200",
+        120512,
+        143771,
+    )
+    assert r.ranks[1].gpu_name is None  # nvidia-smi listed only GPU 0
+
+
+def test_a_rank_started_before_the_engine_switched_is_flagged() -> None:
+    status = fact(
+        "eight-ranks-and-the-router-healthy", "engine_changed 1796066640", drop="engine_changed"
+    )
+    r = result(status)
+    assert all(row.stale for row in r.ranks) and r.healthy  # still serving: a note, not a failure
+
+
+def test_nvidia_smi_failures_are_kept_not_raised() -> None:
+    assert fact("no-nvidia-smi").gpu_error == "nvidia-smi not found"
+    hung = parse_status(["gpu_rc 124"])
+    assert hung.gpu_error == "nvidia-smi did not answer within 10s" and hung.gpus == []
+    odd = parse_status(["gpu what is this", "gpu_rc 0"])
+    assert odd.gpus == [] and odd.gpu_error is not None and "unexpected" in odd.gpu_error
+
+
+def test_the_fact_asks_for_every_configured_rank_and_the_router_in_one_command() -> None:
+    settings = make_settings(dp_size=3, server_host="0.0.0.0", router=ROUTER)
+    args = st.fact_args(settings, "ct200")
+    assert args["ranks"] == [0, 1, 2] and args["router"] is True
+    assert args["health_urls"] == {
+        "0": "http://127.0.0.1:30000/health",
+        "1": "http://127.0.0.1:30001/health",
+        "2": "http://127.0.0.1:30002/health",
+        "router": "http://127.0.0.10:8000/health",
+    }
+    command = ServingStatus().command(**args).get_raw_value()
+    for unit in ("sglang@0.service", "sglang@2.service", "sglang-router.service"):
+        assert unit in command
+    # Another host's router is not this host's business.
+    assert st.fact_args(settings, "ct201")["router"] is False
+    assert st.health_url("fd00::1", 30000) == "http://[fd00::1]:30000/health"
+
+
+# -- exit status and JSON -------------------------------------------------------------------
+
+
+def test_json_document_shape() -> None:
+    good = result(fact("eight-ranks-and-the-router-healthy"), router=ROUTER)
+    gone = st.HostResult("ct201", reachable=False, error="Could not connect (refused)")
+    doc = json.loads(json.dumps(st.to_json([good, gone])))
+    assert set(doc) == {"hosts", "healthy"} and doc["healthy"] is False
+    assert doc["hosts"]["ct201"] == {
+        "reachable": False,
+        "error": "Could not connect (refused)",
+        "healthy": False,
+        "ranks": [],
+        "router": None,
+    }
+    host = doc["hosts"]["ct200"]
+    assert host["reachable"] is True and host["error"] is None and host["healthy"] is True
+    assert set(host["ranks"][0]) == {
+        "rank", "unit", "port", "expected", "state", "health", "healthy", "sglang_version",
+        "lane", "engine", "model", "model_revision", "gpu", "gpu_name", "gpu_memory_used_mib",
+        "gpu_memory_total_mib", "pid", "uptime_s", "restarts", "stale",
+    }  # fmt: skip
+    assert host["router"]["healthy"] is True
+    assert st.to_json([good])["healthy"] is True
+
+
+def test_exit_status() -> None:
+    good = result(fact("eight-ranks-and-the-router-healthy"))
+    gone = st.HostResult("ct201", reachable=False, error="refused")
+    broken = st.HostResult("ct202", reachable=True, error="status: boom")
+    assert st.exit_status([good]) == 0
+    assert st.exit_status([good, gone]) == 1
+    assert st.exit_status([good, broken]) == 1
+    assert st.exit_status([]) == 1  # nothing checked is not "healthy"
+
+
+def test_the_table_and_the_summary_lines() -> None:
+    console = Console(record=True, width=220)
+    good = result(fact("rank-2-stopped"), router=ROUTER)
+    gone = st.HostResult("ct201", reachable=False, error="Could not connect (refused)")
+    st.print_results([good, gone], console=console)
+    text = console.export_text()
+    assert "0.5.11 cu128" in text and "Qwen/Qwen3.6-27B@21d5607c34a07d56" in text
+    assert f"0 {GPU}, 0.0/96 GiB" in text and "inactive (dead)" in text
+    assert "ct200: 7/8 ranks healthy (rank 2 inactive (dead), refused)" in text
+    assert "ct201: unreachable: Could not connect (refused)" in text
+    assert text.rstrip().endswith("NOT healthy: ct200, ct201")
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [(None, "-"), (7, "7s"), (75, "1m15s"), (3 * 3600 + 60, "3h01m"), (2 * 86400 + 7200, "2d02h")],
+)
+def test_uptime_is_short(seconds: int | None, shown: str) -> None:
+    assert st._duration(seconds) == shown
+
+
+# -- the command, against @fake and a closed port -------------------------------------------
+
+
+def write_inventory(tmp_path: Path) -> Path:
+    """@fake/ct200 answers with the captured healthy output; ct201's SSH port is closed."""
+    settings = {"model_source": "/srv/models/qwen", "server_host": "127.0.0.10"}
+    fake = {
+        **settings,
+        "router": {**ROUTER, "host": "@fake/ct200"},
+        "fake_responses": {"@@unit": output("eight-ranks-and-the-router-healthy")},
+        "fake_delay": 0,
+        "fake_delay_jitter": 0,
+    }
+    closed = {**settings, "ssh_hostname": "127.0.0.1", "ssh_port": 1, "ssh_user": "root"}
+    path = tmp_path / "inventory.py"
+    path.write_text(f"hosts = [\n    ('@fake/ct200', {fake!r}),\n    ('ct201', {closed!r}),\n]\n")
+    return path
+
+
+def test_one_command_per_host(tmp_path: Path) -> None:
+    from operations.plan import build_state
+
+    state = build_state(str(write_inventory(tmp_path)), {})
+    results = st.read_hosts(state)
+    assert [(r.name, r.reachable) for r in results] == [("@fake/ct200", True), ("ct201", False)]
+    fake = next(h for h in state.inventory if h.name == "@fake/ct200")
+    assert len(fake.connector.executed_commands) == 1
+    assert results[0].summary() == "@fake/ct200: 8/8 ranks healthy, router healthy"
+
+
+def test_the_cli_reports_an_unreachable_host_in_one_line(tmp_path: Path) -> None:
+    path = write_inventory(tmp_path)
+    run = [sys.executable, "-m", "operations.status", str(path)]
+    proc = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr
+    assert "@fake/ct200: 8/8 ranks healthy, router healthy" in proc.stdout
+    unreachable = [line for line in proc.stdout.splitlines() if line.startswith("ct201:")]
+    assert len(unreachable) == 1 and "unreachable" in unreachable[0], proc.stdout
+    assert proc.stderr == ""
+
+    proc = subprocess.run([*run, "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 1 and doc["healthy"] is False
+    assert doc["hosts"]["ct201"]["reachable"] is False and doc["hosts"]["ct201"]["error"]
+    assert doc["hosts"]["@fake/ct200"]["healthy"] is True
+
+
+def test_a_missing_inventory_is_exit_2() -> None:
+    run = [sys.executable, "-m", "operations.status", "no/such/inventory.py"]
+    proc = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "no such file" in proc.stderr
