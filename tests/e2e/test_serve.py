@@ -11,51 +11,32 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests import testbed as tb
-from tests.doubles import wheels as doubles
-from tests.e2e.index import pypi_wheels_with_deps, wait_for
-from tests.e2e.test_engine import (
-    LANE,
-    MODEL_CONFIG,
-    PYINFRA,
-    REPO,
-    Indexes,
-    Run,
-    _make_indexes,
-    parse_statuses,
+from tests.e2e.index import wait_for
+from tests.e2e.serving import (
+    MODEL_DIR,
+    ROUTER_PORT,
+    base_data,
+    converge,
+    deploy,
+    health,
+    http,
+    ok,
+    serve_ops,
+    unit_states,
 )
-from tests.testbed import Container, ContainerSpec, inventory_file
+from tests.e2e.serving import serving_indexes as serving_indexes  # the `indexes` fixture
+from tests.e2e.test_engine import MODEL_CONFIG, Indexes
+from tests.testbed import Container, ContainerSpec
 
 pytestmark = pytest.mark.e2e
 
-RELEASE = "0.5.11"
-MODEL_DIR = "/srv/models/qwen"
-ROUTER_PORT = 8000
-DEPLOY_TIMEOUT_S = 900
 API_KEY = "sk-test-6f1d2e0a9b8c4d3e"
-
-
-@pytest.fixture(scope="module")
-def indexes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Indexes]:
-    out = tmp_path_factory.mktemp("serve-wheels")
-    made = _make_indexes(
-        tmp_path_factory.mktemp("serve-index"),
-        {RELEASE: doubles.release_wheels(out, RELEASE, LANE)},
-    )
-    # The real router and its web stack, from PyPI, served like everything else.
-    made.main.add(*pypi_wheels_with_deps("sglang-router==0.3.2"))
-    yield made
-    for index in made.all():
-        index.stop()
 
 
 @pytest.fixture(scope="module")
@@ -70,81 +51,6 @@ def hosts(testbed: tb.Testbed) -> Iterator[list[Container]]:
     yield containers
     for container in containers:
         testbed.destroy(container)
-
-
-def base_data(container: Container, indexes: Indexes, **extra: Any) -> dict[str, Any]:
-    return {
-        **indexes.data(),
-        "sglang_version": RELEASE,
-        "model_source": MODEL_DIR,
-        # Each container binds its own loopback address: they share the network namespace.
-        "server_host": container.address,
-        "health_timeout_s": 120,
-        "ram_per_rank_gb": 0.25,
-        **extra,
-    }
-
-
-def deploy(tmp_path: Path, data: dict[Container, dict[str, Any]], *args: str) -> Run:
-    inventory = inventory_file(tmp_path, data)
-    proc = subprocess.run(
-        [str(PYINFRA), "-y", str(inventory), str(REPO / "deploy.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=DEPLOY_TIMEOUT_S,
-        cwd=REPO,
-        check=False,
-    )
-    output = proc.stdout + proc.stderr
-    first = next(iter(data))
-    return Run(proc.returncode, output, parse_statuses(output, first.name))
-
-
-def ok(run: Run) -> None:
-    assert run.rc == 0, str(run)
-
-
-def serve_ops(run: Run) -> dict[str, str]:
-    return {k: v for k, v in run.statuses.items() if k.startswith(("Serve:", "Router:"))}
-
-
-def unit_states(c: Container, ranks: range) -> dict[int, tuple[str, int]]:
-    """rank -> (ActiveState, MainPID)."""
-    states = {}
-    for rank in ranks:
-        _, out, _ = c.ssh_run(f"systemctl show sglang@{rank}.service -p ActiveState -p MainPID")
-        props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-        states[rank] = (props.get("ActiveState", ""), int(props.get("MainPID") or 0))
-    return states
-
-
-def http(url: str, body: dict[str, Any] | None = None, key: str | None = None) -> tuple[int, Any]:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method="POST" if body else "GET")
-    request.add_header("Content-Type", "application/json")
-    if key:
-        request.add_header("Authorization", f"Bearer {key}")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            raw = response.read().decode()
-            try:
-                return response.status, json.loads(raw)
-            except ValueError:
-                return response.status, raw  # the router's /health says "OK"
-    except urllib.error.HTTPError as error:
-        return error.code, None
-    except (urllib.error.URLError, OSError):
-        return 0, None  # nothing listening (yet)
-
-
-def health(c: Container, port: int) -> int:
-    return http(f"http://{c.address}:{port}/health")[0]
-
-
-def converge(tmp_path: Path, c: Container, indexes: Indexes, **extra: Any) -> Run:
-    run = deploy(tmp_path, {c: base_data(c, indexes, **extra)})
-    ok(run)
-    return run
 
 
 def journal_events(c: Container) -> list[tuple[float, int, str]]:

@@ -1,0 +1,198 @@
+"""`python -m operations.status` end to end: one testbed container serving 8 ranks of the SGLang
+server double behind the real router (deployed with the real `pyinfra -y INVENTORY deploy.py`),
+read over SSH as an operator (or cron) would.
+
+Tests that stop something start it again and wait until it is healthy, so no test depends on
+another's order.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from operations.facts.status import ServingStatus, parse_status
+from operations.settings import Layer, load
+from operations.status import fact_args
+from tests import testbed as tb
+from tests.e2e.index import wait_for
+from tests.e2e.serving import (
+    RELEASE,
+    ROUTER_PORT,
+    base_data,
+    deploy,
+    health,
+    ok,
+    serving_spec,
+    unit_states,
+)
+from tests.e2e.serving import serving_indexes as serving_indexes  # the `indexes` fixture
+from tests.e2e.test_engine import LANE, REPO, Indexes
+from tests.testbed import Container
+
+pytestmark = pytest.mark.e2e
+
+STATUS_TIMEOUT_S = 120
+GPU_NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"  # the container's nvidia-smi double
+GONE = "ct-gone"
+
+
+@pytest.fixture(scope="module")
+def served(
+    testbed: tb.Testbed, indexes: Indexes, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Container, dict[str, Any]]]:
+    """One container serving 8 ranks and the router; its settings as the inventory holds them."""
+    (container,) = testbed.boot(serving_spec())
+    try:
+        data = base_data(
+            container,
+            indexes,
+            router={"host": container.name, "port": ROUTER_PORT, "bind": container.address},
+        )
+        ok(deploy(tmp_path_factory.mktemp("status-deploy"), {container: data}))
+        yield container, data
+    finally:
+        testbed.destroy(container)
+
+
+def write_inventory(tmp_path: Path, hosts: dict[str, dict[str, Any]]) -> Path:
+    path = tmp_path / "inventory.py"
+    entries = "".join(f"    ({name!r}, {data!r}),\n" for name, data in hosts.items())
+    path.write_text(f"testbed = [\n{entries}]\n")
+    return path
+
+
+def inventory(tmp_path: Path, served: tuple[Container, dict[str, Any]], gone: bool = False) -> Path:
+    container, data = served
+    hosts = {container.name: {**container.host_data(), **data}}
+    if gone:
+        # Nothing listens on port 1 of the container's address: the SSH connection is refused.
+        own = {k: v for k, v in data.items() if k != "router"}
+        hosts[GONE] = {**container.host_data(), "ssh_port": 1, **own}
+    return write_inventory(tmp_path, hosts)
+
+
+def status(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "operations.status", str(path), *args],
+        capture_output=True,
+        text=True,
+        timeout=STATUS_TIMEOUT_S,
+        cwd=REPO,
+        check=False,
+    )
+
+
+def status_json(path: Path) -> tuple[int, dict[str, Any]]:
+    proc = status(path, "--json")
+    assert "Traceback" not in proc.stderr, proc.stderr
+    document: dict[str, Any] = json.loads(proc.stdout)
+    return proc.returncode, document
+
+
+def all_healthy(c: Container) -> bool:
+    return all(health(c, 30000 + rank) == 200 for rank in range(8))
+
+
+# -- tests -----------------------------------------------------------------------------------
+
+
+def test_all_ranks_healthy(served: tuple[Container, dict[str, Any]], tmp_path: Path) -> None:
+    c, _ = served
+    path = inventory(tmp_path, served)
+    proc = status(path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert f"{c.name}: 8/8 ranks healthy, router healthy" in out, out
+    assert "all healthy" in out
+    assert f"{RELEASE} {LANE}" in out and "Qwen/Qwen3.6-27B@" in out and GPU_NAME in out
+
+    rc, doc = status_json(path)
+    assert rc == 0 and doc["healthy"] is True, doc
+    host = doc["hosts"][c.name]
+    assert host["reachable"] is True and host["error"] is None
+    pids = unit_states(c, range(8))
+    ranks = host["ranks"]
+    assert [r["rank"] for r in ranks] == list(range(8))
+    for r in ranks:
+        rank = r["rank"]
+        assert r["healthy"] is True and r["state"] == "active (running)" and r["health"] == "ok"
+        assert r["port"] == 30000 + rank and r["unit"] == f"sglang@{rank}.service"
+        assert (r["sglang_version"], r["lane"]) == (RELEASE, LANE)
+        assert r["engine"].startswith(f"{RELEASE}-{LANE}-")
+        assert r["model"] == "Qwen/Qwen3.6-27B" and len(r["model_revision"]) == 16
+        assert r["gpu"] == rank and r["gpu_name"] == GPU_NAME
+        assert r["gpu_memory_total_mib"] == 97887
+        assert r["pid"] == pids[rank][1]
+        assert r["uptime_s"] >= 0 and r["restarts"] == 0 and r["stale"] is False
+    router = host["router"]
+    assert router["healthy"] is True and router["state"] == "active (running)"
+    assert router["url"] == f"http://{c.address}:{ROUTER_PORT}/health"
+
+
+def test_the_fact_reads_every_rank_in_one_command(
+    served: tuple[Container, dict[str, Any]],
+) -> None:
+    """The fact's one command, run over SSH as pyinfra runs it, answers for all ranks."""
+    c, data = served
+    settings = load(c.name, [Layer("test", data)])
+    command = ServingStatus().command(**fact_args(settings, c.name))
+    rc, out, err = c.ssh_run(command.get_raw_value())
+    assert rc == 0, err
+    parsed = parse_status(out.splitlines())
+    assert sorted(parsed.ranks) == list(range(8))
+    assert parsed.health == {**{str(r): "200" for r in range(8)}, "router": "200"}
+    assert parsed.engine_release == RELEASE and parsed.gpu_error is None
+
+
+def test_a_stopped_rank_is_unhealthy_and_fails_the_exit_status(
+    served: tuple[Container, dict[str, Any]], tmp_path: Path
+) -> None:
+    c, _ = served
+    path = inventory(tmp_path, served)
+    assert c.ssh_run("systemctl stop sglang@2.service")[0] == 0
+    try:
+        proc = status(path)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert f"{c.name}: 7/8 ranks healthy (rank 2 inactive (dead), refused)" in proc.stdout
+        assert "NOT healthy" in proc.stdout
+
+        rc, doc = status_json(path)
+        assert rc == 1 and doc["healthy"] is False
+        ranks = {r["rank"]: r for r in doc["hosts"][c.name]["ranks"]}
+        assert ranks[2]["healthy"] is False
+        assert ranks[2]["state"] == "inactive (dead)" and ranks[2]["health"] == "refused"
+        assert ranks[2]["pid"] is None and ranks[2]["uptime_s"] is None
+        assert all(ranks[r]["healthy"] for r in range(8) if r != 2)
+    finally:
+        c.ssh_run("systemctl start sglang@2.service")
+        wait_for(lambda: all_healthy(c), timeout=60, what="rank 2 serving again")
+
+
+def test_an_unreachable_host_is_one_line_and_the_others_are_still_reported(
+    served: tuple[Container, dict[str, Any]], tmp_path: Path
+) -> None:
+    c, _ = served
+    path = inventory(tmp_path, served, gone=True)
+    proc = status(path)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output
+    assert "Traceback" not in output
+    gone_lines = [line for line in output.splitlines() if GONE in line]
+    assert len(gone_lines) == 2, output  # its line, and the final "NOT healthy: ct-gone"
+    assert gone_lines[0].startswith(f"{GONE}: unreachable: "), output
+    assert f"{c.name}: 8/8 ranks healthy" in output
+
+    rc, doc = status_json(path)
+    assert rc == 1 and doc["healthy"] is False
+    gone = doc["hosts"][GONE]
+    assert gone["reachable"] is False and gone["ranks"] == [] and gone["router"] is None
+    assert isinstance(gone["error"], str) and gone["error"]
+    here = doc["hosts"][c.name]
+    assert here["reachable"] is True and here["healthy"] is True and len(here["ranks"]) == 8
