@@ -74,6 +74,8 @@ class HostResult:
     error: str | None = None
     ranks: list[RankStatus] = field(default_factory=list)
     router: RouterStatus | None = None
+    # Not contacted because its settings are invalid (`error` says which); JSON: reachable false.
+    invalid_settings: bool = False
 
     @property
     def counted(self) -> list[RankStatus]:
@@ -89,6 +91,8 @@ class HostResult:
         )
 
     def summary(self) -> str:
+        if self.invalid_settings:
+            return f"{self.name}: not checked: {self.error}"
         if not self.reachable:
             return f"{self.name}: unreachable: {self.error}"
         if self.error is not None:
@@ -323,7 +327,8 @@ def read_hosts(state: Any) -> list[HostResult]:
     results: list[HostResult] = []
     for host in hosts:
         if host.name in errors:
-            results.append(HostResult(host.name, reachable=False, error=errors[host.name]))
+            error = errors[host.name]
+            results.append(HostResult(host.name, False, error, invalid_settings=True))
             continue
         if host not in state.activated_hosts:
             error = connect_errors.get(host.name, "could not connect")

@@ -265,6 +265,19 @@ def test_the_cli_reports_an_unreachable_host_in_one_line(tmp_path: Path) -> None
     assert doc["hosts"]["@fake/ct200"]["healthy"] is True
 
 
+def test_a_host_with_invalid_settings_is_not_contacted(tmp_path: Path) -> None:
+    path = tmp_path / "inventory.py"
+    bad = {"model_source": "/srv/models/qwen", "dp_size": "eight", "fake_delay": 0}
+    path.write_text(f"hosts = [('@fake/ct200', {bad!r})]\n")
+    run = [sys.executable, "-m", "operations.status", str(path), "--json"]
+    proc = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    host = json.loads(proc.stdout)["hosts"]["@fake/ct200"]
+    assert host["reachable"] is False and host["error"].startswith("settings: dp_size = 'eight'")
+    result = st.HostResult("ct200", False, "settings: dp_size ...", invalid_settings=True)
+    assert result.summary() == "ct200: not checked: settings: dp_size ..."
+
+
 def test_a_missing_inventory_is_exit_2() -> None:
     run = [sys.executable, "-m", "operations.status", "no/such/inventory.py"]
     proc = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=60)
