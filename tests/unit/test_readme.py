@@ -50,7 +50,8 @@ def test_every_preflight_check_is_in_the_troubleshooting_table() -> None:
                 checks.add(first.value)
             elif isinstance(first, ast.JoinedStr):
                 # f"{s.model_stage_dir} size": the README names it with the default dir.
-                tail = "".join(v.value for v in first.values if isinstance(v, ast.Constant)).strip()
+                parts = [v.value for v in first.values if isinstance(v, ast.Constant)]
+                tail = "".join(str(part) for part in parts).strip()
                 checks.add(f"/dev/shm {tail}")
     assert len(checks) >= 12, checks
     table = README.split("## Troubleshooting", 1)[1]
