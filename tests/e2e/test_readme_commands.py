@@ -1,0 +1,96 @@
+"""The README's "Real use" commands, run as written against a testbed container standing in for
+CT200 (reached through CT200_HOST/CT200_USER, as a user would). Only the connection details a
+real user keeps in ~/.ssh are added, as pyinfra `--data`; a stale instruction fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests import testbed as tb
+from tests.testbed import Container, ContainerSpec
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+README = (REPO / "README.md").read_text()
+MODEL = "/mnt/models/Qwen3.6-27B"  # group_data/all.py's model_source
+CONFIG = json.dumps({"architectures": ["Qwen3_5ForConditionalGeneration"]})
+
+
+def real_use_commands() -> list[list[str]]:
+    section = README.split("## Real use", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert block is not None
+    commands = []
+    for line in block.group(1).splitlines():
+        words = shlex.split(line, comments=True)
+        if words and words[0] != "export":
+            commands.append(words)
+    return commands
+
+
+@pytest.fixture(scope="module")
+def ct200(testbed: tb.Testbed) -> Container:
+    (container,) = testbed.boot(ContainerSpec(extra_files={f"{MODEL}/config.json": CONFIG}))
+    return container
+
+
+def test_readme_lists_the_three_real_use_commands() -> None:
+    commands = [" ".join(c) for c in real_use_commands()]
+    assert commands == [
+        ".venv/bin/pyinfra inventory/ct200.py deploy.py --dry",
+        ".venv/bin/pyinfra inventory/ct200.py deploy.py",
+        ".venv/bin/python -m operations.plan inventory/ct200.py",
+        ".venv/bin/python -m operations.status inventory/ct200.py",
+    ]
+
+
+def run_readme_command(ct200: Container, index: int) -> tuple[int, str]:
+    words = real_use_commands()[index]
+    env = {**os.environ, "CT200_HOST": ct200.address, "CT200_USER": "root"}
+    connection = [
+        "--data",
+        f"ssh_key={ct200.key_path}",
+        "--data",
+        "ssh_known_hosts_file=/dev/null",
+        # This machine has 24 GB: the memory check would (rightly) refuse 8 x 4 GiB.
+        "--data",
+        "ram_per_rank_gb=0.25",
+    ]
+    proc = subprocess.run(
+        [str(REPO / words[0]), *words[1:], *connection],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    out = proc.stdout + proc.stderr
+    assert "Traceback" not in out
+    return proc.returncode, out
+
+
+@pytest.mark.parametrize("index", [0, 2], ids=["preview", "plan"])
+def test_real_use_commands_work_against_a_host(ct200: Container, index: int) -> None:
+    """The preview and the plan; the converging run is what every other e2e test does."""
+    rc, out = run_readme_command(ct200, index)
+    assert rc == 0, out[-4000:]
+    assert f"{ct200.address}: ready" in out
+    assert "--attention-backend flashinfer" in out
+    snapshot_paths = ["/etc/systemd/system/sglang@0.service", "/opt/sglang"]
+    assert all(ct200.ssh_run(f"test -e {p}")[0] != 0 for p in snapshot_paths), "changed a host"
+
+
+def test_status_of_a_host_never_deployed_says_so_and_fails(ct200: Container) -> None:
+    rc, out = run_readme_command(ct200, 3)
+    assert rc == 1, out[-4000:]
+    assert "missing" in out and "0/8 ranks healthy" in out
