@@ -171,88 +171,56 @@ def uv_wheel(version: str = UV_VERSION) -> Path:
     return pypi_wheel("uv", version)
 
 
-def pypi_wheel(name: str, version: str) -> Path:
-    """A real x86_64 wheel from PyPI (uv, sglang-router), cached outside the repository."""
-    cache = CACHE_DIR / "wheels"
-    cache.mkdir(parents=True, exist_ok=True)
-    stem = name.replace("-", "_")
-    pattern = f"{stem}-{version}-*x86_64*.whl"
-    found = sorted(cache.glob(pattern))
-    if found:
-        return found[0]
+def _pip_download(requirement: str, dest: Path, *, deps: bool) -> None:
+    """x86_64 wheels for the containers' Python 3.11, with the machine's pip."""
+    dest.mkdir(parents=True, exist_ok=True)
     python = shutil.which("python3") or sys.executable
+    platforms = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
     proc = subprocess.run(
         [
             python,
             "-m",
             "pip",
             "download",
-            "--no-deps",
             "--only-binary",
             ":all:",
-            "--platform",
-            "manylinux_2_28_x86_64",
-            "--platform",
-            "manylinux_2_17_x86_64",
+            *([] if deps else ["--no-deps"]),
+            *(arg for platform in platforms for arg in ("--platform", platform)),
             "--python-version",
             "3.11",
-            f"{name}=={version}",
+            requirement,
             "-d",
-            str(cache),
+            str(dest),
         ],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         check=False,
     )
-    found = sorted(cache.glob(pattern))
-    if proc.returncode != 0 or not found:
+    if proc.returncode != 0:
         raise RuntimeError(
-            f"could not fetch the {name} {version} wheel into {cache} (pip download failed: "
-            f"{proc.stderr.strip()[-300:]}); put it there by hand to run offline"
+            f"could not fetch {requirement} into {dest} (pip download failed: "
+            f"{proc.stderr.strip()[-500:]}); put the wheels there by hand to run offline"
         )
-    return found[0]
+
+
+def pypi_wheel(name: str, version: str) -> Path:
+    """A real x86_64 wheel from PyPI (uv), cached outside the repository."""
+    cache = CACHE_DIR / "wheels"
+    pattern = f"{name.replace('-', '_')}-{version}-*x86_64*.whl"
+    if not sorted(cache.glob(pattern)):
+        _pip_download(f"{name}=={version}", cache, deps=False)
+    return sorted(cache.glob(pattern))[0]
 
 
 def pypi_wheels_with_deps(requirement: str) -> list[Path]:
-    """A real package and everything it needs, as x86_64 wheels for the containers' Python 3.11
-    (e.g. the real sglang-router and its web stack), cached outside the repository."""
+    """A real package and everything it needs (e.g. the real sglang-router and its web stack),
+    cached outside the repository."""
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", requirement)
     cache = CACHE_DIR / "wheels" / f"{slug}-with-deps"
     done = cache / ".complete"
     if not done.exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        python = shutil.which("python3") or sys.executable
-        proc = subprocess.run(
-            [
-                python,
-                "-m",
-                "pip",
-                "download",
-                "--only-binary",
-                ":all:",
-                "--platform",
-                "manylinux_2_28_x86_64",
-                "--platform",
-                "manylinux_2_17_x86_64",
-                "--platform",
-                "manylinux2014_x86_64",
-                "--python-version",
-                "3.11",
-                requirement,
-                "-d",
-                str(cache),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(
-                f"could not fetch {requirement} and its dependencies into {cache}: "
-                f"{proc.stderr.strip()[-500:]}"
-            )
+        _pip_download(requirement, cache, deps=True)
         done.touch()
     return sorted(cache.glob("*.whl"))
 
