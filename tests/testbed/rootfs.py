@@ -42,6 +42,8 @@ HOST_PACKAGES: dict[str, str] = {
     "systemd-nspawn": "systemd-container",
     "debootstrap": "debootstrap",
     "ssh-keygen": "openssh-client",
+    # A model directory on the controller is sent with rsync (operations/model.py).
+    "rsync": "rsync",
 }
 
 # Bump when _prepare_image changes what ends up in the tarball, so caches are rebuilt.
