@@ -473,15 +473,17 @@ def verify_env(engine_root: str, spec: EngineSpec) -> Any:
 
 
 @operation()
-def switch(engine_root: str, env_name: str) -> Any:
+def switch(engine_root: str, env_name: str, state: Mapping[str, Any] | None = None) -> Any:
     """
     Point ENGINE_ROOT/current at envs/ENV_NAME atomically (a new link renamed over the old one:
     a reader sees the old or the new environment, never none).
 
     + engine_root: the engine root on the host
     + env_name: the environment to make current
+    + state: the EngineState fact as the step read it (nothing before this operation moves
+      `current`); read here when omitted
     """
-    state = _state(engine_root)
+    state = _state(engine_root) if state is None else cast(EngineHost, state)
     if state["current"] == env_name:
         host.noop(f"current is {env_name}")
         return
@@ -494,7 +496,13 @@ def switch(engine_root: str, env_name: str) -> Any:
 
 
 @operation()
-def prune(engine_root: str, env_name: str, keep: int, serving: str | None = None) -> Any:
+def prune(
+    engine_root: str,
+    env_name: str,
+    keep: int,
+    serving: str | None = None,
+    state: Mapping[str, Any] | None = None,
+) -> Any:
     """
     Remove partial environments and complete ones beyond the `keep` most recently activated.
 
@@ -503,8 +511,10 @@ def prune(engine_root: str, env_name: str, keep: int, serving: str | None = None
     + keep: how many environments to keep, the current one included
     + serving: the environment `current` named when the run started: kept as well, since its
       servers run until the serve step restarts them
+    + state: the EngineState fact as the step read it (the install only adds or rebuilds
+      env_name, which is always kept); read here when omitted
     """
-    state = _state(engine_root)
+    state = _state(engine_root) if state is None else cast(EngineHost, state)
     doomed = envs_to_prune(state, env_name, keep, serving=serving)
     if not doomed:
         host.noop(f"{len(state['envs'])} environment(s), at most {keep} kept")
@@ -537,13 +547,18 @@ def _engine_deploy(report: HostReport) -> EngineStep:
     # A converged host stops at this one fact: the target is complete and current.
     if not _complete(state, spec.name):
         _install(s, spec)
-    switched = switch(name=f"Engine: current -> {spec.name}", engine_root=root, env_name=spec.name)
+    # The fact read above, passed on: read again, it would cost a round trip per operation
+    # and one more for `switched.will_change`, which the serve step asks.
+    switched = switch(
+        name=f"Engine: current -> {spec.name}", engine_root=root, env_name=spec.name, state=state
+    )
     prune(
         name="Engine: prune old environments",
         engine_root=root,
         env_name=spec.name,
         keep=s.engine_keep,
         serving=state["current"],
+        state=state,
     )
     return EngineStep(spec, f"{root}/current", switched)
 

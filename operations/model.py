@@ -294,6 +294,8 @@ def _stage_model(report: HostReport) -> StageResult:
         name=f"Write {STAGE_UNIT} (stages the model at boot)",
         src=str(Path(TEMPLATES) / "sglang-stage-model.service.j2"),
         dest=UNIT_PATH,
+        # /etc/systemd/system exists on every systemd host: no round trip to check it.
+        create_remote_dir=False,
         **unit_text_args(s),
     )
     systemd.daemon_reload(name="systemd daemon-reload", _if=unit.did_change)

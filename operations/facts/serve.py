@@ -47,29 +47,46 @@ def _int(text: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+def _rank_block(block: dict[str, str]) -> tuple[int, dict[str, object]] | None:
+    """One unit's `systemctl show` properties -> (rank, RankState fields)."""
+    match = _UNIT_RE.match(block.get("Id", "").strip())
+    if match is None:
+        return None
+    values: dict[str, object] = {"active": block.get("ActiveState", "").strip() or None}
+    if "ExecMainStartTimestamp" in block:
+        values["started_at"] = _int(block["ExecMainStartTimestamp"])
+    if "NRestarts" in block:
+        values["restarts"] = _int(block["NRestarts"])
+    return int(match.group(1)), values
+
+
 def parse_serving(lines: list[str]) -> Serving:
     ranks: dict[int, dict[str, object]] = {}
-    current: dict[str, object] | None = None
+    # `systemctl show` prints one block of KEY=VALUE per unit, blocks separated by a blank line,
+    # in its own property order (Id is not first): a block is complete at its end, not at Id.
+    block: dict[str, str] = {}
+    blocks: list[dict[str, str]] = []
     top: dict[str, int | None] = {}
     files: dict[str, str] = {}
     user_exists = False
     router_active: str | None = None
     for line in lines:
         word, _, rest = line.partition(" ")
+        key, eq, value = line.partition("=")
+        if eq and " " not in key and key[:1].isupper():
+            if key in block:  # a block without the blank line after it
+                blocks.append(block)
+                block = {}
+            block[key] = value
+            continue
+        if block:
+            blocks.append(block)
+            block = {}
         if word == "unit":
             name, _, sha = rest.partition(" ")
             match = _UNIT_RE.match(name)
             if match:
                 ranks.setdefault(int(match.group(1)), {})["unit_sha256"] = sha.strip() or None
-        elif line.startswith("Id="):
-            match = _UNIT_RE.match(line[3:].strip())
-            current = ranks.setdefault(int(match.group(1)), {}) if match else None
-        elif current is not None and line.startswith("ActiveState="):
-            current["active"] = line.split("=", 1)[1].strip() or None
-        elif current is not None and line.startswith("ExecMainStartTimestamp="):
-            current["started_at"] = _int(line.split("=", 1)[1])
-        elif current is not None and line.startswith("NRestarts="):
-            current["restarts"] = _int(line.split("=", 1)[1])
         elif word in ("engine", "model"):
             top[word] = _int(rest)
         elif word == "router":
@@ -80,6 +97,12 @@ def parse_serving(lines: list[str]) -> Serving:
             path, _, sha = rest.partition(" ")
             if sha.strip():
                 files[path] = sha.strip()
+    if block:
+        blocks.append(block)
+    for found in blocks:
+        parsed = _rank_block(found)
+        if parsed is not None:
+            ranks.setdefault(parsed[0], {}).update(parsed[1])
     return Serving(
         ranks={
             rank: RankState(**values)  # type: ignore[arg-type]
@@ -113,11 +136,12 @@ class ServingState(FactBase[Serving]):
             checksums += ['echo "file', QuoteString(path), "$(sha256sum", QuoteString(path)]
             checksums += ['2>/dev/null | cut -c1-64)";']
         return StringCommand(
-            "cd /etc/systemd/system 2>/dev/null && for u in sglang@*.service; do",
+            # One `systemctl show` for every rank unit, not one per rank.
+            "set --; cd /etc/systemd/system 2>/dev/null && for u in sglang@*.service; do",
             '[ -f "$u" ] || continue;',
-            'echo "unit $u $(sha256sum "$u" | cut -c1-64)";',
-            'systemctl show "$u" --timestamp=unix -p Id -p ActiveState',
-            "-p ExecMainStartTimestamp -p NRestarts 2>/dev/null; done;",
+            'echo "unit $u $(sha256sum "$u" | cut -c1-64)"; set -- "$@" "$u"; done;',
+            '[ $# -eq 0 ] || systemctl show "$@" --timestamp=unix -p Id -p ActiveState',
+            "-p ExecMainStartTimestamp -p NRestarts 2>/dev/null;",
             'echo "engine $(stat -c %Z',
             QuoteString(f"{engine_root}/current"),
             '2>/dev/null)";',

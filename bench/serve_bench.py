@@ -1,0 +1,232 @@
+"""The converged full deploy against a trivial deploy, and 1 host against 4, in testbed
+containers (needs root, like the e2e tests). Prints a table; asserts nothing.
+
+Four containers (8 x RTX PRO 6000 doubles each) are brought to serving once with the real
+`pyinfra -y INVENTORY deploy.py`: engine from the double wheels on loopback indexes, a tiny
+model staged, 8 ranks of the SGLang server double (dp_size 8) on each host's own 127.0.0.N.
+Then, ROUNDS times, in an order that rotates each round so noise hits every side:
+  trivial 1 host   a one-operation deploy (files.directory of a directory that exists) against
+                   the first host: pyinfra's start, SSH connect and one fact, the floor
+  full 1 host      the converged full deploy against the first host
+  full 4 hosts     the converged full deploy against all four
+Goals (issue 6): full / trivial under 2x; 4 hosts within 1.5x of one. Medians are compared.
+
+BENCH_ROUNDS (default 5) sets the rounds; BENCH_PROFILE=1 adds one `--debug` run of the
+converged full deploy against the first host, prints its facts and commands by count and
+keeps its output in a temporary file.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.doubles import wheels  # noqa: E402
+from tests.e2e.test_engine import LANE, MODEL_CONFIG, Indexes, _make_indexes  # noqa: E402
+from tests.testbed import (  # noqa: E402
+    Container,
+    ContainerSpec,
+    Testbed,
+    ensure_testbed,
+    inventory_file,
+)
+
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
+PROFILE = os.environ.get("BENCH_PROFILE", "") not in ("", "0")
+HOSTS = 4
+RELEASE = "0.5.11"
+MODEL_DIR = "/srv/models/qwen"
+PYINFRA = Path(sys.executable).parent / "pyinfra"
+DEPLOY_TIMEOUT_S = 900
+TRIVIAL_DEPLOY = """\
+from pyinfra.operations import files
+
+files.directory(name="Bench: /tmp exists", path="/tmp")
+"""
+
+_running: list[subprocess.Popen[str]] = []
+
+
+def _terminate(_signum: int, _frame: FrameType | None) -> None:
+    # SIGTERM ends the bench like Ctrl-C does: through the `finally` that stops everything.
+    raise KeyboardInterrupt
+
+
+def pyinfra(inventory: Path, deploy_file: Path, *args: str) -> tuple[float, str]:
+    """Run one deploy to the end; its wall time and output. Fails loudly when it fails."""
+    started = time.monotonic()
+    # Its own session: Ctrl-C reaches the bench only, which then stops this run by PID.
+    proc = subprocess.Popen(
+        [str(PYINFRA), "-y", str(inventory), str(deploy_file), *args],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    _running.append(proc)
+    try:
+        output, _ = proc.communicate(timeout=DEPLOY_TIMEOUT_S)
+    finally:
+        _stop(proc)
+        _running.remove(proc)
+    elapsed = time.monotonic() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"{deploy_file.name} failed (rc {proc.returncode}):\n{output[-4000:]}")
+    return elapsed, output
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is not None:
+        return
+    os.kill(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+def host_data(container: Container, indexes: Indexes) -> dict[str, Any]:
+    return {
+        **indexes.data(),
+        "sglang_version": RELEASE,
+        "model_source": MODEL_DIR,
+        "dp_size": 8,
+        # Containers share the network namespace: each binds its own loopback address.
+        "server_host": container.address,
+        "health_timeout_s": 120,
+        "ram_per_rank_gb": 0.25,
+    }
+
+
+_FACT = re.compile(r"(?:Getting|Loading|Running) fact:? (?P<fact>[\w.]+)")
+_COMMAND = re.compile(r"Running command on \S+: \(pty=\w+\) (?P<command>.*)")
+
+
+def profile(output: str) -> None:
+    """Facts and remote commands of one `--debug` run, most frequent first."""
+    facts = collections.Counter(m.group("fact") for m in _FACT.finditer(output))
+    commands = collections.Counter(m.group("command")[:90] for m in _COMMAND.finditer(output))
+    print(f"  facts gathered: {sum(facts.values())}")
+    for name, count in facts.most_common(8):
+        print(f"    {count:3d} x {name}")
+    print(f"  remote commands: {sum(commands.values())}")
+    for text, count in commands.most_common(8):
+        print(f"    {count:3d} x {text}")
+
+
+def table(medians: dict[str, float], runs: dict[str, list[float]]) -> None:
+    print(f"serve_bench: converged deploy, dp_size 8 per host, median of {ROUNDS} rounds")
+    print(f"  {'run':<16} {'median s':>9}   all rounds (s)")
+    for name, value in medians.items():
+        rounds = " ".join(f"{t:.2f}" for t in runs[name])
+        print(f"  {name:<16} {value:9.2f}   {rounds}")
+    checks = (
+        ("full 1 host", "trivial 1 host", 2.0, "full deploy / trivial deploy"),
+        ("full 4 hosts", "full 1 host", 1.5, "4 hosts / 1 host"),
+    )
+    for top, bottom, goal, label in checks:
+        ratio = medians[top] / medians[bottom]
+        verdict = "met" if ratio < goal else "NOT met"
+        print(f"  {label:<29} {ratio:5.2f}x  (goal < {goal}x: {verdict})")
+
+
+def rotated(items: Sequence[Callable[[], None]], by: int) -> list[Callable[[], None]]:
+    by %= len(items)
+    return [*items[by:], *items[:by]]
+
+
+def main() -> int:
+    try:
+        return bench()
+    except KeyboardInterrupt:
+        print("serve_bench: interrupted; containers and index servers stopped", file=sys.stderr)
+        return 130
+
+
+def bench() -> int:
+    if os.geteuid() != 0:
+        print("serve_bench: needs root (systemd-nspawn testbed); skipped")
+        return 0
+    signal.signal(signal.SIGTERM, _terminate)
+    indexes: Indexes | None = None
+    bed: Testbed | None = None
+    with tempfile.TemporaryDirectory(prefix="serve-bench-") as tmp:
+        work = Path(tmp)
+        try:
+            built = wheels.release_wheels(work / "wheels", RELEASE, LANE)
+            indexes = _make_indexes(work / "index", {RELEASE: built})
+            bed = Testbed(ensure_testbed())
+            spec = ContainerSpec(
+                extra_files={
+                    f"{MODEL_DIR}/config.json": MODEL_CONFIG,
+                    f"{MODEL_DIR}/model-00001-of-00001.safetensors": b"\0" * 4096,
+                }
+            )
+            hosts = bed.boot(*[spec] * HOSTS)
+            data = {c: host_data(c, indexes) for c in hosts}
+            one = inventory_file(work, {hosts[0]: data[hosts[0]]}, filename="one.py")
+            four = inventory_file(work, data, filename="four.py")
+            deploy_py = ROOT / "deploy.py"
+            trivial_py = work / "trivial_deploy.py"
+            trivial_py.write_text(TRIVIAL_DEPLOY)
+
+            first, _ = pyinfra(four, deploy_py)
+            print(f"serve_bench: {HOSTS} hosts brought to serving in {first:.1f} s", flush=True)
+            # A second run must converge; the measured runs are all like it.
+            pyinfra(four, deploy_py)
+
+            runs: dict[str, list[float]] = {
+                "trivial 1 host": [],
+                "full 1 host": [],
+                "full 4 hosts": [],
+            }
+            sides: list[Callable[[], None]] = [
+                lambda: runs["trivial 1 host"].append(pyinfra(one, trivial_py)[0]),
+                lambda: runs["full 1 host"].append(pyinfra(one, deploy_py)[0]),
+                lambda: runs["full 4 hosts"].append(pyinfra(four, deploy_py)[0]),
+            ]
+            for number in range(ROUNDS):
+                for side in rotated(sides, number):
+                    side()
+            table({name: statistics.median(times) for name, times in runs.items()}, runs)
+
+            if PROFILE:
+                seconds, output = pyinfra(one, deploy_py, "--debug")
+                log = Path(tempfile.mkstemp(prefix="serve-bench-", suffix=".log")[1])
+                log.write_text(output)
+                print(f"profile: one --debug run of the full deploy, 1 host, {seconds:.2f} s")
+                print(f"  its output: {log}")
+                profile(output)
+            return 0
+        finally:
+            # A second Ctrl-C must not cut the cleanup short.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            for proc in list(_running):
+                _stop(proc)
+            if indexes is not None:
+                for index in indexes.all():
+                    index.stop()
+            if bed is not None:
+                bed.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
