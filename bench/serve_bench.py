@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.doubles import wheels  # noqa: E402
-from tests.e2e.test_engine import LANE, MODEL_CONFIG, Indexes, _make_indexes  # noqa: E402
+from tests.e2e.deploying import LANE, MODEL_CONFIG, Indexes, make_indexes  # noqa: E402
 from tests.testbed import (  # noqa: E402
     Container,
     ContainerSpec,
@@ -171,7 +171,7 @@ def bench() -> int:
         work = Path(tmp)
         try:
             built = wheels.release_wheels(work / "wheels", RELEASE, LANE)
-            indexes = _make_indexes(work / "index", {RELEASE: built})
+            indexes = make_indexes(work / "index", {RELEASE: built})
             bed = Testbed(ensure_testbed())
             spec = ContainerSpec(
                 extra_files={

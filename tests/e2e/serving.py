@@ -7,7 +7,6 @@ the ranks from outside.
 from __future__ import annotations
 
 import json
-import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -17,29 +16,19 @@ from typing import Any
 import pytest
 
 from tests.doubles import wheels as doubles
+from tests.e2e.deploying import LANE, MODEL_CONFIG, Indexes, Run, make_indexes, run_deploy
 from tests.e2e.index import pypi_wheels_with_deps
-from tests.e2e.test_engine import (
-    LANE,
-    MODEL_CONFIG,
-    PYINFRA,
-    REPO,
-    Indexes,
-    Run,
-    _make_indexes,
-    parse_statuses,
-)
-from tests.testbed import Container, ContainerSpec, inventory_file
+from tests.testbed import Container, ContainerSpec
 
 RELEASE = "0.5.11"
 MODEL_DIR = "/srv/models/qwen"
 ROUTER_PORT = 8000
-DEPLOY_TIMEOUT_S = 900
 
 
 @pytest.fixture(scope="module", name="indexes")
 def serving_indexes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Indexes]:
     out = tmp_path_factory.mktemp("serve-wheels")
-    made = _make_indexes(
+    made = make_indexes(
         tmp_path_factory.mktemp("serve-index"),
         {RELEASE: doubles.release_wheels(out, RELEASE, LANE)},
     )
@@ -64,18 +53,7 @@ def base_data(container: Container, indexes: Indexes, **extra: Any) -> dict[str,
 
 
 def deploy(tmp_path: Path, data: dict[Container, dict[str, Any]], *args: str) -> Run:
-    inventory = inventory_file(tmp_path, data)
-    proc = subprocess.run(
-        [str(PYINFRA), "-y", str(inventory), str(REPO / "deploy.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=DEPLOY_TIMEOUT_S,
-        cwd=REPO,
-        check=False,
-    )
-    output = proc.stdout + proc.stderr
-    first = next(iter(data))
-    return Run(proc.returncode, output, parse_statuses(output, first.name))
+    return run_deploy(tmp_path, data, *args)
 
 
 def ok(run: Run) -> None:

@@ -8,14 +8,9 @@ sets up the state it needs and no test depends on another's order.
 
 from __future__ import annotations
 
-import json
-import re
 import shlex
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,51 +22,24 @@ from operations.facts.engine import MARKER
 from operations.settings import Layer, load
 from tests import testbed as tb
 from tests.doubles import wheels as doubles
+from tests.e2e.deploying import (
+    LANE,
+    MODEL_CONFIG,
+    Indexes,
+    Run,
+    make_indexes,
+    run_deploy,
+)
 from tests.e2e.index import LocalIndex, free_port, uv_wheel, wait_for, wheelhouse
-from tests.testbed import Container, ContainerSpec, inventory_file
+from tests.testbed import Container, ContainerSpec
 
 pytestmark = pytest.mark.e2e
 
-PYINFRA = Path(sys.executable).parent / "pyinfra"
-REPO = Path(__file__).resolve().parents[2]
-LANE = "cu128"
 OLD, NEW = "0.5.11", "0.5.19"  # both publish a cu128 lane and serve Qwen3.6
 MODEL_DIR = "/mnt/models/Qwen3.6-27B"
-MODEL_CONFIG = json.dumps(
-    {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5"}
-)
-DEPLOY_TIMEOUT_S = 600
 
 
 # -- fixtures -------------------------------------------------------------------------------
-
-
-@dataclass
-class Indexes:
-    """The three indexes of the cu128 lane: main (sglang, flashinfer, uv), torch, kernel."""
-
-    main: LocalIndex
-    torch: LocalIndex
-    kernel: LocalIndex
-
-    def data(self) -> dict[str, Any]:
-        return {
-            "package_index_url": self.main.url,
-            "torch_index_url": self.torch.base + "/{lane}",
-            "kernel_index_url": self.kernel.base + "/{lane}",
-        }
-
-    def all(self) -> list[LocalIndex]:
-        return [self.main, self.torch, self.kernel]
-
-    def requests(self) -> int:
-        """How many requests the three servers have logged so far."""
-        total = 0
-        for index in self.all():
-            log = index.root.parent / f"{index.root.name}.http.log"
-            if log.exists():
-                total += sum(1 for line in log.read_text().splitlines() if '"GET ' in line)
-        return total
 
 
 @pytest.fixture(scope="module")
@@ -80,25 +48,11 @@ def double_wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[st
     return {release: doubles.release_wheels(out / release, release, LANE) for release in (OLD, NEW)}
 
 
-def _make_indexes(root: Path, wheels: dict[str, dict[str, Path]]) -> Indexes:
-    indexes = Indexes(
-        LocalIndex(root / "main"), LocalIndex(root / "torch"), LocalIndex(root / "kernel")
-    )
-    for release_wheels in wheels.values():
-        indexes.main.add(release_wheels["sglang"], release_wheels["flashinfer"])
-        indexes.torch.add(release_wheels["torch"], sub=LANE)
-        indexes.kernel.add(release_wheels["kernel"], sub=LANE)
-    indexes.main.add(uv_wheel())
-    for index in indexes.all():
-        index.start()
-    return indexes
-
-
 @pytest.fixture(scope="module")
 def indexes(
     tmp_path_factory: pytest.TempPathFactory, double_wheels: dict[str, dict[str, Path]]
 ) -> Iterator[Indexes]:
-    made = _make_indexes(tmp_path_factory.mktemp("index"), double_wheels)
+    made = make_indexes(tmp_path_factory.mktemp("index"), double_wheels)
     yield made
     for index in made.all():
         index.stop()
@@ -117,55 +71,9 @@ def target(testbed: tb.Testbed) -> Iterator[Container]:
 # -- running the deploy ---------------------------------------------------------------------
 
 
-@dataclass
-class Run:
-    rc: int
-    output: str
-    # Operation name (the part after the deploy's name) -> this host's status line.
-    statuses: dict[str, str] = field(default_factory=dict)
-
-    def engine_ops(self) -> dict[str, str]:
-        return {k: v for k, v in self.statuses.items() if k.startswith("Engine:")}
-
-    def __str__(self) -> str:
-        return f"rc={self.rc}\n{self.output[-6000:]}"
-
-
-_STATUS = re.compile(r"^(Success|No changes|Error|Skipped)\b")
-_STARTING = re.compile(r"^--> Starting operation: (?:.* \| )?(?P<op>.+?)\s*$")
-
-
-def parse_statuses(output: str, host_name: str) -> dict[str, str]:
-    """pyinfra's log: '--> Starting operation: DEPLOY | OP' then '[host] Success' etc."""
-    statuses: dict[str, str] = {}
-    op: str | None = None
-    prefix = f"[{host_name}] "
-    for raw in output.splitlines():
-        line = re.sub(r"\x1b\[[0-9;]*m", "", raw).strip()
-        started = _STARTING.match(line)
-        if started:
-            op = started.group("op")
-            continue
-        if op and line.startswith(prefix):
-            status = line[len(prefix) :]
-            if _STATUS.match(status):
-                statuses[op] = status
-    return statuses
-
-
 def deploy(container: Container, tmp_path: Path, data: dict[str, Any], *args: str) -> Run:
     host_data = {"model_source": MODEL_DIR, "dp_size": 1, **data}
-    inventory = inventory_file(tmp_path, {container: host_data})
-    proc = subprocess.run(
-        [str(PYINFRA), "-y", str(inventory), str(REPO / "deploy.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=DEPLOY_TIMEOUT_S,
-        cwd=REPO,
-        check=False,
-    )
-    output = proc.stdout + proc.stderr
-    return Run(proc.returncode, output, parse_statuses(output, container.name))
+    return run_deploy(tmp_path, {container: host_data}, *args)
 
 
 def env_name(release: str, **data: Any) -> str:
@@ -356,7 +264,7 @@ def test_index_down_during_install_fails_and_the_running_server_is_untouched(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     root = "/opt/sglang-fault"
-    own = _make_indexes(tmp_path_factory.mktemp("own-index"), double_wheels)
+    own = make_indexes(tmp_path_factory.mktemp("own-index"), double_wheels)
     port = 31000
     try:
         ok(deploy(target, tmp_path, {**own.data(), "engine_root": root, "sglang_version": OLD}))

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests import testbed as tb
+from tests.e2e.deploying import MODEL_CONFIG, Indexes
 from tests.e2e.index import wait_for
 from tests.e2e.serving import (
     MODEL_DIR,
@@ -31,7 +32,6 @@ from tests.e2e.serving import (
     unit_states,
 )
 from tests.e2e.serving import serving_indexes as serving_indexes  # the `indexes` fixture
-from tests.e2e.test_engine import MODEL_CONFIG, Indexes
 from tests.testbed import Container, ContainerSpec
 
 pytestmark = pytest.mark.e2e

@@ -21,6 +21,7 @@ from operations.facts.status import ServingStatus, parse_status
 from operations.settings import Layer, load
 from operations.status import fact_args
 from tests import testbed as tb
+from tests.e2e.deploying import LANE, REPO, Indexes
 from tests.e2e.index import wait_for
 from tests.e2e.serving import (
     RELEASE,
@@ -33,7 +34,6 @@ from tests.e2e.serving import (
     unit_states,
 )
 from tests.e2e.serving import serving_indexes as serving_indexes  # the `indexes` fixture
-from tests.e2e.test_engine import LANE, REPO, Indexes
 from tests.testbed import Container
 
 pytestmark = pytest.mark.e2e

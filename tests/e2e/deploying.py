@@ -1,0 +1,118 @@
+"""Running the real deploy in end-to-end tests and benches: the cu128 lane's package indexes on
+loopback (the double wheels and uv), `pyinfra -y INVENTORY deploy.py` as a subprocess, and its
+per-operation results read back from pyinfra's log.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.e2e.index import LocalIndex, uv_wheel
+from tests.testbed import Container, inventory_file
+
+PYINFRA = Path(sys.executable).parent / "pyinfra"
+REPO = Path(__file__).resolve().parents[2]
+LANE = "cu128"
+MODEL_CONFIG = json.dumps(
+    {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5"}
+)
+DEPLOY_TIMEOUT_S = 900
+
+
+@dataclass
+class Indexes:
+    """The three indexes of the cu128 lane: main (sglang, flashinfer, uv), torch, kernel."""
+
+    main: LocalIndex
+    torch: LocalIndex
+    kernel: LocalIndex
+
+    def data(self) -> dict[str, Any]:
+        return {
+            "package_index_url": self.main.url,
+            "torch_index_url": self.torch.base + "/{lane}",
+            "kernel_index_url": self.kernel.base + "/{lane}",
+        }
+
+    def all(self) -> list[LocalIndex]:
+        return [self.main, self.torch, self.kernel]
+
+    def requests(self) -> int:
+        """How many requests the three servers have logged so far."""
+        total = 0
+        for index in self.all():
+            log = index.root.parent / f"{index.root.name}.http.log"
+            if log.exists():
+                total += sum(1 for line in log.read_text().splitlines() if '"GET ' in line)
+        return total
+
+
+def make_indexes(root: Path, wheels: dict[str, dict[str, Path]]) -> Indexes:
+    indexes = Indexes(
+        LocalIndex(root / "main"), LocalIndex(root / "torch"), LocalIndex(root / "kernel")
+    )
+    for release_wheels in wheels.values():
+        indexes.main.add(release_wheels["sglang"], release_wheels["flashinfer"])
+        indexes.torch.add(release_wheels["torch"], sub=LANE)
+        indexes.kernel.add(release_wheels["kernel"], sub=LANE)
+    indexes.main.add(uv_wheel())
+    for index in indexes.all():
+        index.start()
+    return indexes
+
+
+@dataclass
+class Run:
+    rc: int
+    output: str
+    # Operation name (the part after the deploy's name) -> this host's status line.
+    statuses: dict[str, str] = field(default_factory=dict)
+
+    def engine_ops(self) -> dict[str, str]:
+        return {k: v for k, v in self.statuses.items() if k.startswith("Engine:")}
+
+    def __str__(self) -> str:
+        return f"rc={self.rc}\n{self.output[-6000:]}"
+
+
+_STATUS = re.compile(r"^(Success|No changes|Error|Skipped)\b")
+_STARTING = re.compile(r"^--> Starting operation: (?:.* \| )?(?P<op>.+?)\s*$")
+
+
+def parse_statuses(output: str, host_name: str) -> dict[str, str]:
+    """pyinfra's log: '--> Starting operation: DEPLOY | OP' then '[host] Success' etc."""
+    statuses: dict[str, str] = {}
+    op: str | None = None
+    prefix = f"[{host_name}] "
+    for raw in output.splitlines():
+        line = re.sub(r"\x1b\[[0-9;]*m", "", raw).strip()
+        started = _STARTING.match(line)
+        if started:
+            op = started.group("op")
+            continue
+        if op and line.startswith(prefix):
+            status = line[len(prefix) :]
+            if _STATUS.match(status):
+                statuses[op] = status
+    return statuses
+
+
+def run_deploy(tmp_path: Path, data: dict[Container, dict[str, Any]], *args: str) -> Run:
+    """`pyinfra -y INVENTORY deploy.py` over the containers; statuses are the first host's."""
+    inventory = inventory_file(tmp_path, data)
+    proc = subprocess.run(
+        [str(PYINFRA), "-y", str(inventory), str(REPO / "deploy.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=DEPLOY_TIMEOUT_S,
+        cwd=REPO,
+        check=False,
+    )
+    output = proc.stdout + proc.stderr
+    return Run(proc.returncode, output, parse_statuses(output, next(iter(data)).name))
