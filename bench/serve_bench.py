@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.doubles import wheels  # noqa: E402
 from tests.e2e.deploying import LANE, MODEL_CONFIG, Indexes, make_indexes  # noqa: E402
+from tests.e2e.index import stop_process  # noqa: E402
 from tests.testbed import (  # noqa: E402
     Container,
     ContainerSpec,
@@ -83,23 +84,12 @@ def pyinfra(inventory: Path, deploy_file: Path, *args: str) -> tuple[float, str]
     try:
         output, _ = proc.communicate(timeout=DEPLOY_TIMEOUT_S)
     finally:
-        _stop(proc)
+        stop_process(proc)
         _running.remove(proc)
     elapsed = time.monotonic() - started
     if proc.returncode != 0:
         raise RuntimeError(f"{deploy_file.name} failed (rc {proc.returncode}):\n{output[-4000:]}")
     return elapsed, output
-
-
-def _stop(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is not None:
-        return
-    os.kill(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
 
 
 def host_data(container: Container, indexes: Indexes) -> dict[str, Any]:
@@ -220,7 +210,7 @@ def bench() -> int:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             for proc in list(_running):
-                _stop(proc)
+                stop_process(proc)
             if indexes is not None:
                 for index in indexes.all():
                     index.stop()

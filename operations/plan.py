@@ -19,7 +19,8 @@ from operations import settings as settings_mod
 from operations.host_plan import HostReport, plan_for_host
 
 
-def _parse_data(items: list[str]) -> dict[str, Any]:
+def parse_data(items: list[str]) -> dict[str, Any]:
+    """`--data KEY=VALUE` values, parsed as pyinfra's CLI parses them."""
     from pyinfra_cli.util import parse_cli_arg
 
     data: dict[str, Any] = {}
@@ -96,14 +97,18 @@ def to_json(reports: dict[str, Any]) -> dict[str, Any]:
     return {"hosts": hosts}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m operations.plan", description=__doc__)
+def inventory_arguments(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    """The command line shared by the commands that read an inventory as pyinfra does."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc)
     parser.add_argument("inventory")
     parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
-    args = parser.parse_args(argv)
+    return parser
 
-    reports, ok = run(args.inventory, _parse_data(args.data))
+
+def main(argv: list[str] | None = None) -> int:
+    args = inventory_arguments("python -m operations.plan", __doc__).parse_args(argv)
+    reports, ok = run(args.inventory, parse_data(args.data))
     if args.json:
         json.dump(to_json(reports), sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -11,7 +11,6 @@ the command itself could not run (no such inventory, bad arguments).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Iterable
@@ -442,16 +441,11 @@ def print_results(results: list[HostResult], console: Any = None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from operations.plan import _parse_data
+    from operations.plan import inventory_arguments, parse_data
 
-    parser = argparse.ArgumentParser(prog="python -m operations.status", description=__doc__)
-    parser.add_argument("inventory")
-    parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
-    args = parser.parse_args(argv)
-
+    args = inventory_arguments("python -m operations.status", __doc__).parse_args(argv)
     try:
-        results = run(args.inventory, _parse_data(args.data))
+        results = run(args.inventory, parse_data(args.data))
     except SystemExit as exc:
         if isinstance(exc.code, str):
             print(f"error: {exc.code}", file=sys.stderr)

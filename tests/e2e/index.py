@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
@@ -156,14 +157,20 @@ class LocalIndex:
     def stop(self) -> None:
         proc = self._proc
         self._proc = None
-        if proc is None or proc.poll() is not None:
-            return
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        if proc is not None:
+            stop_process(proc)
+
+
+def stop_process(proc: subprocess.Popen[Any]) -> None:
+    """Stop a process we started, by its PID: SIGTERM, then SIGKILL after 10 s."""
+    if proc.poll() is not None:
+        return
+    os.kill(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
 
 
 def uv_wheel(version: str = UV_VERSION) -> Path:
