@@ -7,7 +7,10 @@ all of them at once. Keys that belong to pyinfra or its connectors (ssh_*, _sudo
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
+import posixpath
+import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -15,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+
+from operations.redact import redact_text
 
 SCHEMA_PATH = Path(__file__).parent / "settings.schema.json"
 
@@ -61,11 +66,17 @@ class SourceSpec:
 
 
 def parse_source(model_source: str, cache_dir: str) -> SourceSpec:
-    """The schema has checked the form; this only splits it."""
+    """The schema and `load` have checked the form; this only splits it.
+
+    Distinct sources never share a cache directory: a controller directory's cache name is its
+    basename plus a hash of its whole path (`rsync --delete` into a shared one would wipe the
+    other's weights); hub repositories cannot contain "--", so ORG--NAME@REV is unique.
+    """
     if model_source.startswith("controller:"):
         path = model_source.removeprefix("controller:").rstrip("/") or "/"
         name = path.rsplit("/", 1)[-1] or "root"
-        return SourceSpec("controller", f"{cache_dir}/controller/{name}", controller_dir=path)
+        tag = hashlib.sha256(path.encode()).hexdigest()[:12]
+        return SourceSpec("controller", f"{cache_dir}/controller/{name}@{tag}", controller_dir=path)
     if model_source.startswith("hf://"):
         repo, _, revision = model_source.removeprefix("hf://").rpartition("@")
         slug = repo.replace("/", "--")
@@ -205,12 +216,176 @@ def load(host_name: str, layers: list[Layer]) -> Settings:
             where = "is not set (in no inventory, group_data file or --data)"
         problems.append(f"{host_name}: {key} {where}; accepted: {accepts}")
 
+    if not problems:
+        problems += [
+            f"{host_name}: {key} = {ours[key]!r} (set in {origins[key]}); {why}"
+            for key, why in _value_problems(ours)
+        ]
     if problems:
-        raise SettingsError(problems)
+        # Index URLs may carry tokens: an error line is shown, so it never holds one.
+        raise SettingsError([redact_text(p) for p in problems])
 
     values = {**defaults(), **ours}
     typed = {key: _CONVERT.get(key, _same)(values[key]) for key in props}
     return Settings(**typed, origins={k: origins[k] for k in ours})
+
+
+# ------------------------------------------------------------------ beyond the schema's reach
+
+# Unicode categories no setting may contain: controls (newline, NUL, ESC, DEL, C1) and the line
+# and paragraph separators. A newline in a value would start a new line in a unit file.
+_FORBIDDEN_CATEGORIES = ("Cc", "Zl", "Zp")
+# Target paths the deploy writes into or installs under: never a system directory itself.
+_SYSTEM_DIRS = frozenset(
+    {
+        *("/", "/bin", "/boot", "/dev", "/dev/shm", "/etc", "/home", "/lib", "/lib32", "/lib64"),
+        *("/media", "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp"),
+        *("/usr", "/usr/local", "/usr/local/bin", "/usr/local/lib", "/usr/local/sbin"),
+        *("/var", "/var/cache", "/var/lib", "/var/log", "/var/tmp"),
+    }
+)
+# Trees owned by the distribution or the kernel: no environment of ours goes under them.
+# /usr/local/ is the administrator's and allowed (/usr/local/hf/bin/hf).
+_SYSTEM_TREES = ("/bin/", "/boot/", "/dev/", "/etc/", "/lib/", "/proc/", "/run/", "/sbin/")
+_SYSTEM_TREES += ("/sys/", "/tmp/", "/var/tmp/")
+_PATH_KEYS = ("model_stage_dir", "model_cache_dir", "engine_root", "model_hub_cli")
+
+
+def _strings(value: Any, where: str) -> Iterable[tuple[str, str]]:
+    """(where, text) for every string in a setting's value, nested ones included."""
+    if isinstance(value, str):
+        yield where, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(v, f"{where}.{k}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _strings(v, f"{where}[{i}]")
+
+
+def control_characters(text: str) -> list[str]:
+    """The control characters in text, as Python escapes ('\\n', '\\x00'); [] when clean."""
+    found = {c for c in text if unicodedata.category(c) in _FORBIDDEN_CATEGORIES}
+    return sorted(repr(c)[1:-1] for c in found)
+
+
+def path_escape(path: str) -> str | None:
+    """Why an absolute path could mean another directory than it reads as, or None."""
+    if not path.startswith("/"):
+        return "it is not absolute"
+    parts = path.rstrip("/").split("/")[1:] if path != "/" else []
+    if any(p in ("", ".", "..") for p in parts):
+        return "it has an empty, '.' or '..' component"
+    return None
+
+
+def _hub_cli_problem(cli: str) -> str | None:
+    """model_hub_cli is installed as VENV/bin/hf: VENV must be a directory of its own."""
+    venv = posixpath.dirname(posixpath.dirname(cli))
+    in_system_tree = (venv + "/").startswith(_SYSTEM_TREES) or (
+        venv.startswith("/usr/") and not venv.startswith("/usr/local/")
+    )
+    if not cli.endswith("/bin/hf"):
+        return "the CLI is installed as DIR/bin/hf; accepted: such as /opt/sglang-hub/bin/hf"
+    if venv in _SYSTEM_DIRS or in_system_tree:
+        return (
+            f"its environment would be {venv}, a system directory that the Hugging Face CLI's "
+            "install would take over; accepted: DIR/bin/hf with DIR a directory of its own, "
+            "such as /opt/sglang-hub/bin/hf"
+        )
+    return None
+
+
+def _source_problem(source: str) -> str | None:
+    if source.startswith("hf://"):
+        repo, _, revision = source.removeprefix("hf://").rpartition("@")
+        if ".." in repo or "--" in repo or ".." in revision:
+            return (
+                "a hub repository or revision holding '..' or '--' (the hub forbids them in "
+                "names; a revision with '..' would leave the cache directory); accepted: "
+                "hf://org/name@revision"
+            )
+        return None
+    path = source.removeprefix("controller:")
+    why = path_escape(path)
+    if why is None and path.rstrip("/") in ("", "/"):
+        why = "it is the root directory"
+    return f"{why}; accepted: a model directory as a plain absolute path" if why else None
+
+
+def _value_problems(values: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(key, why) for values of the right shape that are still unsafe to use."""
+    problems: list[tuple[str, str]] = []
+    for key, value in values.items():
+        for where, text in _strings(value, key):
+            bad = control_characters(text)
+            if bad:
+                problems.append(
+                    (
+                        key,
+                        f"{where} holds control characters ({', '.join(bad)}); accepted: "
+                        "text without control characters (no newline, tab, NUL or escape)",
+                    )
+                )
+    if problems:
+        return problems
+    for key in _PATH_KEYS:
+        if key in values:
+            why = path_escape(values[key])
+            if why:
+                problems.append((key, f"{why}; accepted: a plain absolute path"))
+    if "model_hub_cli" in values and not any(k == "model_hub_cli" for k, _ in problems):
+        why = _hub_cli_problem(values["model_hub_cli"])
+        if why:
+            problems.append(("model_hub_cli", why))
+    if "model_source" in values:
+        why = _source_problem(values["model_source"])
+        if why:
+            problems.append(("model_source", why))
+    name = values.get("model_name")
+    if isinstance(name, str) and any(p in (".", "..") for p in name.split("/")):
+        problems.append(
+            (
+                "model_name",
+                "a '.' or '..' part would name a directory outside the stage dir; "
+                'accepted: a model name such as "Qwen/Qwen3.6-27B"',
+            )
+        )
+    if values.get("service_user") == "root":
+        problems.append(
+            (
+                "service_user",
+                "the servers would run as root; accepted: an unprivileged system "
+                'user such as "sglang" (created by the deploy)',
+            )
+        )
+    return problems
+
+
+def controller_problems(host_name: str, settings: Settings) -> list[str]:
+    """Checks of files on the controller (the API key): part of every inventory load."""
+    if not settings.api_key_file:
+        return []
+    path = Path(settings.api_key_file).expanduser()
+    where = f"{host_name}: api_key_file = {settings.api_key_file!r} (set in "
+    where += f"{settings.origin('api_key_file')})"
+    try:
+        key = path.read_text()
+    except FileNotFoundError:
+        why = "no such file on the controller"
+    except (OSError, UnicodeDecodeError) as exc:
+        why = f"cannot be read on the controller ({getattr(exc, 'strerror', None) or exc})"
+    else:
+        if not key.strip():
+            why = (
+                "the file is empty: SGLang turns authentication off for an empty key; put the "
+                "key in it, or set api_key_file: null to serve without one"
+            )
+        elif control_characters(key.strip()):
+            why = "the key holds control characters (more than one line?)"
+        else:
+            return []
+    return [f"{where}; {why}; accepted: a readable file holding one non-empty API key"]
 
 
 def _same(value: Any) -> Any:
@@ -271,6 +446,8 @@ def load_inventory(hosts: Iterable[Any]) -> tuple[dict[str, Settings], list[str]
             loaded[host.name] = load_for_host(host)
         except SettingsError as exc:
             problems.extend(exc.problems)
+            continue
+        problems.extend(controller_problems(host.name, loaded[host.name]))
     names = [h.name for h in hosts]
     for name, s in loaded.items():
         if s.router is not None and s.router.host not in names:

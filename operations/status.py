@@ -19,6 +19,7 @@ from typing import Any
 
 from operations import resolver
 from operations.facts.status import ROUTER_KEY, HostStatus, ServingStatus, UnitStatus
+from operations.redact import redact_data, redact_text
 from operations.settings import Settings
 
 EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_ERROR = 0, 1, 2
@@ -260,10 +261,13 @@ def host_result(name: str, settings: Settings, status: HostStatus) -> HostResult
 
 def to_json(results: Iterable[HostResult]) -> dict[str, Any]:
     results = list(results)
-    return {
+    document = {
         "hosts": {r.name: r.to_json() for r in results},
         "healthy": all(r.healthy for r in results),
     }
+    # Errors quote settings and connection messages: no URL credential may reach the JSON.
+    redacted: dict[str, Any] = redact_data(document)
+    return redacted
 
 
 def exit_status(results: Iterable[HostResult]) -> int:
@@ -416,7 +420,7 @@ def print_results(results: list[HostResult], console: Any = None) -> None:
             console = Console(width=200)
     for result in results:
         if not result.reachable or result.error is not None:
-            console.print(Text(result.summary(), style="bold red"))
+            console.print(Text(redact_text(result.summary()), style="bold red"))
             continue
         console.print(Text(result.name, style="bold"))
         console.print(host_table(result))

@@ -22,6 +22,7 @@ import pytest
 
 from tests.testbed import Container, ContainerSpec, Testbed, inventory_file
 from tests.testbed.container import ExtraFile
+from tests.unit.builders import make_settings
 
 pytestmark = pytest.mark.e2e
 
@@ -222,7 +223,7 @@ def test_8_controller_source_is_sent_with_rsync(host: Container, tmp_path: Path)
     (local / "model-00001-of-00001.safetensors").write_bytes(os.urandom(3_000_000))
     data: dict[str, Any] = {"model_source": f"controller:{local}", "model_name": "e2e/ctl"}
     ok(deploy(host, tmp_path, **data))
-    cache = f"/var/cache/sglang-models/controller/{local.name}"
+    cache = make_settings(model_source=f"controller:{local}").source.target_dir
     assert tree_sums(host, "/dev/shm/models/e2e--ctl") == tree_sums(host, cache)
     again = ok(deploy(host, tmp_path, **data))
     assert "matches" in again and "unchanged: staged copy matches the source" in again, again

@@ -100,7 +100,8 @@ def test_boot_unit_runs_the_same_command_line() -> None:
     ("source", "kind", "target_dir"),
     [
         ("/mnt/models/Q", "target", "/mnt/models/Q"),
-        ("controller:/srv/models/Q/", "controller", "/var/cache/sglang-models/controller/Q"),
+        # The cache name carries a hash of the whole path: another .../Q never shares it.
+        ("controller:/srv/models/Q/", "controller", "/var/cache/sglang-models/controller/Q@5f3f16e59354"),
         (
             "hf://Qwen/Qwen3.6-27B@6a9e0b1",
             "hf",
