@@ -56,6 +56,20 @@ def ram_per_rank(settings: Settings) -> int:
     return int(settings.ram_per_rank_gb * GIB)
 
 
+def model_bytes(settings: Settings, kb: Knowledge, measured: int | None) -> int | None:
+    """The model's size: as measured on the host, else the knowledge base's size_gb for
+    model_name, else unknown."""
+    if measured is None and settings.model_name in kb.models:
+        return int(kb.models[settings.model_name].get("size_gb", 0) * 1e9) or None
+    return measured
+
+
+def memory_needed(settings: Settings, size: int) -> int:
+    """The container memory limit a deploy needs: the model staged in tmpfs (its pages count
+    against the limit) plus dp_size ranks of ram_per_rank_gb. pve.py sizes the container by it."""
+    return size + settings.dp_size * ram_per_rank(settings)
+
+
 def stage_room(
     settings: Settings, resources: Resources, size: int, copy_bytes: int, current_bytes: int
 ) -> StageRoom:
@@ -154,9 +168,7 @@ def check(
             "nvidia-uvm included: CUDA needs it",
         )
 
-    size = model.size_bytes
-    if size is None and s.model_name in kb.models:
-        size = int(kb.models[s.model_name].get("size_gb", 0) * 1e9) or None
+    size = model_bytes(s, kb, model.size_bytes)
     source = s.source
     where = source.controller_dir if source.kind == "controller" else source.target_dir
     on = "the controller" if source.kind == "controller" else "the target"
@@ -189,7 +201,7 @@ def check(
                 "container's /dev/shm size) or set model_stage_dir",
             )
         limit = resources.memory_limit_bytes
-        needed = size + s.dp_size * ram_per_rank(s)
+        needed = memory_needed(s, size)
         if limit is not None and limit < needed:
             fail(
                 "container memory",
