@@ -19,12 +19,11 @@ import os
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
-from io import StringIO
 from pathlib import Path
 from typing import Any, cast
 
 from pyinfra import logger
-from pyinfra.api.command import FileUploadCommand, FunctionCommand, QuoteString, StringCommand
+from pyinfra.api.command import FunctionCommand, QuoteString, StringCommand
 from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
@@ -44,6 +43,7 @@ from operations.resolver import (
     staged_model_path,
     systemd_quote,
 )
+from operations.secret_files import put_secret
 from operations.settings import Settings
 
 SCRIPT_DEST = "/usr/local/lib/sglang-deploy/stage_model.py"
@@ -213,30 +213,35 @@ def hub_cli(cli: str) -> Any:
 
 @operation(is_idempotent=False)
 def fetched_from_hub(
-    cli: str, repo: str, revision: str, dest: str, downloaded_revision: str | None
+    cli: str,
+    repo: str,
+    revision: str,
+    dest: str,
+    downloaded_revision: str | None,
+    token_file: str | None = None,
 ) -> Any:
     """
-    Download repo@revision once into dest with the hub's CLI; the token from the controller's
-    HF_TOKEN reaches it through a root-only file removed right after (never argv, logs, diffs).
+    Download repo@revision once into dest with the hub's CLI. The token (the controller's
+    HF_TOKEN) was written by put_secret to token_file, root-only, and is removed right after
+    the download: it is never in argv, a log or a diff.
 
     + downloaded_revision: what the download marker in dest says (ModelStaging.hub_revision)
+    + token_file: the root-only file holding the token, None for a public repository
     """
     if downloaded_revision == revision:
         host.noop(f"{repo}@{revision} is downloaded in {dest}")
         return
-    token = os.environ.get(TOKEN_ENV)
     argv = [
         *("python3", SCRIPT_DEST, "fetch-hub", "--cli", cli, "--repo", repo),
         *("--revision", revision, "--dest", dest),
     ]
-    if token:
-        yield StringCommand("install", "-d", "-m", "700", QuoteString(TOKEN_DIR))
-        yield StringCommand("install", "-m", "600", "/dev/null", QuoteString(TOKEN_FILE))
-        yield FileUploadCommand(StringIO(token), TOKEN_FILE)
-        argv += ["--token-file", TOKEN_FILE]
+    if token_file:
+        argv += ["--token-file", token_file]
     command = shlex.join(argv)
     # The token file goes whatever the download's outcome; the exit status is the download's.
-    wrapped = f"{command}; rc=$?; rm -f {shlex.quote(TOKEN_FILE)}; exit $rc" if token else command
+    wrapped = (
+        f"{command}; rc=$?; rm -f {shlex.quote(token_file)}; exit $rc" if token_file else command
+    )
     yield FunctionCommand(_run_live, (wrapped, "downloading from the hub"), {})
 
 
@@ -327,6 +332,15 @@ def _stage_model(report: HostReport) -> StageResult:
         if done != source.revision:
             hub_cli(name="Install the Hugging Face CLI", cli=s.model_hub_cli)
             pending = True
+        token = os.environ.get(TOKEN_ENV)
+        if token and done != source.revision:
+            put_secret(
+                name="Hub token for the download (root only, removed after it)",
+                src=token,
+                dest=TOKEN_FILE,
+                mode="600",
+                dir_mode="700",
+            )
         fetched_from_hub(
             name=f"Download {source.repo}@{source.revision} (once)",
             cli=s.model_hub_cli,
@@ -334,6 +348,7 @@ def _stage_model(report: HostReport) -> StageResult:
             revision=source.revision,
             dest=source.target_dir,
             downloaded_revision=done,
+            token_file=TOKEN_FILE if token else None,
         )
 
     plan = decide(s, report.resources, staging, pending)

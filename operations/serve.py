@@ -31,6 +31,7 @@ from operations import resolver
 from operations.facts.serve import Serving, ServingState
 from operations.host_plan import HostReport
 from operations.resolver import ROUTER_UNIT, SECRETS_FILE, Rank, RouterPlan
+from operations.secret_files import put_secret
 from operations.settings import Settings
 
 UNIT_DIR = "/etc/systemd/system"
@@ -232,14 +233,15 @@ class ServeStep:
             mode="755",
         )
         if self.secret is not None:
-            managed_file(
+            # The one secret writer: mode 640 before the first byte, /etc/sglang 750 every run.
+            put_secret(
                 name="Serve: API key file (root and the service user only)",
+                src=self.secret,
                 dest=SECRETS_FILE,
-                content=self.secret,
-                present_sha256=self.serving.files.get(SECRETS_FILE),
                 mode="640",
                 group=s.service_user,
                 dir_mode="750",
+                dir_group=s.service_user,
             )
         elif SECRETS_FILE in self.serving.files:
             server.shell(name="Serve: remove the API key file", commands=[f"rm -f {SECRETS_FILE}"])
