@@ -133,6 +133,10 @@ class Settings:
     health_timeout_s: int
     restart_batch_size: int
     router: Router | None
+    pve_ctid: int | None
+    pve_restart: bool
+    pve_install_driver: bool
+    pve_driver_url: str
     # Where each key's value came from, for messages that point at the right file.
     origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 

@@ -1,0 +1,346 @@
+"""What a Proxmox VE node says about itself and one of its containers (pve.py's facts).
+
+Each fact is one round trip to the node, run as root. Sources for the formats are cited where
+they are parsed; tests/facts/pve.*/ pins each parser to captured or source-derived outputs.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+
+from pyinfra.api.command import QuoteString, StringCommand
+from pyinfra.api.facts import FactBase
+
+# ----------------------------------------------------------------------------- PVE version
+
+
+@dataclass(frozen=True)
+class PveVersions:
+    """`manager`: the Proxmox VE release (pve-manager); `container`: pve-container, which decides
+    the config syntax (devN: entries exist from pve-container 5.0.7). None: not a Proxmox node."""
+
+    manager: str | None = None
+    container: str | None = None
+
+
+# bin/pveversion (proxmox/pve-manager) prints "PACKAGE: VERSION" or
+# "PACKAGE: VERSION (running version: ...)" / "(running kernel: ...)" per package with -v.
+_PACKAGE_LINE = re.compile(r"^(?P<pkg>[a-z0-9][a-z0-9.+-]*): (?P<version>\S+)")
+
+
+def parse_pveversion(lines: list[str]) -> PveVersions:
+    found: dict[str, str] = {}
+    for line in lines:
+        match = _PACKAGE_LINE.match(line.strip())
+        if match:
+            found[match.group("pkg")] = match.group("version")
+    return PveVersions(manager=found.get("pve-manager"), container=found.get("pve-container"))
+
+
+class PveVersion(FactBase[PveVersions]):
+    """
+    Returns the Proxmox VE release and the pve-container version (``pveversion -v``).
+
+    .. code:: python
+
+        PveVersions(manager="8.1.4", container="5.0.8")
+    """
+
+    def command(self) -> str:
+        # Never silent: pyinfra hands an empty output to default(), not to process().
+        return "pveversion -v 2>/dev/null; true"
+
+    @staticmethod
+    def default() -> PveVersions:
+        return PveVersions()
+
+    def process(self, output: list[str]) -> PveVersions:
+        return parse_pveversion(output)
+
+
+# ----------------------------------------------------------------------------- kernel module
+
+# /sys/module/nvidia/version is the bare version (NVIDIA's recommended source since the open
+# modules); /proc/driver/nvidia/version's first line reads
+#   "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.172.08  <date>" (proprietary) or
+#   "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  565.57.01  Release Build ..." (open).
+_NVRM = re.compile(r"Kernel Module(?: for \S+)?\s+(?P<version>[0-9]+(?:\.[0-9]+)+)\s")
+_BARE_VERSION = re.compile(r"^[0-9]+(?:\.[0-9]+)+$")
+SYS_MARKER = "@@sys="
+
+
+def parse_module_version(lines: list[str]) -> str | None:
+    for line in lines:
+        if line.startswith(SYS_MARKER):
+            bare = line[len(SYS_MARKER) :].strip()
+            if _BARE_VERSION.match(bare):
+                return bare
+    for line in lines:
+        match = _NVRM.search(line + " ")
+        if match:
+            return match.group("version")
+    return None
+
+
+class NvidiaModuleVersion(FactBase[str | None]):
+    """
+    Returns the version of the loaded NVIDIA kernel module, or None when none is loaded.
+
+    .. code:: python
+
+        "570.172.08"
+    """
+
+    def command(self) -> str:
+        return (
+            f'echo "{SYS_MARKER}$(cat /sys/module/nvidia/version 2>/dev/null)"; '
+            "head -n1 /proc/driver/nvidia/version 2>/dev/null; true"
+        )
+
+    def process(self, output: list[str]) -> str | None:
+        return parse_module_version(output)
+
+
+# ----------------------------------------------------------------------------- devices
+
+
+@dataclass(frozen=True)
+class NvidiaDevices:
+    """The node's NVIDIA character devices: the nodes under /dev and the majors the kernel gave
+    each driver (/proc/devices; nvidia-uvm's and nvidia-caps' are dynamic, so they differ per
+    host and boot)."""
+
+    # Device nodes present on the node: /dev/nvidia0, /dev/nvidiactl, /dev/nvidia-caps/..., sorted.
+    nodes: list[str] = field(default_factory=list)
+    # NVIDIA driver name from /proc/devices' "Character devices:" section -> major number.
+    majors: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def gpus(self) -> list[str]:
+        """GPU nodes /dev/nvidiaN, by N."""
+        gpu = [n for n in self.nodes if re.fullmatch(r"/dev/nvidia[0-9]+", n)]
+        return sorted(gpu, key=lambda n: int(n.removeprefix("/dev/nvidia")))
+
+    def major(self, *names: str) -> int | None:
+        """The first of names that /proc/devices lists (nvidia-frontend is the newer name of
+        nvidia, both 195)."""
+        for name in names:
+            if name in self.majors:
+                return self.majors[name]
+        return None
+
+
+NODE_MARKER = "@@node="
+
+
+def parse_devices(lines: list[str]) -> NvidiaDevices:
+    nodes: list[str] = []
+    majors: dict[str, int] = {}
+    section = None
+    for line in lines:
+        if line.startswith(NODE_MARKER):
+            nodes.append(line[len(NODE_MARKER) :].strip())
+            continue
+        stripped = line.strip()
+        if stripped.endswith("devices:"):
+            section = stripped
+            continue
+        if section != "Character devices:":
+            continue
+        number, _, name = stripped.partition(" ")
+        if number.isdigit() and name.strip().startswith("nvidia"):
+            majors.setdefault(name.strip(), int(number))
+    return NvidiaDevices(nodes=sorted(nodes), majors=majors)
+
+
+class NvidiaDeviceNodes(FactBase[NvidiaDevices]):
+    """
+    Returns the NVIDIA device nodes under /dev (character devices only) and the character
+    device majors from /proc/devices, in one round trip.
+
+    .. code:: python
+
+        NvidiaDevices(nodes=["/dev/nvidia-uvm", "/dev/nvidia0", "/dev/nvidiactl"],
+                      majors={"nvidia-frontend": 195, "nvidia-uvm": 510, ...})
+    """
+
+    def command(self) -> str:
+        return (
+            "for n in /dev/nvidia* /dev/nvidia-caps/*; do "
+            f'[ -c "$n" ] && echo "{NODE_MARKER}$n"; done; '
+            "cat /proc/devices 2>/dev/null; true"
+        )
+
+    @staticmethod
+    def default() -> NvidiaDevices:
+        return NvidiaDevices()
+
+    def process(self, output: list[str]) -> NvidiaDevices:
+        return parse_devices(output)
+
+
+# ----------------------------------------------------------------------------- the container
+
+
+@dataclass(frozen=True)
+class CtConfig:
+    """`pct config CTID` as (key, value) pairs in its order (lxc.* entries repeat), or why there
+    is none: kind "ct" (a container of this node), "vm" (the id is a virtual machine), "missing"."""
+
+    kind: str
+    entries: list[tuple[str, str]] = field(default_factory=list)
+
+    def get(self, key: str) -> str | None:
+        for k, v in self.entries:
+            if k == key:
+                return v
+        return None
+
+    def values(self, key: str) -> list[str]:
+        return [v for k, v in self.entries if k == key]
+
+    def devices(self) -> dict[str, str]:
+        """devN -> the device path of its entry (path is the property string's default key)."""
+        found: dict[str, str] = {}
+        for k, v in self.entries:
+            if re.fullmatch(r"dev[0-9]+", k):
+                first = v.split(",", 1)[0]
+                found[k] = first.removeprefix("path=")
+        return found
+
+
+KIND_MARKER = "@@kind="
+# pct config prints "key: value" per option (sorted), then each lxc.* entry (PVE/CLI/pct.pm).
+_CONFIG_LINE = re.compile(r"^(?P<key>[a-z][a-z0-9_.\-]*): ?(?P<value>.*)$")
+
+
+def parse_ct_config(lines: list[str]) -> CtConfig:
+    kind = "missing"
+    entries: list[tuple[str, str]] = []
+    for line in lines:
+        if line.startswith(KIND_MARKER):
+            kind = line[len(KIND_MARKER) :].strip()
+            continue
+        match = _CONFIG_LINE.match(line)
+        if match:
+            entries.append((match.group("key"), match.group("value")))
+    return CtConfig(kind=kind, entries=entries if kind == "ct" else [])
+
+
+class PctConfig(FactBase[CtConfig]):
+    """
+    Returns the container's configuration as ``pct config CTID`` prints it (pending changes
+    applied), or whether the id belongs to a VM or to nothing on this node.
+
+    + ctid: the container id
+
+    .. code:: python
+
+        CtConfig(kind="ct", entries=[("arch", "amd64"), ("memory", "2048"), ...])
+    """
+
+    def command(self, ctid: int) -> StringCommand:
+        ct = QuoteString(f"/etc/pve/lxc/{int(ctid)}.conf")
+        vm = QuoteString(f"/etc/pve/qemu-server/{int(ctid)}.conf")
+        return StringCommand(
+            "if [ -f",
+            ct,
+            f"]; then echo {KIND_MARKER}ct; pct config {int(ctid)}; elif [ -f",
+            vm,
+            f"]; then echo {KIND_MARKER}vm; else echo {KIND_MARKER}missing; fi",
+        )
+
+    @staticmethod
+    def default() -> CtConfig:
+        return CtConfig(kind="missing")
+
+    def process(self, output: list[str]) -> CtConfig:
+        return parse_ct_config(output)
+
+
+class PctStatus(FactBase[str]):
+    """
+    Returns the container's state from ``pct status CTID``: "running", "stopped", or "unknown".
+
+    + ctid: the container id
+    """
+
+    def command(self, ctid: int) -> str:
+        return f"pct status {int(ctid)} 2>/dev/null || echo 'status: unknown'"
+
+    @staticmethod
+    def default() -> str:
+        return "unknown"
+
+    def process(self, output: list[str]) -> str:
+        for line in output:
+            if line.startswith("status:"):
+                return line.partition(":")[2].strip() or "unknown"
+        return "unknown"
+
+
+# ----------------------------------------------------------------------------- inside the container
+
+
+@dataclass(frozen=True)
+class GuestState:
+    """What pve.py reads inside a running container through `pct exec`: the NVIDIA user-space
+    driver version(s) found (libcuda.so.VERSION) and the model directory's size in bytes."""
+
+    running: bool
+    driver_versions: list[str] = field(default_factory=list)
+    model_bytes: int | None = None
+
+
+_LIBCUDA = re.compile(r"libcuda\.so\.(?P<version>[0-9]+\.[0-9]+(?:\.[0-9]+)*)$")
+
+
+def parse_guest(lines: list[str]) -> GuestState:
+    if not lines or lines[0].strip() != "@@running":
+        return GuestState(running=False)
+    versions: set[str] = set()
+    size = None
+    for line in lines[1:]:
+        if line.startswith("@@model="):
+            text = line.removeprefix("@@model=").strip().split("\t")[0]
+            size = int(text) if text.isdigit() else None
+            continue
+        match = _LIBCUDA.search(line.strip())
+        if match:
+            versions.add(match.group("version"))
+    return GuestState(running=True, driver_versions=sorted(versions), model_bytes=size)
+
+
+class GuestDriver(FactBase[GuestState]):
+    """
+    Returns, for a running container, the user-space driver versions (libcuda.so.VERSION under
+    the library directories) and the size of a model directory, through ``pct exec``.
+
+    + ctid: the container id
+    + model_dir: a directory inside the container to measure, or None
+    """
+
+    def command(self, ctid: int, model_dir: str | None) -> StringCommand:
+        ct = int(ctid)
+        probe = (
+            "for f in /usr/lib/x86_64-linux-gnu/libcuda.so.* /usr/lib64/libcuda.so.* "
+            '/usr/lib/libcuda.so.*; do [ -f "$f" ] && [ ! -L "$f" ] && echo "$f"; done; '
+        )
+        if model_dir:
+            where = shlex.quote(model_dir)
+            probe += f'[ -d {where} ] && echo "@@model=$(du -sb {where})"; '
+        return StringCommand(
+            f"if pct status {ct} 2>/dev/null | grep -qx 'status: running'; then "
+            f"echo @@running; pct exec {ct} -- sh -c",
+            QuoteString(probe + "true"),
+            "; fi; true",
+        )
+
+    @staticmethod
+    def default() -> GuestState:
+        return GuestState(running=False)
+
+    def process(self, output: list[str]) -> GuestState:
+        return parse_guest(output)

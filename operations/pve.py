@@ -1,0 +1,497 @@
+"""The Proxmox side: a container's GPUs, memory and driver, converged from its Proxmox node.
+
+`plan` is pure (settings + the node's facts in, a plan out): it decides which config entries the
+container needs and why, and collects every reason to refuse. The operations below carry the plan
+out and decide nothing themselves.
+
+What Proxmox accepts, from its own sources (proxmox/pve-container, src/PVE/LXC/Config.pm):
+- `devN: [path=]<Path>[,gid=..][,mode=..][,uid=..]` passes a device node through, N < 256; added
+  in pve-container 5.0.7 ("allow passing raw device nodes through to containers",
+  debian/changelog, 2023-11-21), shipped with Proxmox VE 8.1. A new devN is hot-plugged into a
+  running container.
+- Before that, only raw LXC keys do it: `lxc.cgroup2.devices.allow: c MAJOR:* rwm` lets the
+  container open the driver's devices and `lxc.mount.entry: /dev/X dev/X none
+  bind,optional,create=file` binds each node in. `pct set` cannot write lxc.* keys, so they are
+  added to /etc/pve/lxc/CTID.conf under pve-container's config lock
+  (/run/lock/lxc/pve-config-CTID.lock).
+- `memory: <MiB>` (default 512) and `swap: <MiB>` (default 512) are plain options of `pct set`;
+  memory and swap are applied to a running container at once (vmconfig_hotplug_pending).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyinfra import logger
+from pyinfra.api.command import FunctionCommand, QuoteString, StringCommand
+from pyinfra.api.operation import operation
+from pyinfra.context import host
+
+from operations import gate, preflight
+from operations import kb as kbmod
+from operations.facts.pve import (
+    CtConfig,
+    GuestDriver,
+    GuestState,
+    NvidiaDeviceNodes,
+    NvidiaDevices,
+    NvidiaModuleVersion,
+    PctConfig,
+    PctStatus,
+    PveVersion,
+    PveVersions,
+)
+from operations.kb import Knowledge, version
+from operations.settings import Settings
+
+MIB = 1024**2
+# pve-container defaults when the key is absent (Config.pm: memory default 512, swap default 512).
+DEFAULT_MEMORY_MIB = 512
+DEFAULT_SWAP_MIB = 512
+# The first pve-container with devN entries (debian/changelog: 5.0.7, 2023-11-21).
+DEV_ENTRIES_SINCE = "5.0.7"
+MAX_DEVICES = 256
+CONFIG_LOCK = "/run/lock/lxc/pve-config-{ctid}.lock"
+CONFIG_PATH = "/etc/pve/lxc/{ctid}.conf"
+# Inside the container: a root-only directory, never /tmp.
+DRIVER_CACHE = "/var/cache/sglang-deploy/driver"
+
+
+@dataclass(frozen=True)
+class PveFacts:
+    versions: PveVersions
+    module: str | None
+    devices: NvidiaDevices
+    config: CtConfig
+    status: str
+    guest: GuestState
+
+
+@dataclass
+class PvePlan:
+    """What pve.py does to one container, and why.
+
+    form: "dev" (devN entries) or "lxc" (raw lxc.* lines); options: `pct set` options in order;
+    raw_lines: lxc.* lines to add; restart: "now" (pve_restart), "advise" (print the command),
+    or "" (nothing to restart); driver_install: run the installer in the container this run.
+    """
+
+    ctid: int | None
+    errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    form: str = ""
+    options: list[tuple[str, str]] = field(default_factory=list)
+    raw_lines: list[str] = field(default_factory=list)
+    restart: str = ""
+    driver_version: str | None = None
+    driver_current: list[str] = field(default_factory=list)
+    driver_install: bool = False
+    driver_url: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    @property
+    def config_changes(self) -> bool:
+        return bool(self.options or self.raw_lines)
+
+    def restart_command(self) -> str:
+        return f"pct reboot {self.ctid}"
+
+
+def wanted_nodes(settings: Settings, devices: NvidiaDevices) -> list[str]:
+    """The node's device nodes the container gets: the first gpu_count GPUs, then the control,
+    UVM and capability nodes the node has."""
+    gpus = [f"/dev/nvidia{i}" for i in range(settings.gpu_count)]
+    extra = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    caps = [n for n in devices.nodes if n.startswith("/dev/nvidia-caps/")]
+    return gpus + [n for n in extra if n in devices.nodes] + caps
+
+
+def uses_dev_entries(versions: PveVersions) -> bool:
+    return versions.container is not None and _pkg_version(versions.container) >= version(
+        DEV_ENTRIES_SINCE
+    )
+
+
+def _pkg_version(text: str) -> Any:
+    # Debian revisions: "4.4-6" -> 4.4.6, "5.0.8" stays.
+    return version(re.sub(r"[^0-9.]", ".", text).strip("."))
+
+
+def dev_options(config: CtConfig, nodes: list[str]) -> list[tuple[str, str]]:
+    """devN options for the nodes no devN entry passes yet, at the lowest free N."""
+    present = config.devices()
+    passed = set(present.values())
+    free = (f"dev{i}" for i in range(MAX_DEVICES) if f"dev{i}" not in present)
+    return [(next(free), node) for node in nodes if node not in passed]
+
+
+def lxc_lines(devices: NvidiaDevices, nodes: list[str]) -> list[str]:
+    """The raw lines that pass the nodes through on a pve-container before 5.0.7."""
+    majors = [devices.major("nvidia-frontend", "nvidia"), devices.major("nvidia-uvm")]
+    if any(n.startswith("/dev/nvidia-caps/") for n in nodes):
+        majors.append(devices.major("nvidia-caps"))
+    lines = [f"lxc.cgroup2.devices.allow: c {m}:* rwm" for m in majors if m is not None]
+    for node in nodes:
+        if node.startswith("/dev/nvidia-caps/"):
+            continue
+        name = node.removeprefix("/")
+        lines.append(f"lxc.mount.entry: {node} {name} none bind,optional,create=file")
+    if any(n.startswith("/dev/nvidia-caps/") for n in nodes):
+        lines.append(
+            "lxc.mount.entry: /dev/nvidia-caps dev/nvidia-caps none bind,optional,create=dir"
+        )
+    return lines
+
+
+def missing_lines(config: CtConfig, lines: list[str]) -> list[str]:
+    """The lines whose key and value (whitespace aside) the config does not have yet."""
+    have = {(k, " ".join(v.split())) for k, v in config.entries if k.startswith("lxc.")}
+    out = []
+    for line in lines:
+        key, _, value = line.partition(": ")
+        if (key, " ".join(value.split())) not in have:
+            out.append(line)
+    return out
+
+
+def plan(host_name: str, settings: Settings, kb: Knowledge, facts: PveFacts) -> PvePlan:
+    s = settings
+    result = PvePlan(ctid=s.pve_ctid)
+    err = result.errors.append
+    note = result.notes.append
+    ctid = s.pve_ctid
+    if ctid is None:
+        err(
+            f"{host_name}: pve_ctid is not set (in no inventory, group_data file or --data); "
+            "accepted: the container's id on its Proxmox node, e.g. pve_ctid = 200"
+        )
+        return result
+    where = f"pve_ctid = {ctid} (set in {s.origin('pve_ctid')})"
+
+    if facts.versions.manager is None:
+        err(
+            f"{host_name}: this host is not a Proxmox VE node ('pveversion -v' printed no "
+            "pve-manager); accepted: the Proxmox node that runs the container, as root"
+        )
+        return result
+    if facts.config.kind == "vm":
+        err(
+            f"{host_name}: {where} is a virtual machine (/etc/pve/qemu-server/{ctid}.conf), not "
+            "a container; accepted: the id of an LXC container on this node ('pct list')"
+        )
+    elif facts.config.kind != "ct":
+        err(
+            f"{host_name}: {where}: no container {ctid} on this node "
+            f"(/etc/pve/lxc/{ctid}.conf does not exist); accepted: an id 'pct list' shows"
+        )
+    if facts.module is None:
+        err(
+            f"{host_name}: the node has no NVIDIA kernel module loaded (no /sys/module/nvidia/"
+            "version, no /proc/driver/nvidia/version); accepted: a node whose driver is "
+            "installed and loaded (nvidia-smi works on the node)"
+        )
+    missing = [n for n in wanted_nodes(s, facts.devices) if n not in facts.devices.nodes]
+    gpus = facts.devices.gpus
+    if facts.module is not None and missing:
+        err(
+            f"{host_name}: gpu_count = {s.gpu_count} (set in {s.origin('gpu_count')}) but the "
+            f"node has {len(gpus)} GPU device node(s) ({', '.join(gpus) or 'none'}); missing "
+            f"{', '.join(missing)}; accepted: gpu_count at most the node's GPUs"
+        )
+    for required in ("/dev/nvidiactl", "/dev/nvidia-uvm"):
+        if facts.module is not None and required not in facts.devices.nodes:
+            err(
+                f"{host_name}: the node has no {required} (CUDA needs it); accepted: a node "
+                "where it exists: run 'nvidia-modprobe -u -c=0' (nvidia-uvm) or nvidia-smi once"
+            )
+    if not result.ok:
+        return result
+
+    # Devices, in the form this pve-container understands.
+    nodes = wanted_nodes(s, facts.devices)
+    pve = f"Proxmox VE {facts.versions.manager} (pve-container {facts.versions.container})"
+    if uses_dev_entries(facts.versions):
+        result.form = "dev"
+        result.options.extend(dev_options(facts.config, nodes))
+        note(f"devices: {pve} has devN entries (pve-container >= {DEV_ENTRIES_SINCE})")
+    else:
+        result.form = "lxc"
+        lines = lxc_lines(facts.devices, nodes)
+        if len([ln for ln in lines if "devices.allow" in ln]) < 2:
+            err(
+                f"{host_name}: /proc/devices on the node names no major for nvidia or "
+                "nvidia-uvm; accepted: a node whose NVIDIA modules are loaded"
+            )
+            return result
+        result.raw_lines = missing_lines(facts.config, lines)
+        note(
+            f"devices: {pve} predates devN entries (pve-container {DEV_ENTRIES_SINCE}): "
+            "lxc.cgroup2.devices.allow and lxc.mount.entry lines, majors from /proc/devices"
+        )
+    passed = len(nodes) - (len(result.options) if result.form == "dev" else 0)
+    if result.form == "dev":
+        note(f"devices: {len(nodes)} node(s) wanted, {passed} already passed through")
+
+    # Memory: the same rule preflight checks inside the container.
+    size = preflight.model_bytes(s, kb, facts.guest.model_bytes)
+    if size is None:
+        err(
+            f"{host_name}: cannot size the container's memory: model_name {s.model_name!r} "
+            f"(set in {s.origin('model_name')}) is not in the knowledge base and model_source "
+            "could not be measured (the container is stopped, or the source is not a directory "
+            "in it); accepted: a known model_name, or start the container with the model mounted"
+        )
+        return result
+    need = preflight.memory_needed(s, size)
+    need_mib = math.ceil(need / MIB)
+    current = _int(facts.config.get("memory"), DEFAULT_MEMORY_MIB)
+    rule = (
+        f"model {size / 1024**3:.1f} GiB in tmpfs + {s.dp_size} ranks x "
+        f"{s.ram_per_rank_gb:g} GiB (ram_per_rank_gb) = {need_mib} MiB"
+    )
+    if current < need_mib:
+        result.options.append(("memory", str(need_mib)))
+        note(f"memory: {current} -> {need_mib} MiB ({rule})")
+    else:
+        note(f"memory: {current} MiB is enough ({rule})")
+    swap = _int(facts.config.get("swap"), DEFAULT_SWAP_MIB)
+    if swap != 0:
+        result.options.append(("swap", "0"))
+        note(f"swap: {swap} -> 0 MiB (tmpfs pages of the staged model must stay in memory)")
+
+    # A restart stops serving: only with the per-run opt-in.
+    if result.config_changes and facts.status == "running":
+        result.restart = "now" if s.pve_restart else "advise"
+        note(
+            "restart: the container must restart for the new config to take full effect; "
+            + (
+                "pve_restart is on: restarting it"
+                if s.pve_restart
+                else f"run '{result.restart_command()}'"
+            )
+        )
+    elif result.config_changes:
+        note(f"restart: none needed, the container is {facts.status}; the config applies at start")
+
+    # The user-space driver must be the node module's exact version.
+    result.driver_version = facts.module
+    result.driver_current = facts.guest.driver_versions
+    result.driver_url = s.pve_driver_url.replace("{version}", facts.module or "")
+    matches = facts.guest.driver_versions == [facts.module]
+    if not facts.guest.running:
+        note(
+            f"driver: the container needs NVIDIA user space {facts.module} exactly (not checked: "
+            "the container is stopped)"
+        )
+    elif matches:
+        note(f"driver: the container's user space is {facts.module}, the node module's version")
+    elif s.pve_install_driver:
+        result.driver_install = True
+        found = ", ".join(facts.guest.driver_versions) or "none"
+        note(f"driver: installing {facts.module} in the container, user space only (has {found})")
+    else:
+        found = ", ".join(facts.guest.driver_versions) or "none"
+        note(
+            f"driver: the container needs NVIDIA user space {facts.module} exactly, "
+            f"it has {found}; "
+            "set pve_install_driver = true to install it (user space only, --no-kernel-module)"
+        )
+    return result
+
+
+def _int(text: str | None, default: int) -> int:
+    return int(text) if text is not None and text.strip().isdigit() else default
+
+
+def summary(host_name: str, result: PvePlan) -> str:
+    """The plan as printed before any change."""
+    title = f"{host_name}: container {result.ctid}: " + ("ready" if result.ok else "refused")
+    lines = [title]
+    lines += [f"  {n}" for n in result.notes]
+    if result.options:
+        args = " ".join(f"--{k} {shlex.quote(v)}" for k, v in result.options)
+        lines.append(f"  change: pct set {result.ctid} {args}")
+    lines += [f"  change: add '{ln}'" for ln in result.raw_lines]
+    if result.ok and not result.config_changes:
+        lines.append("  config: nothing to change")
+    lines += [f"  refused: {e}" for e in result.errors]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- operations
+
+
+@operation()
+def ct_config(
+    ctid: int, options: list[tuple[str, str]], raw_lines: list[str], why: str = ""
+) -> Any:
+    """
+    Give the container the planned config entries; every other line stays as it is.
+
+    + ctid: the container id
+    + options: ``pct set`` options (key, value), e.g. [("dev0", "/dev/nvidia0"), ("swap", "0")]
+    + raw_lines: lxc.* lines to add to the config's main section (pve-container before 5.0.7)
+    + why: the plan's sentence, printed when nothing is to change
+    """
+    if not options and not raw_lines:
+        host.noop(why or f"container {ctid}: config already has the GPUs, memory and swap")
+        return
+    if options:
+        args: list[Any] = []
+        for key, value in options:
+            args += [f"--{key}", QuoteString(value)]
+        yield StringCommand("pct", "set", str(int(ctid)), *args)
+    if raw_lines:
+        yield StringCommand(
+            "flock",
+            QuoteString(CONFIG_LOCK.format(ctid=int(ctid))),
+            "perl",
+            "-e",
+            QuoteString(_ADD_LINES),
+            QuoteString(CONFIG_PATH.format(ctid=int(ctid))),
+            *(QuoteString(line) for line in raw_lines),
+        )
+
+
+@operation(is_idempotent=False)
+def ct_restart(ctid: int) -> Any:
+    """
+    Restart the container (``pct reboot``): it stops serving until it is back.
+
+    + ctid: the container id
+    """
+    yield f"pct reboot {int(ctid)}"
+
+
+@operation()
+def guest_driver(ctid: int, version_: str, url: str, current: list[str]) -> Any:
+    """
+    Install the NVIDIA driver's user space of exactly ``version_`` in the running container,
+    without a kernel module (the node's module serves it).
+
+    + ctid: the container id
+    + version_: the node's kernel module version
+    + url: the installer (.run) for that version
+    + current: the user-space versions the container has (GuestDriver)
+    """
+    if current == [version_]:
+        host.noop(f"container {ctid}: NVIDIA user space is {version_}")
+        return
+    run = f"{DRIVER_CACHE}/NVIDIA-Linux-x86_64-{version_}.run"
+    script = " && ".join(
+        (
+            "set -e",
+            "command -v curl >/dev/null "
+            "|| { echo 'curl is missing in the container' >&2; exit 1; }",
+            f"mkdir -p -m 700 {shlex.quote(DRIVER_CACHE)}",
+            f"curl -fsSL -o {shlex.quote(run + '.part')} {shlex.quote(url)}",
+            f"mv {shlex.quote(run + '.part')} {shlex.quote(run)}",
+            f"sh {shlex.quote(run)} --silent --no-kernel-module",
+            f"rm -f {shlex.quote(run)}",
+        )
+    )
+    yield StringCommand("pct", "exec", str(int(ctid)), "--", "sh", "-c", QuoteString(script))
+
+
+# Adds lines to the main section of a pct config (before the first [snapshot] or [pve:pending]
+# section), leaving every other byte as it was; the new text replaces the file by rename, as
+# Proxmox's own writer does (PVE::Tools::file_set_contents). Perl: every Proxmox node has it.
+_ADD_LINES = (
+    "my ($path, @add) = @ARGV; open(my $in, '<', $path) or die \"$path: $!\\n\"; "
+    "my @l = <$in>; close $in; my $at = scalar @l; "
+    "for my $i (0 .. $#l) { if ($l[$i] =~ /^\\[/) { $at = $i; last } } "
+    "$at-- while $at > 0 && $l[$at - 1] !~ /\\S/; "
+    '$l[$at - 1] .= "\\n" if $at > 0 && $l[$at - 1] !~ /\\n\\z/; '
+    'splice(@l, $at, 0, map { "$_\\n" } @add); my $tmp = "$path.tmp.$$"; '
+    "open(my $out, '>', $tmp) or die \"$tmp: $!\\n\"; print $out @l; close $out or die; "
+    'rename($tmp, $path) or die "$path: $!\\n";'
+)
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def gather(node: Any, settings: Settings) -> PveFacts:
+    """The node's facts for one container; without a CTID only the node's own."""
+    ctid = settings.pve_ctid
+    versions = node.get_fact(PveVersion)
+    module = node.get_fact(NvidiaModuleVersion)
+    devices = node.get_fact(NvidiaDeviceNodes)
+    if ctid is None or versions.manager is None:
+        return PveFacts(
+            versions, module, devices, CtConfig("missing"), "unknown", GuestState(False)
+        )
+    config = node.get_fact(PctConfig, ctid=ctid)
+    status = node.get_fact(PctStatus, ctid=ctid) if config.kind == "ct" else "unknown"
+    guest = (
+        node.get_fact(GuestDriver, ctid=ctid, model_dir=settings.source.target_dir)
+        if status == "running"
+        else GuestState(False)
+    )
+    return PveFacts(versions, module, devices, config, status, guest)
+
+
+def _advise(state: Any, node: Any, command: str) -> bool:
+    logger.warning(
+        f"{node.print_prefix}the container's config changed; it takes full effect after a "
+        f"restart, which stops serving. When it suits, run on the node: {command}"
+    )
+    return True
+
+
+@operation(is_idempotent=False)
+def advise_restart(command: str) -> Any:
+    """
+    End the run with the restart command (pve_restart is off).
+
+    + command: what to run on the node
+    """
+    yield FunctionCommand(_advise, (command,), {})
+
+
+def converge(state: Any, node: Any) -> None:
+    """pve.py for one inventory host (one container through its Proxmox node)."""
+    settings = dict(gate.inventory_settings(state))[node.name]
+    facts = gather(node, settings)
+    result = plan(node.name, settings, kbmod.load(), facts)
+    sys.stderr.write(summary(node.name, result) + "\n")
+    if not result.ok:
+        gate.refuse(
+            name="Refuse: the container cannot be configured, no change made",
+            summary="\n".join(
+                [f"{len(result.errors)} problem(s), nothing changed:"]
+                + [f"- {e}" for e in result.errors]
+            ),
+        )
+        return
+    ctid = int(result.ctid or 0)
+    config = ct_config(
+        name=f"Proxmox: container {ctid} config (GPUs, memory, swap)",
+        ctid=ctid,
+        options=result.options,
+        raw_lines=result.raw_lines,
+    )
+    if result.driver_install and result.driver_version:
+        guest_driver(
+            name=f"Proxmox: NVIDIA user space {result.driver_version} in container {ctid}",
+            ctid=ctid,
+            version_=result.driver_version,
+            url=result.driver_url,
+            current=result.driver_current,
+        )
+    if result.restart == "now":
+        ct_restart(name=f"Proxmox: restart container {ctid}", ctid=ctid, _if=config.did_change)
+    elif result.restart == "advise":
+        advise_restart(
+            name=f"Proxmox: container {ctid} needs a restart",
+            command=result.restart_command(),
+            _if=config.did_change,
+        )

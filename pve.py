@@ -1,0 +1,13 @@
+"""Converge containers' GPUs, memory and driver from their Proxmox node:
+`pyinfra inventory/pve.py pve.py [--dry]`.
+
+Each inventory host is one container (pve_ctid), reached over SSH as root on its Proxmox node,
+with the same settings (and checks) as the container's own deploy. See operations/pve.py and
+README "From a bare Proxmox host".
+"""
+
+from pyinfra.context import host, state
+
+from operations.pve import converge
+
+converge(state, host)
