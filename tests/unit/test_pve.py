@@ -1,0 +1,203 @@
+"""The Proxmox side's pure plan (operations/pve.py): facts parsed from the node fixtures in
+tests/fixtures/pve (see SOURCE.md there), settings through the real loader."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from operations import kb as kbmod
+from operations import preflight
+from operations.facts.pve import (
+    CtConfig,
+    GuestState,
+    NvidiaDevices,
+    parse_ct_config,
+    parse_devices,
+    parse_module_version,
+    parse_pveversion,
+)
+from operations.pve import MIB, PveFacts, PvePlan, plan, summary
+from tests.unit.builders import make_settings
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "pve"
+KB = kbmod.load()
+
+
+def fixture(name: str) -> list[str]:
+    return (FIXTURES / name).read_text().splitlines()
+
+
+def node_devices(gpus: int = 8, caps: bool = False, uvm: bool = True) -> NvidiaDevices:
+    nodes = [f"/dev/nvidia{i}" for i in range(gpus)] + ["/dev/nvidiactl"]
+    if uvm:
+        nodes += ["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    if caps:
+        nodes += ["/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2"]
+    return parse_devices([f"@@node={n}" for n in nodes] + fixture("proc-devices.txt"))
+
+
+BARE = ["arch: amd64", "cores: 16", "hostname: ct200", "memory: 2048", "ostype: debian"]
+
+
+def facts(
+    *,
+    pve: str = "pveversion-8.1.txt",
+    config: list[str] | None = None,
+    kind: str = "ct",
+    module: str | None = "565.57.01",
+    devices: NvidiaDevices | None = None,
+    status: str = "running",
+    guest: GuestState | None = None,
+) -> PveFacts:
+    lines = [f"@@kind={kind}", *(BARE if config is None else config)]
+    return PveFacts(
+        versions=parse_pveversion(fixture(pve)),
+        module=module,
+        devices=devices or node_devices(),
+        config=parse_ct_config(lines),
+        status=status,
+        guest=guest or GuestState(running=True, driver_versions=["565.57.01"]),
+    )
+
+
+def planned(f: PveFacts, **settings: Any) -> PvePlan:
+    return plan("ct200", make_settings(pve_ctid=200, **settings), KB, f)
+
+
+def test_module_version_from_sys_then_proc() -> None:
+    assert parse_module_version(["@@sys=570.172.08"]) == "570.172.08"
+    open_line = fixture("nvidia-version-open-565.txt")[0]
+    assert parse_module_version(["@@sys=", open_line]) == "565.57.01"
+    assert parse_module_version(["@@sys=", fixture("nvidia-version-515.txt")[0]]) == "515.76"
+    assert parse_module_version(["@@sys="]) is None
+
+
+def test_bare_config_gets_every_gpu_node_memory_and_swap() -> None:
+    result = planned(facts())
+    assert result.ok, result.errors
+    assert result.form == "dev"
+    devs = [(k, v) for k, v in result.options if k.startswith("dev")]
+    assert devs == [(f"dev{i}", f"/dev/nvidia{i}") for i in range(8)] + [
+        ("dev8", "/dev/nvidiactl"),
+        ("dev9", "/dev/nvidia-uvm"),
+        ("dev10", "/dev/nvidia-uvm-tools"),
+    ]
+    size = preflight.model_bytes(make_settings(), KB, None)
+    assert size is not None
+    want = math.ceil(preflight.memory_needed(make_settings(), size) / MIB)
+    assert ("memory", str(want)) in result.options
+    # pve-container's default swap (512 MiB) applies when the key is absent.
+    assert ("swap", "0") in result.options
+    assert result.restart == "advise"
+    assert "pct reboot 200" in summary("ct200", result)
+
+
+def test_memory_follows_preflight_rule_with_measured_model() -> None:
+    guest = GuestState(running=True, driver_versions=["565.57.01"], model_bytes=10 * 1024**3)
+    result = planned(facts(guest=guest), dp_size=4, ram_per_rank_gb=2)
+    assert ("memory", str(10 * 1024 + 4 * 2 * 1024)) in result.options
+
+
+def test_converged_config_changes_nothing() -> None:
+    first = planned(facts())
+    config = BARE[:3] + [f"{k}: {v}" for k, v in first.options] + BARE[4:]
+    config = [c for c in config if not c.startswith("memory: 2048")]
+    again = planned(facts(config=config))
+    assert again.ok and not again.config_changes and again.restart == ""
+    assert "nothing to change" in summary("ct200", again)
+
+
+def test_more_memory_than_needed_is_kept_and_existing_dev_entries_reused() -> None:
+    config = [*BARE[:3], "dev0: path=/dev/nvidia0,mode=0666", "dev3: /dev/tty0"]
+    config += ["memory: 999999", "swap: 0"]
+    result = planned(facts(config=config))
+    assert result.options[0] == ("dev1", "/dev/nvidia1")
+    assert ("dev3", "/dev/nvidia2") not in result.options
+    assert not [o for o in result.options if o[0] in ("memory", "swap")]
+
+
+def test_before_pve_container_5_0_7_raw_lines_with_majors_from_proc_devices() -> None:
+    result = planned(
+        facts(pve="pveversion-7.4.txt", devices=node_devices(gpus=2, caps=True)), gpu_count=2
+    )
+    assert result.form == "lxc" and not [o for o in result.options if o[0].startswith("dev")]
+    assert result.raw_lines[:3] == [
+        "lxc.cgroup2.devices.allow: c 195:* rwm",
+        "lxc.cgroup2.devices.allow: c 510:* rwm",
+        "lxc.cgroup2.devices.allow: c 235:* rwm",
+    ]
+    assert "lxc.mount.entry: /dev/nvidia1 dev/nvidia1 none bind,optional,create=file" in (
+        result.raw_lines
+    )
+    assert result.raw_lines[-1].startswith("lxc.mount.entry: /dev/nvidia-caps dev/nvidia-caps")
+    # Lines already there (inner spacing aside) are not added twice.
+    config = [*BARE, "lxc.cgroup2.devices.allow: c 195:*   rwm"]
+    again = planned(facts(pve="pveversion-7.4.txt", config=config), gpu_count=8)
+    assert "lxc.cgroup2.devices.allow: c 195:* rwm" not in again.raw_lines
+
+
+@pytest.mark.parametrize(
+    ("change", "settings", "message"),
+    [
+        ({"kind": "missing"}, {}, "no container 200 on this node"),
+        ({"kind": "vm"}, {}, "is a virtual machine"),
+        ({"module": None}, {}, "no NVIDIA kernel module loaded"),
+        (
+            {"devices": node_devices(gpus=4)},
+            {},
+            "gpu_count = 8 (set in default) but the node has 4",
+        ),
+        ({"devices": node_devices(uvm=False)}, {}, "no /dev/nvidia-uvm"),
+        ({"pve": "pveversion-empty"}, {}, "not a Proxmox VE node"),
+    ],
+)
+def test_bad_input_is_refused(
+    change: dict[str, Any], settings: dict[str, Any], message: str, tmp_path: Path
+) -> None:
+    if change.get("pve") == "pveversion-empty":
+        f = facts()
+        f = PveFacts(parse_pveversion([]), f.module, f.devices, f.config, f.status, f.guest)
+    else:
+        f = facts(**change)
+    result = planned(f, **settings)
+    assert not result.ok
+    assert any(message in e for e in result.errors), result.errors
+    assert not result.options and not result.raw_lines
+
+
+def test_no_ctid_is_refused_naming_the_key() -> None:
+    result = plan("ct200", make_settings(), KB, facts())
+    assert result.errors and "pve_ctid is not set" in result.errors[0]
+
+
+def test_unknown_model_size_of_a_stopped_container_is_refused() -> None:
+    f = facts(status="stopped", guest=GuestState(running=False))
+    result = planned(f, model_name="acme/unknown-model")
+    assert any("cannot size the container's memory" in e for e in result.errors)
+
+
+def test_driver_version_is_told_and_installed_only_when_opted_in() -> None:
+    old = GuestState(running=True, driver_versions=["570.172.08"])
+    told = planned(facts(guest=old))
+    assert not told.driver_install
+    assert any(
+        "needs NVIDIA user space 565.57.01 exactly, it has 570.172.08" in n for n in told.notes
+    )
+    install = planned(facts(guest=old), pve_install_driver=True)
+    assert install.driver_install
+    assert install.driver_url.endswith("/565.57.01/NVIDIA-Linux-x86_64-565.57.01.run")
+
+
+def test_restart_only_with_opt_in_and_only_when_running() -> None:
+    assert planned(facts(), pve_restart=True).restart == "now"
+    stopped = planned(facts(status="stopped", guest=GuestState(running=False)), pve_restart=True)
+    assert stopped.restart == ""
+
+
+def test_ct_config_devices_parse_path_forms() -> None:
+    config = CtConfig("ct", [("dev0", "path=/dev/nvidia0,mode=0666"), ("dev7", "/dev/nvidiactl")])
+    assert config.devices() == {"dev0": "/dev/nvidia0", "dev7": "/dev/nvidiactl"}
