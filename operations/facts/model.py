@@ -57,6 +57,8 @@ class Staging:
     error: str | None = None
     # Interrupted copies and superseded versions the next stage run removes.
     leftovers: list[str] = field(default_factory=list)
+    # What removing the leftovers frees in the tmpfs (their blocks no current copy shares).
+    leftover_bytes: int = 0
     # The revision our hub download marker records (hf:// sources), else None.
     hub_revision: str | None = None
     # Bytes a stage run would copy: files the current copy does not already hold.
@@ -73,7 +75,29 @@ def _copy(data: Any) -> Copy | None:
     return Copy(digest=str(data["digest"]), bytes=int(data["bytes"]), files=int(data["files"]))
 
 
+def _strings(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list, got {type(value).__name__}")
+    return [str(v) for v in value]
+
+
+def _optional_int(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected a number of bytes, got {value!r}")
+    return value
+
+
+def _optional_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
 def parse_staging(lines: list[str]) -> Staging:
+    """The script's JSON answer; anything else (a crash, a shape we do not know) becomes an
+    `error` the plan prints and refuses on, never a traceback."""
     try:
         data = json.loads(lines[-1]) if lines else None
     except ValueError:
@@ -81,17 +105,22 @@ def parse_staging(lines: list[str]) -> Staging:
     if not isinstance(data, dict):
         tail = lines[-1] if lines else "no output"
         return Staging(error=f"the staging script did not answer: {tail}")
-    return Staging(
-        source=_copy(data.get("source")),
-        staged=_copy(data.get("staged")),
-        error=data.get("error"),
-        leftovers=list(data.get("leftovers") or []),
-        hub_revision=data.get("hub_revision"),
-        copy_bytes=data.get("copy_bytes"),
-        changed_files=list(data.get("changed_files") or []),
-        mismatched=list(data.get("mismatched") or []),
-        up_to_date=bool(data.get("up_to_date")),
-    )
+    try:
+        return Staging(
+            source=_copy(data.get("source")),
+            staged=_copy(data.get("staged")),
+            error=_optional_str(data.get("error")),
+            leftovers=_strings(data.get("leftovers")),
+            leftover_bytes=_optional_int(data.get("leftover_bytes")) or 0,
+            hub_revision=_optional_str(data.get("hub_revision")),
+            copy_bytes=_optional_int(data.get("copy_bytes")),
+            changed_files=_strings(data.get("changed_files")),
+            mismatched=_strings(data.get("mismatched")),
+            up_to_date=bool(data.get("up_to_date")),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        what = f"{type(exc).__name__}: {exc}"
+        return Staging(error=f"the staging script's answer is malformed ({what}): {lines[-1]}")
 
 
 class ModelStaging(FactBase[Staging]):

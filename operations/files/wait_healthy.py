@@ -31,9 +31,14 @@ def unit_state(unit: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
+# The servers are this host's own: an http_proxy/https_proxy in the environment (or a
+# proxy the deploy's shell inherited) must never see, or answer for, their /health.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def healthy(url: str) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with _DIRECT.open(url, timeout=5) as response:
             return bool(response.status == 200)
     except (urllib.error.URLError, OSError, ValueError):
         return False
