@@ -1,241 +1,97 @@
-"""Step 2 of the deploy: the pinned SGLang for the host's CUDA lane, atomic and reversible.
+"""Step 2 of the deploy: the pinned SGLang for the host's CUDA lane, locked, proven on the GPUs,
+atomic and reversible.
 
 Layout on the host (ENGINE_ROOT, default /opt/sglang):
 
     envs/<release>-<lane>-<hash>/   one virtual environment per resolved set (see EngineSpec)
-    current -> envs/<name>          what the servers run; switched only after the checks pass
-    tools/bin/uv                    uv, bootstrapped from the package index or the wheelhouse
-    uv.toml, pip.conf               where packages come from (root-only: URLs may hold tokens)
+    current -> envs/<name>          switched only after the engine check passed on the GPUs
+    projects/<name>/                pyproject.toml (its indexes: root-only, URLs may hold
+                                    tokens) and uv.lock (every package, version and hash)
+    tools/bin/uv                    uv, bootstrapped from the main index or the wheelhouse
+    pip.conf                        where that bootstrap looks (root-only)
     wheelhouse/                     the controller's wheels, for offline installs
     cache/                          uv's cache
 
-An environment gets its marker file (facts/engine.py MARKER) only after its checks pass, so a cut
-download, a full disk or a failed check leaves a partial environment that `current` never points
-to and that the next run removes. Everything the step decides is pure and tested on its own
-(EngineSpec, lane_indexes, the probe parser and evaluate, envs_to_prune); the operations only
-turn those decisions into commands. See docs/engine.md.
+Where each package comes from is the knowledge base's, per release and lane (kb.LaneBuild):
+torch and its companions only from PyTorch's index, the kernel only from SGLang's kernel index
+of the kernel build's own lane, everything else only from the main index. uv's explicit indexes
+with per-package sources enforce that: no index can shadow another (SGLang's kernel indexes
+carry dev builds of sglang, PyTorch's mirror numpy at older versions).
+
+The lock: the first host to build an engine resolves it (`uv lock`) and its uv.lock is copied
+back to the controller (setting engine_lock_dir); every later build of that engine (another
+host, a rebuild, a rollback) uploads that lock and installs exactly it (`uv sync --frozen`, or
+with a wheelhouse `uv pip install --require-hashes` of the exported set).
+
+An environment gets its marker file (facts/engine.py MARKER) only after the engine check passed,
+so a cut download, a full disk or a failed check leaves a partial environment that `current`
+never points to and that the next run removes. Everything the step decides is pure and tested
+on its own; the operations only turn those decisions into commands. See docs/engine.md.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shlex
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
-from io import StringIO
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
-from packaging.utils import canonicalize_name, parse_wheel_filename
-from packaging.version import Version
 from pyinfra import logger
-from pyinfra.api.command import FileUploadCommand, FunctionCommand, StringCommand
+from pyinfra.api.command import (
+    FileDownloadCommand,
+    FileUploadCommand,
+    FunctionCommand,
+    StringCommand,
+)
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import OperationMeta, operation
 from pyinfra.context import host
+from pyinfra.context import state as pyinfra_state
 from pyinfra.operations import files
 
-from operations import kb as kbmod
+from operations.engine_spec import (
+    EngineError,
+    EngineSpec,
+    indexes,
+    lock_path,
+    missing_wheels,
+    pip_config,
+    project_toml,
+)
 from operations.facts.engine import MARKER, EngineHost, EngineState, WheelhouseFiles
 from operations.host_plan import HostReport
-from operations.kb import Knowledge
+from operations.redact import redact
+from operations.secret_files import put_secret
 from operations.settings import Settings
 
-HASH_LENGTH = 8
-
-
-class EngineError(Exception):
-    """The engine cannot be planned for this host (a bug upstream or bad data)."""
-
-
-# -- what to install: pure ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class EngineSpec:
-    """The resolved set of one engine environment and what its checks expect."""
-
-    release: str
-    lane: str
-    cuda: str  # the lane's CUDA version, what torch.version.cuda must say
-    python: str  # the release's Python specifier (knowledge base)
-    torch: str  # e.g. "2.11.0+cu128"
-    arch: str | None  # e.g. "sm_120": must be compiled into torch when GPUs are visible
-    requirements: tuple[str, ...]
-
-    @property
-    def digest(self) -> str:
-        # Only what decides the environment's contents: two hosts (or two runs) with the same
-        # pins get the same name, whatever index or wheelhouse the wheels came from.
-        canonical = json.dumps(
-            {"requirements": sorted(self.requirements), "python": self.python}, sort_keys=True
-        )
-        return hashlib.sha256(canonical.encode()).hexdigest()[:HASH_LENGTH]
-
-    @property
-    def name(self) -> str:
-        return f"{self.release}-{self.lane}-{self.digest}"
-
-    def to_json(self) -> dict[str, Any]:
-        # pyinfra's serialisation hook (op fixtures, --debug-operations).
-        return {**asdict(self), "requirements": list(self.requirements), "name": self.name}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> EngineSpec:
-        fields = {k: v for k, v in data.items() if k != "name"}
-        return cls(**{**fields, "requirements": tuple(data["requirements"])})
-
-    def marker(self) -> dict[str, Any]:
-        return {
-            "release": self.release,
-            "lane": self.lane,
-            "python": self.python,
-            "requirements": list(self.requirements),
-        }
-
-
-def engine_spec(settings: Settings, kb: Knowledge) -> EngineSpec:
-    """The environment the settings ask for. The resolver has already refused bad pins and
-    lanes with the user-facing message; this only guards against being called without it."""
-    release = kb.releases.get(settings.sglang_version)
-    lane = kb.lanes.get(settings.cuda_lane)
-    if release is None or lane is None:
-        raise EngineError(
-            f"sglang {settings.sglang_version} on {settings.cuda_lane} is not in the knowledge "
-            "base (the resolver should have refused this host)"
-        )
-    tag = settings.cuda_lane
-    kernel = release["kernel"]
-    # The lane's builds carry it as their local version (torch-2.11.0+cu128,
-    # sgl_kernel-0.3.21+cu128 on https://docs.sglang.io/whl/cu128/sgl-kernel): pinning it keeps a
-    # CUDA 13 build (plain 2.11.0 on PyPI, or +cu130) from ever satisfying the requirement.
-    torch = f"{release['torch']}+{tag}"
-    requirements = (
-        f"sglang=={settings.sglang_version}",
-        f"torch=={torch}",
-        f"{kernel['package']}=={kernel['version']}+{tag}",
-        f"flashinfer-python=={release['flashinfer']}",
-    )
-    gpu = kb.gpus.get(settings.gpu_compute_cap)
-    return EngineSpec(
-        release=settings.sglang_version,
-        lane=settings.cuda_lane,
-        cuda=str(lane["cuda"]),
-        python=str(release["python"]),
-        torch=torch,
-        arch=str(gpu["arch"]) if gpu else None,
-        requirements=requirements,
-    )
-
-
-@dataclass(frozen=True)
-class Indexes:
-    main: str
-    torch: str
-    kernel: str
-
-
-def lane_indexes(settings: Settings, lane: str) -> Indexes:
-    """The three index URLs of a lane: `{lane}` in a setting is replaced by the lane's name."""
-    return Indexes(
-        main=settings.package_index_url,
-        torch=settings.torch_index_url.replace("{lane}", lane),
-        kernel=settings.kernel_index_url.replace("{lane}", lane),
-    )
-
-
-def redact(url: str) -> str:
-    """A URL fit for a log line: credentials (user:token@) removed."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest.split("/", 1)[0]:
-        return url
-    return f"{scheme}://***@{rest.split('@', 1)[1]}"
-
-
-def _toml_string(text: str) -> str:
-    return json.dumps(text)  # a JSON string is a valid TOML basic string
-
-
-def uv_config(indexes: Indexes | None, wheelhouse_dir: str | None) -> str:
-    """uv.toml: the lane's indexes in priority order (uv takes a package from the first index
-    that has it, so torch only ever comes from the torch index), or the wheelhouse alone."""
-    if indexes is None:
-        assert wheelhouse_dir is not None
-        return f"no-index = true\nfind-links = [{_toml_string(wheelhouse_dir)}]\n"
-    blocks = [
-        f"[[index]]\nname = {_toml_string(name)}\nurl = {_toml_string(url)}\n{extra}"
-        for name, url, extra in (
-            ("torch", indexes.torch, ""),
-            ("kernel", indexes.kernel, ""),
-            ("main", indexes.main, "default = true\n"),
-        )
-    ]
-    return "\n".join(blocks)
-
-
-def pip_config(indexes: Indexes | None, wheelhouse_dir: str | None) -> str:
-    """pip.conf for bootstrapping uv with the system Python's pip."""
-    if indexes is None:
-        return f"[global]\nno-index = true\nfind-links = {wheelhouse_dir}\n"
-    return f"[global]\nindex-url = {indexes.main}\n"
-
-
-def missing_wheels(requirements: tuple[str, ...], wheel_names: list[str]) -> list[str]:
-    """The `name==version` requirements that no wheel file in `wheel_names` satisfies."""
-    have: set[tuple[str, Version]] = set()
-    for file_name in wheel_names:
-        try:
-            project, found, _, _ = parse_wheel_filename(file_name)
-        except ValueError:
-            continue
-        have.add((canonicalize_name(project), found))
-    missing = []
-    for requirement in requirements:
-        name, _, pin = requirement.partition("==")
-        if (canonicalize_name(name), Version(pin)) not in have:
-            missing.append(requirement)
-    return missing
-
-
-# -- the checks: a probe run with the new environment's Python, judged here ----------------
-
-PROBE_SCRIPT = r"""
-import json
-from importlib import import_module, metadata
-out = {}
-try:
-    out["sglang"] = metadata.version("sglang")
-except Exception as e:
-    out["sglang_error"] = repr(e)
-try:
-    torch = import_module("torch")
-    out["torch"] = str(torch.__version__)
-    out["torch_cuda"] = torch.version.cuda
-    out["cuda_available"] = bool(torch.cuda.is_available())
-    if out["cuda_available"]:
-        out["arch_list"] = list(torch.cuda.get_arch_list())
-except Exception as e:
-    out["torch_error"] = repr(e)
-try:
-    import_module("sglang.launch_server")
-    out["launch_server"] = "ok"
-except BaseException as e:
-    out["launch_server"] = repr(e)
-print("@@probe " + json.dumps(out))
-"""
-
+LOCK_FILE = "uv.lock"  # in each environment and project: the resolved set
+CHECK_SCRIPT = (Path(__file__).parent / "files" / "engine_check.py").read_text()
 PROBE_PREFIX = "@@probe "
+
+
+# -- the check: a probe run with the new environment's Python on the GPUs, judged here -------
+
+
+@dataclass(frozen=True)
+class Device:
+    index: int
+    capability: str | None
+    op: str | None
 
 
 @dataclass(frozen=True)
 class Probe:
-    sglang: str | None = None
-    torch: str | None = None
+    versions: dict[str, str | None]
+    imports: dict[str, str]
     torch_cuda: str | None = None
     cuda_available: bool = False
+    cuda_warnings: tuple[str, ...] = ()
+    device_count: int | None = None
     arch_list: tuple[str, ...] = ()
-    launch_server: str | None = None
+    devices: tuple[Device, ...] = ()
     errors: tuple[str, ...] = ()
 
 
@@ -243,47 +99,120 @@ def parse_probe(text: str) -> Probe:
     """The probe's JSON line among whatever else the imports printed."""
     for line in reversed(text.splitlines()):
         if line.startswith(PROBE_PREFIX):
-            data = json.loads(line[len(PROBE_PREFIX) :])
+            try:
+                data = json.loads(line[len(PROBE_PREFIX) :])
+            except json.JSONDecodeError:
+                continue
             break
     else:
         tail = text.strip().splitlines()[-3:]
-        return Probe(errors=("the probe printed no result: " + " / ".join(tail),))
-    errors = tuple(f"{k}: {data[k]}" for k in ("sglang_error", "torch_error") if k in data)
+        return Probe({}, {}, errors=("the engine check printed no result: " + " / ".join(tail),))
     return Probe(
-        sglang=data.get("sglang"),
-        torch=data.get("torch"),
+        versions=dict(data.get("versions") or {}),
+        imports=dict(data.get("imports") or {}),
         torch_cuda=data.get("torch_cuda"),
         cuda_available=bool(data.get("cuda_available")),
+        cuda_warnings=tuple(data.get("cuda_warnings") or ()),
+        device_count=data.get("device_count"),
         arch_list=tuple(data.get("arch_list") or ()),
-        launch_server=data.get("launch_server"),
-        errors=errors,
+        devices=tuple(
+            Device(int(d["index"]), d.get("capability"), d.get("op"))
+            for d in data.get("devices") or ()
+        ),
     )
 
 
-def evaluate(probe: Probe, spec: EngineSpec) -> list[str]:
-    """Every failed check as 'what: expected X, found Y'; empty when the environment is good."""
+@dataclass(frozen=True)
+class Driver:
+    """The host's driver as nvidia-smi reported it in preflight."""
+
+    version: str | None
+    cuda: str | None  # the highest CUDA version it runs ("12.8")
+
+
+def _driver_text(driver: Driver) -> str:
+    return f"driver {driver.version or '?'} (runs CUDA <= {driver.cuda or '?'})"
+
+
+def evaluate(probe: Probe, spec: EngineSpec, driver: Driver) -> list[str]:
+    """Every failed check, each naming the package, its CUDA build, the driver and the fix;
+    empty when the environment can serve on this host's GPUs."""
     problems = list(probe.errors)
-    if probe.sglang != spec.release:
-        problems.append(f"sglang version: expected {spec.release}, found {probe.sglang}")
-    if probe.torch != spec.torch:
-        problems.append(
-            f"torch build: expected {spec.torch} (the {spec.lane} lane), found {probe.torch}"
-        )
+    if probe.errors:
+        return problems
+    fix_lane = (
+        f"pin a cuda_lane this driver runs, or upgrade the host driver to >= {spec.min_driver}"
+    )
+    found = probe.versions.get("sglang")
+    if found != spec.release:
+        problems.append(f"sglang: expected {spec.release}, found {found}")
+    for pin in spec.pins:
+        found = probe.versions.get(pin.name)
+        if found != pin.version:
+            problems.append(
+                f"{pin.name}: expected the {pin.version} build (from the {pin.index} index, "
+                f"lane {pin.index_lane}), found {found}; the environment did not install its "
+                "lock: rerun the deploy"
+            )
+    torch_import = probe.imports.get("torch")
+    if torch_import != "ok":
+        problems.append(f"torch {spec.torch}: import failed: {torch_import}")
+        return problems
     if probe.torch_cuda != spec.cuda:
         problems.append(
-            f"torch.version.cuda: expected {spec.cuda} (the {spec.lane} lane), "
-            f"found {probe.torch_cuda}"
+            f"torch {spec.torch}: torch.version.cuda is {probe.torch_cuda}, the {spec.lane} lane "
+            f"needs CUDA {spec.cuda}: the wheel is mislabelled or from another index"
         )
-    if probe.cuda_available and spec.arch and spec.arch not in probe.arch_list:
+    if not probe.cuda_available:
+        said = "; ".join(probe.cuda_warnings) or "no warning"
         problems.append(
-            f"torch.cuda.get_arch_list(): expected {spec.arch} among them, found "
-            f"{', '.join(probe.arch_list) or 'none'}"
+            f"torch {spec.torch} (CUDA {probe.torch_cuda}) cannot use the GPUs with this host's "
+            f"{_driver_text(driver)}: torch.cuda.is_available() is False ({said}); the "
+            f"{spec.lane} lane needs driver >= {spec.min_driver}: {fix_lane}"
         )
-    if probe.launch_server != "ok":
+        return problems + _import_problems(probe, spec, driver)
+    if probe.device_count != spec.gpu_count:
         problems.append(
-            f"python -c 'import sglang.launch_server': expected it to import, found "
-            f"{probe.launch_server}"
+            f"torch {spec.torch}: torch.cuda.device_count() is {probe.device_count}, expected "
+            f"gpu_count {spec.gpu_count}: check CUDA_VISIBLE_DEVICES and the container's GPUs"
         )
+    if spec.arch and spec.arch not in probe.arch_list:
+        problems.append(
+            f"torch {spec.torch}: not compiled for {spec.arch} (torch.cuda.get_arch_list(): "
+            f"{', '.join(probe.arch_list) or 'none'}): a CUDA {spec.cuda} build should carry it; "
+            "check the torch index serves PyTorch's own wheels"
+        )
+    for device in probe.devices:
+        if device.capability != spec.compute_cap:
+            problems.append(
+                f"GPU {device.index}: compute capability {device.capability}, expected "
+                f"{spec.compute_cap} (gpu_compute_cap)"
+            )
+        if device.op != "ok":
+            problems.append(
+                f"GPU {device.index}: a small CUDA operation with torch {spec.torch} failed "
+                f"with the host's {_driver_text(driver)}: {device.op}; {fix_lane}"
+            )
+    return problems + _import_problems(probe, spec, driver)
+
+
+def _import_problems(probe: Probe, spec: EngineSpec, driver: Driver) -> list[str]:
+    problems = []
+    for project, module in spec.modules().items():
+        result = probe.imports.get(module)
+        if result == "ok" or project == "torch":
+            continue
+        pin = spec.pin(project)
+        build = pin.version if pin else probe.versions.get(project)
+        problems.append(
+            f"{project} {build}: import {module} failed beside torch {spec.torch} with the "
+            f"host's {_driver_text(driver)}: {result}; its CUDA build must match torch's CUDA "
+            f"major ({spec.cuda}) and run on this driver: fix its build for the {spec.lane} lane "
+            "in operations/knowledge/sglang.yaml, or pin another cuda_lane"
+        )
+    launch = probe.imports.get("sglang.launch_server")
+    if launch != "ok" and not problems:
+        problems.append(f"sglang {spec.release}: import sglang.launch_server failed: {launch}")
     return problems
 
 
@@ -311,6 +240,10 @@ def _q(text: str) -> str:
 
 def _env_dir(engine_root: str, name: str) -> str:
     return f"{engine_root}/envs/{name}"
+
+
+def _project_dir(engine_root: str, name: str) -> str:
+    return f"{engine_root}/projects/{name}"
 
 
 def _state(engine_root: str) -> EngineHost:
@@ -381,7 +314,7 @@ def _local_wheels(directory: str) -> list[str]:
 def bootstrap_uv(engine_root: str, version: str) -> Any:
     """
     Install uv (exactly `version`) under ENGINE_ROOT/tools with the system Python's venv and
-    pip, which read ENGINE_ROOT/pip.conf (the main index, or the wheelhouse with no index).
+    pip, which read ENGINE_ROOT/pip.conf when there is one (a main index or the wheelhouse).
 
     + engine_root: the engine root on the host
     + version: the uv release
@@ -391,80 +324,128 @@ def bootstrap_uv(engine_root: str, version: str) -> Any:
         host.noop(f"uv {version} is installed")
         return
     tools = f"{engine_root}/tools"
+    conf = f"{engine_root}/pip.conf"
     yield (
         f"rm -rf {_q(tools)} && python3 -m venv {_q(tools)} && "
-        f"PIP_CONFIG_FILE={_q(engine_root + '/pip.conf')} {_q(tools + '/bin/pip')} install "
+        f"if [ -f {_q(conf)} ]; then export PIP_CONFIG_FILE={_q(conf)}; fi && "
+        f"{_q(tools + '/bin/pip')} install "
         f"--disable-pip-version-check --no-input --quiet {_q('uv==' + version)}"
     )
 
 
+def _uv(engine_root: str) -> str:
+    return _q(f"{engine_root}/tools/bin/uv")
+
+
+def _cache(engine_root: str) -> str:
+    return f"--cache-dir {_q(engine_root + '/cache')}"
+
+
 @operation()
-def build_env(engine_root: str, env_name: str, requirements: list[str], python: str) -> Any:
+def lock_env(engine_root: str, env_name: str, controller_lock: str) -> Any:
     """
-    Create ENGINE_ROOT/envs/ENV_NAME and install the pinned set into it with uv; a partial
+    Give the engine's project its lock: the controller's copy when it has one (the identical
+    set every host of this engine installs), else a fresh `uv lock` against the indexes.
+
+    + engine_root: the engine root on the host
+    + env_name: the environment's name (release-lane-hash)
+    + controller_lock: where the lock lives on the controller
+    """
+    project = _project_dir(engine_root, env_name)
+    if os.path.isfile(controller_lock):
+        yield FileUploadCommand(controller_lock, f"{project}/{LOCK_FILE}")
+        return
+    yield (
+        f"cd {_q(project)} && rm -f uv.lock && {_uv(engine_root)} lock {_cache(engine_root)} "
+        "--no-progress --no-python-downloads"
+    )
+
+
+@operation()
+def build_env(engine_root: str, env_name: str, python: str, offline: bool) -> Any:
+    """
+    Create ENGINE_ROOT/envs/ENV_NAME and install exactly the project's lock into it; a partial
     environment of the same name (an earlier run cut short) is removed first.
 
     + engine_root: the engine root on the host
     + env_name: the environment's name (release-lane-hash)
-    + requirements: the exact pins, lane tags included
     + python: the Python specifier the release supports (system Python preferred; uv never
       downloads one)
+    + offline: install the exported lock from the wheelhouse (hashes checked), not the indexes
     """
     state = _state(engine_root)
     env = _env_dir(engine_root, env_name)
     if _complete(state, env_name):
         host.noop(f"{env_name} is installed")
         return
-    uv = f"{engine_root}/tools/bin/uv"
-    common = (
-        f"--config-file {_q(engine_root + '/uv.toml')} --cache-dir {_q(engine_root + '/cache')}"
-    )
+    project = _project_dir(engine_root, env_name)
+    uv, cache = _uv(engine_root), _cache(engine_root)
     if env_name in state["envs"]:
         yield f"rm -rf {_q(env)}"
     yield (
-        f"{_q(uv)} venv {common} --no-progress --no-python-downloads --python-preference system "
+        f"{uv} venv {cache} --no-progress --no-python-downloads --python-preference system "
         f"--python {_q(python)} {_q(env)}"
     )
-    yield (
-        f"{_q(uv)} pip install {common} --no-progress --python {_q(env + '/bin/python')} "
-        + " ".join(_q(r) for r in requirements)
-    )
+    if offline:
+        requirements = f"{project}/requirements.txt"
+        yield (
+            f"cd {_q(project)} && {uv} export --frozen --no-header --no-annotate "
+            f"--no-emit-project --format requirements-txt -o {_q(requirements)} --quiet"
+        )
+        yield (
+            f"{uv} pip install {cache} --no-progress --no-config --offline --no-index "
+            f"--find-links {_q(engine_root + '/wheelhouse')} --require-hashes --no-deps "
+            f"--python {_q(env + '/bin/python')} -r {_q(requirements)}"
+        )
+    else:
+        yield (
+            f"cd {_q(project)} && UV_PROJECT_ENVIRONMENT={_q(env)} {uv} sync {cache} --frozen "
+            "--no-progress --no-python-downloads --no-install-project"
+        )
+    # The lock lives with the environment: every package it holds, versions and hashes.
+    yield f"cp {_q(project + '/uv.lock')} {_q(env + '/' + LOCK_FILE)}"
 
 
-def _verify(state: Any, host: Any, env: str, wanted: dict[str, Any]) -> bool:
+def _verify(state: Any, host: Any, env: str, wanted: dict[str, Any], driver: list[Any]) -> bool:
     spec = EngineSpec.from_json(wanted)
+    argument = json.dumps({"packages": spec.modules(), "gpu_count": spec.gpu_count})
     status, output = host.run_shell_command(
-        StringCommand(_q(f"{env}/bin/python"), "-c", _q(PROBE_SCRIPT))
+        StringCommand(_q(f"{env}/bin/python"), "-c", _q(CHECK_SCRIPT), _q(argument))
     )
     probe = parse_probe(output.stdout + "\n" + output.stderr)
-    problems = evaluate(probe, spec)
+    problems = evaluate(probe, spec, Driver(*driver))
     if not status and not problems:
-        problems = [f"the probe failed: {output.stderr.strip()[-500:]}"]
+        problems = [f"the engine check failed: {output.stderr.strip()[-500:]}"]
     if problems:
         logger.error(
-            f"{host.print_prefix}engine {spec.name} failed its checks; `current` is unchanged:"
-            + "".join(f"\n    {p}" for p in problems)
+            f"{host.print_prefix}engine {spec.name} failed its check on the GPUs; `current` "
+            "and the serving ranks are unchanged:" + "".join(f"\n    {p}" for p in problems)
         )
         return False
-    logger.info(f"{host.print_prefix}engine {spec.name} passed its checks")
+    logger.info(
+        f"{host.print_prefix}engine {spec.name} passed its check on {spec.gpu_count} GPU(s)"
+    )
     return True
 
 
 @operation()
-def verify_env(engine_root: str, spec: EngineSpec) -> Any:
+def verify_env(engine_root: str, spec: EngineSpec, driver: Driver) -> Any:
     """
-    Check the new environment before anything points at it: sglang is the pin, torch is the
-    lane's CUDA build, sm_XXX is compiled in when GPUs are visible, the launch module imports.
-    Then write its marker: from here on it is complete.
+    The engine check, before anything points at the new environment: the installed builds are
+    the pins; torch is the lane's CUDA build, sees every GPU with the expected capability and
+    runs a small CUDA operation on each; the kernel, flashinfer, torchvision, torchaudio and
+    the launch module import. Then write its marker (with the lock's hash): from here on it is
+    complete.
 
     + engine_root: the engine root on the host
     + spec: what the environment must hold
+    + driver: the host's driver (preflight's nvidia-smi), for the advice in a failure
     """
     if _complete(_state(engine_root), spec.name):
-        host.noop(f"{spec.name} passed its checks when it was installed")
+        host.noop(f"{spec.name} passed its check when it was installed")
         return
     env = _env_dir(engine_root, spec.name)
-    yield FunctionCommand(_verify, (env, spec.to_json()), {})
+    yield FunctionCommand(_verify, (env, spec.to_json(), [driver.version, driver.cuda]), {})
     marker = json.dumps(spec.marker(), sort_keys=True)
     yield (
         f"printf '%s\\n' {_q(marker)} > {_q(env + '/' + MARKER + '.tmp')} && "
@@ -475,8 +456,8 @@ def verify_env(engine_root: str, spec: EngineSpec) -> Any:
 @operation()
 def switch(engine_root: str, env_name: str, state: Mapping[str, Any] | None = None) -> Any:
     """
-    Point ENGINE_ROOT/current at envs/ENV_NAME atomically (a new link renamed over the old one:
-    a reader sees the old or the new environment, never none).
+    Point ENGINE_ROOT/current at envs/ENV_NAME atomically (a new link under a name unique to
+    this run, renamed over the old one: a reader sees the old or the new environment).
 
     + engine_root: the engine root on the host
     + env_name: the environment to make current
@@ -487,10 +468,10 @@ def switch(engine_root: str, env_name: str, state: Mapping[str, Any] | None = No
     if state["current"] == env_name:
         host.noop(f"current is {env_name}")
         return
-    tmp = f"{engine_root}/.current.tmp"
     yield (
-        f"ln -sfn {_q('envs/' + env_name)} {_q(tmp)} && "
-        f"mv -T {_q(tmp)} {_q(engine_root + '/current')} && "
+        f"tmp=$(mktemp -u {_q(engine_root + '/.current.XXXXXXXX')}) && "
+        f'ln -s {_q("envs/" + env_name)} "$tmp" && '
+        f'mv -T "$tmp" {_q(engine_root + "/current")} && '
         f"touch {_q(_env_dir(engine_root, env_name) + '/' + MARKER)}"
     )
 
@@ -504,7 +485,8 @@ def prune(
     state: Mapping[str, Any] | None = None,
 ) -> Any:
     """
-    Remove partial environments and complete ones beyond the `keep` most recently activated.
+    Remove partial environments and complete ones beyond the `keep` most recently activated,
+    with their projects.
 
     + engine_root: the engine root on the host
     + env_name: the environment that is now current
@@ -519,7 +501,8 @@ def prune(
     if not doomed:
         host.noop(f"{len(state['envs'])} environment(s), at most {keep} kept")
         return
-    yield "rm -rf " + " ".join(_q(_env_dir(engine_root, n)) for n in doomed)
+    paths = [p for n in doomed for p in (_env_dir(engine_root, n), _project_dir(engine_root, n))]
+    yield "rm -rf " + " ".join(_q(p) for p in paths)
 
 
 # -- the step -------------------------------------------------------------------------------
@@ -541,12 +524,20 @@ class EngineStep:
 @deploy("Engine: the pinned SGLang for the host's CUDA lane")
 def _engine_deploy(report: HostReport) -> EngineStep:
     s = report.settings
-    spec = engine_spec(s, kbmod.load())
+    spec = report.plan.engine
+    if spec is None:
+        raise EngineError("the resolver planned no engine for a host it accepted (a bug)")
     root = s.engine_root
     state = _state(root)
     # A converged host stops at this one fact: the target is complete and current.
+    # Relative to the deploy's directory, as pyinfra resolves local paths.
+    controller_lock = os.path.join(pyinfra_state.cwd or os.getcwd(), lock_path(s, spec))
     if not _complete(state, spec.name):
-        _install(s, spec)
+        gpu = report.gpu
+        driver = Driver(gpu.driver_version if gpu else None, gpu.cuda_version if gpu else None)
+        _install(s, spec, driver, controller_lock)
+    elif not os.path.isfile(controller_lock):
+        _fetch_lock(s, spec, controller_lock)
     # The fact read above, passed on: read again, it would cost a round trip per operation
     # and one more for `switched.will_change`, which the serve step asks.
     switched = switch(
@@ -567,10 +558,35 @@ def _engine_deploy(report: HostReport) -> EngineStep:
 install_engine = cast(Callable[[HostReport], EngineStep], _engine_deploy)
 
 
-def _install(s: Settings, spec: EngineSpec) -> None:
+@operation(is_idempotent=False)
+def fetch_lock(src: str, dest: str) -> Any:
+    """
+    Copy an engine's lock from the host to the controller, so every later build of that engine
+    installs exactly it.
+
+    + src: the lock in the environment on the host
+    + dest: the lock's path on the controller
+    """
+    yield FunctionCommand(_local_dir, (os.path.dirname(dest),), {})
+    yield FileDownloadCommand(src, dest, remote_temp_filename=host.get_temp_filename(dest))
+
+
+def _local_dir(state: Any, host: Any, path: str) -> bool:
+    os.makedirs(path or ".", exist_ok=True)
+    return True
+
+
+def _fetch_lock(s: Settings, spec: EngineSpec, controller_lock: str) -> None:
+    fetch_lock(
+        name=f"Engine: lock of {spec.name} -> {s.engine_lock_dir}",
+        src=f"{_env_dir(s.engine_root, spec.name)}/{LOCK_FILE}",
+        dest=controller_lock,
+    )
+
+
+def _install(s: Settings, spec: EngineSpec, driver: Driver, controller_lock: str) -> None:
     root = s.engine_root
     wheelhouse_dir = f"{root}/wheelhouse" if s.wheelhouse else None
-    indexes = None if s.wheelhouse else lane_indexes(s, s.cuda_lane)
     if s.wheelhouse:
         require_wheels(
             name="Engine: the wheelhouse holds every pinned wheel",
@@ -581,28 +597,32 @@ def _install(s: Settings, spec: EngineSpec) -> None:
     if s.wheelhouse and wheelhouse_dir:
         sync_wheelhouse(name="Engine: sync the wheelhouse", src=s.wheelhouse, dest=wheelhouse_dir)
     else:
-        assert indexes is not None
-        logger.debug(
-            f"engine indexes: torch {redact(indexes.torch)}, kernel {redact(indexes.kernel)}, "
-            f"main {redact(indexes.main)}"
-        )
-    # Root-only: index URLs may carry credentials; they never appear on a command line.
-    for file_name, text in (
-        ("uv.toml", uv_config(indexes, wheelhouse_dir)),
-        ("pip.conf", pip_config(indexes, wheelhouse_dir)),
-    ):
-        files.put(
-            name=f"Engine: {file_name}",
-            src=StringIO(text),
-            dest=f"{root}/{file_name}",
-            mode="600",
-        )
+        shown = ", ".join(f"{i.name} {redact(i.url)}" for i in indexes(s, spec))
+        main = redact(s.package_index_url) if s.package_index_url else "the installer's default"
+        logger.debug(f"engine indexes: {shown}; main {main}")
+    conf = pip_config(s, wheelhouse_dir)
+    if conf is not None:
+        put_secret(name="Engine: pip.conf", src=conf, dest=f"{root}/pip.conf", dir_mode="755")
     bootstrap_uv(name=f"Engine: uv {s.uv_version}", engine_root=root, version=s.uv_version)
+    # Root-only: index URLs may carry credentials; they never appear on a command line.
+    put_secret(
+        name=f"Engine: project {spec.name}",
+        src=project_toml(s, spec, wheelhouse_dir),
+        dest=f"{_project_dir(root, spec.name)}/pyproject.toml",
+    )
+    lock_env(
+        name=f"Engine: lock {spec.name}",
+        engine_root=root,
+        env_name=spec.name,
+        controller_lock=controller_lock,
+    )
     build_env(
         name=f"Engine: install {spec.name}",
         engine_root=root,
         env_name=spec.name,
-        requirements=list(spec.requirements),
         python=spec.python,
+        offline=bool(s.wheelhouse),
     )
-    verify_env(name=f"Engine: check {spec.name}", engine_root=root, spec=spec)
+    verify_env(name=f"Engine: check {spec.name}", engine_root=root, spec=spec, driver=driver)
+    if not os.path.isfile(controller_lock):
+        _fetch_lock(s, spec, controller_lock)

@@ -12,7 +12,9 @@ from typing import Any
 
 import jsonschema
 import yaml
+from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 KNOWLEDGE_DIR = Path(__file__).parent / "knowledge"
@@ -56,13 +58,143 @@ class CliTable:
         return self.options.get(option)
 
 
+Source = tuple[str, ...]  # source ids (keys of `sources`)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    cap: str
+    arch: str  # "sm_120"
+    family: str
+    min_cuda: str  # the first CUDA toolkit that targets the chip
+    source: Source
+
+
+@dataclass(frozen=True)
+class Lane:
+    name: str  # "cu128"
+    cuda: str  # what torch.version.cuda says for the lane's builds
+    min_driver: str
+    source: Source
+
+
+@dataclass(frozen=True)
+class PackageBuild:
+    """One CUDA-bearing package of a release on a lane: its exact build and where it comes from."""
+
+    name: str  # canonical project name
+    version: str  # with its local build tag, e.g. "2.11.0+cu128"
+    index: str  # "torch", "kernel" or "main"
+    index_lane: str  # the lane the index URL is filled with (the kernel on cu128 reads cu129)
+    source: Source
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.name}=={self.version}"
+
+
+@dataclass(frozen=True)
+class Override:
+    """A requirement of the release replaced for an install (uv's override-dependencies)."""
+
+    requirement: str
+    replaces: str
+    source: Source
+
+
+@dataclass(frozen=True)
+class Unproven:
+    what: str
+    source: Source
+
+
+@dataclass(frozen=True)
+class LaneBuild:
+    lane: Lane
+    packages: tuple[PackageBuild, ...]
+    overrides: tuple[Override, ...]
+    unproven: tuple[Unproven, ...]
+
+
+@dataclass(frozen=True)
+class Release:
+    version: str
+    glibc: str
+    python: str  # specifier of the supported Pythons
+    requires: tuple[str, ...]  # the CUDA-bearing requirements of the release's METADATA
+    builds: tuple[LaneBuild, ...]
+    source: Source
+
+    def build(self, lane: str) -> LaneBuild | None:
+        return next((b for b in self.builds if b.lane.name == lane), None)
+
+    @property
+    def lanes(self) -> list[str]:
+        return [b.lane.name for b in self.builds]
+
+    def pin(self, project: str) -> str | None:
+        """The version the release pins `project` to with ==, extras ignored."""
+        wanted = canonicalize_name(project)
+        for text in self.requires:
+            req = Requirement(text)
+            if canonicalize_name(req.name) == wanted:
+                exact = [s.version for s in req.specifier if s.operator == "=="]
+                return exact[0] if exact else None
+        return None
+
+
+def _ids(source: str | list[str]) -> Source:
+    return (source,) if isinstance(source, str) else tuple(source)
+
+
+def _release(number: str, raw: dict[str, Any], lanes: dict[str, Lane]) -> Release:
+    shared = tuple(
+        Override(o["requirement"], o["replaces"], _ids(o["source"]))
+        for o in raw.get("overrides", [])
+    )
+    builds = []
+    for lane_name, build in raw["builds"].items():
+        packages = tuple(
+            PackageBuild(
+                name=canonicalize_name(name),
+                version=p["version"],
+                index=p["index"],
+                index_lane=p.get("index_lane", lane_name),
+                source=_ids(p["source"]),
+            )
+            for name, p in build["packages"].items()
+        )
+        own = tuple(
+            Override(o["requirement"], o["replaces"], _ids(o["source"]))
+            for o in build.get("overrides", [])
+        )
+        unproven = tuple(Unproven(u["what"], _ids(u["source"])) for u in build.get("unproven", []))
+        builds.append(LaneBuild(lanes[lane_name], packages, shared + own, unproven))
+    return Release(
+        version=number,
+        glibc=raw["glibc"],
+        python=raw["python"],
+        requires=tuple(raw["requires"]),
+        builds=tuple(builds),
+        source=_ids(raw["source"]),
+    )
+
+
 class Knowledge:
     def __init__(self, data: dict[str, Any]) -> None:
         self.data = data
         self.sources: dict[str, dict[str, str]] = data["sources"]
-        self.gpus: dict[str, dict[str, Any]] = data["gpus"]
-        self.lanes: dict[str, dict[str, Any]] = data["lanes"]
-        self.releases: dict[str, dict[str, Any]] = data["releases"]
+        self.gpus: dict[str, Gpu] = {
+            cap: Gpu(cap, g["arch"], g["family"], g["min_cuda"], _ids(g["source"]))
+            for cap, g in data["gpus"].items()
+        }
+        self.lanes: dict[str, Lane] = {
+            name: Lane(name, lane["cuda"], lane["min_driver"], _ids(lane["source"]))
+            for name, lane in data["lanes"].items()
+        }
+        self.releases: dict[str, Release] = {
+            number: _release(number, raw, self.lanes) for number, raw in data["releases"].items()
+        }
         self.architectures: dict[str, dict[str, Any]] = data["architectures"]
         self.models: dict[str, dict[str, Any]] = data["models"]
         self.attention_backends: dict[str, dict[str, Any]] = data["attention_backends"]
@@ -70,9 +202,10 @@ class Knowledge:
         self.auto_attention_backend: list[dict[str, Any]] = data["auto_attention_backend"]
         self.flags: dict[str, list[dict[str, Any]]] = data["flags"]
         self.speculative: dict[str, Any] = data["speculative"]
+        self.mamba_no_buffer: list[dict[str, Any]] = data["mamba_no_buffer"]
 
-    def cite(self, source: str | list[str]) -> str:
-        """'source: <url> (<what>)' for one or several source ids."""
+    def cite(self, source: str | list[str] | Source) -> str:
+        """The URLs of one or several source ids, for a message."""
         ids = [source] if isinstance(source, str) else source
         return "; ".join(self.sources[i]["url"] for i in ids)
 
@@ -80,7 +213,24 @@ class Knowledge:
         return sorted(self.releases, key=version)
 
     def lanes_for_release(self, release: str) -> list[str]:
-        return [name for name, lane in self.lanes.items() if in_range(release, lane["releases"])]
+        entry = self.releases.get(release)
+        return entry.lanes if entry is not None else []
+
+    def backend_rule(self, backend: str, release: str) -> dict[str, Any] | None:
+        """The backend's GPU rule for `release`: a matching `by_release` entry, else its own."""
+        entry = self.attention_backends.get(backend)
+        if entry is None:
+            return None
+        for rule in entry.get("by_release", []):
+            if in_range(release, rule["releases"]):
+                return dict(rule)
+        return entry
+
+    def no_buffer_rule(self, release: str) -> dict[str, Any] | None:
+        for rule in self.mamba_no_buffer:
+            if in_range(release, rule["releases"]):
+                return rule
+        return None
 
     def hybrid_backends(self, release: str) -> dict[str, Any] | None:
         for rule in self.hybrid_attention_backends:
@@ -117,6 +267,13 @@ def _check_references(kb: Knowledge) -> list[str]:
     for section in ("gpus", "lanes", "releases", "architectures", "models", "attention_backends"):
         for key, entry in kb.data[section].items():
             sources_of(f"{section}.{key}", entry)
+    for name, entry in kb.attention_backends.items():
+        for i, rule in enumerate(entry.get("by_release", [])):
+            sources_of(f"attention_backends.{name}.by_release[{i}]", rule)
+    for i, rule in enumerate(kb.mamba_no_buffer):
+        sources_of(f"mamba_no_buffer[{i}]", rule)
+    for number, entry in kb.releases.items():
+        problems += [f"releases.{number}: {p}" for p in _release_problems(kb, entry)]
     for section in ("hybrid_attention_backends", "auto_attention_backend"):
         for i, entry in enumerate(kb.data[section]):
             sources_of(f"{section}[{i}]", entry)
@@ -130,9 +287,46 @@ def _check_references(kb: Knowledge) -> list[str]:
     for name, model in kb.models.items():
         if model["architecture"] not in kb.architectures:
             problems.append(f"models.{name}: unknown architecture {model['architecture']!r}")
-    for release in kb.releases:
-        if load_cli_table("sglang", release) is None:
-            problems.append(f"releases.{release}: no CLI table {cli_table_path('sglang', release)}")
+    for number in kb.releases:
+        if load_cli_table("sglang", number) is None:
+            problems.append(f"releases.{number}: no CLI table {cli_table_path('sglang', number)}")
+    return problems
+
+
+def _release_problems(kb: Knowledge, release: Release) -> list[str]:
+    """A release's builds must be what the release asks for, with one CUDA build of torch and
+    its companions per lane, from indexes and lanes that exist."""
+    problems: list[str] = []
+    asked: dict[str, Requirement] = {
+        canonicalize_name(Requirement(r).name): Requirement(r) for r in release.requires
+    }
+    sourced = [o.source for b in release.builds for o in b.overrides]
+    sourced += [u.source for b in release.builds for u in b.unproven]
+    sourced += [p.source for b in release.builds for p in b.packages]
+    problems += [f"unknown source {i!r}" for s in sourced for i in s if i not in kb.sources]
+    for build in release.builds:
+        where = f"builds.{build.lane.name}"
+        for package in build.packages:
+            req = asked.get(package.name)
+            if req is None:
+                problems.append(f"{where}: {package.name} is not among the release's requires")
+            elif not req.specifier.contains(Version(package.version), prereleases=True):
+                problems.append(f"{where}: {package.requirement} does not satisfy {req}")
+            if package.index_lane not in kb.lanes:
+                problems.append(f"{where}: {package.name} reads unknown lane {package.index_lane}")
+        # torchvision/torchaudio refuse to load beside a torch of another CUDA build.
+        tags = {
+            p.name: Version(p.version).local
+            for p in build.packages
+            if p.name in ("torch", "torchvision", "torchaudio")
+        }
+        if set(tags.values()) != {build.lane.name}:
+            problems.append(
+                f"{where}: torch and its companions must all be +{build.lane.name}: {tags}"
+            )
+        for override in build.overrides:
+            if override.replaces not in release.requires:
+                problems.append(f"{where}: override replaces {override.replaces!r}, not required")
     return problems
 
 

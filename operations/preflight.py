@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from packaging.specifiers import SpecifierSet
+
 from operations.facts.gpu import NvidiaSmi
 from operations.facts.host import Model, Resources
 from operations.kb import Knowledge, version
@@ -146,7 +148,8 @@ def check(
         wrong = [g for g in gpu.gpus if g.compute_cap != s.gpu_compute_cap]
         if wrong:
             caps = ", ".join(sorted({f"{g.name} ({g.compute_cap})" for g in wrong}))
-            arch = kb.gpus.get(s.gpu_compute_cap, {}).get("arch", s.gpu_compute_cap)
+            chip = kb.gpus.get(s.gpu_compute_cap)
+            arch = chip.arch if chip else s.gpu_compute_cap
             fail(
                 "compute capability",
                 f"{s.gpu_compute_cap} ({arch}) on every GPU (gpu_compute_cap)",
@@ -214,13 +217,24 @@ def check(
 
     release = kb.releases.get(s.sglang_version)
     if release is not None:
-        floor = release["glibc"]
+        floor = release.glibc
         if resources.glibc is None or version(resources.glibc) < version(floor):
             fail(
                 "glibc",
                 f">= {floor} (the wheels of sglang {s.sglang_version} need it)",
                 resources.glibc or "unknown",
                 "use a newer distribution in the container (Debian 12 has 2.36)",
+            )
+        # The engine is built with the host's own Python (uv never downloads one).
+        if resources.python is not None and not SpecifierSet(release.python).contains(
+            resources.python, prereleases=True
+        ):
+            fail(
+                "Python",
+                f"python3 {release.python} (what sglang {s.sglang_version}'s wheels support)",
+                resources.python,
+                "install a supported python3 (with python3-venv) in the container, or pin a "
+                "release that supports this one",
             )
     if resources.systemd is None:
         fail("systemd", "systemd as init", "not found", "run a systemd-based container")

@@ -1,0 +1,253 @@
+"""What an engine environment holds, decided from the settings and the knowledge base: the pins
+with their builds and indexes, the overrides, the project uv locks, and its name. Pure: the
+resolver computes it once per host (HostPlan.engine) and the engine step carries it out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import Version
+
+from operations.kb import Knowledge
+from operations.settings import Settings
+
+HASH_LENGTH = 8
+# The Python module each CUDA-bearing project installs: what the engine check imports.
+MODULES = {
+    "torch": "torch",
+    "torchvision": "torchvision",
+    "torchaudio": "torchaudio",
+    "sgl-kernel": "sgl_kernel",
+    "sglang-kernel": "sgl_kernel",
+    "flashinfer-python": "flashinfer",
+}
+# The marker on which the lock is resolved: the hosts this tool provisions (Linux on x86_64,
+# the only platform sglang's CUDA lanes publish for every package) keep the lock small.
+LOCK_ENVIRONMENT = "sys_platform == 'linux' and platform_machine == 'x86_64'"
+
+
+class EngineError(Exception):
+    """The engine cannot be planned for this host (a bug upstream or bad data)."""
+
+
+# -- what to install: pure ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pin:
+    """One CUDA-bearing package as the engine installs it, and the index it may come from."""
+
+    name: str
+    version: str
+    index: str  # "torch", "kernel" or "main"
+    index_lane: str
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.name}=={self.version}"
+
+    @property
+    def index_name(self) -> str | None:
+        """The uv index it is pinned to (None: the main index)."""
+        prefix = {"torch": "pytorch", "kernel": "sglang"}.get(self.index)
+        return f"{prefix}-{self.index_lane}" if prefix else None
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """The resolved set of one engine environment and what its check expects."""
+
+    release: str
+    lane: str
+    cuda: str  # the lane's CUDA version, what torch.version.cuda must say
+    min_driver: str  # the lane's driver floor, for the check's advice
+    python: str  # the release's Python specifier (knowledge base)
+    pins: tuple[Pin, ...]
+    overrides: tuple[str, ...]
+    arch: str | None  # e.g. "sm_120": must be compiled into torch
+    compute_cap: str  # what every GPU must report
+    gpu_count: int  # how many GPUs torch must see
+    unproven: tuple[str, ...] = ()
+
+    @property
+    def requirements(self) -> tuple[str, ...]:
+        return (f"sglang=={self.release}", *(p.requirement for p in self.pins))
+
+    @property
+    def digest(self) -> str:
+        # Only what decides the environment's contents: two hosts (or two runs) with the same
+        # pins get the same name, whatever index, mirror or wheelhouse the wheels came from.
+        canonical = json.dumps(
+            {
+                "requirements": sorted(self.requirements),
+                "overrides": sorted(self.overrides),
+                "python": self.python,
+            },
+            sort_keys=True,
+        )
+        return hashlib.sha256(canonical.encode()).hexdigest()[:HASH_LENGTH]
+
+    @property
+    def name(self) -> str:
+        return f"{self.release}-{self.lane}-{self.digest}"
+
+    def pin(self, project: str) -> Pin | None:
+        wanted = canonicalize_name(project)
+        return next((p for p in self.pins if p.name == wanted), None)
+
+    @property
+    def torch(self) -> str:
+        pin = self.pin("torch")
+        return pin.version if pin else "?"
+
+    def modules(self) -> dict[str, str]:
+        """project -> module the check imports (flashinfer too: it comes from the main index)."""
+        projects = [p.name for p in self.pins if p.name in MODULES] + ["flashinfer-python"]
+        return {p: MODULES[p] for p in projects}
+
+    def to_json(self) -> dict[str, Any]:
+        # pyinfra's serialisation hook (op fixtures, --debug-operations).
+        return {**asdict(self), "name": self.name}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EngineSpec:
+        fields = {k: v for k, v in data.items() if k != "name"}
+        fields["pins"] = tuple(Pin(**p) for p in data["pins"])
+        fields["overrides"] = tuple(data["overrides"])
+        fields["unproven"] = tuple(data.get("unproven", ()))
+        return cls(**fields)
+
+    def marker(self) -> dict[str, Any]:
+        return {
+            "release": self.release,
+            "lane": self.lane,
+            "python": self.python,
+            "requirements": list(self.requirements),
+            "overrides": list(self.overrides),
+        }
+
+
+def engine_spec(settings: Settings, kb: Knowledge) -> EngineSpec:
+    """The environment the settings ask for, from the knowledge base's build of the release on
+    the lane. The resolver has already refused unknown pins and lanes with the user-facing
+    message; this only guards against being called without it."""
+    release = kb.releases.get(settings.sglang_version)
+    build = release.build(settings.cuda_lane) if release is not None else None
+    if release is None or build is None:
+        raise EngineError(
+            f"sglang {settings.sglang_version} on {settings.cuda_lane} is not in the knowledge "
+            "base (the resolver should have refused this host)"
+        )
+    gpu = kb.gpus.get(settings.gpu_compute_cap)
+    return EngineSpec(
+        release=release.version,
+        lane=build.lane.name,
+        cuda=build.lane.cuda,
+        min_driver=build.lane.min_driver,
+        python=release.python,
+        pins=tuple(Pin(p.name, p.version, p.index, p.index_lane) for p in build.packages),
+        overrides=tuple(o.requirement for o in build.overrides),
+        arch=gpu.arch if gpu else None,
+        compute_cap=settings.gpu_compute_cap,
+        gpu_count=settings.gpu_count,
+        unproven=tuple(u.what for u in build.unproven),
+    )
+
+
+@dataclass(frozen=True)
+class Index:
+    name: str  # uv's name for it, e.g. "pytorch-cu128"
+    url: str  # may hold credentials: only ever written to root-only files
+
+
+def indexes(settings: Settings, spec: EngineSpec) -> list[Index]:
+    """The explicit indexes the pins read: a template's `{lane}` is filled with each pin's own
+    index lane (the kernel of the cu128 lane reads SGLang's cu129 index)."""
+    templates = {"torch": settings.torch_index_url, "kernel": settings.kernel_index_url}
+    found: dict[str, Index] = {}
+    for pin in spec.pins:
+        if pin.index_name is not None and pin.index_name not in found:
+            url = templates[pin.index].replace("{lane}", pin.index_lane)
+            found[pin.index_name] = Index(pin.index_name, url)
+    return list(found.values())
+
+
+def _toml(text: str) -> str:
+    return json.dumps(text)  # a JSON string is a valid TOML basic string
+
+
+def _toml_list(items: tuple[str, ...] | list[str]) -> str:
+    return "[" + ", ".join(_toml(i) for i in items) + "]"
+
+
+def project_toml(settings: Settings, spec: EngineSpec, wheelhouse_dir: str | None) -> str:
+    """The engine's pyproject.toml: the pins, the overrides, and where each package comes from
+    (or, offline, the wheelhouse alone). Builds from source are never run: an sdist-only pin
+    fails the lock with uv's message instead of running someone's build script."""
+    lines = [
+        "# Written by sglang-deploy (operations/engine.py); uv.lock beside it is the lock.",
+        "[project]",
+        'name = "sglang-engine"',
+        'version = "0"',
+        f"requires-python = {_toml(spec.python)}",
+        f"dependencies = {_toml_list(spec.requirements)}",
+        "",
+        "[tool.uv]",
+        "package = false",
+        "no-build = true",
+        f"environments = {_toml_list([LOCK_ENVIRONMENT])}",
+    ]
+    if spec.overrides:
+        lines.append(f"override-dependencies = {_toml_list(spec.overrides)}")
+    if wheelhouse_dir is not None:
+        lines += ["no-index = true", f"find-links = {_toml_list([wheelhouse_dir])}"]
+        return "\n".join(lines) + "\n"
+    if settings.package_index_url:
+        lines += ["", "[[tool.uv.index]]", 'name = "main"']
+        lines += [f"url = {_toml(settings.package_index_url)}", "default = true"]
+    for index in indexes(settings, spec):
+        lines += ["", "[[tool.uv.index]]", f"name = {_toml(index.name)}"]
+        lines += [f"url = {_toml(index.url)}", "explicit = true"]
+    lines += ["", "[tool.uv.sources]"]
+    for pin in spec.pins:
+        if pin.index_name is not None:
+            lines.append(f"{pin.name} = {{ index = {_toml(pin.index_name)} }}")
+    return "\n".join(lines) + "\n"
+
+
+def pip_config(settings: Settings, wheelhouse_dir: str | None) -> str | None:
+    """pip.conf for bootstrapping uv with the system Python's pip; None: pip's own default."""
+    if wheelhouse_dir is not None:
+        return f"[global]\nno-index = true\nfind-links = {wheelhouse_dir}\n"
+    if settings.package_index_url:
+        return f"[global]\nindex-url = {settings.package_index_url}\n"
+    return None
+
+
+def lock_path(settings: Settings, spec: EngineSpec) -> str:
+    """The engine's lock on the controller."""
+    return os.path.join(settings.engine_lock_dir, f"{spec.name}.lock")
+
+
+def missing_wheels(requirements: tuple[str, ...], wheel_names: list[str]) -> list[str]:
+    """The `name==version` requirements that no wheel file in `wheel_names` satisfies."""
+    have: set[tuple[str, Version]] = set()
+    for file_name in wheel_names:
+        try:
+            project, found, _, _ = parse_wheel_filename(file_name)
+        except ValueError:
+            continue
+        have.add((canonicalize_name(project), found))
+    missing = []
+    for requirement in requirements:
+        name, _, pin = requirement.partition("==")
+        if (canonicalize_name(name), Version(pin)) not in have:
+            missing.append(requirement)
+    return missing
