@@ -10,12 +10,14 @@ Steps, in order, each converging (a converged host reports no change):
 
 from pyinfra.context import host, state
 
+from operations.deploy_lock import lock_or_refuse
 from operations.engine import install_engine
 from operations.gate import plan_or_refuse
 from operations.model import stage_model
 from operations.serve import serve
 
-report = plan_or_refuse(state, host)
+# One deploy per host at a time: locked before the plan's first fact (operations/deploy_lock.py).
+report = plan_or_refuse(state, host) if lock_or_refuse(state, host) else None
 if report is not None:
     engine = install_engine(report)
     model = stage_model(report)

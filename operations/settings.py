@@ -133,6 +133,7 @@ class Settings:
     health_timeout_s: int
     restart_batch_size: int
     router: Router | None
+    deploy_lock_wait_s: int
     pve_ctid: int | None
     pve_restart: bool
     pve_install_driver: bool
@@ -250,8 +251,8 @@ _SYSTEM_DIRS = frozenset(
 )
 # Trees owned by the distribution or the kernel: no environment of ours goes under them.
 # /usr/local/ is the administrator's and allowed (/usr/local/hf/bin/hf).
-_SYSTEM_TREES = ("/bin/", "/boot/", "/dev/", "/etc/", "/lib/", "/proc/", "/run/", "/sbin/")
-_SYSTEM_TREES += ("/sys/", "/tmp/", "/var/tmp/")
+_SYSTEM_TREES: tuple[str, ...] = ("/bin/", "/boot/", "/dev/", "/etc/", "/lib/", "/proc/")
+_SYSTEM_TREES += ("/run/", "/sbin/", "/sys/", "/tmp/", "/var/tmp/")
 _PATH_KEYS = ("model_stage_dir", "model_cache_dir", "engine_root", "model_hub_cli")
 
 

@@ -1,0 +1,198 @@
+"""One deploy per host at a time: a host-wide lock held for the whole pyinfra run.
+
+pyinfra gathers facts while it loads deploy.py (so the plan is made then) and runs the
+operations afterwards, over one SSH connection per host. The lock is taken first, while
+deploy.py loads, before any fact of the plan is read: two runs never plan from the same state
+and never interleave their changes.
+
+How it is held: a small Python process on the host (root; under sudo when the inventory says
+`_sudo`) opens /run/sglang-deploy.lock (root's tmpfs: no other user can create or replace it;
+never followed if it is a link) and takes an exclusive flock, then waits on its stdin, which is
+a channel of the deploy's own SSH connection. The lock goes when that process exits:
+
+- at the end of the run (pyinfra disconnects the host: the channel is closed);
+- when the run dies in any way (Ctrl-C, kill -9, a lost network): the SSH connection closes,
+  sshd closes the process's stdin and the kernel drops the flock as the process exits.
+
+A second deploy that finds the lock held prints who holds it (user, controller, pid, since
+when) and waits for it up to `deploy_lock_wait_s`, then refuses the host with that message;
+it changes nothing meanwhile. Read-only commands (operations.plan, operations.status) take no
+lock. Connectors other than SSH and @local (such as @fake of `make demo`) hold no lock.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shlex
+import socket
+import subprocess
+import time
+from typing import Any
+
+from pyinfra import logger
+from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
+from pyinfra.api.command import StringCommand
+from pyinfra.api.state import BaseStateCallback
+from pyinfra.connectors.util import make_unix_command_for_host
+
+LOCK_PATH = "/run/sglang-deploy.lock"
+EXIT_TIMEOUT = 3
+
+# Runs on the host with python3 (the staging script needs it anyway). Prints "busy HOLDER"
+# when it has to wait, then "locked" or "timeout HOLDER"; holds the lock until stdin closes.
+HOLDER = r"""
+import fcntl, os, signal, sys, time
+path, who, wait = sys.argv[1], sys.argv[2], float(sys.argv[3])
+fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+if os.fstat(fd).st_uid != os.geteuid():
+    print("foreign " + path + " is not owned by root", flush=True)
+    sys.exit(2)
+def holder():
+    return os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
+try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except BlockingIOError:
+    print("busy " + holder(), flush=True)
+    def expired(signum, frame):
+        print("timeout " + holder(), flush=True)
+        os._exit(3)
+    signal.signal(signal.SIGALRM, expired)
+    signal.alarm(max(1, int(wait)))
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    signal.alarm(0)
+os.ftruncate(fd, 0)
+since = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+os.pwrite(fd, (who + ", host pid " + str(os.getpid()) + ", since " + since + "\n").encode(), 0)
+print("locked", flush=True)
+while sys.stdin.buffer.read(65536):
+    pass
+"""
+
+# (id(state), host name) -> the open channel or process that holds the lock.
+_held: dict[tuple[int, str], Any] = {}
+
+
+class _ReleaseOnDisconnect(BaseStateCallback):
+    @staticmethod
+    def host_disconnect(state: Any, host: Any) -> None:
+        release(state, host)
+
+
+def release(state: Any, host: Any) -> None:
+    """Let the lock go now (the holder sees its stdin close and exits)."""
+    handle = _held.pop((id(state), host.name), None)
+    if handle is None:
+        return
+    if isinstance(handle, subprocess.Popen):
+        if handle.stdin is not None:
+            handle.stdin.close()
+        handle.wait(timeout=30)
+    else:
+        handle.shutdown_write()
+        handle.close()
+
+
+def who() -> str:
+    return f"deploy by {getpass.getuser()}@{socket.gethostname()} (pyinfra pid {os.getpid()})"
+
+
+def holder_command(state: Any, host: Any, wait_s: int) -> str:
+    """The holder's command line, wrapped for the host's sudo/su settings like any fact."""
+    command = StringCommand(
+        "exec python3 -c", shlex.quote(HOLDER), LOCK_PATH, shlex.quote(who()), str(wait_s)
+    )
+    arguments, _ = pop_global_arguments(state, host, {})
+    connector_args = {
+        k: v
+        for k, v in arguments.items()
+        if k in CONNECTOR_ARGUMENT_KEYS
+        and k not in ("_stdin", "_timeout", "_get_pty", "_success_exit_codes")
+    }
+    wrapped: str = make_unix_command_for_host(
+        state, host, command, **connector_args
+    ).get_raw_value()
+    return wrapped
+
+
+def _start(state: Any, host: Any, command: str) -> tuple[Any, Any] | None:
+    """(handle, line reader) of the holder process, or None for a connector without one."""
+    kind = type(host.connector).__name__
+    if kind == "SSHConnector":
+        transport = host.connector.client.get_transport()
+        channel = transport.open_session()
+        channel.exec_command(command)
+        return channel, channel.makefile("r")
+    if kind == "LocalConnector":
+        proc = subprocess.Popen(
+            ["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        return proc, proc.stdout
+    return None
+
+
+def hold(state: Any, host: Any, wait_s: int) -> str | None:
+    """Take this host's deploy lock for the rest of the run. None when held (or when the
+    connector holds none); otherwise why not, in one line, for the host's refusal."""
+    if (id(state), host.name) in _held:
+        return None
+    command = holder_command(state, host, wait_s)
+    started = _start(state, host, command)
+    if started is None:
+        if type(host.connector).__name__ != "FakeConnector":
+            logger.warning(f"{host.print_prefix}no deploy lock with this connector")
+        return None
+    handle, lines = started
+    if not any(isinstance(h, _ReleaseOnDisconnect) for h in state.callback_handlers):
+        state.add_callback_handler(_ReleaseOnDisconnect())
+    began = time.monotonic()
+    for raw in lines:
+        line = raw.strip()
+        if line == "locked":
+            _held[(id(state), host.name)] = handle
+            if time.monotonic() - began > 1:
+                logger.info(f"{host.print_prefix}deploy lock taken after {_since(began)}")
+            return None
+        word, _, rest = line.partition(" ")
+        if word == "busy":
+            logger.warning(
+                f"{host.print_prefix}another deploy holds this host ({rest}); waiting up to "
+                f"{wait_s}s for it (deploy_lock_wait_s), nothing changed meanwhile"
+            )
+        elif word == "timeout":
+            _close(handle)
+            return (
+                f"another deploy still holds this host after {wait_s}s ({rest}); nothing was "
+                f"changed. Run again when it has finished, or raise deploy_lock_wait_s"
+            )
+        elif word == "foreign":
+            _close(handle)
+            return f"the deploy lock {rest}: refusing to use it; remove it and run again"
+    _close(handle)
+    return f"could not take the deploy lock {LOCK_PATH} (python3 missing on the host?)"
+
+
+def _since(began: float) -> str:
+    return f"{time.monotonic() - began:.0f}s"
+
+
+def _close(handle: Any) -> None:
+    if isinstance(handle, subprocess.Popen):
+        if handle.stdin is not None:
+            handle.stdin.close()
+        handle.wait(timeout=30)
+    else:
+        handle.close()
+
+
+def lock_or_refuse(state: Any, host: Any) -> bool:
+    """deploy.py's first step: True once this host's lock is held; otherwise the host is
+    refused (one line: who holds it) and False. Settings are checked first, as in the gate."""
+    from operations.gate import inventory_settings, refuse
+
+    settings = dict(inventory_settings(state))[host.name]
+    why = hold(state, host, settings.deploy_lock_wait_s)
+    if why is None:
+        return True
+    refuse(name="Refuse: another deploy holds this host, no change made", summary=why)
+    return False
