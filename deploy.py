@@ -19,7 +19,7 @@ from operations.serve import serve
 # One deploy per host at a time: locked before the plan's first fact (operations/deploy_lock.py).
 report = plan_or_refuse(state, host) if lock_or_refuse(state, host) else None
 if report is not None:
-    engine = install_engine(report)
-    model = stage_model(report)
-    # Ranks restart when their unit changed, or when the engine or the model did in this run.
-    serve(report, upstream=[engine.switched, model.op])
+    install_engine(report)
+    stage_model(report)
+    # A rank restarts when its unit changed: the unit names its engine and model copy by path.
+    serve(report)

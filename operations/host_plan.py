@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from operations import kb as kbmod
-from operations import preflight, resolver
+from operations import layout, preflight, resolver
 from operations.facts.gpu import NvidiaGpus, NvidiaSmi
 from operations.facts.host import HostResources, Model, Resources
-from operations.facts.model import source_model
+from operations.facts.model import ModelStaging, Staging, script_module, source_model
+from operations.facts.once import gathered
 from operations.settings import Settings
 
 
@@ -61,6 +62,29 @@ def gather(host: Any, settings: Settings) -> tuple[NvidiaSmi, Resources, Model]:
     return gpu, resources, model
 
 
+def model_key(settings: Settings) -> str | None:
+    """The key the staged copy of this model's source gets (STAGE_DIR/models/.SLUG@KEY), known
+    before it is staged so a rank unit can name it: a hub source's pinned revision, else the
+    source's manifest digest (the controller's copy, or the target's directory as the model step
+    reads it). None while the source cannot be read."""
+    source = settings.source
+    if source.kind == "hf" and source.revision:
+        return layout.hub_key(source.revision)
+    if source.kind == "controller" and source.controller_dir is not None:
+        try:
+            return str(script_module().scan(source.controller_dir)["digest"])
+        except (OSError, script_module().StageError):
+            return None
+    staging: Staging | None = gathered(
+        ModelStaging,
+        source=source.target_dir,
+        stage_dir=settings.model_stage_dir,
+        slug=layout.model_slug(settings),
+        verify=settings.model_verify,
+    )
+    return staging.source.digest if staging is not None and staging.source else None
+
+
 def plan_for_host(
     host: Any, settings: Settings, inventory_settings: list[tuple[str, Settings]] | None = None
 ) -> HostReport:
@@ -68,7 +92,13 @@ def plan_for_host(
     knowledge = kbmod.load()
     gpu, resources, model = gather(host, settings)
     failures = preflight.check(settings, knowledge, gpu, resources, model)
-    plan = resolver.resolve(settings, resolver.Facts(gpu=gpu, model=model), knowledge)
+    facts = resolver.Facts(
+        gpu=gpu,
+        model=model,
+        model_key=model_key(settings),
+        device_nodes=tuple(resources.device_nodes) if resources is not None else None,
+    )
+    plan = resolver.resolve(settings, facts, knowledge)
     router = None
     if settings.router is not None and settings.router.host == host.name:
         everyone = inventory_settings or [(host.name, settings)]

@@ -15,11 +15,12 @@ Docs: docs/model.md.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
+from io import StringIO
 from typing import Any, cast
 
 from pyinfra import logger
@@ -31,23 +32,20 @@ from pyinfra.context import host
 from pyinfra.facts.files import File
 from pyinfra.operations import files, systemd
 
+from operations import layout, units
 from operations.facts.host import Resources
 from operations.facts.model import SCRIPT_PATH, ModelStaging, Staging, script_module
+from operations.facts.once import gathered
+from operations.facts.serve import referenced_models, serving_state
 from operations.gate import refuse
 from operations.host_plan import HostReport
+from operations.layout import CONFIG_DIR, STAGE_UNIT
 from operations.preflight import stage_room
-from operations.resolver import (
-    CONFIG_DIR,
-    STAGE_UNIT,
-    TEMPLATES,
-    staged_model_path,
-    systemd_quote,
-)
 from operations.secret_files import put_secret
 from operations.settings import Settings
 
-SCRIPT_DEST = "/usr/local/lib/sglang-deploy/stage_model.py"
-UNIT_PATH = f"/etc/systemd/system/{STAGE_UNIT}"
+SCRIPT_DEST = layout.STAGE_SCRIPT
+UNIT_PATH = layout.unit_path(STAGE_UNIT)
 # Root-only, and only for the length of one download: the token never lands in a unit file.
 TOKEN_DIR = f"{CONFIG_DIR}/hub"
 TOKEN_FILE = f"{TOKEN_DIR}/token"
@@ -103,9 +101,13 @@ def decide(
     else:
         copy = staging.copy_bytes if staging.copy_bytes is not None else source.bytes
         what = f"{len(staging.changed_files)} file(s) new or changed"
-    room = stage_room(
-        settings, resources or Resources(), source.bytes, copy, staged.bytes if staged else 0
-    )
+    resources = resources or Resources()
+    if staging.leftover_bytes and resources.stage_free_bytes is not None:
+        # The stage run removes leftovers of a killed copy before it copies: their space is
+        # free for it. Counting it as used would pick in place and stop every rank for nothing.
+        free = resources.stage_free_bytes + staging.leftover_bytes
+        resources = replace(resources, stage_free_bytes=free)
+    room = stage_room(settings, resources, source.bytes, copy, staged.bytes if staged else 0)
     if room.mode is None:
         return StagePlan("refuse", room.why)
     return StagePlan(room.mode, f"{what}; {room.why}")
@@ -132,10 +134,17 @@ def stage_command(
     bwlimit_mbps: float | None,
     python: str = "python3",
     script: str = SCRIPT_DEST,
+    key: str | None = None,
+    keep: tuple[str, ...] = (),
 ) -> list[str]:
-    """The one command line of a staging run: the deploy and the boot unit both use it."""
+    """The one command line of a staging run: the deploy and the boot unit both use it.
+    key: the copy's name the rank units use; keep: copies units still name (not removed)."""
     argv = [python, script, "stage", source_dir, stage_dir, slug, "--mode", mode]
     argv += ["--verify", verify]
+    if key is not None:
+        argv += ["--key", key]
+    for kept in keep:
+        argv += ["--keep", kept]
     if bwlimit_mbps:
         argv += ["--bwlimit-mbps", f"{bwlimit_mbps:g}"]
     return argv
@@ -150,14 +159,18 @@ def staged(
     why: str,
     verify: str = "manifest",
     bwlimit_mbps: float | None = None,
+    key: str | None = None,
+    keep: list[str] | None = None,
 ) -> Any:
     """
-    Make STAGE_DIR/models/SLUG a complete copy of source_dir (what `decide` planned).
+    Make STAGE_DIR/models/.SLUG@KEY a complete copy of source_dir (what `decide` planned).
 
     + mode: "unchanged" (no-op), "beside" or "inplace" (the ranks are stopped first)
     + why: the plan's sentence, printed for a no-op
     + verify: "manifest" or "full" (re-hash the copy before switching to it)
     + bwlimit_mbps: cap the copy rate (MB/s), None for full speed
+    + key: the copy's name, as the rank units name it (None: its digest)
+    + keep: keys of copies a rank unit still names: not removed
     """
     if mode == "unchanged":
         host.noop(why)
@@ -166,7 +179,9 @@ def staged(
         raise OperationError(f"unknown staging mode {mode!r}")
     if mode == "inplace":
         yield StringCommand("systemctl", "stop", *(QuoteString(u) for u in RANK_UNITS))
-    argv = stage_command(source_dir, stage_dir, slug, mode, verify, bwlimit_mbps)
+    argv = stage_command(
+        source_dir, stage_dir, slug, mode, verify, bwlimit_mbps, key=key, keep=tuple(keep or ())
+    )
     yield FunctionCommand(_run_live, (shlex.join(argv), "staging the model"), {})
 
 
@@ -259,10 +274,32 @@ class StageResult:
 
 
 def slug_of(settings: Settings) -> str:
-    return staged_model_path(settings).rsplit("/", 1)[-1]
+    return layout.model_slug(settings)
 
 
-def unit_text_args(settings: Settings) -> dict[str, Any]:
+def copy_key(report: HostReport) -> str | None:
+    """The key of the copy the rank units name (the resolver decided it), None if unknown."""
+    paths = {r.model_path for r in report.plan.ranks}
+    keys = {layout.copy_key(report.settings, p) for p in paths}
+    return keys.pop() if len(keys) == 1 else None
+
+
+def for_units(
+    staging: Staging | None, settings: Settings, key: str | None, keep: set[str]
+) -> Staging | None:
+    """The fact as the rank units see it: copies a unit names (`keep`, paths) are no leftovers,
+    and a copy under another name than `key` is not up to date."""
+    if staging is None or staging.source is None:
+        return staging
+    wanted = layout.staged_copy(settings, key) if key is not None else None
+    leftovers = [p for p in staging.leftovers if p not in keep and p != wanted]
+    same = staging.staged is not None and staging.staged.digest == staging.source.digest
+    named = wanted is None or staging.current == wanted
+    fresh = same and named and not staging.mismatched and not leftovers
+    return dataclasses.replace(staging, leftovers=leftovers, up_to_date=fresh)
+
+
+def stage_unit_text(settings: Settings, key: str | None) -> str:
     argv = stage_command(
         settings.source.target_dir,
         settings.model_stage_dir,
@@ -271,15 +308,15 @@ def unit_text_args(settings: Settings) -> dict[str, Any]:
         "manifest",
         settings.model_stage_bwlimit_mbps,
         python="/usr/bin/python3",
+        key=key,
     )
-    return {
-        "model_name": settings.model_name,
-        "stage_dir": settings.model_stage_dir,
-        "source_dir": settings.source.target_dir,
-        "script": SCRIPT_DEST,
-        "exec_start": " ".join(systemd_quote(a) for a in argv),
-        "timeout_s": STAGE_TIMEOUT_S,
-    }
+    return units.stage_unit(
+        model_name=settings.model_name,
+        stage_dir=settings.model_stage_dir,
+        source_dir=settings.source.target_dir,
+        argv=argv,
+        timeout_s=STAGE_TIMEOUT_S,
+    )
 
 
 @deploy("Model: stage the weights in the tmpfs")
@@ -287,6 +324,7 @@ def _stage_model(report: HostReport) -> StageResult:
     s = report.settings
     source = s.source
     slug = slug_of(s)
+    key = copy_key(report)
 
     files.put(
         name="Install the staging script",
@@ -295,26 +333,29 @@ def _stage_model(report: HostReport) -> StageResult:
         mode="755",
         create_remote_dir=True,
     )
-    unit = files.template(
+    unit = files.put(
         name=f"Write {STAGE_UNIT} (stages the model at boot)",
-        src=str(Path(TEMPLATES) / "sglang-stage-model.service.j2"),
+        src=StringIO(stage_unit_text(s, key)),
         dest=UNIT_PATH,
         # /etc/systemd/system exists on every systemd host: no round trip to check it.
         create_remote_dir=False,
-        **unit_text_args(s),
     )
     systemd.daemon_reload(name="systemd daemon-reload", _if=unit.did_change)
     systemd.service(
         name=f"Enable {STAGE_UNIT} at boot", service=STAGE_UNIT, running=None, enabled=True
     )
 
-    staging: Staging | None = host.get_fact(
+    staging: Staging | None = gathered(
         ModelStaging,
         source=source.target_dir,
         stage_dir=s.model_stage_dir,
         slug=slug,
         verify=s.model_verify,
     )
+    # Copies a rank unit names now are kept: a rank not rolled yet still reads its own.
+    serving = serving_state(s)
+    kept = referenced_models(serving)
+    staging = for_units(staging, s, key, kept)
     pending = False
     if source.kind == "controller" and source.controller_dir is not None:
         local = script_module().scan(source.controller_dir)
@@ -365,6 +406,8 @@ def _stage_model(report: HostReport) -> StageResult:
         why=plan.why,
         verify=s.model_verify,
         bwlimit_mbps=s.model_stage_bwlimit_mbps,
+        key=key,
+        keep=sorted(k for p in kept if (k := layout.copy_key(s, p)) is not None and k != key),
     )
     return StageResult(op)
 

@@ -27,12 +27,19 @@ def failures_table(host: str, failures: list[Failure]) -> Table:
 
 
 def _common_options(argv: list[str]) -> str:
-    """A rank's options without its port: the part every rank shares."""
+    """A rank's options without its port, one option (with its values) a line: the part every
+    rank shares, readable however narrow the terminal."""
     options = argv[3:]
     if "--port" in options:
         at = options.index("--port")
         options = options[:at] + options[at + 2 :]
-    return shlex.join(options)
+    lines: list[list[str]] = []
+    for word in options:
+        if word.startswith("--") or not lines:
+            lines.append([word])
+        else:
+            lines[-1].append(word)
+    return "\n".join("  " + shlex.join(line) for line in [*lines, ["--port", "PORT"]])
 
 
 def host_panel(name: str, report: HostReport) -> Panel:
@@ -64,7 +71,7 @@ def host_panel(name: str, report: HostReport) -> Panel:
     if report.plan.ranks:
         first = report.plan.ranks[0]
         parts.append(Text(f"every rank runs: {' '.join(first.argv[:3])}", style="bold"))
-        parts.append(Text(f"  {_common_options(first.argv)} --port PORT\n"))
+        parts.append(Text(f"{_common_options(first.argv)}\n"))
         ranks = Table(title="ranks", title_justify="left")
         ranks.add_column("rank", justify="right")
         ranks.add_column("GPU (CUDA_VISIBLE_DEVICES)", justify="right")

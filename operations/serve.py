@@ -1,13 +1,17 @@
 """Step 4 of the deploy: one systemd unit per rank, started or rolled health-gated; the router.
 
-What each rank runs (argv, environment, unit text) was decided by the resolver; this module only
-turns "what should run" and the ServingState fact into the fewest changes:
+What each rank runs (argv, environment, unit text) was decided by the resolver, and each unit
+names its own engine environment and staged model copy by path. This module turns "what should
+run" and the ServingState fact into the fewest changes (`roll_plan`, pure):
 
 - ranks that are not serving start together, then must all answer /health;
-- serving ranks whose unit, engine (`current`), model or API key changed restart in batches of
-  `restart_batch_size`, each batch healthy before the next; a batch that fails stops the roll and
-  the ranks not yet restarted keep serving the previous version;
-- ranks beyond `dp_size` are stopped, disabled and removed.
+- a serving rank restarts when and only when its own unit file changes (or the API key file it
+  reads): the new unit is written and the rank restarted in batches of `restart_batch_size`,
+  each batch healthy before the next. A batch that fails stops the roll; the ranks not yet
+  rolled keep unit files that name the previous engine and model, so a crash-restart or a
+  reboot runs those again, never the new ones;
+- ranks beyond `dp_size` are stopped, disabled and removed;
+- once every batch is healthy, staged model copies no unit names any more are removed.
 A converged host gathers one fact here and changes nothing.
 """
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import shlex
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from io import BytesIO
 from pathlib import Path
 from typing import Any, cast
@@ -23,21 +28,19 @@ from typing import Any, cast
 from pyinfra import logger
 from pyinfra.api.command import FileUploadCommand, QuoteString, StringCommand
 from pyinfra.api.deploy import deploy
-from pyinfra.api.operation import OperationMeta, operation
+from pyinfra.api.operation import operation
 from pyinfra.context import host
 from pyinfra.operations import server, systemd
 
-from operations import resolver
-from operations.facts.serve import Serving, ServingState
+from operations import layout
+from operations.facts.serve import Serving, referenced_models, serving_state
 from operations.host_plan import HostReport
-from operations.resolver import ROUTER_UNIT, SECRETS_FILE, Rank, RouterPlan
+from operations.layout import ROUTER_MARKER, ROUTER_UNIT, SECRETS_FILE, TARGET
+from operations.resolver import Rank, RouterPlan
 from operations.secret_files import put_secret
 from operations.settings import Settings
 
-UNIT_DIR = "/etc/systemd/system"
-TARGET = "sglang.target"
-SCRIPT_DIR = "/usr/local/lib/sglang-deploy"
-WAIT_SCRIPT = f"{SCRIPT_DIR}/wait_healthy.py"
+WAIT_SCRIPT = layout.WAIT_SCRIPT
 _WAIT_SOURCE = Path(__file__).parent / "files" / "wait_healthy.py"
 
 TARGET_TEXT = """\
@@ -126,21 +129,55 @@ def wait_healthy(checks: list[tuple[str, str]], timeout_s: int, hint: str = "") 
     yield shlex.join(words)
 
 
-def _health_url(settings: Settings, port: int) -> str:
-    address = settings.server_host
-    if address in ("0.0.0.0", "::"):
-        address = "127.0.0.1"
-    if ":" in address:
-        address = f"[{address}]"
-    return f"http://{address}:{port}/health"
-
-
 def _unit_path(rank: int) -> str:
-    return f"{UNIT_DIR}/{resolver.unit_name(rank)}"
+    return layout.unit_path(layout.unit_name(rank))
 
 
-def _batches(ranks: Sequence[Rank], size: int) -> list[list[Rank]]:
+def batches(ranks: Sequence[Rank], size: int) -> list[list[Rank]]:
     return [list(ranks[i : i + size]) for i in range(0, len(ranks), size)]
+
+
+@dataclass(frozen=True)
+class RollPlan:
+    """What the serve step does to the ranks, decided from the fact alone."""
+
+    # Not serving now: their (new) units are written and they start together.
+    start: list[Rank] = field(default_factory=list)
+    # Serving, and their unit changed: rewritten and restarted, one batch at a time.
+    batches: list[list[Rank]] = field(default_factory=list)
+    # Beyond dp_size: stopped, disabled, removed.
+    remove: list[int] = field(default_factory=list)
+    # Serving and unchanged: not touched.
+    unchanged: list[Rank] = field(default_factory=list)
+
+    @property
+    def rolled(self) -> list[Rank]:
+        return [rank for batch in self.batches for rank in batch]
+
+
+def roll_plan(
+    ranks: Sequence[Rank], serving: Serving, batch_size: int, secret_changed: bool = False
+) -> RollPlan:
+    """Which ranks start, which restart in which batches, which go.
+
+    A rank's unit file names its engine environment and model copy, so "what it runs changed"
+    is "its unit text changed": nothing is inferred from links or times. After a roll that
+    stopped at a failed batch (or a reboot in the middle of one) the fact shows the rolled
+    ranks' files already new and the others old, so a re-run rolls exactly the rest.
+    `secret_changed`: the API key file the ranks read with --config changed: all restart.
+    """
+    plan = RollPlan(remove=sorted(set(serving.rank_files()) - {r.rank for r in ranks}))
+    restart: list[Rank] = []
+    for rank in ranks:
+        now = serving.ranks.get(rank.rank)
+        if now is None or not now.running:
+            plan.start.append(rank)
+        elif now.unit_sha256 != sha256(rank.unit) or secret_changed:
+            restart.append(rank)
+        else:
+            plan.unchanged.append(rank)
+    plan.batches.extend(batches(restart, max(1, batch_size)))
+    return plan
 
 
 @operation()
@@ -167,56 +204,54 @@ def service_user(user: str, exists: bool) -> Any:
     )
 
 
+@operation()
+def pruned_model_copies(stage_dir: str, slug: str, keep: list[str], doomed: list[str]) -> Any:
+    """
+    Remove staged copies of the model that no rank unit names any more (after a whole roll).
+
+    + stage_dir: the tmpfs (copies are STAGE_DIR/models/.SLUG@KEY)
+    + slug: the model's directory name
+    + keep: the keys the units name now
+    + doomed: the copies the fact shows that are not kept (nothing to do when empty)
+    """
+    if not doomed:
+        host.noop("every staged copy is named by a unit")
+        return
+    argv = ["python3", layout.STAGE_SCRIPT, "prune", stage_dir, slug]
+    for key in keep:
+        argv += ["--keep", key]
+    yield shlex.join(argv)
+
+
 class ServeStep:
     """Which ranks this run starts, restarts (and in what batches) and removes: the plan's
     'what changes' part, and the operations that do it."""
 
-    def __init__(
-        self, report: HostReport, serving: Serving, upstream: Sequence[OperationMeta]
-    ) -> None:
+    def __init__(self, report: HostReport, serving: Serving) -> None:
         s = report.settings
         self.report = report
         self.serving = serving
-        self.upstream = [meta for meta in upstream if meta is not None]
-        want = {r.rank: r for r in report.plan.ranks}
         secret = secrets_text(s)
         secret_changed = (secret is not None) and serving.files.get(SECRETS_FILE) != sha256(secret)
         self.secret = secret
-        self.remove = sorted(set(serving.ranks) - set(want))
-        self.start: list[Rank] = []
-        self.restart: list[Rank] = []
-        self.maybe_restart: list[Rank] = []
-        for rank in report.plan.ranks:
-            now = serving.ranks.get(rank.rank)
-            if now is None or now.active not in ("active", "activating", "reloading"):
-                self.start.append(rank)
-            elif now.unit_sha256 != sha256(rank.unit) or serving.stale(rank.rank) or secret_changed:
-                self.restart.append(rank)
-            elif any(meta.will_change for meta in self.upstream):
-                self.maybe_restart.append(rank)
+        self.plan = roll_plan(report.plan.ranks, serving, s.restart_batch_size, secret_changed)
 
     def summary(self) -> str:
         """What this run does to the ranks, for the plan printed before any change."""
-        size = self.report.settings.restart_batch_size
 
         def names(ranks: Sequence[Rank]) -> str:
             return ", ".join(str(r.rank) for r in ranks)
 
+        plan = self.plan
         parts = []
-        if self.start:
-            parts.append(f"start rank(s) {names(self.start)} together")
-        if self.restart:
-            batches = " then ".join(f"[{names(b)}]" for b in _batches(self.restart, size))
-            parts.append(f"restart (changed) in batches {batches}")
-        if self.maybe_restart:
-            batches = " then ".join(f"[{names(b)}]" for b in _batches(self.maybe_restart, size))
-            parts.append(f"restart if the engine or model changes, in batches {batches}")
-        if self.remove:
-            parts.append(f"stop and remove rank(s) {', '.join(map(str, self.remove))}")
+        if plan.start:
+            parts.append(f"start rank(s) {names(plan.start)} together")
+        if plan.batches:
+            order = " then ".join(f"[{names(b)}]" for b in plan.batches)
+            parts.append(f"restart (unit changed) in batches {order}")
+        if plan.remove:
+            parts.append(f"stop and remove rank(s) {', '.join(map(str, plan.remove))}")
         return "; ".join(parts) or "every rank runs what the plan says: nothing to restart"
-
-    def upstream_changed(self) -> bool:
-        return any(meta.did_change() for meta in self.upstream)
 
     def run(self) -> None:
         s = self.report.settings
@@ -247,26 +282,25 @@ class ServeStep:
             server.shell(name="Serve: remove the API key file", commands=[f"rm -f {SECRETS_FILE}"])
         target = managed_file(
             name="Serve: sglang.target",
-            dest=f"{UNIT_DIR}/{TARGET}",
+            dest=layout.unit_path(TARGET),
             content=TARGET_TEXT,
-            present_sha256=self.serving.files.get(f"{UNIT_DIR}/{TARGET}"),
+            present_sha256=self.serving.files.get(layout.unit_path(TARGET)),
         )
-        if self.remove:
+        if self.plan.remove:
             self._remove()
-        if self.start:
-            self._start(target)
+        if self.plan.start:
+            self._start()
         elif target.will_change:
             systemd.daemon_reload(name="Serve: reload systemd")
         if target.will_change:
             systemd.service(name="Serve: enable sglang.target", service=TARGET, enabled=True)
-        for number, batch in enumerate(_batches(self.restart, s.restart_batch_size), 1):
-            self._roll(batch, f"restart batch {number}", gate=None)
-        for number, batch in enumerate(_batches(self.maybe_restart, s.restart_batch_size), 1):
-            self._roll(batch, f"restart batch {number} (new engine or model)", gate=self)
+        for number, batch in enumerate(self.plan.batches, 1):
+            self._roll(batch, f"restart batch {number}")
+        self._prune_models()
 
     def _remove(self) -> None:
-        units = [resolver.unit_name(r) for r in self.remove]
-        paths = " ".join(_unit_path(r) for r in self.remove)
+        units = [layout.unit_name(r) for r in self.plan.remove]
+        paths = " ".join(_unit_path(r) for r in self.plan.remove)
         server.shell(
             name=f"Serve: stop, disable and remove {', '.join(units)} (dp_size shrank)",
             commands=[
@@ -279,32 +313,32 @@ class ServeStep:
 
     def _write_units(self, ranks: Sequence[Rank], why: str) -> None:
         for rank in ranks:
+            now = self.serving.ranks.get(rank.rank)
             managed_file(
                 name=f"Serve: {rank.unit_name} ({why})",
                 dest=_unit_path(rank.rank),
                 content=rank.unit,
-                present_sha256=self._unit_sha256(rank.rank),
+                present_sha256=now.unit_sha256 if now is not None else None,
             )
 
-    def _unit_sha256(self, rank: int) -> str | None:
-        now = self.serving.ranks.get(rank)
-        return now.unit_sha256 if now is not None else None
-
-    def _start(self, target: OperationMeta) -> None:
+    def _start(self) -> None:
         s = self.report.settings
-        self._write_units(self.start, "start")
+        start = self.plan.start
+        self._write_units(start, "start")
         systemd.daemon_reload(name="Serve: reload systemd")
-        units = [r.unit_name for r in self.start]
+        units = " ".join(r.unit_name for r in start)
         server.shell(
-            name=f"Serve: enable and start {', '.join(units)}",
+            name=f"Serve: enable and start {', '.join(r.unit_name for r in start)}",
             commands=[
-                f"systemctl enable {' '.join(units)}",
-                f"systemctl restart {' '.join(units)}",
+                f"systemctl enable {units}",
+                # A crash loop left the unit `failed` at its start limit: a deploy starts afresh.
+                f"systemctl reset-failed {units} || true",
+                f"systemctl restart {units}",
             ],
         )
         wait_healthy(
-            name=f"Serve: wait for /health of {', '.join(units)}",
-            checks=[(r.unit_name, _health_url(s, r.port)) for r in self.start],
+            name=f"Serve: wait for /health of {', '.join(r.unit_name for r in start)}",
+            checks=[(r.unit_name, layout.rank_health_url(s, r.rank)) for r in start],
             timeout_s=s.health_timeout_s,
             hint=(
                 "The ranks that were serving before this run were not touched: the deploy stops "
@@ -312,57 +346,53 @@ class ServeStep:
             ),
         )
 
-    def _roll(self, batch: list[Rank], what: str, gate: ServeStep | None) -> None:
+    def _roll(self, batch: list[Rank], what: str) -> None:
         s = self.report.settings
-        units = [r.unit_name for r in batch]
+        names = ", ".join(r.unit_name for r in batch)
+        units = " ".join(r.unit_name for r in batch)
         hint = (
-            f"The roll stopped at {', '.join(units)}; ranks not yet restarted still serve the "
-            "previous version. To go back, set the previous settings (pin, flags or model) and "
-            "run the deploy again: the previous engine environment is kept and switches back "
-            "without a download."
+            f"The roll stopped at {names}; the ranks not yet restarted still serve the previous "
+            "engine and model, and their unit files still name them, so a crash-restart or a "
+            "reboot runs the previous version too. To go back, set the previous settings (pin, "
+            "flags or model) and run the deploy again: the previous engine environment is kept "
+            "while a unit names it."
         )
-        extra: dict[str, Any] = {"_if": gate.upstream_changed} if gate is not None else {}
         self._write_units(batch, what)
-        systemd.daemon_reload(name=f"Serve: reload systemd ({what})", **extra)
+        systemd.daemon_reload(name=f"Serve: reload systemd ({what})")
         server.shell(
-            name=f"Serve: {what}: restart {', '.join(units)}",
-            commands=[f"systemctl restart {' '.join(units)}"],
-            **extra,
+            name=f"Serve: {what}: restart {names}",
+            commands=[f"systemctl reset-failed {units} || true", f"systemctl restart {units}"],
         )
         wait_healthy(
-            name=f"Serve: {what}: wait for /health of {', '.join(units)}",
-            checks=[(r.unit_name, _health_url(s, r.port)) for r in batch],
+            name=f"Serve: {what}: wait for /health of {names}",
+            checks=[(r.unit_name, layout.rank_health_url(s, r.rank)) for r in batch],
             timeout_s=s.health_timeout_s,
             hint=hint,
-            **extra,
         )
 
-
-ROUTER_MARKER = ".sglang-deploy-complete"
-
-
-def managed_paths(settings: Settings) -> list[str]:
-    paths = [WAIT_SCRIPT, SECRETS_FILE, f"{UNIT_DIR}/{TARGET}", f"{UNIT_DIR}/{ROUTER_UNIT}"]
-    if settings.router is not None:
-        paths.append(f"{resolver.router_env_dir(settings)}/{ROUTER_MARKER}")
-    return paths
-
-
-def serving_state(settings: Settings) -> Serving:
-    fact: Serving = host.get_fact(
-        ServingState,
-        engine_root=settings.engine_root,
-        model_path=resolver.staged_model_path(settings),
-        paths=managed_paths(settings),
-        user=settings.service_user,
-    )
-    return fact
+    def _prune_models(self) -> None:
+        s = self.report.settings
+        keep = {r.model_path for r in self.report.plan.ranks}
+        keys = sorted(k for p in keep if (k := layout.copy_key(s, p)) is not None)
+        if not keys:
+            return  # the ranks read the link (copy not known): nothing is named, nothing goes
+        present = referenced_models(self.serving)
+        if self.serving.model_target:
+            present.add(f"{layout.models_dir(s)}/{self.serving.model_target}")
+        doomed = sorted(p for p in present - keep if layout.copy_key(s, p) is not None)
+        pruned_model_copies(
+            name="Serve: remove staged model copies no unit names",
+            stage_dir=s.model_stage_dir,
+            slug=layout.model_slug(s),
+            keep=keys,
+            doomed=doomed,
+        )
 
 
 @deploy("Serve: SGLang ranks as systemd units")
-def _serve(report: HostReport, upstream: Sequence[OperationMeta | None] = ()) -> ServeStep:
+def _serve(report: HostReport) -> ServeStep:
     serving = serving_state(report.settings)
-    step = ServeStep(report, serving, [m for m in upstream if m])
+    step = ServeStep(report, serving)
     host.log(f"ranks: {step.summary()}", logger.info)
     step.run()
     if report.router is not None:
@@ -433,15 +463,20 @@ def _route(report: HostReport, serving: Serving, plan: RouterPlan) -> None:
     )
     unit = managed_file(
         name=f"Router: {ROUTER_UNIT}",
-        dest=f"{UNIT_DIR}/{ROUTER_UNIT}",
+        dest=layout.unit_path(ROUTER_UNIT),
         content=plan.unit,
-        present_sha256=serving.files.get(f"{UNIT_DIR}/{ROUTER_UNIT}"),
+        present_sha256=serving.files.get(layout.unit_path(ROUTER_UNIT)),
     )
-    if env.will_change or unit.will_change or serving.router_active != "active":
+    router = serving.router
+    if env.will_change or unit.will_change or router is None or router.active != "active":
         systemd.daemon_reload(name="Router: reload systemd")
         server.shell(
             name=f"Router: (re)start {ROUTER_UNIT}",
-            commands=[f"systemctl enable {ROUTER_UNIT}", f"systemctl restart {ROUTER_UNIT}"],
+            commands=[
+                f"systemctl enable {ROUTER_UNIT}",
+                f"systemctl reset-failed {ROUTER_UNIT} || true",
+                f"systemctl restart {ROUTER_UNIT}",
+            ],
         )
         wait_healthy(
             name="Router: wait for /health",

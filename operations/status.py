@@ -3,7 +3,8 @@
     python -m operations.status INVENTORY [--data KEY=VALUE ...] [--json]
 
 Loads the inventory as pyinfra does (operations/plan.py), reads one fact per host
-(operations/facts/status.py: one SSH round trip whatever the number of ranks) and prints a table
+(operations/facts/serve.py, the deploy's own serving fact: one SSH round trip whatever the
+number of ranks) and prints a table
 per host, or one JSON document with --json. Exit status: 0 when every configured rank of every
 host (and each host's router) is healthy, 1 when any is not or a host could not be read, 2 when
 the command itself could not run (no such inventory, bad arguments).
@@ -17,8 +18,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from operations import resolver
-from operations.facts.status import ROUTER_KEY, HostStatus, ServingStatus, UnitStatus
+from operations import layout
+from operations.facts.serve import ROUTER_KEY, Serving, ServingState, UnitState
 from operations.redact import redact_data, redact_text
 from operations.settings import Settings
 
@@ -51,8 +52,8 @@ class RankStatus:
     pid: int | None
     uptime_s: int | None
     restarts: int | None
-    # Started before `current` or the staged model last switched: still runs the previous one.
-    stale: bool = False
+    # The staged copy its unit names (its key), and the environment's path.
+    model_path: str | None = None
 
 
 @dataclass(frozen=True)
@@ -121,39 +122,28 @@ class HostResult:
 # -- from settings and the fact to rows (pure) ----------------------------------------------
 
 
-def health_url(address: str, port: int) -> str:
-    """/health as the host itself reaches a server bound to `address`."""
-    if address in ("0.0.0.0", "::", ""):
-        address = "127.0.0.1"
-    if ":" in address:
-        address = f"[{address}]"
-    return f"http://{address}:{port}/health"
-
-
 def router_url(settings: Settings, host_name: str) -> str | None:
     router = settings.router
     if router is None or router.host != host_name:
         return None
-    return health_url(router.bind, router.port)
+    return layout.health_url(router.bind, router.port)
 
 
 def fact_args(settings: Settings, host_name: str) -> dict[str, Any]:
-    """The ServingStatus arguments for a host with these settings."""
-    urls = {
-        str(rank): health_url(settings.server_host, settings.base_port + rank)
-        for rank in range(settings.dp_size)
-    }
+    """The ServingState arguments for a host with these settings (probes and GPUs included)."""
+    urls = {str(rank): layout.rank_health_url(settings, rank) for rank in range(settings.dp_size)}
     router = router_url(settings, host_name)
     if router is not None:
         urls[ROUTER_KEY] = router
     source = settings.source
     return {
-        "ranks": list(range(settings.dp_size)),
-        "health_urls": urls,
         "engine_root": settings.engine_root,
-        "model_path": resolver.staged_model_path(settings),
-        "hub_marker": f"{source.target_dir}/{HUB_MARKER}" if source.kind == "hf" else None,
+        "model_link": layout.staged_model_link(settings),
+        "ranks": list(range(settings.dp_size)),
         "router": router is not None,
+        "health_urls": urls,
+        "hub_marker": f"{source.target_dir}/{HUB_MARKER}" if source.kind == "hf" else None,
+        "gpus": True,
         "timeout_s": PROBE_TIMEOUT_S,
     }
 
@@ -168,31 +158,46 @@ def describe_health(answer: str | None, probe_error: str | None) -> str:
     return answer.replace("error:", "error ")
 
 
-def describe_unit(unit: UnitStatus | None) -> str:
+def describe_unit(unit: UnitState | None) -> str:
     if unit is None or not unit.exists:
         return "missing"
     return f"{unit.active or '?'} ({unit.sub or '?'})"
 
 
-def _uptime(unit: UnitStatus | None, now: int | None) -> int | None:
+def _uptime(unit: UnitState | None, now: int | None) -> int | None:
     if unit is None or unit.started_at is None or now is None or unit.active != "active":
         return None
     return max(0, now - unit.started_at)
 
 
-def _gpu_index(unit: UnitStatus | None, rank: int) -> int | None:
+def _gpu_index(unit: UnitState | None, rank: int) -> int | None:
     if unit is not None and unit.visible_devices is not None:
         first = unit.visible_devices.split(",")[0]
         return int(first) if first.isdigit() else None
     return rank  # one rank per GPU (operations/resolver.py)
 
 
-def rank_rows(settings: Settings, status: HostStatus) -> list[RankStatus]:
+def _engine(unit: UnitState | None, status: Serving) -> tuple[str | None, str | None, str | None]:
+    """(environment name, release, lane) of what the rank's unit file runs."""
+    env = unit.engine_env() if unit is not None else None
+    if env is None:
+        return None, None, None
+    name = env.rstrip("/").rsplit("/", 1)[-1]
+    marker = status.envs.get(name)
+    return name, marker.release if marker else None, marker.lane if marker else None
+
+
+def _revision(settings: Settings, unit: UnitState | None) -> tuple[str | None, str | None]:
+    """(key, path) of the staged copy the rank's unit file names."""
+    path = unit.model_path() if unit is not None else None
+    if path is None:
+        return None, None
+    return layout.copy_key(settings, path) or path.rstrip("/").rsplit("/", 1)[-1], path
+
+
+def rank_rows(settings: Settings, status: Serving) -> list[RankStatus]:
     expected = set(range(settings.dp_size))
     gpus = {g.index: g for g in status.gpus}
-    revision = status.model_digest
-    if status.model_hub_revision:
-        revision = f"{status.model_hub_revision} ({status.model_digest or 'not staged'})"
     rows = []
     for rank in sorted(expected | set(status.ranks)):
         unit = status.ranks.get(rank)
@@ -203,10 +208,12 @@ def rank_rows(settings: Settings, status: HostStatus) -> list[RankStatus]:
         healthy = unit is not None and unit.exists and unit.active == "active" and answer == "200"
         index = _gpu_index(unit, rank)
         gpu = gpus.get(index) if index is not None else None
+        engine, release, lane = _engine(unit, status)
+        revision, model_path = _revision(settings, unit)
         rows.append(
             RankStatus(
                 rank=rank,
-                unit=resolver.unit_name(rank),
+                unit=layout.unit_name(rank),
                 port=settings.base_port + rank,
                 expected=rank in expected,
                 state=state,
@@ -214,9 +221,9 @@ def rank_rows(settings: Settings, status: HostStatus) -> list[RankStatus]:
                 if rank in expected
                 else "not probed (beyond dp_size)",
                 healthy=healthy,
-                sglang_version=status.engine_release,
-                lane=status.engine_lane,
-                engine=status.engine_current,
+                sglang_version=release,
+                lane=lane,
+                engine=engine,
                 model=settings.model_name,
                 model_revision=revision,
                 gpu=index,
@@ -226,20 +233,20 @@ def rank_rows(settings: Settings, status: HostStatus) -> list[RankStatus]:
                 pid=unit.main_pid if unit is not None else None,
                 uptime_s=_uptime(unit, status.now),
                 restarts=unit.restarts if unit is not None and unit.exists else None,
-                stale=healthy and status.stale(rank),
+                model_path=model_path,
             )
         )
     return rows
 
 
-def router_row(settings: Settings, host_name: str, status: HostStatus) -> RouterStatus | None:
+def router_row(settings: Settings, host_name: str, status: Serving) -> RouterStatus | None:
     url = router_url(settings, host_name)
     if url is None:
         return None
     unit = status.router
     answer = status.health.get(ROUTER_KEY)
     return RouterStatus(
-        unit=resolver.ROUTER_UNIT,
+        unit=layout.ROUTER_UNIT,
         state=describe_unit(unit),
         health=describe_health(answer, status.health_error),
         healthy=unit is not None and unit.active == "active" and answer == "200",
@@ -250,7 +257,7 @@ def router_row(settings: Settings, host_name: str, status: HostStatus) -> Router
     )
 
 
-def host_result(name: str, settings: Settings, status: HostStatus) -> HostResult:
+def host_result(name: str, settings: Settings, status: Serving) -> HostResult:
     return HostResult(
         name=name,
         reachable=True,
@@ -340,7 +347,7 @@ def read_hosts(state: Any) -> list[HostResult]:
         settings = loaded[host.name]
         try:
             with ctx_host.use(host):
-                status = host.get_fact(ServingStatus, **fact_args(settings, host.name))
+                status = host.get_fact(ServingState, **fact_args(settings, host.name))
         except Exception as exc:  # a failed read is this host's result, never a traceback
             error = f"status: {_one_line(exc)}"
             results.append(HostResult(host.name, reachable=True, error=error))
@@ -390,8 +397,6 @@ def host_table(result: HostResult) -> Any:
     table.add_column("restarts", justify="right")
     for r in result.ranks:
         version = f"{r.sglang_version or '?'} {r.lane or ''}".strip() if r.engine else "-"
-        if r.stale:
-            version += " (restart pending)"
         model = f"{r.model}@{r.model_revision}" if r.model_revision else f"{r.model} (not staged)"
         health_style = "green" if r.healthy else ("dim" if not r.expected else "red")
         rank = str(r.rank) if r.expected else f"{r.rank} (extra)"

@@ -67,6 +67,8 @@ class Staging:
     # model_verify full: staged files whose sha256 differs from the source's.
     mismatched: list[str] = field(default_factory=list)
     up_to_date: bool = False
+    # The copy the model link points at (STAGE_DIR/models/.SLUG@KEY), None when none.
+    current: str | None = None
 
 
 def _copy(data: Any) -> Copy | None:
@@ -117,6 +119,7 @@ def parse_staging(lines: list[str]) -> Staging:
             changed_files=_strings(data.get("changed_files")),
             mismatched=_strings(data.get("mismatched")),
             up_to_date=bool(data.get("up_to_date")),
+            current=data["current"] if isinstance(data.get("current"), str) else None,
         )
     except (KeyError, TypeError, ValueError) as exc:
         what = f"{type(exc).__name__}: {exc}"

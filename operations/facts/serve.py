@@ -1,45 +1,174 @@
-"""What runs now: the rank units, their state, and when the engine and the model last changed."""
+"""What serves now, in one round trip: the serve step's and the status command's one fact.
+
+Every rank unit file (its checksum and its ExecStart=, which names the engine environment and
+the staged model copy the rank runs), the state systemd has for it, the router unit, the other
+managed files, the service user, the engine environments and the staged model link; for the
+status command also each /health answer (probed on the host itself) and GPU memory.
+"""
 
 from __future__ import annotations
 
-import re
+import json
+import shlex
 from dataclasses import dataclass, field
 
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.facts import FactBase
 
-_UNIT_RE = re.compile(r"^sglang@(\d+)\.service$")
+from operations import layout
+from operations.facts.engine import MARKER
+from operations.facts.once import gathered
+from operations.settings import Settings
+
+ROUTER_KEY = "router"
+UNIT_PROPERTIES = (
+    "Id",
+    "LoadState",
+    "ActiveState",
+    "SubState",
+    "MainPID",
+    "NRestarts",
+    "ExecMainStartTimestamp",
+    "Environment",
+)
+GPU_QUERY = "index,name,memory.used,memory.total"
+GPU_TIMEOUT_S = 10  # a wedged driver must not hang the status
+
+# argv: timeout, then KEY=URL pairs; prints "health KEY CODE" (the HTTP status) or
+# "health KEY refused|timeout|error:WHAT". Proxies are ignored: the URLs are the host's own.
+_PROBE = """\
+import sys, socket, urllib.error, urllib.request
+from concurrent.futures import ThreadPoolExecutor
+timeout = float(sys.argv[1])
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+def probe(pair):
+    key, url = pair.split("=", 1)
+    try:
+        with opener.open(url, timeout=timeout) as r:
+            return key, str(r.status)
+    except urllib.error.HTTPError as e:
+        return key, str(e.code)
+    except urllib.error.URLError as e:
+        reason = e.reason
+        if isinstance(reason, ConnectionRefusedError):
+            return key, "refused"
+        if isinstance(reason, (socket.timeout, TimeoutError)):
+            return key, "timeout"
+        return key, "error:" + type(reason).__name__
+    except (socket.timeout, TimeoutError):
+        return key, "timeout"
+    except Exception as e:
+        return key, "error:" + type(e).__name__
+pairs = sys.argv[2:]
+with ThreadPoolExecutor(max(1, len(pairs))) as pool:
+    for key, answer in pool.map(probe, pairs):
+        print("health", key, answer)
+"""
 
 
 @dataclass(frozen=True)
-class RankState:
+class UnitState:
+    """One unit: its file (checksum, ExecStart=) and `systemctl show`; `load` is "not-found"
+    when systemd has no such unit."""
+
     unit_sha256: str | None = None
+    exec_start: str | None = None
+    load: str | None = None
     active: str | None = None
+    sub: str | None = None
+    main_pid: int | None = None
+    restarts: int | None = None
     # When the running process started (epoch seconds); None when it is not running.
     started_at: int | None = None
-    restarts: int | None = None
+    # CUDA_VISIBLE_DEVICES from the unit's Environment=.
+    visible_devices: str | None = None
+
+    @property
+    def exists(self) -> bool:
+        return self.unit_sha256 is not None or self.load not in (None, "not-found")
+
+    @property
+    def running(self) -> bool:
+        return self.active in ("active", "activating", "reloading")
+
+    def argv(self) -> list[str]:
+        """ExecStart= as words, specifiers and `$$` unescaped (operations/units.py writes it)."""
+        if not self.exec_start:
+            return []
+        try:
+            words = shlex.split(self.exec_start)
+        except ValueError:
+            return []
+        return [w.replace("%%", "%").replace("$$", "$") for w in words]
+
+    def engine_env(self) -> str | None:
+        """The environment directory the unit runs (ENV/bin/python -> ENV)."""
+        words = self.argv()
+        if not words or not words[0].endswith("/bin/python"):
+            return None
+        return words[0][: -len("/bin/python")]
+
+    def model_path(self) -> str | None:
+        words = self.argv()
+        for i, word in enumerate(words[:-1]):
+            if word == "--model-path":
+                return words[i + 1]
+        return None
+
+
+@dataclass(frozen=True)
+class GpuUsage:
+    index: int
+    name: str
+    memory_used_mib: int
+    memory_total_mib: int
+
+
+@dataclass(frozen=True)
+class EngineEnv:
+    """A complete engine environment under ENGINE_ROOT/envs, as its marker file records it."""
+
+    release: str | None = None
+    lane: str | None = None
 
 
 @dataclass(frozen=True)
 class Serving:
-    ranks: dict[int, RankState] = field(default_factory=dict)
-    # ctime of ENGINE_ROOT/current and of the staged model path (links or directories): a rank
-    # that started before either changed runs an old engine or model.
-    engine_changed_at: int | None = None
-    model_changed_at: int | None = None
+    # The host's clock when it answered (uptimes are computed against it, not ours).
+    now: int | None = None
+    ranks: dict[int, UnitState] = field(default_factory=dict)
+    router: UnitState | None = None
     # sha256 of each other managed file (target unit, scripts, secrets); absent when missing.
     files: dict[str, str] = field(default_factory=dict)
-    # Whether the service user exists.
     user_exists: bool = False
-    # ActiveState of sglang-router.service ("inactive" when there is none).
-    router_active: str | None = None
+    # Environment name -> its marker; the name `current` points at.
+    envs: dict[str, EngineEnv] = field(default_factory=dict)
+    engine_current: str | None = None
+    # The copy the model link points at (".SLUG@KEY"), and the hub marker's revision.
+    model_target: str | None = None
+    model_hub_revision: str | None = None
+    # rank (or "router") -> "200", "503", "refused", "timeout", "error:WHAT"; absent: not probed.
+    health: dict[str, str] = field(default_factory=dict)
+    # Why nothing was probed (no python3); None when the probes ran or none were asked.
+    health_error: str | None = None
+    gpus: list[GpuUsage] = field(default_factory=list)
+    # What nvidia-smi said when it failed; None when it answered or was not asked.
+    gpu_error: str | None = None
 
-    def stale(self, rank: int) -> bool:
-        state = self.ranks.get(rank)
-        if state is None or state.started_at is None:
-            return False
-        changes = [t for t in (self.engine_changed_at, self.model_changed_at) if t is not None]
-        return any(state.started_at < t for t in changes)
+    def rank_files(self) -> dict[int, UnitState]:
+        """Ranks that have a unit file: what a crash-restart or a reboot runs."""
+        return {rank: unit for rank, unit in self.ranks.items() if unit.unit_sha256 is not None}
+
+
+def referenced_envs(serving: Serving) -> set[str]:
+    """Engine environment directories named by the host's rank unit files now. The engine's
+    prune keeps these: a rank that was not rolled yet (or a failed roll) still runs one."""
+    return {env for u in serving.rank_files().values() if (env := u.engine_env()) is not None}
+
+
+def referenced_models(serving: Serving) -> set[str]:
+    """Staged model copies named by the host's rank unit files now."""
+    return {path for u in serving.rank_files().values() if (path := u.model_path()) is not None}
 
 
 def _int(text: str) -> int | None:
@@ -47,114 +176,252 @@ def _int(text: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def _rank_block(block: dict[str, str]) -> tuple[int, dict[str, object]] | None:
-    """One unit's `systemctl show` properties -> (rank, RankState fields)."""
-    match = _UNIT_RE.match(block.get("Id", "").strip())
-    if match is None:
+def _unit_props(props: dict[str, str]) -> dict[str, object]:
+    devices = None
+    for assignment in props.get("Environment", "").split():
+        key, _, value = assignment.partition("=")
+        if key == "CUDA_VISIBLE_DEVICES":
+            devices = value
+    pid = _int(props.get("MainPID", ""))
+    started = _int(props.get("ExecMainStartTimestamp", ""))
+    return {
+        "load": props.get("LoadState") or None,
+        "active": props.get("ActiveState") or None,
+        "sub": props.get("SubState") or None,
+        "main_pid": pid or None,
+        "restarts": _int(props.get("NRestarts", "")),
+        # systemd keeps the last start time after the process exited.
+        "started_at": started if pid else None,
+        "visible_devices": devices,
+    }
+
+
+def _gpu(line: str) -> GpuUsage | None:
+    cells = [c.strip() for c in line.split(",")]
+    if len(cells) != 4 or not cells[0].isdigit():
         return None
-    values: dict[str, object] = {"active": block.get("ActiveState", "").strip() or None}
-    if "ExecMainStartTimestamp" in block:
-        values["started_at"] = _int(block["ExecMainStartTimestamp"])
-    if "NRestarts" in block:
-        values["restarts"] = _int(block["NRestarts"])
-    return int(match.group(1)), values
+    index, name, used, total = cells
+    return GpuUsage(
+        index=int(index),
+        name=name,
+        memory_used_mib=int(used) if used.isdigit() else 0,
+        memory_total_mib=int(total) if total.isdigit() else 0,
+    )
+
+
+def _marker(text: str) -> EngineEnv:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return EngineEnv()
+    if not isinstance(data, dict):
+        return EngineEnv()
+    release, lane = data.get("release"), data.get("lane")
+    return EngineEnv(
+        release if isinstance(release, str) else None, lane if isinstance(lane, str) else None
+    )
+
+
+def _gpus(rc: str | None, lines: list[str]) -> tuple[list[GpuUsage], str | None]:
+    if rc is None:
+        return [], None
+    if rc == "127":
+        return [], "nvidia-smi not found"
+    if rc == "124":
+        return [], f"nvidia-smi did not answer within {GPU_TIMEOUT_S}s"
+    if rc != "0":
+        return [], " ".join(lines) or f"nvidia-smi exit status {rc or '?'}"
+    gpus = []
+    for line in lines:
+        gpu = _gpu(line)
+        if gpu is None:
+            return [], f"unexpected nvidia-smi output: {line!r}"
+        gpus.append(gpu)
+    return gpus, None
 
 
 def parse_serving(lines: list[str]) -> Serving:
-    ranks: dict[int, dict[str, object]] = {}
     # `systemctl show` prints one block of KEY=VALUE per unit, blocks separated by a blank line,
     # in its own property order (Id is not first): a block is complete at its end, not at Id.
     block: dict[str, str] = {}
     blocks: list[dict[str, str]] = []
-    top: dict[str, int | None] = {}
+    units: dict[str, dict[str, object]] = {}
+    values: dict[str, str] = {}
     files: dict[str, str] = {}
-    user_exists = False
-    router_active: str | None = None
+    envs: dict[str, EngineEnv] = {}
+    health: dict[str, str] = {}
+    gpu_lines: list[str] = []
     for line in lines:
-        word, _, rest = line.partition(" ")
         key, eq, value = line.partition("=")
         if eq and " " not in key and key[:1].isupper():
             if key in block:  # a block without the blank line after it
                 blocks.append(block)
                 block = {}
-            block[key] = value
+            block[key] = value.strip()
             continue
         if block:
             blocks.append(block)
             block = {}
+        word, _, rest = line.partition(" ")
         if word == "unit":
             name, _, sha = rest.partition(" ")
-            match = _UNIT_RE.match(name)
-            if match:
-                ranks.setdefault(int(match.group(1)), {})["unit_sha256"] = sha.strip() or None
-        elif word in ("engine", "model"):
-            top[word] = _int(rest)
-        elif word == "router":
-            router_active = rest.strip() or None
-        elif word == "user":
-            user_exists = rest.strip() == "yes"
+            units.setdefault(name, {})["unit_sha256"] = sha.strip() or None
+        elif word == "exec":
+            name, _, command = rest.partition(" ")
+            units.setdefault(name, {})["exec_start"] = command.strip() or None
         elif word == "file":
             path, _, sha = rest.partition(" ")
             if sha.strip():
                 files[path] = sha.strip()
+        elif word == "env":
+            name, _, marker = rest.partition(" ")
+            envs[name] = _marker(marker)
+        elif word == "health":
+            probe, _, answer = rest.strip().partition(" ")
+            health[probe] = answer.strip()
+        elif word == "gpu":
+            gpu_lines.append(rest.strip())
+        elif word:
+            values[word] = rest.strip()
     if block:
         blocks.append(block)
     for found in blocks:
-        parsed = _rank_block(found)
-        if parsed is not None:
-            ranks.setdefault(parsed[0], {}).update(parsed[1])
+        name = found.get("Id", "")
+        if name:
+            units.setdefault(name, {}).update(_unit_props(found))
+
+    ranks: dict[int, UnitState] = {}
+    router = None
+    for name, props in units.items():
+        rank = layout.rank_of(name)
+        if rank is not None:
+            ranks[rank] = UnitState(**props)  # type: ignore[arg-type]
+        elif name == layout.ROUTER_UNIT:
+            router = UnitState(**props)  # type: ignore[arg-type]
+    gpus, gpu_error = _gpus(values.get("gpu_rc"), gpu_lines)
+    current = values.get("engine_current", "").rstrip("/").rsplit("/", 1)[-1] or None
+    target = values.get("model_target", "").rstrip("/").rsplit("/", 1)[-1] or None
     return Serving(
-        ranks={
-            rank: RankState(**values)  # type: ignore[arg-type]
-            for rank, values in sorted(ranks.items())
-        },
-        engine_changed_at=top.get("engine"),
-        model_changed_at=top.get("model"),
+        now=_int(values.get("now", "")),
+        ranks=dict(sorted(ranks.items())),
+        router=router,
         files=files,
-        user_exists=user_exists,
-        router_active=router_active,
+        user_exists=values.get("user") == "yes",
+        envs=envs,
+        engine_current=current,
+        model_target=target,
+        model_hub_revision=values.get("model_hub_revision") or None,
+        health=health,
+        health_error=values.get("health_unavailable") or None,
+        gpus=gpus,
+        gpu_error=gpu_error,
     )
 
 
 class ServingState(FactBase[Serving]):
     """
-    Returns the rank units present in /etc/systemd/system with their checksum, state, start
-    time and restart count, when ENGINE_ROOT/current and the staged model last changed, and
-    the checksums of other managed files. One round trip whatever the number of ranks.
+    Returns the rank unit files in /etc/systemd/system (checksum, ExecStart=) with systemd's
+    state of each, the router unit, the checksums of other managed files, whether the service
+    user exists, the engine environments and `current`, the staged model link; with
+    `health_urls` each /health answer probed from the host, with `gpus` nvidia-smi's memory
+    use. One round trip whatever the number of ranks.
 
-    + engine_root: ENGINE_ROOT (its `current` link is timed)
-    + model_path: the staged model path the servers read
-    + paths: other files to checksum
+    .. code:: python
+
+        Serving(
+            now=1767225600,
+            ranks={0: UnitState(unit_sha256="9f86...", load="loaded", active="active",
+                                exec_start="/opt/sglang/envs/0.5.11-cu128-1a2b3c4d/bin/python "
+                                           "-m sglang.launch_server --model-path ...",
+                                sub="running", main_pid=4242, restarts=0,
+                                started_at=1767225000, visible_devices="0")},
+            router=None, files={}, user_exists=True,
+            envs={"0.5.11-cu128-1a2b3c4d": EngineEnv("0.5.11", "cu128")},
+            engine_current="0.5.11-cu128-1a2b3c4d",
+            model_target=".Qwen--Qwen3.6-27B@52cd26977905ef55", model_hub_revision=None,
+            health={"0": "200"}, health_error=None, gpus=[], gpu_error=None,
+        )
+
+    + engine_root: ENGINE_ROOT (its environments and `current` are read)
+    + model_link: the staged model link (STAGE_DIR/models/SLUG)
+    + paths: other managed files to checksum
     + user: the service user
+    + ranks: ranks to show even without a unit file (status: the configured ones)
+    + router: whether to read sglang-router.service
+    + health_urls: rank number (or "router") -> its /health URL, as the host reaches it
+    + hub_marker: the hub download marker of an hf:// source, else None
+    + gpus: whether to ask nvidia-smi for memory use
+    + timeout_s: each /health probe's timeout
     """
 
     def command(
-        self, engine_root: str, model_path: str, paths: list[str], user: str
+        self,
+        engine_root: str,
+        model_link: str,
+        paths: list[str] | None = None,
+        user: str | None = None,
+        ranks: list[int] | None = None,
+        router: bool = True,
+        health_urls: dict[str, str] | None = None,
+        hub_marker: str | None = None,
+        gpus: bool = False,
+        timeout_s: float = 2.0,
     ) -> StringCommand:
+        wanted: list[str | QuoteString] = [layout.unit_name(r) for r in ranks or []]
+        if router:
+            wanted.append(layout.ROUTER_UNIT)
         checksums: list[str | QuoteString] = []
-        for path in paths:
+        for path in paths or []:
             checksums += ['echo "file', QuoteString(path), "$(sha256sum", QuoteString(path)]
             checksums += ['2>/dev/null | cut -c1-64)";']
-        return StringCommand(
-            # One `systemctl show` for every rank unit, not one per rank.
-            "set --; cd /etc/systemd/system 2>/dev/null && for u in sglang@*.service; do",
-            '[ -f "$u" ] || continue;',
-            'echo "unit $u $(sha256sum "$u" | cut -c1-64)"; set -- "$@" "$u"; done;',
-            '[ $# -eq 0 ] || systemctl show "$@" --timestamp=unix -p Id -p ActiveState',
-            "-p ExecMainStartTimestamp -p NRestarts 2>/dev/null;",
-            'echo "engine $(stat -c %Z',
-            QuoteString(f"{engine_root}/current"),
-            '2>/dev/null)";',
-            'echo "model $(stat -c %Z',
-            QuoteString(model_path),
-            '2>/dev/null)";',
+        parts: list[str | QuoteString] = [
+            'echo "now $(date +%s)"; set --',
+            *wanted,
+            ";",
+            # One `systemctl show` for every unit, not one per rank.
+            f"cd {layout.UNIT_DIR} 2>/dev/null && for u in {layout.RANK_UNIT_GLOB}; do",
+            '[ -f "$u" ] || continue; echo "unit $u $(sha256sum <"$u" | cut -c1-64)";',
+            'sed -n "s|^ExecStart=|exec $u |p" "$u"; set -- "$@" "$u"; done;',
+            '[ $# -eq 0 ] || systemctl show "$@" --timestamp=unix',
+            *(f"-p {p}" for p in UNIT_PROPERTIES),
+            "2>/dev/null; echo;",
             *checksums,
-            'echo "user $(id -u',
-            QuoteString(user),
-            '>/dev/null 2>&1 && echo yes || echo no)";',
-            'echo "router $(systemctl show sglang-router.service -p ActiveState --value',
-            '2>/dev/null)"; true',
-        )
+        ]
+        if user:
+            parts += ['echo "user $(id -u', QuoteString(user), '>/dev/null 2>&1 && echo yes)";']
+        envs = f"{engine_root}/envs"
+        parts += [
+            "for m in",
+            QuoteString(envs),
+            f'/*/{MARKER}; do [ -f "$m" ] || continue; d=${{m%/*}};',
+            'echo "env ${d##*/} $(head -c 4096 "$m" | tr -d \'\\n\')"; done;',
+            'echo "engine_current $(readlink',
+            QuoteString(layout.engine_current(engine_root)),
+            '2>/dev/null)";',
+            'echo "model_target $(readlink',
+            QuoteString(model_link),
+            '2>/dev/null)";',
+        ]
+        if hub_marker:
+            parts += ['echo "model_hub_revision $(head -n1', QuoteString(hub_marker)]
+            parts += ['2>/dev/null)";']
+        if health_urls:
+            probes = [QuoteString(f"{k}={url}") for k, url in sorted(health_urls.items())]
+            parts += [
+                "if command -v python3 >/dev/null 2>&1; then python3 -c",
+                QuoteString(_PROBE),
+                str(timeout_s),
+                *probes,
+                '; else echo "health_unavailable python3 not found on the host"; fi;',
+            ]
+        if gpus:
+            parts += [
+                f"out=$(timeout {GPU_TIMEOUT_S} nvidia-smi --query-gpu={GPU_QUERY}",
+                '--format=csv,noheader,nounits 2>&1); rc=$?; [ -n "$out" ] &&',
+                "printf '%s\\n' \"$out\" | sed 's/^/gpu /'; echo \"gpu_rc $rc\";",
+            ]
+        parts.append("true")
+        return StringCommand(*parts)
 
     @staticmethod
     def default() -> Serving:
@@ -162,3 +429,28 @@ class ServingState(FactBase[Serving]):
 
     def process(self, output: list[str]) -> Serving:
         return parse_serving(output)
+
+
+def managed_paths(settings: Settings) -> list[str]:
+    """Files the serve step writes besides the rank units (checksummed by the fact)."""
+    paths = [
+        layout.WAIT_SCRIPT,
+        layout.SECRETS_FILE,
+        layout.unit_path(layout.TARGET),
+        layout.unit_path(layout.ROUTER_UNIT),
+    ]
+    if settings.router is not None:
+        paths.append(f"{layout.router_env(settings)}/{layout.ROUTER_MARKER}")
+    return paths
+
+
+def serving_state(settings: Settings) -> Serving:
+    """The ServingState fact as a deploy reads it. The engine, model and serve steps all ask
+    with these arguments, so pyinfra gathers it once per run."""
+    return gathered(
+        ServingState,
+        engine_root=settings.engine_root,
+        model_link=layout.staged_model_link(settings),
+        paths=managed_paths(settings),
+        user=settings.service_user,
+    )

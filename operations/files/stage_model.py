@@ -6,8 +6,9 @@ The one staging code path: the deploy runs it over SSH and the boot unit
 library only, because it must work on a bare container before any engine is installed.
 
 Layout under STAGE_DIR/models (SLUG is the served name made path-safe):
-  SLUG               symlink -> .SLUG@DIGEST: the only name servers read (--model-path)
-  .SLUG@DIGEST/      a complete copy; .staged-manifest.json inside says what it holds
+  SLUG               symlink -> .SLUG@KEY: the newest complete copy
+  .SLUG@KEY/         a complete copy (KEY: the deploy's --key, else the digest); each rank unit
+                     names one by path, and copies a unit names are kept (--keep)
   .SLUG.tmp-PID/     a copy in progress; never visible under SLUG, removed by the next run
   .SLUG.lock         flock: the boot unit and a deploy never stage at the same time
 
@@ -15,6 +16,7 @@ Subcommands (output is JSON on the last stdout line; progress lines go before it
   scan SOURCE                               the source's manifest summary
   plan SOURCE STAGE_DIR SLUG [--verify V]   what a stage run would do (read only; a pyinfra fact)
   stage SOURCE STAGE_DIR SLUG [...]         copy what changed, verify, switch, clean up
+  prune STAGE_DIR SLUG [--keep KEY ...]     remove the copies no rank unit names any more
   fetch-hub --cli HF --repo R --revision V --dest DIR [--token-file F]
 """
 
@@ -42,6 +44,8 @@ MANIFEST = ".staged-manifest.json"
 SKIP_DIRS = {".cache", ".git"}
 HUB_MARKER = ".cache/sglang-hub-complete"
 CHUNK = 64 * 1024 * 1024
+MODELS_MODE = 0o755  # STAGE_DIR/models: root's, listable, nobody else writes in it
+NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 EXIT_REFUSED = 3  # does not fit, source missing: the message says why; nothing was copied
 EXIT_CHANGED = 4  # a source file changed during the copy: staged nothing, re-run later
 # Set by SIGTERM/SIGHUP: copy threads stop at their next chunk, so the temp copy goes at once.
@@ -125,15 +129,133 @@ def digest(files: list[dict[str, Any]]) -> str:
 # --------------------------------------------------------------------------------- layout
 
 
+def _who(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except (KeyError, ImportError):
+        return f"uid {uid}"
+
+
+def _check_stage_dir(stage_dir: str) -> None:
+    """STAGE_DIR may be writable by others only if sticky (like /dev/shm): then nobody else can
+    rename or replace the root-owned models directory in it."""
+    try:
+        st = os.stat(stage_dir)
+    except OSError:
+        raise StageError(f"stage directory {stage_dir} does not exist", EXIT_REFUSED) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise StageError(f"stage directory {stage_dir} is not a directory", EXIT_REFUSED)
+    writable_by_others = st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX
+    if st.st_uid not in (0, os.geteuid()) or writable_by_others:
+        raise StageError(
+            f"stage directory {stage_dir} is owned by {_who(st.st_uid)} with mode "
+            f"{stat.S_IMODE(st.st_mode):o}: another user could replace what is staged there; "
+            "use a root-owned tmpfs (like /dev/shm) for model_stage_dir",
+            EXIT_REFUSED,
+        )
+
+
+def open_models(stage_dir: str, create: bool) -> int | None:
+    """A descriptor of STAGE_DIR/models, made (when create) and checked by us: a directory
+    (O_NOFOLLOW: never a link), owned by our uid (root), mode 0755. None when it does not
+    exist and create is False. One made by anybody else is refused, never reused.
+
+    Once it is checked, nobody else can add, rename or replace anything in it (0755, ours, in
+    a sticky or root-only STAGE_DIR), so what this script then opens inside is its own."""
+    _check_stage_dir(stage_dir)
+    models = os.path.join(stage_dir, "models")
+    parent = os.open(stage_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if create:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir("models", MODELS_MODE, dir_fd=parent)
+        try:
+            fd = os.open("models", os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW, dir_fd=parent)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            st = os.stat("models", dir_fd=parent, follow_symlinks=False)
+            kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a directory"
+            raise StageError(
+                f"{models} is {kind} (owned by {_who(st.st_uid)}): someone else made it; "
+                f"refusing to use it. Remove it (rm -rf {models}) and run again",
+                EXIT_REFUSED,
+            ) from exc
+    finally:
+        os.close(parent)
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid():
+        os.close(fd)
+        raise StageError(
+            f"{models} is owned by {_who(st.st_uid)}, not by {_who(os.geteuid())}: someone else "
+            f"made it; refusing to use it. Remove it (rm -rf {models}) and run again",
+            EXIT_REFUSED,
+        )
+    if stat.S_IMODE(st.st_mode) != MODELS_MODE:
+        os.fchmod(fd, MODELS_MODE)  # ours: only its mode drifted
+    return fd
+
+
+def freed_bytes(paths: list[str]) -> int:
+    """What removing these entries frees: blocks of files no other name links to (a superseded
+    copy shares its unchanged files with the current one). Never follows a link."""
+    total = 0
+    for path in paths:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            with contextlib.suppress(OSError):
+                total += freed_bytes([os.path.join(path, n) for n in os.listdir(path)])
+        elif st.st_nlink == 1:
+            total += st.st_blocks * 512
+    return total
+
+
+def _install(temp: str, final: str) -> None:
+    """Rename a complete copy to its final name. When that name is taken (a damaged copy of the
+    same digest, maybe served right now), the two are exchanged atomically, so the name always
+    holds a complete copy; the old one is then removed."""
+    if not os.path.lexists(final):
+        os.rename(temp, final)
+        return
+    if _exchange(temp, final):
+        _remove(temp)  # now the old copy
+        return
+    aside = f"{temp}.old"
+    os.rename(final, aside)
+    os.rename(temp, final)
+    _remove(aside)
+
+
+def _exchange(a: str, b: str) -> bool:
+    """renameat2(RENAME_EXCHANGE): swap two names in one step (tmpfs supports it)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return bool(renameat2(at_fdcwd, a.encode(), at_fdcwd, b.encode(), rename_exchange) == 0)
+
+
 class Layout:
-    def __init__(self, stage_dir: str, slug: str) -> None:
+    def __init__(self, stage_dir: str, slug: str, keep: tuple[str, ...] = ()) -> None:
         self.models = os.path.join(stage_dir, "models")
         self.slug = slug
         self.final = os.path.join(self.models, slug)
         self.lock = os.path.join(self.models, f".{slug}.lock")
+        # Copies (by key) a rank unit names: kept until the serve step prunes them.
+        self.keep = {self.version(key) for key in keep}
 
-    def version(self, dig: str) -> str:
-        return os.path.join(self.models, f".{self.slug}@{dig}")
+    def version(self, key: str) -> str:
+        """A complete copy's directory: .SLUG@KEY (the deploy's key, else the digest)."""
+        return os.path.join(self.models, f".{self.slug}@{key}")
 
     def temp(self) -> str:
         return os.path.join(self.models, f".{self.slug}.tmp-{os.getpid()}")
@@ -158,7 +280,7 @@ class Layout:
         for name in names:
             path = os.path.join(self.models, name)
             if name.startswith(f".{self.slug}.tmp-") or (
-                name.startswith(f".{self.slug}@") and path != current
+                name.startswith(f".{self.slug}@") and path != current and path not in self.keep
             ):
                 out.append(path)
         return sorted(out)
@@ -212,10 +334,23 @@ def verify_full(source: str, version_dir: str, files: list[dict[str, Any]]) -> l
 # --------------------------------------------------------------------------------- planning
 
 
-def plan(source: str, stage_dir: str, slug: str, verify: str = "manifest") -> dict[str, Any]:
+def plan(
+    source: str,
+    stage_dir: str,
+    slug: str,
+    verify: str = "manifest",
+    key: str | None = None,
+    keep: tuple[str, ...] = (),
+) -> dict[str, Any]:
     """What `stage` would do, without changing anything."""
-    layout = Layout(stage_dir, slug)
+    layout = Layout(stage_dir, slug, keep)
     result: dict[str, Any] = {"source": None, "error": None}
+    try:
+        fd = open_models(stage_dir, create=False)
+    except StageError as exc:  # a tree someone else made: refused, never read further
+        return {**result, "staged": None, "leftovers": [], "error": str(exc)}
+    if fd is not None:
+        os.close(fd)
     current = layout.current()
     staged = read_manifest(current)
     result["staged"] = (
@@ -224,6 +359,9 @@ def plan(source: str, stage_dir: str, slug: str, verify: str = "manifest") -> di
         else None
     )
     result["leftovers"] = layout.leftovers()
+    # Space the stage run frees before it copies: the plan must not count it as used.
+    result["leftover_bytes"] = freed_bytes(result["leftovers"])
+    result["current"] = current
     result["hub_revision"] = _read_text(os.path.join(source, HUB_MARKER))
     try:
         src = scan(source)
@@ -240,6 +378,7 @@ def plan(source: str, stage_dir: str, slug: str, verify: str = "manifest") -> di
     result["up_to_date"] = bool(
         staged
         and staged["digest"] == src["digest"]
+        and (key is None or current == layout.version(key))
         and not result["mismatched"]
         and not result["leftovers"]
     )
@@ -323,7 +462,7 @@ def _copy_file(src: str, dst: str, entry: dict[str, Any], progress: Progress) ->
                 "re-run when the source is stable",
                 EXIT_CHANGED,
             )
-        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o644)
         try:
             offset = 0
             # Rate-limited copies go in small steps, so the rate is smooth and a stop is quick.
@@ -366,7 +505,7 @@ def _remove(path: str) -> None:
 
 
 def _lock(layout: Layout, timeout: float) -> int:
-    fd = os.open(layout.lock, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(layout.lock, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600)
     deadline = time.monotonic() + timeout
     announced = False
     while True:
@@ -388,6 +527,38 @@ def _lock(layout: Layout, timeout: float) -> int:
     return fd
 
 
+def _switch(layout: Layout, version_dir: str) -> None:
+    """Point SLUG at a copy: a new symlink renamed over the old one; readers see old or new."""
+    link_tmp = f"{layout.final}.new-{os.getpid()}"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(link_tmp)
+    os.symlink(os.path.basename(version_dir), link_tmp)
+    os.rename(link_tmp, layout.final)
+
+
+def prune(
+    stage_dir: str, slug: str, keep: tuple[str, ...], lock_timeout: float = 1800.0
+) -> dict[str, Any]:
+    """Remove the copies of SLUG no rank unit names (`keep`), once a roll has finished."""
+    layout = Layout(stage_dir, slug, keep)
+    if not os.path.isdir(layout.models):
+        return {"changed": False, "removed": []}
+    lock_fd = _lock(layout, lock_timeout)
+    try:
+        removed = []
+        for name in sorted(os.listdir(layout.models)):
+            path = os.path.join(layout.models, name)
+            if name.startswith(f".{slug}@") and path not in layout.keep:
+                print(f"stage: removing {path} (no unit names it)", flush=True)
+                _remove(path)
+                removed.append(path)
+        if os.path.islink(layout.final) and layout.current() is None:
+            os.unlink(layout.final)
+        return {"changed": bool(removed), "removed": removed}
+    finally:
+        os.close(lock_fd)
+
+
 def stage(
     source: str,
     stage_dir: str,
@@ -397,15 +568,18 @@ def stage(
     progress_interval: float = 2.0,
     bwlimit: float | None = None,
     lock_timeout: float = 1800.0,
+    key: str | None = None,
+    keep: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """Make SLUG point at a complete, verified copy of source. Returns {changed, digest, ...}."""
-    layout = Layout(stage_dir, slug)
-    if not os.path.isdir(stage_dir):
-        raise StageError(f"stage directory {stage_dir} does not exist", EXIT_REFUSED)
-    os.makedirs(layout.models, mode=0o755, exist_ok=True)
+    """Make SLUG point at a complete, verified copy of source, named .SLUG@KEY (key: what the
+    rank units name; the digest when None). Copies named by `keep` are not removed."""
+    layout = Layout(stage_dir, slug, keep)
+    models_fd = open_models(stage_dir, create=True)  # made or checked: ours, 0755, no link
+    if models_fd is not None:
+        os.close(models_fd)
     lock_fd = _lock(layout, lock_timeout)
     try:
-        return _stage_locked(layout, source, mode, verify, progress_interval, bwlimit)
+        return _stage_locked(layout, source, mode, verify, progress_interval, bwlimit, key)
     finally:
         os.close(lock_fd)
 
@@ -417,6 +591,7 @@ def _stage_locked(
     verify: str,
     progress_interval: float,
     bwlimit: float | None,
+    key: str | None = None,
 ) -> dict[str, Any]:
     changed = False
     # We hold the lock: any temp dir is from a run that died. Superseded versions go too.
@@ -431,7 +606,19 @@ def _stage_locked(
     src = scan(source)
     current = layout.current()
     staged = read_manifest(current)
-    if staged and current and staged["digest"] == src["digest"]:
+    named = read_manifest(layout.version(key)) if key is not None else None
+    if key is not None and named is not None and named["digest"] == src["digest"]:
+        if current != layout.version(key):
+            # A kept copy (a rank still serves it) is this source: switch back, copy nothing.
+            _switch(layout, layout.version(key))
+            changed = True
+        current, staged = layout.version(key), named
+    if (
+        staged
+        and current
+        and staged["digest"] == src["digest"]
+        and (key is None or current == layout.version(key))
+    ):
         bad = verify_full(source, current, src["files"]) if verify == "full" else []
         if not bad:
             return {"changed": changed, "digest": src["digest"], "bytes": src["bytes"]}
@@ -450,6 +637,8 @@ def _stage_locked(
         )
         os.unlink(layout.final)
         _remove(current)
+        for kept in sorted(layout.keep):  # every rank is stopped: no unit needs them now
+            _remove(kept)
         current, reuse = None, set()
         copy = src["files"]
         copy_bytes = src["bytes"]
@@ -501,19 +690,12 @@ def _stage_locked(
         manifest = {"source": source, "staged_at": time.time(), **src}
         with open(os.path.join(temp, MANIFEST), "w") as fh:
             json.dump(manifest, fh)
-        final_version = layout.version(src["digest"])
-        if os.path.exists(final_version):
-            _remove(final_version)
-        os.rename(temp, final_version)
+        final_version = layout.version(key or src["digest"])
+        _install(temp, final_version)
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise
-    # The switch: a new symlink renamed over the old one is atomic; readers see old or new.
-    link_tmp = layout.final + ".new"
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(link_tmp)
-    os.symlink(os.path.basename(final_version), link_tmp)
-    os.rename(link_tmp, layout.final)
+    _switch(layout, final_version)
     for path in layout.leftovers():
         _remove(path)
     return {
@@ -548,9 +730,10 @@ def fetch_hub(cli: str, repo: str, revision: str, dest: str, token_file: str | N
     if proc.returncode != 0:
         raise StageError(f"{cli} download {repo}@{revision} failed (exit {proc.returncode})")
     os.makedirs(os.path.dirname(marker), exist_ok=True)
-    with open(marker + ".tmp", "w") as fh:
+    temp = f"{marker}.tmp-{os.getpid()}"
+    with open(temp, "w") as fh:
         fh.write(revision + "\n")
-    os.rename(marker + ".tmp", marker)
+    os.rename(temp, marker)
     return True
 
 
@@ -571,6 +754,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("source", "stage_dir", "slug"):
         p.add_argument(name)
     p.add_argument("--verify", choices=["manifest", "full"], default="manifest")
+    p.add_argument("--key", help="the copy's name, .SLUG@KEY (default: its digest)")
+    p.add_argument("--keep", action="append", default=[], help="a copy's key a unit names")
     p = sub.add_parser("stage")
     for name in ("source", "stage_dir", "slug"):
         p.add_argument(name)
@@ -579,6 +764,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--progress-interval", type=float, default=2.0)
     p.add_argument("--bwlimit-mbps", type=float, default=None)
     p.add_argument("--lock-timeout", type=float, default=1800.0)
+    p.add_argument("--key", help="the copy's name, .SLUG@KEY (default: its digest)")
+    p.add_argument("--keep", action="append", default=[], help="a copy's key a unit names")
+    p = sub.add_parser("prune")
+    for name in ("stage_dir", "slug"):
+        p.add_argument(name)
+    p.add_argument("--keep", action="append", default=[], help="a copy's key a unit names")
     p = sub.add_parser("fetch-hub")
     p.add_argument("--cli", required=True)
     p.add_argument("--repo", required=True)
@@ -595,7 +786,9 @@ def main(argv: list[str] | None = None) -> int:
             out: dict[str, Any] = scan(args.source)
             out = {k: out[k] for k in ("digest", "bytes")} | {"files": len(out["files"])}
         elif args.cmd == "plan":
-            out = plan(args.source, args.stage_dir, args.slug, args.verify)
+            out = plan(
+                args.source, args.stage_dir, args.slug, args.verify, args.key, tuple(args.keep)
+            )
         elif args.cmd == "stage":
             bw = args.bwlimit_mbps * 1e6 if args.bwlimit_mbps else None
             out = stage(
@@ -607,7 +800,11 @@ def main(argv: list[str] | None = None) -> int:
                 args.progress_interval,
                 bw,
                 args.lock_timeout,
+                args.key,
+                tuple(args.keep),
             )
+        elif args.cmd == "prune":
+            out = prune(args.stage_dir, args.slug, tuple(args.keep))
         else:
             downloaded = fetch_hub(args.cli, args.repo, args.revision, args.dest, args.token_file)
             out = {"changed": downloaded}

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from operations.facts.status import ServingStatus, parse_status
+from operations.facts.serve import ServingState, parse_serving
 from operations.settings import Layer, load
 from operations.status import fact_args
 from tests import testbed as tb
@@ -130,7 +130,7 @@ def test_all_ranks_healthy(served: tuple[Container, dict[str, Any]], tmp_path: P
         assert r["gpu"] == rank and r["gpu_name"] == GPU_NAME
         assert r["gpu_memory_total_mib"] == 97887
         assert r["pid"] == pids[rank][1]
-        assert r["uptime_s"] >= 0 and r["restarts"] == 0 and r["stale"] is False
+        assert r["uptime_s"] >= 0 and r["restarts"] == 0
     router = host["router"]
     assert router["healthy"] is True and router["state"] == "active (running)"
     assert router["url"] == f"http://{c.address}:{ROUTER_PORT}/health"
@@ -142,13 +142,18 @@ def test_the_fact_reads_every_rank_in_one_command(
     """The fact's one command, run over SSH as pyinfra runs it, answers for all ranks."""
     c, data = served
     settings = load(c.name, [Layer("test", data)])
-    command = ServingStatus().command(**fact_args(settings, c.name))
+    command = ServingState().command(**fact_args(settings, c.name))
     rc, out, err = c.ssh_run(command.get_raw_value())
     assert rc == 0, err
-    parsed = parse_status(out.splitlines())
+    parsed = parse_serving(out.splitlines())
     assert sorted(parsed.ranks) == list(range(8))
     assert parsed.health == {**{str(r): "200" for r in range(8)}, "router": "200"}
-    assert parsed.engine_release == RELEASE and parsed.gpu_error is None
+    assert {m.release for m in parsed.envs.values()} == {RELEASE} and parsed.gpu_error is None
+    # Every rank's unit names its own environment (not `current`) and its staged copy's key.
+    for unit in parsed.ranks.values():
+        env = unit.engine_env()
+        assert env is not None and "/envs/" in env, unit.exec_start
+        assert (unit.model_path() or "").startswith("/dev/shm/models/.Qwen--Qwen3.6-27B@")
 
 
 def test_a_stopped_rank_is_unhealthy_and_fails_the_exit_status(

@@ -6,7 +6,7 @@ import pytest
 
 from operations.facts.host import Resources
 from operations.facts.model import Copy, Staging
-from operations.model import decide, stage_command, unit_text_args
+from operations.model import decide, stage_command, stage_unit_text
 from tests.unit.builders import make_settings
 
 GIB = 1024**3
@@ -88,12 +88,12 @@ def test_pending_source_stages_beside() -> None:
 
 def test_boot_unit_runs_the_same_command_line() -> None:
     s = make_settings(model_stage_bwlimit_mbps=200)
-    args = unit_text_args(s)
+    unit = stage_unit_text(s, "0123abcd")
     deploy_argv = stage_command(
-        s.model_source, "/dev/shm", "Qwen--Qwen3.6-27B", "auto", "manifest", 200.0
+        s.model_source, "/dev/shm", "Qwen--Qwen3.6-27B", "auto", "manifest", 200.0, key="0123abcd"
     )
-    assert args["exec_start"] == " ".join(["/usr/bin/python3", *deploy_argv[1:]])
-    assert args["source_dir"] == "/mnt/models/Qwen3.6-27B"
+    assert f"ExecStart={' '.join(['/usr/bin/python3', *deploy_argv[1:]])}\n" in unit
+    assert "RequiresMountsFor=/mnt/models/Qwen3.6-27B\n" in unit
 
 
 @pytest.mark.parametrize(

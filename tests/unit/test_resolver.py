@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from operations.facts.host import Model
-from operations.resolver import HostPlan, resolve, systemd_quote
+from operations.resolver import HostPlan, resolve
+from operations.units import exec_word as systemd_quote
 from tests.unit.builders import facts, make_settings
 
 
@@ -176,10 +177,14 @@ def test_default_plan_has_eight_ranks_one_per_gpu_and_port() -> None:
     assert [r.port for r in p.ranks] == list(range(30000, 30008))
     for r in p.ranks:
         assert r.env == {"CUDA_VISIBLE_DEVICES": str(r.rank)}
-        assert r.argv[:3] == ["/opt/sglang/current/bin/python", "-m", "sglang.launch_server"]
+        # Its own environment, by name: never the `current` link a later switch moves.
+        assert r.argv[0] == f"/opt/sglang/envs/{p.engine.name}/bin/python" if p.engine else False
+        assert r.argv[1:3] == ["-m", "sglang.launch_server"]
+        assert r.engine_env == f"/opt/sglang/envs/{p.engine.name}" if p.engine else False
         assert value_of_rank(r.argv, "--port") == str(r.port)
         assert r.unit_name == f"sglang@{r.rank}.service"
-        assert f"Environment=CUDA_VISIBLE_DEVICES={r.rank}\n" in r.unit
+        assert f'Environment="CUDA_VISIBLE_DEVICES={r.rank}"\n' in r.unit
+        assert f"DeviceAllow=/dev/nvidia{r.rank} rw\n" in r.unit
         assert f"--port {r.port}" in r.unit
         assert "User=sglang" in r.unit
 

@@ -1,5 +1,5 @@
 """The status command's pure parts: the fact's answer (captured on testbed containers, see
-tests/facts/status.ServingStatus) and the settings in, rows, summaries, exit status and JSON out;
+tests/facts/serve.ServingState) and the settings in, rows, summaries, exit status and JSON out;
 then the whole command against pyinfra's @fake connector and a port where nothing listens."""
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from operations import layout
 from operations import status as st
-from operations.facts.status import HostStatus, ServingStatus, parse_status
+from operations.facts.serve import Serving, ServingState, parse_serving
 from tests.unit.builders import make_settings
 
 ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = ROOT / "tests" / "facts" / "status.ServingStatus"
+FIXTURES = ROOT / "tests" / "facts" / "serve.ServingState"
 GPU = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 ROUTER = {"host": "ct200", "port": 8000, "bind": "127.0.0.10"}
 
@@ -28,12 +29,12 @@ def output(case: str) -> list[str]:
     return lines
 
 
-def fact(case: str, *extra: str, drop: str | None = None) -> HostStatus:
+def fact(case: str, *extra: str, drop: str | None = None) -> Serving:
     lines = [line for line in output(case) if drop is None or not line.startswith(drop)]
-    return parse_status([*lines, *extra])
+    return parse_serving([*lines, *extra])
 
 
-def result(status: HostStatus, **settings: Any) -> st.HostResult:
+def result(status: Serving, **settings: Any) -> st.HostResult:
     settings.setdefault("server_host", "127.0.0.10")
     return st.host_result("ct200", make_settings(**settings), status)
 
@@ -52,7 +53,8 @@ def test_eight_healthy_ranks_and_the_router() -> None:
     assert first.engine == "0.5.11-cu128-fb8f6a42"
     assert (first.model, first.model_revision) == ("Qwen/Qwen3.6-27B", "21d5607c34a07d56")
     assert (first.port, first.gpu, first.gpu_name) == (30000, 0, GPU)
-    assert (first.pid, first.uptime_s, first.restarts, first.stale) == (360, 13, 0, False)
+    assert (first.pid, first.uptime_s, first.restarts) == (360, 13, 0)
+    assert first.model_path == "/dev/shm/models/.Qwen--Qwen3.6-27B@21d5607c34a07d56"
     assert [row.port for row in r.ranks] == list(range(30000, 30008))
     assert r.router is not None and r.router.healthy and r.router.pid == 512
     assert r.router.url == "http://127.0.0.10:8000/health"
@@ -101,15 +103,14 @@ def test_no_python3_means_not_probed_and_not_healthy() -> None:
     lines = [line for line in output("eight-ranks-and-the-router-healthy")]
     lines = [line for line in lines if not line.startswith("health ")]
     lines.append("health_unavailable python3 not found on the host")
-    r = result(parse_status(lines))
+    r = result(parse_serving(lines))
     assert not r.healthy
     assert r.ranks[0].health == "not probed (python3 not found on the host)"
 
 
-def test_hub_revision_uptime_restarts_and_gpu_memory() -> None:
+def test_revision_uptime_restarts_and_gpu_memory() -> None:
     status = fact(
         "eight-ranks-and-the-router-healthy",
-        "model_hub_revision 5f3c1a2b",
         "gpu 0, NVIDIA H200, 120512, 143771",
         "gpu_rc 0",
         drop="gpu",
@@ -118,7 +119,8 @@ def test_hub_revision_uptime_restarts_and_gpu_memory() -> None:
     assert "NRestarts=0" in lines
     r = result(status)
     first = r.ranks[0]
-    assert first.model_revision == "5f3c1a2b (21d5607c34a07d56)"
+    # The copy its own unit names, not what the model link points at now.
+    assert first.model_revision == "21d5607c34a07d56"
     assert (first.gpu_name, first.gpu_memory_used_mib, first.gpu_memory_total_mib) == (
         "NVIDIA H200",
         120512,
@@ -127,19 +129,59 @@ def test_hub_revision_uptime_restarts_and_gpu_memory() -> None:
     assert r.ranks[1].gpu_name is None  # nvidia-smi listed only GPU 0
 
 
-def test_a_rank_started_before_the_engine_switched_is_flagged() -> None:
-    status = fact(
-        "eight-ranks-and-the-router-healthy", "engine_changed 1796066640", drop="engine_changed"
+def test_in_the_middle_of_a_roll_each_rank_shows_what_its_own_unit_runs() -> None:
+    """Rank 0 was rolled to a new engine and model copy; the others still name the old ones."""
+    new_env, new_key = "0.5.19-cu129-0a1b2c3d", "hf-6a9e0b1"
+    lines = []
+    for line in output("eight-ranks-and-the-router-healthy"):
+        if line.startswith("exec sglang@0.service "):
+            line = line.replace("0.5.11-cu128-fb8f6a42", new_env).replace(
+                "21d5607c34a07d56", new_key
+            )
+        lines.append(line)
+    lines.append(f'env {new_env} {{"release": "0.5.19", "lane": "cu129"}}')
+    r = result(parse_serving(lines))
+    rolled, old = r.ranks[0], r.ranks[1]
+    assert (rolled.engine, rolled.sglang_version, rolled.lane) == (new_env, "0.5.19", "cu129")
+    assert rolled.model_revision == new_key
+    assert (old.engine, old.sglang_version, old.model_revision) == (
+        "0.5.11-cu128-fb8f6a42",
+        "0.5.11",
+        "21d5607c34a07d56",
     )
-    r = result(status)
-    assert all(row.stale for row in r.ranks) and r.healthy  # still serving: a note, not a failure
+    assert r.healthy  # both serve: what each runs is information, not a failure
+
+
+def test_a_crash_looping_rank_ends_failed_and_is_shown() -> None:
+    lines = output("eight-ranks-and-the-router-healthy")
+    at = lines.index("Id=sglang@4.service")
+    block_start = max(i for i in range(at) if lines[i] == "") + 1
+    block = {
+        "MainPID": "0",
+        "NRestarts": "5",
+        "ActiveState": "failed",
+        "SubState": "failed",
+        "LoadState": "loaded",
+        "Id": "sglang@4.service",
+    }
+    lines = [*lines[:block_start], *(f"{k}={v}" for k, v in block.items()), *lines[at + 1 :]]
+    lines = [("health 4 refused" if line == "health 4 200" else line) for line in lines]
+    r = result(parse_serving(lines))
+    four = r.ranks[4]
+    assert (four.state, four.healthy, four.restarts, four.pid) == (
+        "failed (failed)",
+        False,
+        5,
+        None,
+    )
+    assert "rank 4 failed (failed), refused" in r.summary() and st.exit_status([r]) == 1
 
 
 def test_nvidia_smi_failures_are_kept_not_raised() -> None:
     assert fact("no-nvidia-smi").gpu_error == "nvidia-smi not found"
-    hung = parse_status(["gpu_rc 124"])
+    hung = parse_serving(["gpu_rc 124"])
     assert hung.gpu_error == "nvidia-smi did not answer within 10s" and hung.gpus == []
-    odd = parse_status(["gpu what is this", "gpu_rc 0"])
+    odd = parse_serving(["gpu what is this", "gpu_rc 0"])
     assert odd.gpus == [] and odd.gpu_error is not None and "unexpected" in odd.gpu_error
 
 
@@ -153,12 +195,12 @@ def test_the_fact_asks_for_every_configured_rank_and_the_router_in_one_command()
         "2": "http://127.0.0.1:30002/health",
         "router": "http://127.0.0.10:8000/health",
     }
-    command = ServingStatus().command(**args).get_raw_value()
+    command = ServingState().command(**args).get_raw_value()
     for unit in ("sglang@0.service", "sglang@2.service", "sglang-router.service"):
         assert unit in command
     # Another host's router is not this host's business.
     assert st.fact_args(settings, "ct201")["router"] is False
-    assert st.health_url("fd00::1", 30000) == "http://[fd00::1]:30000/health"
+    assert layout.health_url("fd00::1", 30000) == "http://[fd00::1]:30000/health"
 
 
 # -- exit status and JSON -------------------------------------------------------------------
@@ -181,7 +223,7 @@ def test_json_document_shape() -> None:
     assert set(host["ranks"][0]) == {
         "rank", "unit", "port", "expected", "state", "health", "healthy", "sglang_version",
         "lane", "engine", "model", "model_revision", "gpu", "gpu_name", "gpu_memory_used_mib",
-        "gpu_memory_total_mib", "pid", "uptime_s", "restarts", "stale",
+        "gpu_memory_total_mib", "pid", "uptime_s", "restarts", "model_path",
     }  # fmt: skip
     assert host["router"]["healthy"] is True
     assert st.to_json([good])["healthy"] is True
@@ -227,7 +269,7 @@ def write_inventory(tmp_path: Path) -> Path:
     fake = {
         **settings,
         "router": {**ROUTER, "host": "@fake/ct200"},
-        "fake_responses": {"@@unit": output("eight-ranks-and-the-router-healthy")},
+        "fake_responses": {"systemctl show": output("eight-ranks-and-the-router-healthy")},
         "fake_delay": 0,
         "fake_delay_jitter": 0,
     }

@@ -1,0 +1,169 @@
+"""systemd unit text: one way to render a template, and escaping for each directive.
+
+Every value that reaches a unit goes through one of the escapes below, chosen for the directive
+it lands in (systemd.service(5), systemd.exec(5), systemd.unit(5) "Specifiers" and "Quoting"):
+
+- `exec_line`: ExecStart= words: `%` -> `%%`, `$` -> `$$`, quoted (C escapes) when needed;
+- `env_assignment`: Environment= ("KEY=value", quoted, C escapes; `$` has no meaning there);
+- `path_word`: RequiresMountsFor=/ReadWritePaths= (quoted, specifiers escaped, no escapes
+  processed, so a control character is refused);
+- `text`: free text (Description=): specifiers escaped, control characters shown, never a
+  line break.
+Tests render units for many settings and run `systemd-analyze verify` on them.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from operations import layout
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+RANK_TEMPLATE = "sglang-rank.service.j2"
+ROUTER_TEMPLATE = "sglang-router.service.j2"
+STAGE_TEMPLATE = "sglang-stage-model.service.j2"
+# Loading ~54 GB from /dev/shm and capturing CUDA graphs takes minutes, not seconds.
+RANK_START_TIMEOUT_S = 1800
+# A crash-looping unit gives up (ends `failed`) after this many starts within the interval.
+START_LIMIT_BURST = 5
+START_LIMIT_INTERVAL_S = 600
+LIMIT_NOFILE = 65536
+# Device nodes CUDA opens besides the GPU's own /dev/nvidiaN (nvidia-container-toolkit's list).
+CUDA_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm")
+CUDA_OPTIONAL_NODES = ("/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+
+_SAFE_WORD = re.compile(r"[A-Za-z0-9_./:=,+@-]+")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class UnitValueError(ValueError):
+    """A value that no escape can carry into a unit (a control character in a path)."""
+
+
+@cache
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+    )
+
+
+def render(template: str, **context: Any) -> str:
+    """The one way a unit template becomes text. Values must already be escaped."""
+    return _environment().get_template(template).render(**context)
+
+
+def _c_escape(text: str) -> str:
+    text = text.replace("\\", "\\\\").replace('"', '\\"')
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def exec_word(arg: str) -> str:
+    """One ExecStart= word, passed to the program unchanged."""
+    escaped = arg.replace("%", "%%").replace("$", "$$")
+    if escaped and _SAFE_WORD.fullmatch(escaped):
+        return escaped
+    if escaped == ";":
+        return "\\;"  # a lone ';' would separate two commands
+    return f'"{_c_escape(escaped)}"'
+
+
+def exec_line(argv: list[str]) -> str:
+    return " ".join(exec_word(a) for a in argv)
+
+
+def env_assignment(key: str, value: str) -> str:
+    """One Environment= assignment."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+        raise UnitValueError(f"environment variable name {key!r} is not valid")
+    return '"' + _c_escape(f"{key}={value}".replace("%", "%%")) + '"'
+
+
+def path_word(path: str) -> str:
+    """One path of a space-separated path list (RequiresMountsFor=, ReadWritePaths=)."""
+    if _CONTROL.search(path):
+        raise UnitValueError(f"path {path!r} holds a control character")
+    escaped = path.replace("%", "%%")
+    if _SAFE_WORD.fullmatch(escaped):
+        return escaped
+    return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def text(value: str) -> str:
+    """Free text on one line (Description=): specifiers escaped, control characters shown."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", value.replace("%", "%%"))
+
+
+def device_allow(gpu: int, device_nodes: tuple[str, ...] | None) -> list[str]:
+    """DeviceAllow= lines for one rank: its own GPU and the nodes CUDA needs. Optional nodes
+    only when the host has them (`device_nodes` from HostResources; None: not gathered)."""
+    present = set(device_nodes or ())
+    nodes = [f"/dev/nvidia{gpu}", *CUDA_NODES]
+    nodes += [n for n in CUDA_OPTIONAL_NODES if n in present]
+    lines = [f"{path_word(n)} rw" for n in nodes]
+    if any(n.startswith("/dev/nvidia-caps") for n in present):
+        lines.append("char-nvidia-caps rw")  # MIG capabilities: their major, by name
+    return lines
+
+
+def rank_unit(
+    *,
+    rank: int,
+    gpu: int,
+    port: int,
+    model_name: str,
+    user: str,
+    env: dict[str, str],
+    argv: list[str],
+    device_nodes: tuple[str, ...] | None,
+) -> str:
+    return render(
+        RANK_TEMPLATE,
+        description=text(f"SGLang rank {rank}: {model_name} on GPU {gpu}, port {port}"),
+        user=user,
+        home=path_word(f"/var/lib/{user}"),
+        environment=[env_assignment(k, v) for k, v in env.items()],
+        exec_start=exec_line(argv),
+        stage_unit=layout.STAGE_UNIT,
+        target=layout.TARGET,
+        start_timeout_s=RANK_START_TIMEOUT_S,
+        start_limit_burst=START_LIMIT_BURST,
+        start_limit_interval_s=START_LIMIT_INTERVAL_S,
+        limit_nofile=LIMIT_NOFILE,
+        device_allow=device_allow(gpu, device_nodes),
+        identifier=f"sglang-{rank}",
+    )
+
+
+def router_unit(*, version: str, workers: int, port: int, user: str, argv: list[str]) -> str:
+    return render(
+        ROUTER_TEMPLATE,
+        description=text(f"sglang-router {version} in front of {workers} ranks, port {port}"),
+        user=user,
+        exec_start=exec_line(argv),
+        start_limit_burst=START_LIMIT_BURST,
+        start_limit_interval_s=START_LIMIT_INTERVAL_S,
+        limit_nofile=LIMIT_NOFILE,
+    )
+
+
+def stage_unit(
+    *, model_name: str, stage_dir: str, source_dir: str, argv: list[str], timeout_s: int
+) -> str:
+    return render(
+        STAGE_TEMPLATE,
+        description=text(f"Stage {model_name} into {stage_dir} for the SGLang ranks"),
+        script=layout.STAGE_SCRIPT,
+        source_dir=path_word(source_dir),
+        stage_dir=path_word(stage_dir),
+        exec_start=exec_line(argv),
+        timeout_s=timeout_s,
+        target=layout.TARGET,
+    )
