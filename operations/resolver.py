@@ -7,24 +7,18 @@ gathered by pyinfra, and so what the plan shows is exactly what a deploy writes.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import jinja2
-
 from operations import kb as kbmod
+from operations import layout, units
+from operations.argv import cli_problems
+from operations.engine_spec import EngineSpec, engine_spec, indexes
 from operations.facts.gpu import NvidiaSmi
 from operations.facts.host import Model
-from operations.kb import Knowledge, in_range, version
+from operations.kb import Gpu, Knowledge, Lane, version
+from operations.redact import redact
 from operations.settings import Settings
-
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
-CONFIG_DIR = "/etc/sglang"
-SECRETS_FILE = f"{CONFIG_DIR}/secrets.yaml"
-STAGE_UNIT = "sglang-stage-model.service"  # operations/model.py: stages the weights at boot
-START_TIMEOUT_S = 1800
 
 # Options the resolver writes from settings; extra_server_args may not set them again.
 MANAGED_OPTIONS = {
@@ -60,6 +54,11 @@ class Facts:
 
     gpu: NvidiaSmi | None = None
     model: Model | None = None
+    # The key of the staged copy this model's source makes (host_plan.model_key): the ranks
+    # name STAGE_DIR/models/.SLUG@KEY. None: not known yet; the ranks name the model link.
+    model_key: str | None = None
+    # /dev/nvidia* nodes present (HostResources); None: not gathered.
+    device_nodes: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +77,9 @@ class Rank:
     env: dict[str, str]
     unit_name: str
     unit: str
+    # What the unit runs: the engine environment and the staged model copy, by path.
+    engine_env: str = ""
+    model_path: str = ""
 
 
 @dataclass
@@ -86,33 +88,42 @@ class HostPlan:
     warnings: list[str] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
     ranks: list[Rank] = field(default_factory=list)
+    # The engine environment this host installs (None when the release or lane is refused).
+    engine: EngineSpec | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "errors": self.errors,
             "warnings": self.warnings,
             "decisions": [d.__dict__ for d in self.decisions],
+            "engine": _engine_json(self.engine),
             "ranks": [
-                {"rank": r.rank, "argv": r.argv, "env": r.env, "unit": r.unit} for r in self.ranks
+                {
+                    "rank": r.rank,
+                    "argv": r.argv,
+                    "env": r.env,
+                    "unit": r.unit,
+                    "engine_env": r.engine_env,
+                    "model_path": r.model_path,
+                }
+                for r in self.ranks
             ],
         }
 
 
-def staged_model_path(settings: Settings) -> str:
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "--", settings.model_name)
-    return f"{settings.model_stage_dir}/models/{slug}"
-
-
-def unit_name(rank: int) -> str:
-    return f"sglang@{rank}.service"
-
-
-def systemd_quote(arg: str) -> str:
-    """Quote one ExecStart word so systemd passes it through unchanged."""
-    escaped = arg.replace("%", "%%").replace("$", "$$")
-    if escaped and re.fullmatch(r"[A-Za-z0-9_./:=,+@-]+", escaped):
-        return escaped
-    return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
+def _engine_json(spec: EngineSpec | None) -> dict[str, Any] | None:
+    if spec is None:
+        return None
+    return {
+        "name": spec.name,
+        "requirements": list(spec.requirements),
+        "pins": [
+            {"requirement": p.requirement, "index": p.index, "index_lane": p.index_lane}
+            for p in spec.pins
+        ],
+        "overrides": list(spec.overrides),
+        "unproven": list(spec.unproven),
+    }
 
 
 def _src(kb: Knowledge, entry: dict[str, Any]) -> str:
@@ -154,11 +165,11 @@ class _Resolution:
         gpu = self.facts.gpu
         return gpu.driver_version if gpu is not None and gpu.ok else None
 
-    def driver_runs(self, lane: dict[str, Any]) -> bool | None:
+    def driver_runs(self, lane: Lane) -> bool | None:
         driver = self.driver()
         if driver is None or "," in driver:
             return None
-        return version(driver) >= version(lane["min_driver"])
+        return version(driver) >= version(lane.min_driver)
 
     def check_lane(self) -> None:
         s, kb = self.s, self.kb
@@ -169,47 +180,82 @@ class _Resolution:
                 f"accepted: {', '.join(kb.lanes)}"
             )
             return
-        release = s.sglang_version
-        if not in_range(release, lane["releases"]):
-            offered = kb.lanes_for_release(release)
+        release = kb.releases.get(s.sglang_version)
+        if release is None:
+            return  # check_release said why
+        build = release.build(s.cuda_lane)
+        if build is None:
+            offered = release.lanes
             message = (
-                f"cuda_lane {s.cuda_lane!r} {self.where('cuda_lane')}: sglang {release} has no "
-                f"{s.cuda_lane} (CUDA {lane['cuda']}) lane; {s.cuda_lane} is published for "
-                f"sglang {lane['releases']}; sglang {release} offers "
+                f"cuda_lane {s.cuda_lane!r} {self.where('cuda_lane')}: sglang {release.version} "
+                f"has no {s.cuda_lane} (CUDA {lane.cuda}) lane; it offers "
                 f"{', '.join(offered) or 'no known lane'}"
             )
-            runnable = [name for name in offered if self.driver_runs(kb.lanes[name]) is not False]
+            runnable = [n for n in offered if self.driver_runs(kb.lanes[n]) is not False]
             if offered and not runnable:
-                needs = ", ".join(
-                    f"{n} needs driver >= {kb.lanes[n]['min_driver']}" for n in offered
-                )
+                needs = ", ".join(f"{n} needs driver >= {kb.lanes[n].min_driver}" for n in offered)
                 message += (
                     f", and this host's driver {self.driver()} cannot run them ({needs}): "
                     f"pin a release that has a {s.cuda_lane} lane or upgrade the host driver"
                 )
-            self.error(f"{message} ({_src(kb, lane)})")
+            self.error(f"{message} (source: {kb.cite(release.source)})")
             return
         self.plan.decisions.append(
-            Decision("CUDA lane", s.cuda_lane, f"CUDA {lane['cuda']} build of torch and kernels")
+            Decision("CUDA lane", s.cuda_lane, f"CUDA {lane.cuda} builds of torch and kernels")
         )
         if self.driver_runs(lane) is False:
             self.error(
                 f"cuda_lane {s.cuda_lane!r} {self.where('cuda_lane')}: the host's driver "
-                f"{self.driver()} cannot run CUDA {lane['cuda']} (needs driver >= "
-                f"{lane['min_driver']}) ({_src(kb, lane)})"
+                f"{self.driver()} cannot run CUDA {lane.cuda} (needs driver >= "
+                f"{lane.min_driver}) (source: {kb.cite(lane.source)})"
             )
         gpu = self.facts.gpu
         banner_cuda = gpu.cuda_version if gpu is not None and gpu.ok else None
-        if banner_cuda is not None and version(banner_cuda) < version(lane["cuda"]):
+        # Within a major, minor-version compatibility lets a 12.8 driver run a 12.9 build.
+        if banner_cuda is not None and version(banner_cuda).major < version(lane.cuda).major:
             self.error(
                 f"cuda_lane {s.cuda_lane!r} {self.where('cuda_lane')}: nvidia-smi reports "
-                f"CUDA Version {banner_cuda}, below the lane's CUDA {lane['cuda']} "
-                f"({_src(kb, lane)})"
+                f"CUDA Version {banner_cuda}; the lane's CUDA {lane.cuda} needs a CUDA "
+                f"{version(lane.cuda).major} driver (source: {kb.cite(lane.source)})"
+            )
+        chip = kb.gpus.get(s.gpu_compute_cap)
+        if chip is not None and version(lane.cuda) < version(chip.min_cuda):
+            self.error(
+                f"cuda_lane {s.cuda_lane!r} {self.where('cuda_lane')}: {chip.arch} "
+                f"({chip.family}) needs CUDA >= {chip.min_cuda}; the lane's builds are CUDA "
+                f"{lane.cuda}: pin a newer lane (source: {kb.cite(chip.source)})"
+            )
+        self.plan_engine()
+
+    def plan_engine(self) -> None:
+        """The engine this host installs: every CUDA-bearing pin with its build and index."""
+        spec = engine_spec(self.s, self.kb)
+        self.plan.engine = spec
+        urls = {index.name: redact(index.url) for index in indexes(self.s, spec)}
+        main = redact(self.s.package_index_url or "") or "the installer's default index (PyPI)"
+        for pin in spec.pins:
+            where = urls[pin.index_name] if pin.index_name else main
+            self.plan.decisions.append(
+                Decision("engine pin", pin.requirement, f"only from {where}")
+            )
+        self.plan.decisions.append(
+            Decision(
+                "engine pin", f"sglang=={spec.release}", f"and everything else only from {main}"
+            )
+        )
+        for override in spec.overrides:
+            self.plan.decisions.append(
+                Decision("engine override", override, "replaces the release's own requirement")
+            )
+        for what in spec.unproven:
+            self.plan.warnings.append(
+                f"sglang {spec.release} on {spec.lane} is unproven: {what}; the engine check "
+                "settles it on this host's GPUs before any rank uses it"
             )
 
     # -- GPU and model ----------------------------------------------------------------------
 
-    def gpu_entry(self) -> dict[str, Any] | None:
+    def gpu_entry(self) -> Gpu | None:
         cap = self.s.gpu_compute_cap
         entry = self.kb.gpus.get(cap)
         if entry is None:
@@ -261,8 +307,9 @@ class _Resolution:
         """Why `backend` cannot run here; empty when it can."""
         s, kb = self.s, self.kb
         cap = s.gpu_compute_cap
-        arch = kb.gpus.get(cap, {}).get("arch", cap)
-        entry = kb.attention_backends.get(backend)
+        chip = kb.gpus.get(cap)
+        arch = chip.arch if chip else cap
+        entry = kb.backend_rule(backend, s.sglang_version)
         if entry is None:
             return [
                 f"{backend!r} is not a known backend (known: {', '.join(kb.attention_backends)})"
@@ -287,7 +334,7 @@ class _Resolution:
                 )
         spec = kb.speculative
         if backend == "flashinfer" and s.speculative is not None and self.release_known:
-            flashinfer = kb.releases[s.sglang_version]["flashinfer"]
+            flashinfer = kb.releases[s.sglang_version].pin("flashinfer-python") or "0"
             if version(flashinfer) <= version(spec["flashinfer_newer_than"]):
                 reasons.append(
                     f"{spec['flashinfer_reason']}; sglang {s.sglang_version} pins flashinfer "
@@ -363,7 +410,7 @@ class _Resolution:
         s = self.s
         args = [
             "--model-path",
-            staged_model_path(s),
+            self.model_path(),
             "--served-model-name",
             s.model_name,
             "--host",
@@ -402,7 +449,7 @@ class _Resolution:
             args.append("--enable-metrics")
         if s.api_key_file:
             # The key itself travels in a root/service-user-only file, never on a command line.
-            args += ["--config", SECRETS_FILE]
+            args += ["--config", layout.SECRETS_FILE]
         return args
 
     def check_extra_args(self) -> None:
@@ -437,30 +484,48 @@ class _Resolution:
         if s.base_port + s.dp_size - 1 > 65535:
             self.error(f"base_port {s.base_port} {self.where('base_port')}: ranks run past 65535")
             return
-        python = f"{s.engine_root}/current/bin/python"
-        env_template = jinja2.Environment(
-            loader=jinja2.FileSystemLoader(TEMPLATES),
-            keep_trailing_newline=True,
-            undefined=jinja2.StrictUndefined,
-            autoescape=False,
-        ).get_template("sglang-rank.service.j2")
+        env = layout.engine_env(s.engine_root, self.engine_name())
+        python = f"{env}/bin/python"
+        model_path = self.model_path()
         for rank in range(s.dp_size):
             port = s.base_port + rank
             argv = [python, "-m", "sglang.launch_server", *args, "--port", str(port)]
-            env = {"CUDA_VISIBLE_DEVICES": str(rank)}
-            unit = env_template.render(
+            environment = {"CUDA_VISIBLE_DEVICES": str(rank)}
+            unit = units.rank_unit(
                 rank=rank,
                 gpu=rank,
                 port=port,
                 model_name=s.model_name,
-                engine_root=s.engine_root,
                 user=s.service_user,
-                env=env,
-                exec_start=" ".join(systemd_quote(a) for a in argv),
-                stage_unit=STAGE_UNIT,
-                start_timeout_s=START_TIMEOUT_S,
+                env=environment,
+                argv=argv,
+                device_nodes=self.facts.device_nodes,
             )
-            self.plan.ranks.append(Rank(rank, rank, port, argv, env, unit_name(rank), unit))
+            self.plan.ranks.append(
+                Rank(
+                    rank,
+                    rank,
+                    port,
+                    argv,
+                    environment,
+                    layout.unit_name(rank),
+                    unit,
+                    engine_env=env,
+                    model_path=model_path,
+                )
+            )
+
+    def engine_name(self) -> str:
+        """The environment the engine step installs for these settings (its EngineSpec)."""
+        spec = self.plan.engine or engine_spec(self.s, self.kb)
+        return spec.name
+
+    def model_path(self) -> str:
+        """The staged copy the ranks read: by its key, so a unit names exactly what it runs."""
+        key = self.facts.model_key
+        if key is None:
+            return layout.staged_model_link(self.s)
+        return layout.staged_copy(self.s, key)
 
     def run(self) -> HostPlan:
         self.check_release()
@@ -475,11 +540,13 @@ class _Resolution:
         self.check_against_cli(list(self.s.extra_server_args), "extra_server_args")
         if self.plan.errors:
             return self.plan
+        if self.facts.model_key is None:
+            self.plan.warnings.append(
+                f"model_source {self.s.model_source}: its staged copy is not known until the "
+                "source is readable; the ranks are shown reading the model link"
+            )
         self.ranks(args + list(self.s.extra_server_args))
         return self.plan
-
-
-ROUTER_UNIT = "sglang-router.service"
 
 
 @dataclass(frozen=True)
@@ -494,18 +561,13 @@ class RouterPlan:
     warnings: list[str] = field(default_factory=list)
 
 
-def router_env_dir(settings: Settings) -> str:
-    version = settings.router.version if settings.router else "none"
-    return f"{settings.engine_root}/router/sglang-router-{version}"
-
-
 def worker_urls(all_settings: list[tuple[str, Settings]]) -> list[str]:
     """Every rank of every host, as the router reaches it."""
-    urls = []
-    for _, s in all_settings:
-        address = f"[{s.server_host}]" if ":" in s.server_host else s.server_host
-        urls += [f"http://{address}:{s.base_port + rank}" for rank in range(s.dp_size)]
-    return urls
+    return [
+        layout.worker_url(s.server_host, s.base_port + rank)
+        for _, s in all_settings
+        for rank in range(s.dp_size)
+    ]
 
 
 def resolve_router(
@@ -514,7 +576,7 @@ def resolve_router(
     """The router's command line and unit, for the host that runs it."""
     router = settings.router
     assert router is not None and router.host == host_name
-    env_dir = router_env_dir(settings)
+    env_dir = layout.router_env(settings)
     workers = worker_urls(all_settings)
     argv = [
         f"{env_dir}/bin/python",
@@ -555,87 +617,23 @@ def resolve_router(
                 f"router on {host_name} reaches {name}'s ranks at {s.server_host}, a loopback "
                 "address: set server_host for that host to an address the router can reach"
             )
-    bind = "127.0.0.1" if router.bind in ("0.0.0.0", "::") else router.bind
-    unit = (
-        jinja2.Environment(
-            loader=jinja2.FileSystemLoader(TEMPLATES),
-            keep_trailing_newline=True,
-            undefined=jinja2.StrictUndefined,
-            autoescape=False,
-        )
-        .get_template("sglang-router.service.j2")
-        .render(
-            version=router.version,
-            workers=workers,
-            port=router.port,
-            user=settings.service_user,
-            exec_start=" ".join(systemd_quote(a) for a in argv),
-        )
+    unit = units.router_unit(
+        version=router.version,
+        workers=len(workers),
+        port=router.port,
+        user=settings.service_user,
+        argv=argv,
     )
     return RouterPlan(
         argv=argv,
         unit=unit,
         workers=workers,
-        health_url=f"http://{bind}:{router.port}/health",
+        health_url=layout.health_url(router.bind, router.port),
         env_dir=env_dir,
         version=router.version,
         errors=errors,
         warnings=warnings,
     )
-
-
-def cli_problems(
-    args: list[str], table: kbmod.CliTable, origin: str
-) -> tuple[list[str], list[str]]:
-    """(errors, warnings) for `args` under a release's real option table: unknown options,
-    missing or unexpected values, values outside the option's choices."""
-    errors: list[str] = []
-    warnings: list[str] = []
-    release = f"{table.package} {table.version}"
-    i = 0
-    while i < len(args):
-        word = args[i]
-        i += 1
-        if not word.startswith("--"):
-            errors.append(f"{origin}: {word!r} is not an option (options start with --)")
-            continue
-        name, eq, inline = word.partition("=")
-        option = table.get(name)
-        if option is None:
-            close = _close_options(name, table.options)
-            hint = f"; did you mean {close}?" if close else ""
-            errors.append(f"{origin}: {release} has no option {name}{hint}")
-            continue
-        if option.deprecated:
-            warnings.append(f"{origin}: {name} is deprecated in {release}")
-        values: list[str] = []
-        if eq and not option.takes_value:
-            errors.append(f"{origin}: {name} takes no value")
-        elif eq:
-            values = [inline]
-        elif option.takes_value:
-            many = option.nargs in ("*", "+") or isinstance(option.nargs, int)
-            while i < len(args) and not args[i].startswith("--"):
-                values.append(args[i])
-                i += 1
-                if not many:
-                    break
-            if not values and option.nargs not in ("?", "*"):
-                errors.append(f"{origin}: {name} needs a value")
-        for value in values:
-            if option.choices is not None and value not in option.choices:
-                errors.append(
-                    f"{origin}: {name} {value!r} is not accepted by {release}; "
-                    f"accepted: {', '.join(option.choices)}"
-                )
-    return errors, warnings
-
-
-def _close_options(name: str, options: dict[str, Any]) -> str | None:
-    import difflib
-
-    close = difflib.get_close_matches(name, list(options), n=1, cutoff=0.7)
-    return close[0] if close else None
 
 
 def resolve(
