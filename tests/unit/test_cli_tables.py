@@ -87,10 +87,25 @@ def test_entries_are_well_formed(package: str, version: str) -> None:
             assert all(isinstance(c, str) for c in entry["choices"]), name
 
 
-def test_option_counts() -> None:
-    counts = {v: len(options(v)) for v in SGLANG_RELEASES}
-    assert counts == {"0.5.9": 341, "0.5.11": 387, "0.5.19": 521, "0.5.23": 559}
-    assert len(options("0.3.2", "sglang-router")) == 98
+def test_every_option_a_setting_manages_is_a_real_option() -> None:
+    """extra_server_args refuses the options a setting manages (resolver.MANAGED_OPTIONS): each
+    one must be an option some supported release really has, or the refusal guards nothing."""
+    from operations.resolver import MANAGED_OPTIONS
+
+    known = set().union(*(options(v) for v in SGLANG_RELEASES))
+    assert sorted(set(MANAGED_OPTIONS) - known) == []
+
+
+@pytest.mark.parametrize("version", ROUTER_RELEASES)
+def test_the_router_command_line_uses_real_options(version: str) -> None:
+    from operations.resolver import resolve_router
+    from tests.unit.builders import make_settings
+
+    s = make_settings(router={"host": "ct200", "port": 8000, "version": version})
+    plan = resolve_router(s, "ct200", [("ct200", s)])
+    assert plan.errors == []
+    written = {word for word in plan.argv[3:] if word.startswith("--")}
+    assert written and written <= set(options(version, "sglang-router"))
 
 
 # --- options every supported release accepts ------------------------------------------------

@@ -4,6 +4,7 @@ connector): real pyinfra inventory loading, real fact commands, canned real outp
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -117,6 +118,11 @@ def test_dry_deploy_shows_the_plan_and_changes_nothing() -> None:
     assert "Traceback" not in out
     assert "--attention-backend flashinfer" in out
     assert all(f"sglang@{rank}.service" in out for rank in range(8)) and "30007" in out
+    # --dry stops after the plan: pyinfra never reaches its execute phase, so no operation
+    # ran (a run that did prints "Beginning operation run" and a result per operation).
+    assert "Skipping change detection" in out
+    assert "Beginning operation run" not in out
+    assert not re.search(r"\[@fake/ct200\] (Success|Changed|Error)", out), out
 
 
 def test_dry_deploy_with_bad_settings_stops_before_any_host_work() -> None:
