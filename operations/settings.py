@@ -212,9 +212,16 @@ def load(host_name: str, layers: list[Layer]) -> Settings:
             f"(set in {origins[key]}); {hint}"
         )
 
+    # Control characters first: for such a value that is the one thing to say.
+    control = _control_problems(ours)
+    problems += [
+        f"{host_name}: {key} = {ours[key]!r} (set in {origins[key]}); {why}" for key, why in control
+    ]
     validator = jsonschema.Draft202012Validator(schema())
     for error in sorted(validator.iter_errors(ours), key=lambda e: list(e.absolute_path)):
         key, accepts = _describe(error, props)
+        if any(key == k for k, _ in control):
+            continue
         if key in ours:
             where = f"= {ours[key]!r} (set in {origins[key]})"
         else:
@@ -318,8 +325,8 @@ def _source_problem(source: str) -> str | None:
     return f"{why}; accepted: a model directory as a plain absolute path" if why else None
 
 
-def _value_problems(values: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(key, why) for values of the right shape that are still unsafe to use."""
+def _control_problems(values: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(key, why) for values holding control characters, nested strings included."""
     problems: list[tuple[str, str]] = []
     for key, value in values.items():
         for where, text in _strings(value, key):
@@ -332,8 +339,12 @@ def _value_problems(values: Mapping[str, Any]) -> list[tuple[str, str]]:
                         "text without control characters (no newline, tab, NUL or escape)",
                     )
                 )
-    if problems:
-        return problems
+    return problems
+
+
+def _value_problems(values: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(key, why) for values of the right shape that are still unsafe to use."""
+    problems: list[tuple[str, str]] = []
     for key in _PATH_KEYS:
         if key in values:
             why = path_escape(values[key])
