@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -62,6 +62,7 @@ from operations.engine_spec import (
     project_toml,
 )
 from operations.facts.engine import MARKER, EngineHost, EngineState, WheelhouseFiles
+from operations.facts.serve import referenced_env_names, serving_state
 from operations.host_plan import HostReport
 from operations.redact import redact
 from operations.secret_files import put_secret
@@ -217,7 +218,7 @@ def _import_problems(probe: Probe, spec: EngineSpec, driver: Driver) -> list[str
 
 
 def envs_to_prune(
-    state: EngineHost, target: str, keep: int, serving: str | None = None
+    state: EngineHost, target: str, keep: int, serving: str | Iterable[str] | None = None
 ) -> list[str]:
     """Environments to delete once `target` is current: partial ones (never the target, which
     its build step replaces), and complete ones beyond the `keep` most recently activated. The
@@ -226,8 +227,8 @@ def envs_to_prune(
     complete = [n for n, e in state["envs"].items() if e["complete"] and n != target]
     complete.sort(key=lambda n: (state["envs"][n]["activated_at"] or 0, n), reverse=True)
     kept = {target, *complete[: max(keep - 1, 0)]}
-    if serving:
-        kept.add(serving)
+    # Every environment a rank unit names (facts.serve.referenced_env_names) is kept too.
+    kept.update([serving] if isinstance(serving, str) else serving or ())
     return sorted(n for n in state["envs"] if n not in kept)
 
 
@@ -481,7 +482,7 @@ def prune(
     engine_root: str,
     env_name: str,
     keep: int,
-    serving: str | None = None,
+    serving: str | list[str] | None = None,
     state: Mapping[str, Any] | None = None,
 ) -> Any:
     """
@@ -548,7 +549,9 @@ def _engine_deploy(report: HostReport) -> EngineStep:
         engine_root=root,
         env_name=spec.name,
         keep=s.engine_keep,
-        serving=state["current"],
+        serving=sorted(
+            {n for n in (state["current"], *referenced_env_names(serving_state(s), root)) if n}
+        ),
         state=state,
     )
     return EngineStep(spec, f"{root}/current", switched)

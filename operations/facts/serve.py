@@ -166,6 +166,13 @@ def referenced_envs(serving: Serving) -> set[str]:
     return {env for u in serving.rank_files().values() if (env := u.engine_env()) is not None}
 
 
+def referenced_env_names(serving: Serving, engine_root: str) -> set[str]:
+    """The names (ENGINE_ROOT/envs/<name>) of the environments the rank unit files name now:
+    what the engine's prune must keep besides its own choice."""
+    prefix = layout.engine_env(engine_root, "")
+    return {env[len(prefix) :] for env in referenced_envs(serving) if env.startswith(prefix)}
+
+
 def referenced_models(serving: Serving) -> set[str]:
     """Staged model copies named by the host's rank unit files now."""
     return {path for u in serving.rank_files().values() if (path := u.model_path()) is not None}

@@ -53,6 +53,22 @@ def hosts(testbed: tb.Testbed) -> Iterator[list[Container]]:
         testbed.destroy(container)
 
 
+def completions(c: Container, port: int) -> int:
+    """Completions a rank served, from the double's /metrics (prompt_tokens_total is 8 a
+    request: tests/doubles/packages/sglang/_server_double.py)."""
+    status, text = http(f"http://{c.address}:{port}/metrics")
+    assert status == 200, (c.name, port, status)
+    match = re.search(r"^sglang:prompt_tokens_total\{[^}]*\} ([0-9.]+)$", str(text), re.M)
+    assert match, text
+    return int(float(match.group(1))) // 8
+
+
+def exec_start(c: Container, rank: int) -> str:
+    """The ExecStart= of a rank's unit file: what a restart or a reboot runs."""
+    _, out, _ = c.ssh_run(f"grep ^ExecStart= /etc/systemd/system/sglang@{rank}.service")
+    return out.strip()
+
+
 def journal_events(c: Container) -> list[tuple[float, int, str]]:
     """(time, rank, 'start'|'ready') from the journal, in order."""
     _, out, _ = c.ssh_run("journalctl -o short-unix --no-pager -u 'sglang@*' | tail -n 400")
@@ -184,7 +200,7 @@ def test_two_hosts_behind_one_router_and_the_api_key_stays_secret(
     a, b = hosts
     key_file = tmp_path / "api-key"
     key_file.write_text(API_KEY + "\n")
-    router = {"host": a.name, "port": ROUTER_PORT, "bind": a.address}
+    router = {"host": a.name, "port": ROUTER_PORT, "bind": a.address, "policy": "round_robin"}
     common = {"dp_size": 2, "router": router, "api_key_file": str(key_file)}
     run = deploy(
         tmp_path,
@@ -195,8 +211,10 @@ def test_two_hosts_behind_one_router_and_the_api_key_stays_secret(
 
     url = f"http://{a.address}:{ROUTER_PORT}"
     wait_for(lambda: http(f"{url}/health")[0] == 200, timeout=60, what="router healthy")
-    seen = set()
-    for _ in range(8):
+    ranks = [(c, 30000 + r) for c in (a, b) for r in range(2)]
+    before = {(c.name, port): completions(c, port) for c, port in ranks}
+    sent = 40
+    for _ in range(sent):
         status, body = http(
             f"{url}/v1/chat/completions",
             {"model": "Qwen/Qwen3.6-27B", "messages": [{"role": "user", "content": "hi"}]},
@@ -204,8 +222,12 @@ def test_two_hosts_behind_one_router_and_the_api_key_stays_secret(
         )
         assert status == 200, body
         assert "Qwen/Qwen3.6-27B" in json.dumps(body), body  # a rank's reply, not the router's
-        seen.add(json.dumps(body, sort_keys=True))
-    assert seen, "the router answered no completion"
+    # Each rank counts the completions it served (/metrics): every one went to some rank, and
+    # the second host's ranks served some of them, through the router on the first host.
+    served = {(c.name, port): completions(c, port) - before[(c.name, port)] for c, port in ranks}
+    assert sum(served.values()) == sent, served
+    # round_robin: every rank of both hosts takes its turn, the second host's included.
+    assert all(n > 0 for n in served.values()), served
 
     # Without the key, a rank refuses; /health stays open.
     assert http(f"http://{b.address}:30000/v1/models")[0] == 401
@@ -222,3 +244,63 @@ def test_two_hosts_behind_one_router_and_the_api_key_stays_secret(
         assert "--config /etc/sglang/secrets.yaml" in cmdlines
 
     converge(tmp_path, a, indexes)
+
+
+def test_a_failed_batch_leaves_the_rest_on_the_old_version_across_restarts_and_a_reboot(
+    hosts: list[Container], indexes: Indexes, tmp_path: Path
+) -> None:
+    """A roll that stops at a failed batch: the ranks not yet rolled keep unit files that name
+    the previous settings, so a crash-restart and a whole reboot run those, never the new ones;
+    the next deploy rolls exactly the rest, and a converged run changes nothing."""
+    a = hosts[1]
+    converge(tmp_path, a, indexes, restart_batch_size=2)
+    old = {rank: exec_start(a, rank) for rank in range(8)}
+    assert all("--mem-fraction-static 0.9 " in line for line in old.values())
+    # Rank 1's port is taken: batch [0, 1] fails, ranks 2-7 are never rewritten.
+    squatter = f"systemd-run --unit squat-30001 python3 -m http.server --bind {a.address} 30001"
+    a.ssh_run(f"systemctl stop sglang@1.service; {squatter}")
+    wait_for(lambda: health(a, 30001) in (404, 501, 200), timeout=30, what="squatter listening")
+    try:
+        run = deploy(tmp_path, {a: base_data(a, indexes, mem_fraction_static=0.8,
+                                             restart_batch_size=2)})  # fmt: skip
+        assert (
+            run.rc != 0 and "The roll stopped at sglang@0.service, sglang@1.service" in run.output
+        )
+        assert "--mem-fraction-static 0.8 " in exec_start(a, 0)
+        for rank in range(2, 8):
+            assert exec_start(a, rank) == old[rank], rank
+    finally:
+        a.ssh_run("systemctl stop squat-30001.service")
+
+    # A crash-restart of a rank not rolled yet runs its own (old) unit.
+    _, pid_before = unit_states(a, range(4, 5))[4]
+    assert a.ssh_run("systemctl restart sglang@4.service")[0] == 0
+    wait_for(lambda: health(a, 30004) == 200, timeout=60, what="rank 4 back")
+    _, cmdline, _ = a.ssh_run(
+        "tr '\\0' ' ' < /proc/$(systemctl show -p MainPID --value sglang@4)/cmdline"
+    )
+    assert (
+        "--mem-fraction-static 0.9 " in cmdline and unit_states(a, range(4, 5))[4][1] != pid_before
+    )
+
+    # A reboot: every rank comes back from its own unit file (the stage unit restages first).
+    a.reboot()
+    wait_for(
+        lambda: all(health(a, 30000 + r) == 200 for r in range(8)), timeout=180, what="all ranks"
+    )
+    for rank in range(2, 8):
+        _, cmdline, _ = a.ssh_run(
+            f"tr '\\0' ' ' < /proc/$(systemctl show -p MainPID --value sglang@{rank})/cmdline"
+        )
+        assert "--mem-fraction-static 0.9 " in cmdline, (rank, cmdline)
+
+    # The next deploy with the new settings rolls exactly the ranks not rolled yet.
+    rolled = converge(tmp_path, a, indexes, mem_fraction_static=0.8, restart_batch_size=2)
+    restarts = [k for k in serve_ops(rolled) if re.match(r"Serve: restart batch \d+: restart", k)]
+    assert restarts == [
+        "Serve: restart batch 1: restart sglang@2.service, sglang@3.service",
+        "Serve: restart batch 2: restart sglang@4.service, sglang@5.service",
+        "Serve: restart batch 3: restart sglang@6.service, sglang@7.service",
+    ], rolled
+    again = converge(tmp_path, a, indexes, mem_fraction_static=0.8, restart_batch_size=2)
+    assert {k: v for k, v in serve_ops(again).items() if v != "No changes"} == {}, again

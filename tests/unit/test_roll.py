@@ -7,7 +7,13 @@ from __future__ import annotations
 import dataclasses
 
 from operations import resolver
-from operations.facts.serve import Serving, UnitState, referenced_envs, referenced_models
+from operations.facts.serve import (
+    Serving,
+    UnitState,
+    referenced_env_names,
+    referenced_envs,
+    referenced_models,
+)
 from operations.resolver import Rank
 from operations.serve import roll_plan, sha256
 from tests.unit.builders import facts, make_settings
@@ -92,6 +98,9 @@ def test_after_a_failed_batch_the_rest_still_names_the_old_engine_and_model() ->
     unit = host.ranks[4]
     assert unit.engine_env() == old[4].engine_env and unit.model_path() == old[4].model_path
     assert referenced_envs(host) == {old[0].engine_env, new[0].engine_env}
+    # What the engine's prune is told to keep, by name under ENGINE_ROOT/envs.
+    names = referenced_env_names(host, "/opt/sglang")
+    assert names == {old[0].engine_env.rsplit("/", 1)[1], new[0].engine_env.rsplit("/", 1)[1]}
     assert referenced_models(host) == {old[0].model_path, new[0].model_path}
 
     # Re-run with the same new settings: the failed ranks start (their unit is already new),
