@@ -42,6 +42,7 @@ from operations.host_plan import HostReport
 from operations.layout import CONFIG_DIR, STAGE_UNIT
 from operations.preflight import stage_room
 from operations.secret_files import put_secret
+from operations.serve import service_user
 from operations.settings import Settings
 
 SCRIPT_DEST = layout.STAGE_SCRIPT
@@ -136,6 +137,7 @@ def stage_command(
     script: str = SCRIPT_DEST,
     key: str | None = None,
     keep: tuple[str, ...] = (),
+    group: str | None = None,
 ) -> list[str]:
     """The one command line of a staging run: the deploy and the boot unit both use it.
     key: the copy's name the rank units use; keep: copies units still name (not removed)."""
@@ -145,6 +147,8 @@ def stage_command(
         argv += ["--key", key]
     for kept in keep:
         argv += ["--keep", kept]
+    if group is not None:
+        argv += ["--group", group]  # root:GROUP 0750/0640: the servers read it, nobody else
     if bwlimit_mbps:
         argv += ["--bwlimit-mbps", f"{bwlimit_mbps:g}"]
     return argv
@@ -161,6 +165,7 @@ def staged(
     bwlimit_mbps: float | None = None,
     key: str | None = None,
     keep: list[str] | None = None,
+    group: str | None = None,
 ) -> Any:
     """
     Make STAGE_DIR/models/.SLUG@KEY a complete copy of source_dir (what `decide` planned).
@@ -171,6 +176,7 @@ def staged(
     + bwlimit_mbps: cap the copy rate (MB/s), None for full speed
     + key: the copy's name, as the rank units name it (None: its digest)
     + keep: keys of copies a rank unit still names: not removed
+    + group: the servers' group, the only one that may read the copy (None: world-readable)
     """
     if mode == "unchanged":
         host.noop(why)
@@ -180,7 +186,15 @@ def staged(
     if mode == "inplace":
         yield StringCommand("systemctl", "stop", *(QuoteString(u) for u in RANK_UNITS))
     argv = stage_command(
-        source_dir, stage_dir, slug, mode, verify, bwlimit_mbps, key=key, keep=tuple(keep or ())
+        source_dir,
+        stage_dir,
+        slug,
+        mode,
+        verify,
+        bwlimit_mbps,
+        key=key,
+        keep=tuple(keep or ()),
+        group=group,
     )
     yield FunctionCommand(_run_live, (shlex.join(argv), "staging the model"), {})
 
@@ -205,7 +219,11 @@ def synced_from_controller(
     yield from files.rsync._inner(
         src=local_dir.rstrip("/") + "/",
         dest=target_dir.rstrip("/") + "/",
-        flags=["-a", "--delete", "--partial-dir=.rsync-partial", "--info=progress2"],
+        # Root-only like the hub cache: only the staging run reads it.
+        flags=[
+            *("-a", "--delete", "--chmod=D750,F640", "--partial-dir=.rsync-partial"),
+            "--info=progress2",
+        ],
     )
 
 
@@ -309,6 +327,7 @@ def stage_unit_text(settings: Settings, key: str | None) -> str:
         settings.model_stage_bwlimit_mbps,
         python="/usr/bin/python3",
         key=key,
+        group=settings.service_user,
     )
     return units.stage_unit(
         model_name=settings.model_name,
@@ -392,6 +411,12 @@ def _stage_model(report: HostReport) -> StageResult:
             token_file=TOKEN_FILE if token else None,
         )
 
+    # The staged copy is readable by the servers' group only: the user exists before it.
+    service_user(
+        name=f"Service user {s.service_user} (its group reads the staged weights)",
+        user=s.service_user,
+        exists=serving.user_exists,
+    )
     plan = decide(s, report.resources, staging, pending)
     logger.info(f"{host.print_prefix}model {s.model_name}: {plan.mode}: {plan.why}")
     if plan.mode == "refuse":
@@ -408,6 +433,7 @@ def _stage_model(report: HostReport) -> StageResult:
         bwlimit_mbps=s.model_stage_bwlimit_mbps,
         key=key,
         keep=sorted(k for p in kept if (k := layout.copy_key(s, p)) is not None and k != key),
+        group=s.service_user,
     )
     return StageResult(op)
 

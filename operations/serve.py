@@ -191,7 +191,9 @@ def service_user(user: str, exists: bool) -> Any:
     if exists:
         host.noop(f"user {user} exists")
         return
+    # The model step may have made it earlier in this run (its group reads the staged copy).
     yield StringCommand(
+        *("id", "-u", QuoteString(user), ">/dev/null", "2>&1", "||"),
         "useradd",
         "--system",
         "--user-group",

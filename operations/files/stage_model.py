@@ -45,6 +45,10 @@ SKIP_DIRS = {".cache", ".git"}
 HUB_MARKER = ".cache/sglang-hub-complete"
 CHUNK = 64 * 1024 * 1024
 MODELS_MODE = 0o755  # STAGE_DIR/models: root's, listable, nobody else writes in it
+# With --group (the servers' group), copies are root:GROUP, dirs 0750, files 0640: the servers
+# read the weights, other users on the host do not. Set once by main().
+DIR_MODE, FILE_MODE = 0o750, 0o640
+GROUP_ID: int | None = None
 NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 EXIT_REFUSED = 3  # does not fit, source missing: the message says why; nothing was copied
 EXIT_CHANGED = 4  # a source file changed during the copy: staged nothing, re-run later
@@ -464,6 +468,7 @@ def _copy_file(src: str, dst: str, entry: dict[str, Any], progress: Progress) ->
             )
         fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o644)
         try:
+            _own(fd)
             offset = 0
             # Rate-limited copies go in small steps, so the rate is smooth and a stop is quick.
             chunk = max(2**20, int(progress.bwlimit / 8)) if progress.bwlimit else CHUNK
@@ -495,6 +500,27 @@ def _fits(layout: Layout, need: int) -> tuple[bool, int]:
     st = os.statvfs(layout.models)
     free = st.f_bavail * st.f_frsize
     return free >= need, free
+
+
+def _own(fd: int) -> None:
+    """A staged file: root:GROUP 0640 with --group (else as created, 0644)."""
+    if GROUP_ID is not None:
+        os.fchown(fd, 0, GROUP_ID)
+        os.fchmod(fd, FILE_MODE)
+
+
+def _own_path(path: str) -> None:
+    if GROUP_ID is not None:
+        os.chown(path, 0, GROUP_ID, follow_symlinks=False)
+        os.chmod(path, FILE_MODE, follow_symlinks=False)
+
+
+def _own_dir(path: str) -> None:
+    if GROUP_ID is None:
+        os.chmod(path, 0o755)
+    else:
+        os.chown(path, 0, GROUP_ID, follow_symlinks=False)
+        os.chmod(path, DIR_MODE)
 
 
 def _remove(path: str) -> None:
@@ -541,8 +567,10 @@ def prune(
 ) -> dict[str, Any]:
     """Remove the copies of SLUG no rank unit names (`keep`), once a roll has finished."""
     layout = Layout(stage_dir, slug, keep)
-    if not os.path.isdir(layout.models):
+    models_fd = open_models(stage_dir, create=False)  # a tree someone else made: refused
+    if models_fd is None:
         return {"changed": False, "removed": []}
+    os.close(models_fd)
     lock_fd = _lock(layout, lock_timeout)
     try:
         removed = []
@@ -653,12 +681,14 @@ def _stage_locked(
     temp = layout.temp()
     os.mkdir(temp, 0o755)
     try:
+        _own_dir(temp)
         # Unchanged files are hard links to the current copy: no bytes, no time.
         for entry in src["files"]:
             if _key(entry) in reuse and current:
                 dst = os.path.join(temp, entry["path"])
                 os.makedirs(os.path.dirname(dst), exist_ok=True)
                 os.link(os.path.join(current, entry["path"]), dst)
+                _own_path(dst)  # a copy staged before --group existed gets it now
         print(
             f"stage: copying {len(copy)} file(s), {copy_bytes / 2**30:.2f} GiB "
             f"({len(src['files']) - len(copy)} unchanged)",
@@ -686,7 +716,7 @@ def _stage_locked(
                 raise StageError(f"copied files differ from the source after copy: {bad[:5]}")
         for dirpath, dirnames, _ in os.walk(temp):
             for d in dirnames:
-                os.chmod(os.path.join(dirpath, d), 0o755)
+                _own_dir(os.path.join(dirpath, d))
         manifest = {"source": source, "staged_at": time.time(), **src}
         with open(os.path.join(temp, MANIFEST), "w") as fh:
             json.dump(manifest, fh)
@@ -715,7 +745,8 @@ def fetch_hub(cli: str, repo: str, revision: str, dest: str, token_file: str | N
     marker = os.path.join(dest, HUB_MARKER)
     if _read_text(marker) == revision:
         return False
-    os.makedirs(dest, mode=0o755, exist_ok=True)
+    os.makedirs(dest, mode=0o750, exist_ok=True)
+    os.chmod(dest, 0o750)  # the hub cache is read by root's staging run only
     env = dict(os.environ)
     if token_file:
         # The token reaches the CLI through its environment only: never argv, never a log.
@@ -738,6 +769,18 @@ def fetch_hub(cli: str, repo: str, revision: str, dest: str, token_file: str | N
 
 
 # --------------------------------------------------------------------------------- CLI
+
+
+def _may_chown() -> bool:
+    """Whether this process holds CAP_CHOWN (capability 0) in its effective set."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.geteuid() == 0
 
 
 def _raise_exit(signum: int, frame: object) -> None:
@@ -764,6 +807,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--progress-interval", type=float, default=2.0)
     p.add_argument("--bwlimit-mbps", type=float, default=None)
     p.add_argument("--lock-timeout", type=float, default=1800.0)
+    p.add_argument("--group", help="the servers' group: copies are root:GROUP 0750/0640")
     p.add_argument("--key", help="the copy's name, .SLUG@KEY (default: its digest)")
     p.add_argument("--keep", action="append", default=[], help="a copy's key a unit names")
     p = sub.add_parser("prune")
@@ -777,6 +821,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dest", required=True)
     p.add_argument("--token-file")
     args = parser.parse_args(argv)
+    group = getattr(args, "group", None)
+    if group and not _may_chown():
+        # A unit whose capability bounding set lacks CAP_CHOWN: the servers must still read
+        # the copy, so it is staged as before (world-readable) rather than not at all.
+        print(f"stage: warning: no CAP_CHOWN, the copy cannot be given to group {group!r}")
+        group = None
+    if args.cmd == "fetch-hub" or group:
+        # Nothing made here is for other users: the hub cache, manifests, copies (the servers
+        # read those through their group).
+        os.umask(0o027)
+    if group:
+        global GROUP_ID
+        try:
+            import grp
+
+            GROUP_ID = grp.getgrnam(group).gr_gid
+        except KeyError:
+            print(f"stage: error: group {group!r} does not exist", file=sys.stderr)
+            return EXIT_REFUSED
     # A stop (systemctl stop, the deploy's SSH session closing) unwinds like an exception, so
     # the copy in progress is removed on the way out; SIGKILL leaves it for the next run.
     for sig in (signal.SIGTERM, signal.SIGHUP):

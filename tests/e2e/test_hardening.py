@@ -113,6 +113,10 @@ def test_1_a_models_tree_planted_by_a_local_user_is_refused(
     rc, out = deploy(host, tmp_path)
     assert rc == 0, out
     assert run(host, f"stat -c '%a %U %F' {MODELS}").strip() == "755 root directory"
+    # The weights: the servers' group reads them, other local users (mallory) do not.
+    modes = run(host, f"stat -c '%a %U %G' {SERVED}/ {SERVED}/config.json").split("\n")
+    assert modes[:2] == ["750 root sglang", "640 root sglang"], modes
+    assert host.ssh_run(f"runuser -u mallory -- cat {SERVED}/config.json")[0] != 0
     assert run(host, f"cd {SERVED}/ && sha256sum config.json") == run(
         host, f"cd {SOURCE}/ && sha256sum config.json"
     )

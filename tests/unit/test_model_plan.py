@@ -90,7 +90,14 @@ def test_boot_unit_runs_the_same_command_line() -> None:
     s = make_settings(model_stage_bwlimit_mbps=200)
     unit = stage_unit_text(s, "0123abcd")
     deploy_argv = stage_command(
-        s.model_source, "/dev/shm", "Qwen--Qwen3.6-27B", "auto", "manifest", 200.0, key="0123abcd"
+        s.model_source,
+        "/dev/shm",
+        "Qwen--Qwen3.6-27B",
+        "auto",
+        "manifest",
+        200.0,
+        key="0123abcd",
+        group="sglang",  # the boot copy is the servers' group's only, as the deploy's
     )
     assert f"ExecStart={' '.join(['/usr/bin/python3', *deploy_argv[1:]])}\n" in unit
     assert "RequiresMountsFor=/mnt/models/Qwen3.6-27B\n" in unit
@@ -101,7 +108,11 @@ def test_boot_unit_runs_the_same_command_line() -> None:
     [
         ("/mnt/models/Q", "target", "/mnt/models/Q"),
         # The cache name carries a hash of the whole path: another .../Q never shares it.
-        ("controller:/srv/models/Q/", "controller", "/var/cache/sglang-models/controller/Q@5f3f16e59354"),
+        (
+            "controller:/srv/models/Q/",
+            "controller",
+            "/var/cache/sglang-models/controller/Q@5f3f16e59354",
+        ),
         (
             "hf://Qwen/Qwen3.6-27B@6a9e0b1",
             "hf",

@@ -8,15 +8,18 @@ same attack by a real unprivileged user on a testbed container is tests/e2e/test
 
 from __future__ import annotations
 
+import grp
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from operations.facts.host import Resources
-from operations.facts.model import Copy, Staging, script_module
+from operations.facts.model import SCRIPT_PATH, Copy, Staging, script_module
 from operations.model import decide
 from tests.unit.builders import make_settings
 
@@ -162,3 +165,30 @@ def test_full_verify_repairs_without_the_served_name_ever_missing_a_copy(
     assert result["changed"] and removed
     assert {p.name: p.read_bytes() for p in link.resolve().iterdir() if p.name in want} == want
     assert not [p for p in link.parent.iterdir() if ".tmp-" in p.name or p.name.endswith(".old")]
+
+
+@as_root
+def test_with_the_servers_group_the_weights_are_not_world_readable(
+    src: Path, shm: Path, tmp_path: Path
+) -> None:
+    argv = [sys.executable, str(SCRIPT_PATH), "stage", str(src), str(shm), "m"]
+    proc = subprocess.run(
+        [*argv, "--group", "daemon", "--progress-interval", "0"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    daemon = grp.getgrnam("daemon").gr_gid
+    models = shm / "models"
+    copy = models / os.readlink(models / "m")
+    assert models.stat().st_mode & 0o7777 == 0o755
+    assert (copy.stat().st_mode & 0o7777, copy.stat().st_gid) == (0o750, daemon)
+    for shard in copy.glob("model-*"):
+        assert (shard.stat().st_mode & 0o7777, shard.stat().st_uid) == (0o640, 0)
+        assert shard.stat().st_gid == daemon
+
+    missing = subprocess.run(
+        [*argv, "--group", "no-such-group-e2e"], capture_output=True, text=True, check=False
+    )
+    assert missing.returncode == sm.EXIT_REFUSED and "does not exist" in missing.stderr
