@@ -194,6 +194,9 @@ def test_4_secrets_through_sudo_are_private_from_the_first_byte(
     ]
     assert run(host, "cat /etc/sglang-e2e/secret.yaml") == secret
     assert run(host, "ls -a /etc/sglang-e2e").split() == [".", "..", "secret.yaml"]
+    # The deploy lock was taken through sudo too: root's file, naming the deploy.
+    assert run(host, "stat -c '%a %U' /run/sglang-deploy.lock").strip() == "600 root"
+    assert "deploy by" in run(host, "cat /run/sglang-deploy.lock")
 
     assert apply()[0].startswith("No changes")
     run(host, "chmod 755 /etc/sglang-e2e")  # the directory's mode is enforced on every run
