@@ -350,7 +350,9 @@ def ct_config(
             args += [f"--{key}", QuoteString(value)]
         yield StringCommand("pct", "set", str(int(ctid)), *args)
     if raw_lines:
+        # pve-container makes the lock directory when it loads; a fresh boot may not have it yet.
         yield StringCommand(
+            "mkdir -p /run/lock/lxc &&",
             "flock",
             QuoteString(CONFIG_LOCK.format(ctid=int(ctid))),
             "perl",
@@ -439,9 +441,9 @@ def gather(node: Any, settings: Settings) -> PveFacts:
     return PveFacts(versions, module, devices, config, status, guest)
 
 
-def _advise(state: Any, node: Any, command: str) -> bool:
+def _advise(state: Any, host: Any, command: str) -> bool:
     logger.warning(
-        f"{node.print_prefix}the container's config changed; it takes full effect after a "
+        f"{host.print_prefix}the container's config changed; it takes full effect after a "
         f"restart, which stops serving. When it suits, run on the node: {command}"
     )
     return True

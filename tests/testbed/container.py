@@ -86,6 +86,9 @@ class ContainerSpec:
     devices: Sequence[str] | None = None
     missing_devices: Collection[str] = ()
     extra_files: Mapping[str, ExtraFile] = field(default_factory=dict)
+    # Read-only binds "SRC:DEST" inside the container (systemd-nspawn --bind-ro); for a DEST under
+    # /proc, nspawn resolves SRC inside the container, so ship it with extra_files.
+    binds: Sequence[str] = ()
 
     def device_nodes(self) -> list[str]:
         nodes = list(self.devices) if self.devices is not None else scenario_devices(self.scenario)
@@ -227,6 +230,7 @@ class Container:
             "-M",
             self.name,
             *[f"--bind=/dev/null:/dev/{node}" for node in self.spec.device_nodes()],
+            *[f"--bind-ro={bind}" for bind in self.spec.binds],
         ]
         self._log = self.log_path.open("ab")
         self._boot_started = time.monotonic()

@@ -1,0 +1,286 @@
+"""pve.py end to end: the real `pyinfra -y INVENTORY pve.py` over real SSH against one testbed
+container playing a Proxmox node.
+
+The node is a double (tests/doubles/pct, tests/doubles/pveversion): /etc/pve/lxc/CTID.conf files
+that `pct` reads and writes with Proxmox's syntax. The node's /proc/devices and
+/proc/driver/nvidia/version are the captured fixtures of tests/fixtures/pve, bound over the
+container's own /proc, so the facts run their real commands. GPU device nodes are /dev/null
+binds, as in every testbed container. One container serves the whole module; each test writes
+the container configs it starts from.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import testbed as tb
+from tests.testbed import Container, ContainerSpec, inventory_file
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+PYINFRA = Path(sys.executable).parent / "pyinfra"
+DOUBLES = ROOT / "tests" / "doubles"
+FIXTURES = ROOT / "tests" / "fixtures" / "pve"
+RUN_TIMEOUT_S = 300
+SNAPSHOT = ("/etc/pve", "/var/lib/pct-double")
+
+MODULE = "565.57.01"
+GPUS = ["nvidia0", "nvidia1", "nvidia2", "nvidia3"]
+NODES = [*GPUS, "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]
+MODEL = "/srv/models/tiny"
+DRIVER_DIR = "/srv/driver"
+
+# What Proxmox would have written for a container without GPUs: pct's canonical order
+# (#description, sorted keys, lxc.* lines, then sections), and a snapshot.
+BARE_MAIN = """#GPU inference container
+arch: amd64
+cores: 16
+features: nesting=1
+hostname: ct{ctid}
+memory: 512
+mp0: /mnt/models,mp=/mnt/models
+net0: name=eth0,bridge=vmbr0,hwaddr=BC:24:11:5A:00:01,ip=dhcp,type=veth
+ostype: debian
+parent: before-gpus
+rootfs: local-lvm:vm-{ctid}-disk-0,size=64G
+unprivileged: 1
+lxc.mount.entry: /dev/net/tun dev/net/tun none bind,create=file
+"""
+SNAPSHOT_SECTION = """[before-gpus]
+arch: amd64
+cores: 16
+hostname: ct{ctid}
+memory: 512
+ostype: debian
+rootfs: local-lvm:vm-{ctid}-disk-0,size=64G
+snaptime: 1764547200
+"""
+
+
+def bare(ctid: int) -> str:
+    return BARE_MAIN.format(ctid=ctid) + "\n" + SNAPSHOT_SECTION.format(ctid=ctid)
+
+
+def unrelated(ctid: int) -> list[str]:
+    """The main section's lines pve.py does not own."""
+    return [ln for ln in BARE_MAIN.format(ctid=ctid).splitlines() if not ln.startswith("memory:")]
+
+
+@pytest.fixture(scope="module")
+def node(testbed: tb.Testbed) -> Iterator[Container]:
+    files: dict[str, Any] = {
+        "/usr/local/sbin/pct": ((DOUBLES / "pct").read_text(), 0o755),
+        "/usr/local/bin/pveversion": ((DOUBLES / "pveversion").read_text(), 0o755),
+        "/etc/pve-double/pveversion.txt": (FIXTURES / "pveversion-8.1.txt").read_text(),
+        "/srv/pve-double/driver/nvidia/version": (
+            FIXTURES / "nvidia-version-open-565.txt"
+        ).read_text(),
+        "/srv/pve-double/devices": (FIXTURES / "proc-devices.txt").read_text(),
+        "/etc/pve/qemu-server/101.conf": "boot: order=scsi0\nmemory: 4096\n",
+        "/var/lib/pct-double/200.running": "",
+        f"{MODEL}/config.json": '{"architectures": ["Qwen3_5ForConditionalGeneration"]}',
+        f"{MODEL}/model-00001-of-00001.safetensors": bytes(range(256)) * 16,
+        f"{DRIVER_DIR}/NVIDIA-Linux-x86_64-{MODULE}.run": (
+            (DOUBLES / "nvidia-installer.run").read_text(),
+            0o755,
+        ),
+    }
+    (container,) = testbed.boot(
+        ContainerSpec(
+            scenario=None,
+            devices=NODES,
+            extra_files=files,
+            binds=("/srv/pve-double/driver:/proc/driver", "/srv/pve-double/devices:/proc/devices"),
+        )
+    )
+    try:
+        yield container
+    finally:
+        testbed.destroy(container)
+
+
+def ssh(c: Container, cmd: str) -> str:
+    rc, out, err = c.ssh_run(cmd)
+    assert rc == 0, f"{c.name}: {cmd}: rc {rc}\n{out}\n{err}"
+    return out
+
+
+def write_config(c: Container, ctid: int, text: str) -> None:
+    path = c.root / f"etc/pve/lxc/{ctid}.conf"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def read_config(c: Container, ctid: int) -> str:
+    return (c.root / f"etc/pve/lxc/{ctid}.conf").read_text()
+
+
+def reboots(c: Container) -> list[str]:
+    log = c.root / "var/log/pct-double.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+@dataclass
+class Run:
+    rc: int
+    out: str
+    host: str
+
+    def status(self, op: str) -> str:
+        """This host's status line for the operation whose name contains op."""
+        current = None
+        for raw in self.out.splitlines():
+            line = re.sub(r"\x1b\[[0-9;]*m", "", raw).strip()
+            if line.startswith("--> Starting operation:"):
+                current = line
+            elif current and op in current and line.startswith(f"[{self.host}] "):
+                return line.split("] ", 1)[1]
+        return "not run"
+
+
+def pve(tmp_path: Path, c: Container, data: dict[str, Any], *args: str) -> Run:
+    settings = {"pve_ctid": 200, "model_source": MODEL, "gpu_count": 4, "dp_size": 1}
+    settings |= {"ram_per_rank_gb": 1, **data}
+    inventory = inventory_file(tmp_path, {c: settings}, filename=f"pve-{os.getpid()}.py")
+    proc = subprocess.run(
+        [str(PYINFRA), "-y", str(inventory), "pve.py", *args],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        cwd=ROOT,
+        env={**os.environ, "COLUMNS": "1000"},
+        check=False,
+    )
+    return Run(proc.returncode, proc.stdout + proc.stderr, c.name)
+
+
+# tiny model (4 KiB) + 1 rank x 1 GiB, rounded up to whole MiB: preflight's memory rule.
+MEMORY_MIB = 1025
+
+
+def test_bare_config_converges_keeps_other_lines_and_second_run_changes_nothing(
+    node: Container, tmp_path: Path
+) -> None:
+    write_config(node, 200, bare(200))
+    before = node.snapshot(SNAPSHOT)
+    dry = pve(tmp_path, node, {}, "--dry")
+    assert dry.rc == 0, dry.out
+    assert "pct set 200 --dev0 /dev/nvidia0" in dry.out
+    assert node.snapshot(SNAPSHOT) == before, "--dry changed the node"
+
+    run = pve(tmp_path, node, {})
+    assert run.rc == 0, run.out
+    text = read_config(node, 200)
+    main, _, section = text.partition("\n[before-gpus]\n")
+    lines = main.splitlines()
+    for i, name in enumerate(NODES):
+        assert f"dev{i}: /dev/{name}" in lines, text
+    assert f"memory: {MEMORY_MIB}" in lines and "swap: 0" in lines, text
+    # Every line pve.py does not own survives byte for byte, in its order; the snapshot too.
+    kept = [ln for ln in lines if ln in unrelated(200)]
+    assert kept == unrelated(200), text
+    assert "[before-gpus]\n" + section == SNAPSHOT_SECTION.format(ctid=200)
+    # The container runs: the config change waits for a restart the user did not ask for.
+    assert "pct reboot 200" in run.out and reboots(node) == []
+    assert f"needs NVIDIA user space {MODULE} exactly" in run.out
+
+    converged = node.snapshot(SNAPSHOT)
+    again = pve(tmp_path, node, {})
+    assert again.rc == 0, again.out
+    assert again.status("config (GPUs, memory, swap)").startswith("No changes"), again.out
+    assert node.snapshot(SNAPSHOT) == converged
+    assert "pct reboot 200" not in again.out
+
+
+def test_restart_only_with_the_per_run_opt_in(node: Container, tmp_path: Path) -> None:
+    write_config(node, 200, bare(200))
+    run = pve(tmp_path, node, {"pve_restart": True})
+    assert run.rc == 0, run.out
+    assert [ln.split()[1:] for ln in reboots(node)] == [["reboot", "200"]]
+    again = pve(tmp_path, node, {"pve_restart": True})
+    assert again.rc == 0 and len(reboots(node)) == 1, again.out
+
+
+def test_before_pve_8_1_raw_lxc_lines_with_the_node_majors(node: Container, tmp_path: Path) -> None:
+    fixture = node.root / "etc/pve-double/pveversion.txt"
+    fixture.write_text((FIXTURES / "pveversion-7.4.txt").read_text())
+    try:
+        write_config(node, 201, bare(201))
+        run = pve(tmp_path, node, {"pve_ctid": 201})
+        assert run.rc == 0, run.out
+        text = read_config(node, 201)
+        main, _, section = text.partition("\n[before-gpus]\n")
+        kept = [ln for ln in main.splitlines() if ln in unrelated(201)]
+        assert kept == unrelated(201), text
+        # nvidia-frontend and nvidia-uvm majors of the captured /proc/devices.
+        for line in (
+            "lxc.cgroup2.devices.allow: c 195:* rwm",
+            "lxc.cgroup2.devices.allow: c 510:* rwm",
+            "lxc.mount.entry: /dev/nvidia3 dev/nvidia3 none bind,optional,create=file",
+            "lxc.mount.entry: /dev/nvidia-uvm dev/nvidia-uvm none bind,optional,create=file",
+        ):
+            assert line in main.splitlines(), text
+        assert "dev0:" not in text
+        assert "[before-gpus]\n" + section == SNAPSHOT_SECTION.format(ctid=201)
+        converged = node.snapshot(SNAPSHOT)
+        again = pve(tmp_path, node, {"pve_ctid": 201})
+        assert again.rc == 0, again.out
+        assert node.snapshot(SNAPSHOT) == converged
+    finally:
+        fixture.write_text((FIXTURES / "pveversion-8.1.txt").read_text())
+
+
+@pytest.mark.parametrize(
+    ("data", "hide_module", "message"),
+    [
+        ({"pve_ctid": 999}, False, "no container 999 on this node"),
+        ({"pve_ctid": 101}, False, "is a virtual machine"),
+        ({}, True, "the node has no NVIDIA kernel module loaded"),
+        ({"gpu_count": 8}, False, "gpu_count = 8 (set in the inventory entry of host"),
+    ],
+)
+def test_bad_input_is_refused_and_nothing_changes(
+    node: Container, tmp_path: Path, data: dict[str, Any], hide_module: bool, message: str
+) -> None:
+    write_config(node, 200, bare(200))
+    before = node.snapshot(SNAPSHOT)
+    version = node.root / "srv/pve-double/driver/nvidia/version"
+    if hide_module:
+        version.rename(version.with_suffix(".hidden"))
+    try:
+        run = pve(tmp_path, node, data)
+    finally:
+        if hide_module:
+            version.with_suffix(".hidden").rename(version)
+    assert run.rc != 0, run.out
+    assert message in run.out, run.out
+    assert "Traceback" not in run.out
+    assert node.snapshot(SNAPSHOT) == before
+
+
+def test_driver_user_space_installed_only_with_opt_in(node: Container, tmp_path: Path) -> None:
+    write_config(node, 200, bare(200))
+    lib = f"/usr/lib/x86_64-linux-gnu/libcuda.so.{MODULE}"
+    ssh(node, f"rm -f {lib}")
+    data = {"pve_driver_url": f"file://{DRIVER_DIR}/NVIDIA-Linux-x86_64-{{version}}.run"}
+    told = pve(tmp_path, node, data)
+    assert told.rc == 0 and f"needs NVIDIA user space {MODULE} exactly" in told.out, told.out
+    assert not (node.root / lib.lstrip("/")).exists()
+
+    run = pve(tmp_path, node, {**data, "pve_install_driver": True})
+    assert run.rc == 0, run.out
+    assert (node.root / lib.lstrip("/")).read_text().strip() == f"libcuda double {MODULE}"
+    again = pve(tmp_path, node, {**data, "pve_install_driver": True})
+    assert again.rc == 0, again.out
+    assert f"user space is {MODULE}, the node module's version" in again.out
+    assert again.status("NVIDIA user space") == "not run", again.out
