@@ -125,7 +125,8 @@ class Settings:
     model_hub_cli: str
     model_stage_bwlimit_mbps: float | None
     engine_keep: int
-    package_index_url: str
+    package_index_url: str | None
+    engine_lock_dir: str
     torch_index_url: str
     kernel_index_url: str
     uv_version: str
