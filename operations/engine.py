@@ -21,7 +21,7 @@ carry dev builds of sglang, PyTorch's mirror numpy at older versions).
 The lock: the first host to build an engine resolves it (`uv lock`) and its uv.lock is copied
 back to the controller (setting engine_lock_dir); every later build of that engine (another
 host, a rebuild, a rollback) uploads that lock and installs exactly it (`uv sync --frozen`, or
-with a wheelhouse `uv pip install --require-hashes` of the exported set).
+with a wheelhouse `uv pip install` of the exported set: exact versions, and their hashes when the lock has them).
 
 An environment gets its marker file (facts/engine.py MARKER) only after the engine check passed,
 so a cut download, a full disk or a failed check leaves a partial environment that `current`
@@ -395,7 +395,7 @@ def build_env(engine_root: str, env_name: str, python: str, offline: bool) -> An
         )
         yield (
             f"{uv} pip install {cache} --no-progress --no-config --offline --no-index "
-            f"--find-links {_q(engine_root + '/wheelhouse')} --require-hashes --no-deps "
+            f"--find-links {_q(engine_root + '/wheelhouse')} --no-deps "
             f"--python {_q(env + '/bin/python')} -r {_q(requirements)}"
         )
     else:
@@ -430,23 +430,30 @@ def _verify(state: Any, host: Any, env: str, wanted: dict[str, Any], driver: lis
 
 
 @operation()
-def verify_env(engine_root: str, spec: EngineSpec, driver: Driver) -> Any:
+def verify_env(
+    engine_root: str,
+    spec: EngineSpec | Mapping[str, Any],
+    driver_version: str | None = None,
+    driver_cuda: str | None = None,
+) -> Any:
     """
     The engine check, before anything points at the new environment: the installed builds are
     the pins; torch is the lane's CUDA build, sees every GPU with the expected capability and
     runs a small CUDA operation on each; the kernel, flashinfer, torchvision, torchaudio and
-    the launch module import. Then write its marker (with the lock's hash): from here on it is
-    complete.
+    the launch module import. Then write its marker: from here on it is complete.
 
     + engine_root: the engine root on the host
-    + spec: what the environment must hold
-    + driver: the host's driver (preflight's nvidia-smi), for the advice in a failure
+    + spec: what the environment must hold (an EngineSpec or its to_json())
+    + driver_version/driver_cuda: the host's driver as preflight's nvidia-smi read it, for the
+      advice in a failure
     """
+    if not isinstance(spec, EngineSpec):
+        spec = EngineSpec.from_json(spec)
     if _complete(_state(engine_root), spec.name):
         host.noop(f"{spec.name} passed its check when it was installed")
         return
     env = _env_dir(engine_root, spec.name)
-    yield FunctionCommand(_verify, (env, spec.to_json(), [driver.version, driver.cuda]), {})
+    yield FunctionCommand(_verify, (env, spec.to_json(), [driver_version, driver_cuda]), {})
     marker = json.dumps(spec.marker(), sort_keys=True)
     yield (
         f"printf '%s\\n' {_q(marker)} > {_q(env + '/' + MARKER + '.tmp')} && "
@@ -626,6 +633,12 @@ def _install(s: Settings, spec: EngineSpec, driver: Driver, controller_lock: str
         python=spec.python,
         offline=bool(s.wheelhouse),
     )
-    verify_env(name=f"Engine: check {spec.name}", engine_root=root, spec=spec, driver=driver)
+    verify_env(
+        name=f"Engine: check {spec.name}",
+        engine_root=root,
+        spec=spec,
+        driver_version=driver.version,
+        driver_cuda=driver.cuda,
+    )
     if not os.path.isfile(controller_lock):
         _fetch_lock(s, spec, controller_lock)

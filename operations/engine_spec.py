@@ -76,6 +76,13 @@ class EngineSpec:
     gpu_count: int  # how many GPUs torch must see
     unproven: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        # Built from JSON (op fixtures, FunctionCommand arguments): lists and dicts come back.
+        pins = tuple(p if isinstance(p, Pin) else Pin(**p) for p in self.pins)
+        object.__setattr__(self, "pins", pins)
+        object.__setattr__(self, "overrides", tuple(self.overrides))
+        object.__setattr__(self, "unproven", tuple(self.unproven))
+
     @property
     def requirements(self) -> tuple[str, ...]:
         return (f"sglang=={self.release}", *(p.requirement for p in self.pins))
@@ -114,7 +121,14 @@ class EngineSpec:
 
     def to_json(self) -> dict[str, Any]:
         # pyinfra's serialisation hook (op fixtures, --debug-operations).
-        return {**asdict(self), "name": self.name}
+        data = asdict(self)
+        data.update(
+            pins=[asdict(p) for p in self.pins],
+            overrides=list(self.overrides),
+            unproven=list(self.unproven),
+            name=self.name,
+        )
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> EngineSpec:

@@ -219,6 +219,17 @@ class _Resolution:
                 f"{version(lane.cuda).major} driver (source: {kb.cite(lane.source)})"
             )
         chip = kb.gpus.get(s.gpu_compute_cap)
+        if (
+            chip is not None
+            and banner_cuda is not None
+            and version(banner_cuda) < version(chip.min_cuda)
+        ):
+            self.error(
+                f"gpu_compute_cap {s.gpu_compute_cap!r}: the host's driver {self.driver()} runs "
+                f"CUDA {banner_cuda}, but {chip.arch} ({chip.family}) needs CUDA >= "
+                f"{chip.min_cuda}: upgrade the host driver (the 570 branch, >= 570, is the "
+                f"first for CUDA 12.8) (source: {kb.cite(chip.source)})"
+            )
         if chip is not None and version(lane.cuda) < version(chip.min_cuda):
             self.error(
                 f"cuda_lane {s.cuda_lane!r} {self.where('cuda_lane')}: {chip.arch} "

@@ -115,22 +115,33 @@ def cli_table(release: str) -> bytes:
     return path.read_bytes()
 
 
+def lane_cuda(tag: str) -> str:
+    """The CUDA version of a build tag (cu128 -> 12.8), as the knowledge base's lanes say."""
+    lane: str = knowledge()["lanes"][tag]["cuda"]
+    return lane
+
+
+def _tag(version: str) -> str | None:
+    return version.partition("+")[2] or None
+
+
 def torch_wheel(
     outdir: Path,
     version: str,
-    lane: str,
     cuda: str | None = None,
     archs: tuple[str, ...] = DEFAULT_ARCHS,
     padding_bytes: int = 0,
 ) -> Path:
-    """torch `version`+`lane`; `cuda` is what torch.version.cuda says (default: the lane's).
+    """torch `version` (its build tag included, "2.11.0+cu128"); `cuda` is what
+    torch.version.cuda says (default: the tag's lane). It requires what real torch's METADATA
+    asks of the main index that matters here: typing-extensions>=4.10.0
+    (tests/fixtures/metadata/torch-2.11.0.txt).
 
     padding_bytes adds an incompressible blob (as the real wheel's CUDA libraries are), for
     benchmarks that should move bytes; it is seeded, so the wheel stays reproducible."""
-    if cuda is None:
-        cuda = knowledge()["lanes"][lane]["cuda"]
-    full = f"{version}+{lane}"
-    build = {"VERSION": full, "CUDA": cuda, "ARCH_LIST": list(archs)}
+    tag = _tag(version)
+    cuda = cuda or (lane_cuda(tag) if tag else "13.0")
+    build = {"VERSION": version, "CUDA": cuda, "ARCH_LIST": list(archs)}
     files = _package_files("torch", build)
     if padding_bytes:
         rng = random.Random(0)
@@ -138,14 +149,23 @@ def torch_wheel(
             rng.randbytes(min(2**20, padding_bytes - i)) for i in range(0, padding_bytes, 2**20)
         ]
         files["torch/lib/_double_padding.bin"] = b"".join(chunks)
-    return build_wheel(outdir, "torch", full, files)
+    return build_wheel(outdir, "torch", version, files, requires=["typing-extensions>=4.10.0"])
 
 
-def kernel_wheel(outdir: Path, package: str, version: str, lane: str) -> Path:
-    """The SGLang kernel package (sgl-kernel or sglang-kernel) as its lane's index names it."""
-    full = f"{version}+{lane}"
-    files = _package_files("sgl_kernel", {"VERSION": full, "LANE": lane})
-    return build_wheel(outdir, package, full, files)
+def companion_wheel(outdir: Path, name: str, version: str, cuda: str, torch: str) -> Path:
+    """torchvision or torchaudio of one CUDA build. torchvision requires torch==X as its
+    METADATA does (tests/fixtures/metadata/torchvision-*.txt); torchaudio 2.11.0 requires
+    nothing (tests/fixtures/metadata/torchaudio-2.11.0.txt)."""
+    files = _package_files(name, {"VERSION": version, "CUDA": cuda})
+    public = torch.partition("+")[0]
+    requires = [f"torch=={public}"] if name == "torchvision" else []
+    return build_wheel(outdir, name, version, files, requires=requires)
+
+
+def kernel_wheel(outdir: Path, package: str, version: str, cuda: str) -> Path:
+    """The SGLang kernel package (sgl-kernel or sglang-kernel) of one CUDA build."""
+    files = _package_files("sgl_kernel", {"VERSION": version, "CUDA": cuda})
+    return build_wheel(outdir, package, version, files)
 
 
 def flashinfer_wheel(outdir: Path, version: str) -> Path:
@@ -153,17 +173,32 @@ def flashinfer_wheel(outdir: Path, version: str) -> Path:
     return build_wheel(outdir, "flashinfer-python", version, files)
 
 
+def plain_wheel(outdir: Path, name: str, version: str, summary: str = "TEST DOUBLE") -> Path:
+    """A project with nothing but its version (cuda-python, an index's dev build of sglang)."""
+    module = dist_name(name)
+    return build_wheel(outdir, name, version, {f"{module}/__init__.py": b""}, summary=summary)
+
+
+# The release requirements the doubles stand in for; the rest of a release's ~60 requirements
+# are ordinary packages a double sglang does not need.
+DOUBLED = ("torch", "torchvision", "torchaudio", "sgl-kernel", "sglang-kernel",
+           "flashinfer-python", "cuda-python")  # fmt: skip
+
+
+def _doubled(requirement: str) -> str | None:
+    name = re.split(r"[\[=<>!~ ]", requirement, maxsplit=1)[0]
+    if re.sub(r"[-_.]+", "-", name).lower() not in DOUBLED:
+        return None
+    return re.sub(r"\[[^]]*\]", "", requirement).replace("flashinfer_python", "flashinfer-python")
+
+
 def sglang_wheel(outdir: Path, release: str) -> Path:
-    """sglang `release` requiring its real pins (as its METADATA does, without local tags)."""
+    """sglang `release` requiring the CUDA-bearing pins of its real METADATA (the knowledge
+    base's `requires`, checked against tests/fixtures/metadata/sglang-<release>.txt)."""
     pins = knowledge()["releases"][release]
     files = _package_files("sglang", {"VERSION": release})
     files["sglang/_cli_table.json"] = cli_table(release)
-    kernel = pins["kernel"]
-    requires = [
-        f"torch=={pins['torch']}",
-        f"{kernel['package']}=={kernel['version']}",
-        f"flashinfer-python=={pins['flashinfer']}",
-    ]
+    requires = [r for r in (_doubled(q) for q in pins["requires"]) if r]
     return build_wheel(
         outdir,
         "sglang",
@@ -178,15 +213,44 @@ def sglang_wheel(outdir: Path, release: str) -> Path:
 def release_wheels(
     outdir: Path, release: str, lane: str, torch_padding_bytes: int = 0
 ) -> dict[str, Path]:
-    """Every double wheel one release needs on one lane, by role (sglang, torch, kernel...)."""
+    """Every double wheel one release needs on one lane, by role: the lane's builds of torch,
+    torchvision, torchaudio and the kernel (each with its `index` and `index_lane` in
+    `placement`), and sglang, flashinfer and cuda-python for the main index."""
     pins = knowledge()["releases"][release]
-    kernel = pins["kernel"]
-    return {
+    build = pins["builds"][lane]["packages"]
+    torch = build["torch"]["version"]
+    cuda = lane_cuda(lane)
+    out: dict[str, Path] = {
         "sglang": sglang_wheel(outdir, release),
-        "torch": torch_wheel(outdir, pins["torch"], lane, padding_bytes=torch_padding_bytes),
-        "kernel": kernel_wheel(outdir, kernel["package"], kernel["version"], lane),
-        "flashinfer": flashinfer_wheel(outdir, pins["flashinfer"]),
+        "torch": torch_wheel(outdir, torch, padding_bytes=torch_padding_bytes),
+        "flashinfer": flashinfer_wheel(outdir, _pin(pins["requires"], "flashinfer")),
     }
+    for name in ("torchvision", "torchaudio"):
+        out[name] = companion_wheel(outdir, name, build[name]["version"], cuda, torch)
+    kernel = next(n for n in build if n in ("sgl-kernel", "sglang-kernel"))
+    entry = build[kernel]
+    kernel_cuda = lane_cuda(_tag(entry["version"]) or entry.get("index_lane", lane))
+    out["kernel"] = kernel_wheel(outdir, kernel, entry["version"], kernel_cuda)
+    cuda_python = _pin(pins["requires"], "cuda-python")
+    out["cuda-python"] = plain_wheel(outdir, "cuda-python", cuda_python or "13.0.3")
+    return out
+
+
+def placement(release: str, lane: str) -> dict[str, tuple[str, str]]:
+    """role -> (index, index lane) of the lane's builds, from the knowledge base."""
+    build = knowledge()["releases"][release]["builds"][lane]["packages"]
+    found = {}
+    for name, entry in build.items():
+        role = "kernel" if name in ("sgl-kernel", "sglang-kernel") else name
+        found[role] = (entry["index"], entry.get("index_lane", lane))
+    return found
+
+
+def _pin(requires: list[str], prefix: str) -> str:
+    for requirement in requires:
+        if requirement.replace("_", "-").startswith(prefix) and "==" in requirement:
+            return requirement.split("==", 1)[1]
+    return ""
 
 
 def metadata_of(wheel: Path) -> dict[str, list[str]]:

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.index import LocalIndex, uv_wheel
+from tests.doubles import wheels as doubles
+from tests.e2e.index import LocalIndex, pypi_wheel_any, uv_wheel
 from tests.testbed import Container, inventory_file
 
 PYINFRA = Path(sys.executable).parent / "pyinfra"
@@ -53,17 +54,51 @@ class Indexes:
         return total
 
 
-def make_indexes(root: Path, wheels: dict[str, dict[str, Path]]) -> Indexes:
+# What the real indexes hold beside our pins, copied from captures: SGLang's kernel index has no
+# sglang-kernel on cu128 but an older sgl-kernel, and dev builds of sglang on cu129 and cu130
+# (tests/fixtures/sglang-whl/); PyTorch's indexes mirror typing-extensions at a lagging version
+# (../shared/reference/package-indexes.md). With uv's first-index rule, either would shadow
+# the main index; the engine's explicit indexes must never read them.
+KERNEL_CU128_ONLY = "0.3.14.post1+cu128"  # tests/fixtures/sglang-whl/cu128/sgl-kernel.txt
+SGLANG_DEV = "0.5.15.dev20260701+ga7390b17f8"  # tests/fixtures/sglang-whl/cu130/sglang.txt
+MIRRORED_TYPING_EXTENSIONS = "4.12.2"
+MAIN_TYPING_EXTENSIONS = "4.15.0"
+
+
+def make_indexes(
+    root: Path,
+    wheels: dict[str, dict[str, Path]],
+    lane: str = LANE,
+    *,
+    start: bool = True,
+    other_lanes: dict[str, dict[str, dict[str, Path]]] | None = None,
+) -> Indexes:
+    """The three indexes laid out like the real ones (see above), holding each release's
+    doubles for `lane` where the knowledge base says they come from."""
     indexes = Indexes(
         LocalIndex(root / "main"), LocalIndex(root / "torch"), LocalIndex(root / "kernel")
     )
-    for release_wheels in wheels.values():
-        indexes.main.add(release_wheels["sglang"], release_wheels["flashinfer"])
-        indexes.torch.add(release_wheels["torch"], sub=LANE)
-        indexes.kernel.add(release_wheels["kernel"], sub=LANE)
-    indexes.main.add(uv_wheel())
-    for index in indexes.all():
-        index.start()
+    by_name = {"torch": indexes.torch, "kernel": indexes.kernel}
+    for each_lane, by_release in {lane: wheels, **(other_lanes or {})}.items():
+        for release, built in by_release.items():
+            for role, (index, index_lane) in doubles.placement(release, each_lane).items():
+                by_name[index].add(built[role], sub=index_lane)
+            for role in ("sglang", "flashinfer", "cuda-python"):
+                indexes.main.add(built[role])
+    extras = root / "extras"
+    mirrored = pypi_wheel_any("typing_extensions", MIRRORED_TYPING_EXTENSIONS)
+    for sub in ("cu128", "cu129", "cu130"):
+        indexes.torch.add(mirrored, sub=sub)
+    indexes.kernel.add(
+        doubles.kernel_wheel(extras, "sgl-kernel", KERNEL_CU128_ONLY, "12.8"), sub="cu128"
+    )
+    dev = doubles.plain_wheel(extras, "sglang", SGLANG_DEV, summary="TEST DOUBLE: a dev build")
+    for sub in ("cu129", "cu130"):
+        indexes.kernel.add(dev, sub=sub)
+    indexes.main.add(pypi_wheel_any("typing_extensions", MAIN_TYPING_EXTENSIONS), uv_wheel())
+    if start:
+        for server in indexes.all():
+            server.start()
     return indexes
 
 

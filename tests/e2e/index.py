@@ -220,6 +220,15 @@ def pypi_wheel(name: str, version: str) -> Path:
     return sorted(cache.glob(pattern))[0]
 
 
+def pypi_wheel_any(name: str, version: str) -> Path:
+    """A real pure-Python wheel from PyPI, cached outside the repository."""
+    cache = CACHE_DIR / "wheels"
+    pattern = f"{name}-{version}-py3-none-any.whl"
+    if not sorted(cache.glob(pattern)):
+        _pip_download(f"{name}=={version}", cache, deps=False)
+    return sorted(cache.glob(pattern))[0]
+
+
 def pypi_wheels_with_deps(requirement: str) -> list[Path]:
     """A real package and everything it needs (e.g. the real sglang-router and its web stack),
     cached outside the repository."""

@@ -1,6 +1,7 @@
 """The engine step end to end: real `pyinfra -y INVENTORY deploy.py` runs against a testbed
 container, installing the double wheels (tests/doubles/wheels.py) from package indexes served on
-loopback (tests/e2e/index.py).
+loopback and laid out like the real ones (tests/e2e/deploying.py make_indexes: no cu128
+sglang-kernel, dev builds of sglang on the kernel index, a lagging mirror on PyTorch's).
 
 One container serves the whole module; every test uses its own engine_root on it, so each test
 sets up the state it needs and no test depends on another's order.
@@ -17,20 +18,21 @@ from typing import Any
 import pytest
 
 from operations import kb as kbmod
-from operations.engine import engine_spec
+from operations.engine_spec import engine_spec
 from operations.facts.engine import MARKER
 from operations.settings import Layer, load
 from tests import testbed as tb
 from tests.doubles import wheels as doubles
 from tests.e2e.deploying import (
     LANE,
+    MAIN_TYPING_EXTENSIONS,
     MODEL_CONFIG,
     Indexes,
     Run,
     make_indexes,
     run_deploy,
 )
-from tests.e2e.index import LocalIndex, free_port, uv_wheel, wait_for, wheelhouse
+from tests.e2e.index import LocalIndex, free_port, pypi_wheel_any, uv_wheel, wait_for, wheelhouse
 from tests.testbed import Container, ContainerSpec
 
 pytestmark = pytest.mark.e2e
@@ -52,7 +54,11 @@ def double_wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[st
 def indexes(
     tmp_path_factory: pytest.TempPathFactory, double_wheels: dict[str, dict[str, Path]]
 ) -> Iterator[Indexes]:
-    made = make_indexes(tmp_path_factory.mktemp("index"), double_wheels)
+    out = tmp_path_factory.mktemp("wheels-cu130")
+    cu130 = {OLD: doubles.release_wheels(out, OLD, "cu130")}
+    made = make_indexes(
+        tmp_path_factory.mktemp("index"), double_wheels, other_lanes={"cu130": cu130}
+    )
     yield made
     for index in made.all():
         index.stop()
@@ -72,7 +78,12 @@ def target(testbed: tb.Testbed) -> Iterator[Container]:
 
 
 def deploy(container: Container, tmp_path: Path, data: dict[str, Any], *args: str) -> Run:
-    host_data = {"model_source": MODEL_DIR, "dp_size": 1, **data}
+    host_data = {
+        "model_source": MODEL_DIR,
+        "dp_size": 1,
+        "engine_lock_dir": str(tmp_path / "locks"),
+        **data,
+    }
     return run_deploy(tmp_path, {container: host_data}, *args)
 
 
@@ -80,7 +91,8 @@ def env_name(release: str, **data: Any) -> str:
     settings = load(
         "t", [Layer("t", {"model_source": MODEL_DIR, "sglang_version": release, **data})]
     )
-    return engine_spec(settings, kbmod.load()).name
+    name: str = engine_spec(settings, kbmod.load()).name
+    return name
 
 
 def sh(container: Container, cmd: str) -> str:
@@ -138,8 +150,19 @@ def test_fresh_install_then_a_second_run_changes_nothing(
     assert current(target, root) == f"envs/{name}"
     assert envs(target, root) == {name: True}
     assert installed_versions(target, root) == (OLD, "2.11.0+cu128", "12.8")
+    # Each package from its own index: the kernel's cu129 build, the main index's
+    # typing-extensions (not PyTorch's lagging mirror), never the kernel index's dev sglang.
+    found = sh(
+        target,
+        f"{root}/current/bin/python -c 'from importlib.metadata import version as v; "
+        'print(v("sglang-kernel"), v("torchvision"), v("typing-extensions"))\'',
+    )
+    assert found.split() == ["0.4.2+cu129", "0.26.0+cu128", MAIN_TYPING_EXTENSIONS]
     # The index URLs are in a root-only file, never on a command line.
-    assert sh(target, f"stat -c %a {root}/uv.toml") == "600"
+    assert sh(target, f"stat -c %a {root}/projects/{name}/pyproject.toml") == "600"
+    # The lock came back to the controller and is the environment's own.
+    lock = tmp_path / "locks" / f"{name}.lock"
+    assert lock.read_text() == sh(target, f"cat {root}/envs/{name}/uv.lock") + "\n"
     assert first.engine_ops()[f"Engine: current -> {name}"] == "Success"
 
     before = target.snapshot([root + "/envs", root + "/current"])
@@ -198,11 +221,13 @@ def test_wrong_lane_torch_is_refused_and_current_stays(
     root = "/opt/sglang-lane"
     ok(deploy(target, tmp_path, {**indexes.data(), "engine_root": root, "sglang_version": OLD}))
     serving = current(target, root)
-    torch_version = kbmod.load().releases[NEW]["torch"]
+    torch_version = str(kbmod.load().releases[NEW].pin("torch"))
+    companions = [double_wheels[NEW]["torchvision"], double_wheels[NEW]["torchaudio"]]
 
     # 1. The cu128 index serves only a CUDA 13 torch: the lane-tagged pin cannot be met.
     cu130 = LocalIndex(tmp_path_factory.mktemp("cu130-in-cu128"))
-    cu130.add(doubles.torch_wheel(tmp_path / "w130", torch_version, "cu130"), sub=LANE)
+    cu130.add(doubles.torch_wheel(tmp_path / "w130", f"{torch_version}+cu130"), sub=LANE)
+    cu130.add(*companions, sub=LANE)
     cu130.start()
     try:
         run = deploy(
@@ -223,7 +248,8 @@ def test_wrong_lane_torch_is_refused_and_current_stays(
 
     # 2. A torch labelled +cu128 that is a CUDA 13.0 build inside: the check names it.
     liar = LocalIndex(tmp_path_factory.mktemp("mislabelled"))
-    liar.add(doubles.torch_wheel(tmp_path / "wliar", torch_version, LANE, cuda="13.0"), sub=LANE)
+    liar.add(doubles.torch_wheel(tmp_path / "wliar", f"{torch_version}+{LANE}", "13.0"), sub=LANE)
+    liar.add(*companions, sub=LANE)
     liar.start()
     try:
         run = deploy(
@@ -239,7 +265,8 @@ def test_wrong_lane_torch_is_refused_and_current_stays(
     finally:
         liar.stop()
     assert run.rc != 0, str(run)
-    assert "torch.version.cuda: expected 12.8 (the cu128 lane), found 13.0" in run.output, str(run)
+    assert f"torch {torch_version}+cu128: torch.version.cuda is 13.0" in run.output, str(run)
+    assert "The NVIDIA driver on your system is too old (found version 12080)" in run.output
     assert current(target, root) == serving
     assert envs(target, root)[env_name(NEW)] is False  # left partial, never pointed at
 
@@ -282,13 +309,13 @@ def test_index_down_during_install_fails_and_the_running_server_is_untouched(
         run = deploy(target, tmp_path, {**own.data(), "engine_root": root, "sglang_version": NEW})
 
         assert run.rc != 0, str(run)
-        assert "Engine: install" in " ".join(
+        assert "Engine: lock" in " ".join(
             k for k, v in run.statuses.items() if v.startswith("Error")
         ), str(run)
         assert current(target, root) == f"envs/{env_name(OLD)}"
         assert sh(target, "systemctl show -p MainPID --value sglang-engine-test") == pid
         assert _health(target, port) == 200
-        assert envs(target, root).get(env_name(NEW)) is False  # partial, never current
+        assert not envs(target, root).get(env_name(NEW))  # never complete, never current
 
         own.kernel.start()
         ok(deploy(target, tmp_path, {**own.data(), "engine_root": root, "sglang_version": NEW}))
@@ -324,10 +351,13 @@ def test_offline_install_from_the_wheelhouse(
     refused = deploy(target, tmp_path, {**offline, "wheelhouse": str(partial)})
 
     assert refused.rc != 0, str(refused)
-    assert "no wheel for sglang-kernel==0.4.2+cu128" in refused.output, str(refused)
+    assert "no wheel for sglang-kernel==0.4.2+cu129" in refused.output, str(refused)
     assert target.ssh_run(f"test -e {root}")[0] == 1, "a refused wheelhouse changes nothing"
 
-    full = wheelhouse(tmp_path / "full", [*double_wheels[OLD].values(), uv_wheel()])
+    typing_extensions = pypi_wheel_any("typing_extensions", MAIN_TYPING_EXTENSIONS)
+    full = wheelhouse(
+        tmp_path / "full", [*double_wheels[OLD].values(), uv_wheel(), typing_extensions]
+    )
     run = deploy(target, tmp_path, {**offline, "wheelhouse": str(full)})
 
     ok(run)
@@ -335,3 +365,40 @@ def test_offline_install_from_the_wheelhouse(
     assert installed_versions(target, root) == (OLD, "2.11.0+cu128", "12.8")
     synced = sh(target, f"ls {root}/wheelhouse").split()
     assert sorted(synced) == sorted(p.name for p in full.glob("*.whl"))
+
+
+def test_a_second_host_installs_the_recorded_lock(
+    target: Container, indexes: Indexes, tmp_path: Path
+) -> None:
+    first, second = "/opt/sglang-lock-a", "/opt/sglang-lock-b"
+    ok(deploy(target, tmp_path, {**indexes.data(), "engine_root": first}))
+    lock = tmp_path / "locks" / f"{env_name(OLD)}.lock"
+    # Marked so that only an install from this very file can carry the mark.
+    lock.write_text("# recorded by the first host\n" + lock.read_text())
+
+    run = deploy(target, tmp_path, {**indexes.data(), "engine_root": second})
+
+    ok(run)
+    installed = sh(target, f"cat {second}/envs/{env_name(OLD)}/uv.lock")
+    assert installed.startswith("# recorded by the first host"), installed[:200]
+    assert installed_versions(target, second) == (OLD, "2.11.0+cu128", "12.8")
+
+
+def test_cu130_on_a_580_driver_host_converges_from_the_indexes(
+    boot_containers: tb.BootContainers, indexes: Indexes, tmp_path: Path
+) -> None:
+    (host580,) = boot_containers(
+        ContainerSpec(
+            scenario="rtx-pro-6000-x8-driver-580",
+            extra_files={f"{MODEL_DIR}/config.json": MODEL_CONFIG},
+        )
+    )
+    root = "/opt/sglang-cu130"
+    data = {**indexes.data(), "engine_root": root, "cuda_lane": "cu130"}
+
+    ok(deploy(host580, tmp_path, data))
+
+    assert installed_versions(host580, root) == (OLD, "2.11.0+cu130", "13.0")
+    again = deploy(host580, tmp_path, data)
+    ok(again)
+    assert set(again.engine_ops().values()) == {"No changes"}, again

@@ -8,6 +8,7 @@ import base64
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +24,8 @@ from tests.doubles import wheels
 from tests.e2e.index import free_port, wait_for
 
 RELEASE = "0.5.11"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+DOUBLES = Path(__file__).resolve().parents[1] / "doubles"
 
 
 @pytest.fixture(scope="module")
@@ -36,32 +39,38 @@ def unpacked(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return site
 
 
-def run_python(site: Path, code: str, env: dict[str, str] | None = None) -> str:
+def run_python(site: Path, code: str, env: dict[str, str] | None = None, check: bool = True) -> str:
     proc = subprocess.run(
         [sys.executable, "-c", code],
         env={"PATH": os.environ["PATH"], "PYTHONPATH": str(site), **(env or {})},
         capture_output=True,
         text=True,
         timeout=60,
-        check=True,
+        check=check,
     )
-    return proc.stdout.strip()
+    return proc.stdout.strip() if check else proc.stderr.strip()
 
 
 def test_wheels_carry_valid_records_and_the_knowledge_base_pins(tmp_path: Path) -> None:
     built = wheels.release_wheels(tmp_path, RELEASE, "cu128")
 
     assert sorted(p.name for p in built.values()) == [
+        "cuda_python-13.0.3-py3-none-any.whl",
         "flashinfer_python-0.6.8.post1-py3-none-any.whl",
         "sglang-0.5.11-py3-none-any.whl",
-        "sglang_kernel-0.4.2+cu128-py3-none-any.whl",
+        "sglang_kernel-0.4.2+cu129-py3-none-any.whl",
         "torch-2.11.0+cu128-py3-none-any.whl",
+        "torchaudio-2.11.0+cu128-py3-none-any.whl",
+        "torchvision-0.26.0+cu128-py3-none-any.whl",
     ]
-    assert wheels.metadata_of(built["sglang"])["Requires-Dist"] == [
-        "torch==2.11.0",
-        "sglang-kernel==0.4.2",
-        "flashinfer-python==0.6.8.post1",
-    ]
+    # The real METADATA's CUDA-bearing requirements, as captured.
+    real = (FIXTURES / "metadata" / "sglang-0.5.11.txt").read_text().splitlines()
+    for requirement in wheels.metadata_of(built["sglang"])["Requires-Dist"]:
+        assert any(
+            line.replace("flashinfer_python", "flashinfer-python").endswith(requirement)
+            for line in real
+        ), requirement
+    assert wheels.metadata_of(built["torchvision"])["Requires-Dist"] == ["torch==2.11.0"]
     for wheel in built.values():
         with zipfile.ZipFile(wheel) as zf:
             record = next(n for n in zf.namelist() if n.endswith("RECORD"))
@@ -75,9 +84,26 @@ def test_wheels_carry_valid_records_and_the_knowledge_base_pins(tmp_path: Path) 
 
 
 def test_rebuilding_a_wheel_gives_the_same_bytes(tmp_path: Path) -> None:
-    a = wheels.torch_wheel(tmp_path / "a", "2.11.0", "cu128")
-    b = wheels.torch_wheel(tmp_path / "b", "2.11.0", "cu128")
+    a = wheels.torch_wheel(tmp_path / "a", "2.11.0+cu128")
+    b = wheels.torch_wheel(tmp_path / "b", "2.11.0+cu128")
     assert a.read_bytes() == b.read_bytes()
+
+
+def fake_driver(tmp_path: Path, cuda: str) -> dict[str, str]:
+    """PATH with the nvidia-smi double replaying a fixture host whose banner says `cuda`."""
+    source = FIXTURES / "nvidia-smi" / "rtx-pro-6000-x8"
+    scenario = tmp_path / f"scenario-{cuda}"
+    scenario.mkdir()
+    for item in source.iterdir():
+        text = item.read_text()
+        if item.name == "banner.txt":
+            text = text.replace("CUDA Version: 12.8", f"CUDA Version: {cuda}")
+        (scenario / item.name).write_text(text)
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "nvidia-smi").write_bytes((DOUBLES / "nvidia-smi").read_bytes())
+    (bindir / "nvidia-smi").chmod(0o755)
+    return {"PATH": f"{bindir}:{os.environ['PATH']}", "NVIDIA_SMI_DOUBLE_DIR": str(scenario)}
 
 
 def test_torch_double_reports_its_build(unpacked: Path) -> None:
@@ -88,8 +114,70 @@ def test_torch_double_reports_its_build(unpacked: Path) -> None:
     version, cuda, available, archs = json.loads(run_python(unpacked, code))
 
     assert (version, cuda) == ("2.11.0+cu128", "12.8")
-    assert available == Path("/dev/nvidia0").exists()
+    assert available == (Path("/dev/nvidia0").exists() and shutil.which("nvidia-smi") is not None)
     assert archs == (list(wheels.DEFAULT_ARCHS) if available else [])
+
+
+@pytest.mark.parametrize(
+    ("build", "driver", "available"),
+    [
+        ("2.11.0+cu130", "12.8", False),
+        ("2.11.0+cu129", "12.8", True),
+        ("2.11.0+cu130", "13.0", True),
+    ],
+)
+def test_torch_double_runs_where_real_torch_runs(
+    tmp_path: Path, build: str, driver: str, available: bool
+) -> None:
+    """A newer CUDA major than the driver's is refused with real torch's warning
+    (tests/fixtures/cuda-errors/torch-driver-too-old.txt); a newer minor runs."""
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheels.torch_wheel(tmp_path, build)) as zf:
+        zf.extractall(site)
+    nodes = tmp_path / "dev"
+    nodes.mkdir()
+    (nodes / "nvidia0").touch()
+    code = (
+        "import json, warnings, torch\n"
+        f"torch.cuda.DEVICE_GLOB = {str(nodes / 'nvidia[0-9]*')!r}\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    ok = torch.cuda.is_available()\n"
+        "print(json.dumps([ok, [str(x.message) for x in w]]))"
+    )
+    ok, said = json.loads(run_python(site, code, fake_driver(tmp_path, driver)))
+
+    assert ok is available
+    real = (FIXTURES / "cuda-errors" / "torch-driver-too-old.txt").read_text().strip()
+    assert said == ([] if available else [real])
+
+
+def test_companions_and_the_kernel_refuse_another_cuda_build_like_the_real_ones(
+    tmp_path: Path,
+) -> None:
+    site = tmp_path / "site"
+    for wheel in (
+        wheels.torch_wheel(tmp_path, "2.11.0+cu128"),
+        wheels.companion_wheel(tmp_path, "torchvision", "0.26.0+cu130", "13.0", "2.11.0"),
+        wheels.companion_wheel(tmp_path, "torchaudio", "2.11.0+cu129", "12.9", "2.11.0"),
+        wheels.kernel_wheel(tmp_path, "sglang-kernel", "0.4.2", "13.0"),
+        wheels.kernel_wheel(tmp_path / "k", "sglang-kernel", "0.4.2+cu129", "12.9"),
+    ):
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extractall(site if "0.4.2+cu129" not in wheel.name else tmp_path / "site129")
+    errors = {
+        module: run_python(site, f"import {module}", check=False)
+        for module in ("torchvision", "torchaudio", "sgl_kernel")
+    }
+    captured = FIXTURES / "cuda-errors"
+    assert errors["torchvision"].endswith(
+        (captured / "torchvision-cuda-mismatch.txt").read_text().strip()
+    )
+    real = (captured / "torchaudio-cuda-mismatch.txt").read_text().strip()
+    assert errors["torchaudio"].endswith(real)
+    assert errors["sgl_kernel"].endswith(
+        "ImportError: " + (captured / "libcudart-13-missing.txt").read_text().strip()
+    )
 
 
 def launch(site: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -1,32 +1,31 @@
-"""The engine step's pure decisions: the resolved set and its name, lane -> indexes, the
-configuration files, the wheelhouse check, the probe's parser and judge, what to prune."""
+"""The engine step's pure decisions: the resolved set and its name, where each package comes
+from, the engine's project file, the wheelhouse check, the engine check's parser and judge,
+what to prune."""
 
 from __future__ import annotations
 
 import json
 import tomllib
+from pathlib import Path
 
 import pytest
 
 from operations import kb as kbmod
-from operations.engine import (
+from operations.engine import Driver, Probe, envs_to_prune, evaluate, parse_probe
+from operations.engine_spec import (
     EngineSpec,
-    Indexes,
-    Probe,
     engine_spec,
-    envs_to_prune,
-    evaluate,
-    lane_indexes,
+    indexes,
     missing_wheels,
-    parse_probe,
     pip_config,
-    redact,
-    uv_config,
+    project_toml,
 )
 from operations.facts.engine import EngineHost
+from operations.redact import redact
 from tests.unit.builders import make_settings
 
 KB = kbmod.load()
+DRIVER_570 = Driver("570.172.08", "12.8")
 
 
 def spec(**overrides: object) -> EngineSpec:
@@ -36,159 +35,216 @@ def spec(**overrides: object) -> EngineSpec:
 # -- the resolved set and its name ----------------------------------------------------------
 
 
-def test_cu128_pins_torch_and_kernel_to_the_lane_build_and_sglang_to_the_release() -> None:
+def test_cu128_takes_torch_and_companions_from_cu128_and_the_kernel_from_cu129() -> None:
     s = spec(sglang_version="0.5.11", cuda_lane="cu128")
 
     assert s.requirements == (
         "sglang==0.5.11",
         "torch==2.11.0+cu128",
-        "sglang-kernel==0.4.2+cu128",
-        "flashinfer-python==0.6.8.post1",
+        "torchvision==0.26.0+cu128",
+        "torchaudio==2.11.0+cu128",
+        "sglang-kernel==0.4.2+cu129",
     )
-    assert (s.torch, s.cuda, s.python, s.arch) == ("2.11.0+cu128", "12.8", ">=3.10,<3.14", "sm_120")
+    assert [(p.name, p.index, p.index_lane) for p in s.pins] == [
+        ("torch", "torch", "cu128"),
+        ("torchvision", "torch", "cu128"),
+        ("torchaudio", "torch", "cu128"),
+        ("sglang-kernel", "kernel", "cu129"),
+    ]
+    assert s.cuda == "12.8" and s.arch == "sm_120" and s.gpu_count == 8
 
 
-def test_the_kernel_package_name_follows_the_release() -> None:
-    assert spec(sglang_version="0.5.9").requirements[2] == "sgl-kernel==0.3.21+cu128"
+def test_cu130_reads_the_cu130_indexes_and_0_5_9_its_untagged_sgl_kernel_from_cu129() -> None:
+    assert "sglang-kernel==0.4.2+cu130" in spec(cuda_lane="cu130").requirements
+    old = spec(sglang_version="0.5.9", cuda_lane="cu128", model_name="Qwen/Qwen3.5-27B")
+    kernel = old.pin("sgl-kernel")
+    assert kernel is not None and (kernel.version, kernel.index_lane) == ("0.3.21", "cu129")
+
+
+def test_overrides_replace_sdist_only_and_cuda13_requirements() -> None:
+    s = spec(sglang_version="0.5.19", cuda_lane="cu128")
+    assert "cuda-tile==1.6.0" in s.overrides and "flashinfer-python==0.6.18" in s.overrides
+    assert s.unproven, "0.5.19 on a CUDA 12 lane is flagged as unproven"
 
 
 def test_env_name_is_release_lane_and_a_stable_short_hash() -> None:
-    a, b = spec(), spec()
-
-    assert a.name == b.name
-    release, lane, digest = a.name.split("-")
-    assert (release, lane) == ("0.5.11", "cu128")
-    assert len(digest) == 8 and int(digest, 16) >= 0
+    name = spec().name
+    release, lane, digest = name.split("-")
+    assert (release, lane, len(digest)) == ("0.5.11", "cu128", 8)
+    assert spec().name == name
 
 
 def test_env_name_changes_with_the_set_but_not_with_where_wheels_come_from() -> None:
-    base = spec()
-
-    assert spec(sglang_version="0.5.19").name != base.name
-    assert spec(cuda_lane="cu129").name != base.name
-    assert spec(package_index_url="https://mirror.example/simple").name == base.name
-    assert spec(wheelhouse="/srv/wheels").name == base.name
+    base = spec().name
+    assert spec(cuda_lane="cu130").name != base
+    assert spec(torch_index_url="https://mirror.example/{lane}").name == base
+    assert spec(package_index_url="https://mirror.example/simple").name == base
 
 
 def test_spec_round_trips_through_json() -> None:
-    s = spec()
+    s = spec(sglang_version="0.5.19")
     assert EngineSpec.from_json(json.loads(json.dumps(s.to_json()))) == s
 
 
-# -- lanes, indexes and configuration files -------------------------------------------------
+# -- where packages come from -----------------------------------------------------------------
 
 
-def test_lane_indexes_fill_in_the_lane_and_default_to_the_documented_urls() -> None:
-    idx = lane_indexes(make_settings(), "cu128")
+def test_each_index_template_is_filled_with_its_own_pins_lane() -> None:
+    found = {i.name: i.url for i in indexes(make_settings(), spec())}
+    assert found == {
+        "pytorch-cu128": "https://download.pytorch.org/whl/cu128",
+        "sglang-cu129": "https://docs.sglang.io/whl/cu129",
+    }
 
-    assert idx == Indexes(
-        main="https://pypi.org/simple",
-        torch="https://download.pytorch.org/whl/cu128",
-        kernel="https://docs.sglang.io/whl/cu128",
+
+def test_the_project_pins_every_cuda_package_to_its_explicit_index() -> None:
+    s = make_settings(package_index_url="https://user:tok@mirror.example/simple")
+    data = tomllib.loads(project_toml(s, engine_spec(s, KB), None))
+
+    uv = data["tool"]["uv"]
+    assert uv["no-build"] is True
+    named = {i["name"]: i for i in uv["index"]}
+    assert named["main"]["default"] is True and "explicit" not in named["main"]
+    assert named["pytorch-cu128"]["explicit"] is True
+    assert named["sglang-cu129"]["explicit"] is True
+    assert uv["sources"] == {
+        "torch": {"index": "pytorch-cu128"},
+        "torchvision": {"index": "pytorch-cu128"},
+        "torchaudio": {"index": "pytorch-cu128"},
+        "sglang-kernel": {"index": "sglang-cu129"},
+    }
+    assert data["project"]["dependencies"][0] == "sglang==0.5.11"
+
+
+def test_without_a_main_index_the_installer_default_is_used() -> None:
+    s = make_settings()
+    data = tomllib.loads(project_toml(s, engine_spec(s, KB), None))
+    assert "main" not in {i["name"] for i in data["tool"]["uv"]["index"]}
+    assert pip_config(s, None) is None
+
+
+def test_offline_project_uses_the_wheelhouse_alone() -> None:
+    s = make_settings(wheelhouse="/w")
+    data = tomllib.loads(project_toml(s, engine_spec(s, KB), "/opt/sglang/wheelhouse"))
+    assert data["tool"]["uv"]["no-index"] is True
+    assert data["tool"]["uv"]["find-links"] == ["/opt/sglang/wheelhouse"]
+    assert "index" not in data["tool"]["uv"]
+    assert pip_config(s, "/opt/sglang/wheelhouse") == (
+        "[global]\nno-index = true\nfind-links = /opt/sglang/wheelhouse\n"
     )
 
 
 def test_redact_hides_credentials_only() -> None:
-    assert redact("https://user:tok@mirror.example/simple") == "https://***@mirror.example/simple"
-    assert redact("https://pypi.org/simple") == "https://pypi.org/simple"
-
-
-def test_uv_config_lists_torch_then_kernel_then_main_as_default() -> None:
-    idx = Indexes(main="http://m/simple", torch="http://t/cu128", kernel="http://k/cu128")
-
-    config = tomllib.loads(uv_config(idx, None))
-
-    assert [(i["name"], i["url"], i.get("default", False)) for i in config["index"]] == [
-        ("torch", "http://t/cu128", False),
-        ("kernel", "http://k/cu128", False),
-        ("main", "http://m/simple", True),
-    ]
-
-
-def test_offline_configs_use_no_index_and_the_wheelhouse() -> None:
-    assert tomllib.loads(uv_config(None, "/opt/sglang/wheelhouse")) == {
-        "no-index": True,
-        "find-links": ["/opt/sglang/wheelhouse"],
-    }
-    assert "no-index = true" in pip_config(None, "/opt/sglang/wheelhouse")
-    idx = Indexes(main="http://m/simple", torch="t", kernel="k")
-    assert pip_config(idx, None) == "[global]\nindex-url = http://m/simple\n"
+    assert redact("https://u:secret@mirror/simple") == "https://***@mirror/simple"
+    assert redact("https://mirror/simple") == "https://mirror/simple"
 
 
 def test_missing_wheels_matches_names_and_exact_versions() -> None:
     have = [
         "sglang-0.5.11-py3-none-any.whl",
         "torch-2.11.0+cu130-cp311-cp311-manylinux_2_28_x86_64.whl",
-        "sglang_kernel-0.4.2+cu128-cp310-abi3-manylinux2014_x86_64.whl",
+        "sglang_kernel-0.4.2+cu129-cp310-abi3-manylinux2014_x86_64.whl",
         "not-a-wheel.txt",
     ]
-    wanted = ("sglang==0.5.11", "torch==2.11.0+cu128", "sglang-kernel==0.4.2+cu128")
+    wanted = ("sglang==0.5.11", "torch==2.11.0+cu128", "sglang-kernel==0.4.2+cu129")
 
     assert missing_wheels(wanted, have) == ["torch==2.11.0+cu128"]
 
 
-# -- the checks -----------------------------------------------------------------------------
+# -- the engine check -----------------------------------------------------------------------
 
 
 def probe_line(**values: object) -> str:
-    data = {
-        "sglang": "0.5.11",
-        "torch": "2.11.0+cu128",
+    data: dict[str, object] = {
+        "versions": {
+            "sglang": "0.5.11",
+            "torch": "2.11.0+cu128",
+            "torchvision": "0.26.0+cu128",
+            "torchaudio": "2.11.0+cu128",
+            "sglang-kernel": "0.4.2+cu129",
+            "flashinfer-python": "0.6.8.post1",
+        },
+        "imports": {
+            "torch": "ok",
+            "torchvision": "ok",
+            "torchaudio": "ok",
+            "sgl_kernel": "ok",
+            "flashinfer": "ok",
+            "sglang.launch_server": "ok",
+        },
         "torch_cuda": "12.8",
         "cuda_available": True,
+        "device_count": 8,
         "arch_list": ["sm_90", "sm_120"],
-        "launch_server": "ok",
+        "devices": [{"index": i, "capability": "12.0", "op": "ok"} for i in range(8)],
         **values,
     }
     return "some import chatter\n@@probe " + json.dumps(data) + "\n"
 
 
+def check(**values: object) -> list[str]:
+    return evaluate(parse_probe(probe_line(**values)), spec(), DRIVER_570)
+
+
 def test_a_good_environment_passes() -> None:
-    assert evaluate(parse_probe(probe_line()), spec()) == []
+    assert check() == []
 
 
-def test_a_cuda13_torch_is_refused_naming_what_was_found() -> None:
-    problems = evaluate(parse_probe(probe_line(torch="2.11.0+cu130", torch_cuda="13.0")), spec())
+def test_torch_that_cannot_see_the_gpus_is_refused_naming_build_driver_and_fix() -> None:
+    warning = Path("tests/fixtures/cuda-errors/torch-driver-too-old.txt").read_text().strip()
+    problems = check(torch_cuda="13.0", cuda_available=False, cuda_warnings=[warning])
 
+    assert problems[0].startswith("torch 2.11.0+cu128: torch.version.cuda is 13.0")
+    assert "torch.cuda.is_available() is False" in problems[1]
+    assert "driver 570.172.08" in problems[1] and "found version 12080" in problems[1]
+    assert "driver >= 525" in problems[1]
+
+
+def test_each_gpu_must_match_and_run_the_operation() -> None:
+    devices = [{"index": 0, "capability": "12.0", "op": "ok"}]
+    devices.append({"index": 1, "capability": "12.1", "op": "RuntimeError: CUDA error"})
+    problems = check(device_count=2, devices=devices)
     assert problems == [
-        "torch build: expected 2.11.0+cu128 (the cu128 lane), found 2.11.0+cu130",
-        "torch.version.cuda: expected 12.8 (the cu128 lane), found 13.0",
+        "torch 2.11.0+cu128: torch.cuda.device_count() is 2, expected gpu_count 8: check "
+        "CUDA_VISIBLE_DEVICES and the container's GPUs",
+        "GPU 1: compute capability 12.1, expected 12.0 (gpu_compute_cap)",
+        "GPU 1: a small CUDA operation with torch 2.11.0+cu128 failed with the host's driver "
+        "570.172.08 (runs CUDA <= 12.8): RuntimeError: CUDA error; pin a cuda_lane this "
+        "driver runs, or upgrade the host driver to >= 525",
     ]
 
 
-def test_sm120_must_be_compiled_in_when_gpus_are_visible() -> None:
-    problems = evaluate(parse_probe(probe_line(arch_list=["sm_80", "sm_90"])), spec())
-    assert problems == [
-        "torch.cuda.get_arch_list(): expected sm_120 among them, found sm_80, sm_90"
-    ]
+def test_sm120_must_be_compiled_in() -> None:
+    problems = check(arch_list=["sm_80", "sm_90"])
+    assert len(problems) == 1 and "not compiled for sm_120" in problems[0]
 
 
-def test_without_visible_gpus_the_arch_list_is_not_judged() -> None:
-    probe = parse_probe(probe_line(cuda_available=False, arch_list=None))
-    assert evaluate(probe, spec()) == []
+def test_a_kernel_of_another_cuda_major_is_named_with_its_build() -> None:
+    missing = Path("tests/fixtures/cuda-errors/libcudart-13-missing.txt").read_text().strip()
+    problems = check(imports={"torch": "ok", "sgl_kernel": f"ImportError: {missing}"})
+
+    kernel = [p for p in problems if p.startswith("sglang-kernel")]
+    assert kernel and "0.4.2+cu129" in kernel[0] and "libcudart.so.13" in kernel[0]
 
 
-def test_wrong_sglang_and_a_broken_launch_module_are_named() -> None:
-    probe = parse_probe(
-        probe_line(sglang="0.5.9", launch_server="ModuleNotFoundError('No module named x')")
-    )
-
-    assert evaluate(probe, spec()) == [
-        "sglang version: expected 0.5.11, found 0.5.9",
-        "python -c 'import sglang.launch_server': expected it to import, found "
-        "ModuleNotFoundError('No module named x')",
-    ]
+def test_wrong_installed_versions_are_named() -> None:
+    versions = json.loads(probe_line().split("@@probe ")[1])["versions"]
+    problems = check(versions={**versions, "sglang": "0.5.9", "torchvision": "0.26.0+cu130"})
+    assert problems[0] == "sglang: expected 0.5.11, found 0.5.9"
+    assert problems[1].startswith("torchvision: expected the 0.26.0+cu128 build")
 
 
 def test_a_probe_that_printed_nothing_says_so() -> None:
     probe = parse_probe("Traceback (most recent call last):\n  ...\nSyntaxError: bad")
     assert probe == Probe(
+        {},
+        {},
         errors=(
-            "the probe printed no result: Traceback (most recent call "
+            "the engine check printed no result: Traceback (most recent call "
             "last): /   ... / SyntaxError: bad",
-        )
+        ),
     )
-    assert evaluate(probe, spec())[0].startswith("the probe printed no result")
+    assert evaluate(probe, spec(), DRIVER_570)[0].startswith("the engine check printed no result")
 
 
 # -- pruning --------------------------------------------------------------------------------

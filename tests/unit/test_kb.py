@@ -30,8 +30,8 @@ def test_loads_and_every_release_has_its_cli_table() -> None:
 @pytest.mark.parametrize(
     ("release", "lanes"),
     [
-        ("0.5.9", ["cu128", "cu129"]),
-        ("0.5.11", ["cu128", "cu129", "cu130"]),
+        ("0.5.9", ["cu128"]),
+        ("0.5.11", ["cu128", "cu130"]),
         ("0.5.19", ["cu128", "cu129", "cu130"]),
         ("0.5.23", ["cu130"]),
     ],

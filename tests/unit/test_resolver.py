@@ -216,7 +216,7 @@ REFUSED: list[tuple[str, str, dict[str, Any], list[str]]] = [
         "0.5.23 has no CUDA 12 lane and a 570 driver cannot run CUDA 13",
         "rtx-pro-6000-x8",
         {"sglang_version": "0.5.23"},
-        ["no cu128", "<0.5.20", "cu130", "570.172.08", "cannot run", ">= 580"],
+        ["no cu128", "offers cu130", "570.172.08", "cannot run", ">= 580"],
     ),
     (
         "cu130 lane on a 570 driver",
@@ -225,10 +225,10 @@ REFUSED: list[tuple[str, str, dict[str, Any], list[str]]] = [
         ["driver 570.172.08 cannot run CUDA 13.0", ">= 580"],
     ),
     (
-        "driver 565 is too old for cu128",
+        "driver 565 (CUDA 12.7) is too old for sm_120",
         "driver-565",
         {},
-        ["driver 565", "cannot run CUDA 12.8", ">= 570"],
+        ["driver 565", "CUDA 12.7", "sm_120", "needs CUDA >= 12.8", ">= 570"],
     ),
     (
         "0.5.8 is unknown",

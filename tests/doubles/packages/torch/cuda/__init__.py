@@ -1,22 +1,53 @@
-"""TEST DOUBLE of torch.cuda: a GPU is "available" when the device node /dev/nvidia0 exists
-(as in a container the GPUs are passed into), and the architecture list is the build's."""
+"""TEST DOUBLE of torch.cuda: as real torch behaves with the host's driver.
+
+- a GPU is visible when its device node /dev/nvidiaN exists (as in a container the GPUs are
+  passed into) and CUDA_VISIBLE_DEVICES does not hide it;
+- a build whose CUDA major is newer than the driver's is refused the way real torch refuses it:
+  a UserWarning "CUDA initialization: The NVIDIA driver on your system is too old (found
+  version 12080)..." and is_available() False (tests/fixtures/cuda-errors/SOURCE.md); a newer
+  minor of the same major runs (CUDA minor-version compatibility);
+- get_arch_list() is the build's list, empty when CUDA is not available, as in real torch.
+"""
 
 from __future__ import annotations
 
 import glob
 import os
+import warnings
 
-from torch._double_build import ARCH_LIST
+from torch import _driver
+from torch._double_build import ARCH_LIST, CUDA
 
 DEVICE_GLOB = "/dev/nvidia[0-9]*"
+TOO_OLD = (
+    "CUDA initialization: The NVIDIA driver on your system is too old (found version {found}). "
+    "Please update your GPU driver by downloading and installing a new version from the URL: "
+    "http://www.nvidia.com/Download/index.aspx Alternatively, go to: https://pytorch.org to "
+    "install a PyTorch version that has been compiled with your version of the CUDA driver."
+)
+NO_DRIVER = "CUDA initialization: Found no NVIDIA driver on your system."
 
 
 def _nodes() -> list[str]:
     return sorted(glob.glob(DEVICE_GLOB))
 
 
+def _driver_ok() -> bool:
+    driver = _driver.cuda_version()
+    if driver is None:
+        warnings.warn(NO_DRIVER, stacklevel=3)
+        return False
+    build_major = int(CUDA.split(".")[0])
+    if driver[0] < build_major:
+        warnings.warn(TOO_OLD.format(found=driver[0] * 1000 + driver[1] * 10), stacklevel=3)
+        return False
+    return True
+
+
 def is_available() -> bool:
-    return bool(_nodes()) and os.environ.get("CUDA_VISIBLE_DEVICES", "x") != ""
+    if not _nodes() or os.environ.get("CUDA_VISIBLE_DEVICES", "x") == "":
+        return False
+    return _driver_ok()
 
 
 def device_count() -> int:
@@ -24,5 +55,15 @@ def device_count() -> int:
 
 
 def get_arch_list() -> list[str]:
-    # The real torch returns [] when CUDA is not available.
     return list(ARCH_LIST) if is_available() else []
+
+
+def get_device_capability(index: int = 0) -> tuple[int, int]:
+    caps = _driver.capabilities()
+    if not is_available() or index >= min(len(caps), device_count()):
+        raise RuntimeError(f"CUDA error: invalid device ordinal (device {index})")
+    return caps[index]
+
+
+def synchronize(index: int = 0) -> None:
+    get_device_capability(index)
