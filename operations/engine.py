@@ -21,7 +21,8 @@ carry dev builds of sglang, PyTorch's mirror numpy at older versions).
 The lock: the first host to build an engine resolves it (`uv lock`) and its uv.lock is copied
 back to the controller (setting engine_lock_dir); every later build of that engine (another
 host, a rebuild, a rollback) uploads that lock and installs exactly it (`uv sync --frozen`, or
-with a wheelhouse `uv pip install` of the exported set: exact versions, and their hashes when the lock has them).
+with a wheelhouse `uv pip install` of the exported set: exact versions, and their hashes when
+the lock has them).
 
 An environment gets its marker file (facts/engine.py MARKER) only after the engine check passed,
 so a cut download, a full disk or a failed check leaves a partial environment that `current`
