@@ -401,6 +401,38 @@ class _Resolution:
         )
         return None
 
+    def check_no_buffer(self, backend: str | None) -> None:
+        """What the no_buffer Mamba cache strategy asserts in this release."""
+        s = self.s
+        rule = self.kb.no_buffer_rule(s.sglang_version)
+        if s.mamba_cache_strategy != "no_buffer" or rule is None:
+            return
+        page_size = None
+        extra = list(s.extra_server_args)
+        for i, arg in enumerate(extra):
+            if arg.startswith("--page-size="):
+                page_size = arg.split("=", 1)[1]
+            elif arg == "--page-size" and i + 1 < len(extra):
+                page_size = extra[i + 1]
+        for kind, found in (("refuses", True), ("warns", False)):
+            limits = rule.get(kind) or {}
+            hits = []
+            if backend in limits.get("attention_backends", []):
+                hits.append(f"attention backend {backend}")
+            if limits.get("page_size_other_than_1") and page_size not in (None, "1"):
+                hits.append(f"--page-size {page_size}")
+            if not hits:
+                continue
+            message = (
+                f"mamba_cache_strategy 'no_buffer' {self.where('mamba_cache_strategy')} with "
+                f"{' and '.join(hits)} on sglang {s.sglang_version}: {rule['reason']} "
+                f"({_src(self.kb, rule)})"
+            )
+            if found:
+                self.error(message + "; use extra_buffer, or another backend and page size")
+            else:
+                self.plan.warnings.append(message + "; SGLang changes it at start-up")
+
     # -- renamed flags ----------------------------------------------------------------------
 
     def renamed_flag(self, setting: str) -> str | None:
@@ -545,6 +577,8 @@ class _Resolution:
         arch = self.model_architecture()
         hybrid = bool(arch and arch["hybrid_linear_attention"])
         backend = self.attention_backend(hybrid)
+        if hybrid:
+            self.check_no_buffer(backend)
         self.check_extra_args()
         args = self.server_args(hybrid, backend)
         self.check_against_cli(args, "resolved command line")

@@ -409,3 +409,29 @@ def test_errors_name_the_origin_of_the_setting() -> None:
 )
 def test_systemd_quote(arg: str, quoted: str) -> None:
     assert systemd_quote(arg) == quoted
+
+
+def test_no_buffer_refuses_trtllm_mha_from_0_5_19_and_warns_before() -> None:
+    """What each release's no_buffer asserts (knowledge base `mamba_no_buffer`)."""
+    newer = resolve(
+        make_settings(
+            sglang_version="0.5.19",
+            mamba_cache_strategy="no_buffer",
+            attention_backend="trtllm_mha",
+        ),
+        facts(),
+    )
+    assert any("no_buffer" in e and "trtllm_mha" in e for e in newer.errors), newer.errors
+    older = resolve(
+        make_settings(mamba_cache_strategy="no_buffer", extra_server_args=["--page-size", "16"]),
+        facts(),
+    )
+    assert not older.errors, older.errors
+    assert any("--page-size 16" in w for w in older.warnings), older.warnings
+
+
+def test_trtllm_mha_runs_on_sm120_from_0_5_19_only() -> None:
+    newer = resolve(make_settings(sglang_version="0.5.19", attention_backend="trtllm_mha"), facts())
+    assert not newer.errors, newer.errors
+    refused = resolve(make_settings(attention_backend="trtllm_mha"), facts())
+    assert any("SM100-only" in e for e in refused.errors), refused.errors
