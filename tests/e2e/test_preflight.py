@@ -215,7 +215,7 @@ BAD = {
     ),
     "driver-565": Bad(
         "bad",
-        ("driver 565.57.01 cannot run CUDA 12.8", "needs driver >= 570", "CUDA Version 12.7"),
+        ("driver 565.57.01 runs CUDA 12.7", "sm_120", "needs CUDA >= 12.8", ">= 570"),
         scenario="driver-565",
     ),
     "cuda-na": Bad(

@@ -28,7 +28,8 @@ def inventory_file(
     )
     entries = []
     for container, extra in items:
-        data = {**container.host_data(), **extra}
+        # Engine locks go with the test run, never into the repository's locks/.
+        data = {"engine_lock_dir": str(tmp_path / "locks"), **container.host_data(), **extra}
         literal = repr(data)
         # The inventory is Python source: only literals survive the round trip faithfully.
         if ast.literal_eval(literal) != data:
