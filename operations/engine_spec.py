@@ -245,6 +245,18 @@ def pip_config(settings: Settings, wheelhouse_dir: str | None) -> str | None:
     return None
 
 
+def tools_uv_config(settings: Settings, wheelhouse_dir: str | None) -> str:
+    """ENGINE_ROOT/uv.toml for what is installed beside the engine (sglang-router): the main
+    index alone (none: the installer's default), or the wheelhouse alone."""
+    lines = ["# Written by sglang-deploy: where sglang-router and its dependencies come from."]
+    if wheelhouse_dir is not None:
+        lines += ["no-index = true", f"find-links = {_toml_list([wheelhouse_dir])}"]
+    elif settings.package_index_url:
+        lines += ["[[index]]", 'name = "main"', f"url = {_toml(settings.package_index_url)}"]
+        lines.append("default = true")
+    return "\n".join(lines) + "\n"
+
+
 def lock_path(settings: Settings, spec: EngineSpec) -> str:
     """The engine's lock on the controller."""
     return os.path.join(settings.engine_lock_dir, f"{spec.name}.lock")

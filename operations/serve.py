@@ -33,6 +33,7 @@ from pyinfra.context import host
 from pyinfra.operations import server, systemd
 
 from operations import layout
+from operations.engine_spec import tools_uv_config
 from operations.facts.serve import Serving, referenced_models, serving_state
 from operations.host_plan import HostReport
 from operations.layout import ROUTER_MARKER, ROUTER_UNIT, SECRETS_FILE, TARGET
@@ -456,12 +457,22 @@ def router_env(engine_root: str, env_dir: str, version: str, installed: bool) ->
 
 def _route(report: HostReport, serving: Serving, plan: RouterPlan) -> None:
     s = report.settings
+    installed = f"{plan.env_dir}/{ROUTER_MARKER}" in serving.files
+    if not installed:
+        # Root-only: the main index URL may carry credentials.
+        wheelhouse_dir = f"{s.engine_root}/wheelhouse" if s.wheelhouse else None
+        put_secret(
+            name="Router: package sources (uv.toml)",
+            src=tools_uv_config(s, wheelhouse_dir),
+            dest=f"{s.engine_root}/uv.toml",
+            dir_mode="755",
+        )
     env = router_env(
         name=f"Router: sglang-router {plan.version}",
         engine_root=s.engine_root,
         env_dir=plan.env_dir,
         version=plan.version,
-        installed=f"{plan.env_dir}/{ROUTER_MARKER}" in serving.files,
+        installed=installed,
     )
     unit = managed_file(
         name=f"Router: {ROUTER_UNIT}",
