@@ -398,9 +398,9 @@ class ServingState(FactBase[Serving]):
             parts += ['echo "user $(id -u', QuoteString(user), '>/dev/null 2>&1 && echo yes)";']
         envs = f"{engine_root}/envs"
         parts += [
-            "for m in",
-            QuoteString(envs),
-            f'/*/{MARKER}; do [ -f "$m" ] || continue; d=${{m%/*}};',
+            # One word: the quoted root and its glob must not be split by the join's spaces.
+            f"for m in {shlex.quote(envs)}/*/{MARKER};",
+            'do [ -f "$m" ] || continue; d=${m%/*};',
             'echo "env ${d##*/} $(head -c 4096 "$m" | tr -d \'\\n\')"; done;',
             'echo "engine_current $(readlink',
             QuoteString(layout.engine_current(engine_root)),
