@@ -103,11 +103,6 @@ def all_healthy(c: Container) -> bool:
 # -- tests -----------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    reason="open: after the engine became a uv project (issue 10) the status fact does not "
-    "report the engine marker of the rank's environment; see the closing note",
-    strict=False,
-)
 def test_all_ranks_healthy(served: tuple[Container, dict[str, Any]], tmp_path: Path) -> None:
     c, _ = served
     path = inventory(tmp_path, served)
@@ -141,11 +136,6 @@ def test_all_ranks_healthy(served: tuple[Container, dict[str, Any]], tmp_path: P
     assert router["url"] == f"http://{c.address}:{ROUTER_PORT}/health"
 
 
-@pytest.mark.xfail(
-    reason="open: after the engine became a uv project (issue 10) the status fact does not "
-    "report the engine marker of the rank's environment; see the closing note",
-    strict=False,
-)
 def test_the_fact_reads_every_rank_in_one_command(
     served: tuple[Container, dict[str, Any]],
 ) -> None:
