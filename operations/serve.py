@@ -336,7 +336,9 @@ class ServeStep:
                 f"systemctl enable {units}",
                 # A crash loop left the unit `failed` at its start limit: a deploy starts afresh.
                 f"systemctl reset-failed {units} || true",
-                f"systemctl restart {units}",
+                # A start that fails at once is judged by the health wait that follows, which
+                # prints the unit's journal and how to go back; the bare error would not.
+                f"systemctl restart {units} || true",
             ],
         )
         wait_healthy(
@@ -364,7 +366,11 @@ class ServeStep:
         systemd.daemon_reload(name=f"Serve: reload systemd ({what})")
         server.shell(
             name=f"Serve: {what}: restart {names}",
-            commands=[f"systemctl reset-failed {units} || true", f"systemctl restart {units}"],
+            # `|| true`: see _start; the health wait judges the batch and shows how to go back.
+            commands=[
+                f"systemctl reset-failed {units} || true",
+                f"systemctl restart {units} || true",
+            ],
         )
         wait_healthy(
             name=f"Serve: {what}: wait for /health of {names}",
