@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.doubles import wheels as doubles
-from tests.e2e.index import LocalIndex, pypi_wheel_any, uv_wheel
+from tests.e2e.index import LocalIndex, pypi_wheel, uv_wheel
 from tests.testbed import Container, inventory_file
 
 PYINFRA = Path(sys.executable).parent / "pyinfra"
@@ -86,7 +86,7 @@ def make_indexes(
             for role in ("sglang", "flashinfer", "cuda-python"):
                 indexes.main.add(built[role])
     extras = root / "extras"
-    mirrored = pypi_wheel_any("typing_extensions", MIRRORED_TYPING_EXTENSIONS)
+    mirrored = pypi_wheel("typing_extensions", MIRRORED_TYPING_EXTENSIONS, "any")
     for sub in ("cu128", "cu129", "cu130"):
         indexes.torch.add(mirrored, sub=sub)
     indexes.kernel.add(
@@ -95,7 +95,7 @@ def make_indexes(
     dev = doubles.plain_wheel(extras, "sglang", SGLANG_DEV, summary="TEST DOUBLE: a dev build")
     for sub in ("cu129", "cu130"):
         indexes.kernel.add(dev, sub=sub)
-    indexes.main.add(pypi_wheel_any("typing_extensions", MAIN_TYPING_EXTENSIONS), uv_wheel())
+    indexes.main.add(pypi_wheel("typing_extensions", MAIN_TYPING_EXTENSIONS, "any"), uv_wheel())
     if start:
         for server in indexes.all():
             server.start()

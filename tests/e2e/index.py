@@ -211,19 +211,12 @@ def _pip_download(requirement: str, dest: Path, *, deps: bool) -> None:
         )
 
 
-def pypi_wheel(name: str, version: str) -> Path:
-    """A real x86_64 wheel from PyPI (uv), cached outside the repository."""
+def pypi_wheel(name: str, version: str, platform: str = "x86_64") -> Path:
+    """A real wheel from PyPI, cached outside the repository: `platform` "x86_64" for a
+    compiled one (uv), "any" for a pure-Python one (py3-none-any)."""
     cache = CACHE_DIR / "wheels"
-    pattern = f"{name.replace('-', '_')}-{version}-*x86_64*.whl"
-    if not sorted(cache.glob(pattern)):
-        _pip_download(f"{name}=={version}", cache, deps=False)
-    return sorted(cache.glob(pattern))[0]
-
-
-def pypi_wheel_any(name: str, version: str) -> Path:
-    """A real pure-Python wheel from PyPI, cached outside the repository."""
-    cache = CACHE_DIR / "wheels"
-    pattern = f"{name}-{version}-py3-none-any.whl"
+    tag = "py3-none-any" if platform == "any" else f"*{platform}*"
+    pattern = f"{name.replace('-', '_')}-{version}-{tag}.whl"
     if not sorted(cache.glob(pattern)):
         _pip_download(f"{name}=={version}", cache, deps=False)
     return sorted(cache.glob(pattern))[0]

@@ -32,7 +32,7 @@ from tests.e2e.deploying import (
     make_indexes,
     run_deploy,
 )
-from tests.e2e.index import LocalIndex, free_port, pypi_wheel_any, uv_wheel, wait_for, wheelhouse
+from tests.e2e.index import LocalIndex, free_port, pypi_wheel, uv_wheel, wait_for, wheelhouse
 from tests.testbed import Container, ContainerSpec
 
 pytestmark = pytest.mark.e2e
@@ -354,7 +354,7 @@ def test_offline_install_from_the_wheelhouse(
     assert "no wheel for sglang-kernel==0.4.2+cu129" in refused.output, str(refused)
     assert target.ssh_run(f"test -e {root}")[0] == 1, "a refused wheelhouse changes nothing"
 
-    typing_extensions = pypi_wheel_any("typing_extensions", MAIN_TYPING_EXTENSIONS)
+    typing_extensions = pypi_wheel("typing_extensions", MAIN_TYPING_EXTENSIONS, "any")
     full = wheelhouse(
         tmp_path / "full", [*double_wheels[OLD].values(), uv_wheel(), typing_extensions]
     )
