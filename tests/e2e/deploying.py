@@ -1,11 +1,13 @@
 """Running the real deploy in end-to-end tests and benches: the cu128 lane's package indexes on
-loopback (the double wheels and uv), `pyinfra -y INVENTORY deploy.py` as a subprocess, and its
+loopback (the double wheels and uv), `pyinfra -y INVENTORY deploy.py` as a subprocess (the one
+way every e2e module runs a deploy file: deploy.py, pve.py or a test's own), and its
 per-operation results read back from pyinfra's log.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -14,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.doubles import wheels as doubles
-from tests.e2e.index import LocalIndex, pypi_wheel, uv_wheel
+from tests.e2e.index import LocalIndex, pypi_wheel, pypi_wheels_with_deps, uv_wheel
 from tests.testbed import Container, inventory_file
 
 PYINFRA = Path(sys.executable).parent / "pyinfra"
@@ -65,6 +67,20 @@ MIRRORED_TYPING_EXTENSIONS = "4.12.2"
 MAIN_TYPING_EXTENSIONS = "4.15.0"
 
 
+def client_wheels(release: str) -> list[Path]:
+    """The real packages the double sglang requires as the release does (the OpenAI client,
+    tests/doubles/wheels.py REAL) and what they need, from PyPI. typing-extensions is left out:
+    the main index's own pin (MAIN_TYPING_EXTENSIONS) satisfies them and stays the newest."""
+    found: list[Path] = []
+    for requirement in doubles.real_requirements(release):
+        found += [
+            wheel
+            for wheel in pypi_wheels_with_deps(requirement)
+            if not wheel.name.startswith("typing_extensions-")
+        ]
+    return found
+
+
 def make_indexes(
     root: Path,
     wheels: dict[str, dict[str, Path]],
@@ -85,6 +101,7 @@ def make_indexes(
                 by_name[index].add(built[role], sub=index_lane)
             for role in ("sglang", "flashinfer", "cuda-python"):
                 indexes.main.add(built[role])
+            indexes.main.add(*client_wheels(release))
     extras = root / "extras"
     mirrored = pypi_wheel("typing_extensions", MIRRORED_TYPING_EXTENSIONS, "any")
     for sub in ("cu128", "cu129", "cu130"):
@@ -112,6 +129,10 @@ class Run:
     def engine_ops(self) -> dict[str, str]:
         return {k: v for k, v in self.statuses.items() if k.startswith("Engine:")}
 
+    def status(self, part: str) -> str:
+        """The status line of the first operation whose name contains `part`; "not run"."""
+        return next((v for k, v in self.statuses.items() if part in k), "not run")
+
     def __str__(self) -> str:
         return f"rc={self.rc}\n{self.output[-6000:]}"
 
@@ -138,16 +159,62 @@ def parse_statuses(output: str, host_name: str) -> dict[str, str]:
     return statuses
 
 
-def run_deploy(tmp_path: Path, data: dict[Container, dict[str, Any]], *args: str) -> Run:
-    """`pyinfra -y INVENTORY deploy.py` over the containers; statuses are the first host's."""
-    inventory = inventory_file(tmp_path, data)
-    proc = subprocess.run(
-        [str(PYINFRA), "-y", str(inventory), str(REPO / "deploy.py"), *args],
-        capture_output=True,
+@dataclass
+class Deploying:
+    """A deploy started in the background (to interrupt it, or to run two at once)."""
+
+    proc: subprocess.Popen[str]
+    host_name: str
+
+    def finish(self, timeout: float = DEPLOY_TIMEOUT_S) -> Run:
+        output, _ = self.proc.communicate(timeout=timeout)
+        return Run(self.proc.returncode, output, parse_statuses(output, self.host_name))
+
+    def kill(self) -> None:
+        """The pyinfra we started, by its PID: no chance to clean up, like a power cut."""
+        self.proc.kill()
+        self.proc.communicate(timeout=30)
+
+
+def start_deploy(
+    tmp_path: Path,
+    data: dict[Container, dict[str, Any]],
+    *args: str,
+    deploy_file: str = "deploy.py",
+    inventory: str = "inventory.py",
+    env: dict[str, str] | None = None,
+) -> Deploying:
+    """`pyinfra -y INVENTORY DEPLOY_FILE ARGS` over the containers, started; deploy_file is
+    relative to the repository (deploy.py, pve.py, tests/e2e/...)."""
+    path = inventory_file(tmp_path, data, filename=inventory)
+    proc = subprocess.Popen(
+        [str(PYINFRA), "-y", str(path), str(REPO / deploy_file), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=DEPLOY_TIMEOUT_S,
         cwd=REPO,
-        check=False,
+        # rich sizes its tables to COLUMNS when not on a terminal: wide enough that no cell wraps.
+        env={**os.environ, "COLUMNS": "1000", **(env or {})},
     )
-    output = proc.stdout + proc.stderr
-    return Run(proc.returncode, output, parse_statuses(output, next(iter(data)).name))
+    return Deploying(proc, next(iter(data)).name)
+
+
+def run_deploy(
+    tmp_path: Path,
+    data: dict[Container, dict[str, Any]],
+    *args: str,
+    deploy_file: str = "deploy.py",
+    inventory: str = "inventory.py",
+    env: dict[str, str] | None = None,
+    timeout: float = DEPLOY_TIMEOUT_S,
+) -> Run:
+    """`pyinfra -y INVENTORY deploy.py` over the containers, to its end; statuses are the
+    first host's."""
+    started = start_deploy(
+        tmp_path, data, *args, deploy_file=deploy_file, inventory=inventory, env=env
+    )
+    try:
+        return started.finish(timeout)
+    except subprocess.TimeoutExpired:
+        started.kill()
+        raise
