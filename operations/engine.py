@@ -64,9 +64,9 @@ from operations.engine_spec import (
 )
 from operations.facts.engine import MARKER, EngineHost, EngineState, WheelhouseFiles
 from operations.facts.serve import referenced_env_names, serving_state
+from operations.host_files import put_file
 from operations.host_plan import HostReport
 from operations.redact import redact
-from operations.secret_files import put_secret
 from operations.settings import Settings
 
 LOCK_FILE = "uv.lock"  # in each environment and project: the resolved set
@@ -355,7 +355,10 @@ def lock_env(engine_root: str, env_name: str, controller_lock: str) -> Any:
     """
     project = _project_dir(engine_root, env_name)
     if os.path.isfile(controller_lock):
-        yield FileUploadCommand(controller_lock, f"{project}/{LOCK_FILE}")
+        # The project directory exists (its pyproject.toml was written just before).
+        yield from put_file._inner(
+            src=Path(controller_lock), dest=f"{project}/{LOCK_FILE}", mode="600", sha256_now=None,
+        )
         return
     yield (
         f"cd {_q(project)} && rm -f uv.lock && {_uv(engine_root)} lock {_cache(engine_root)} "
@@ -613,13 +616,23 @@ def _install(s: Settings, spec: EngineSpec, driver: Driver, controller_lock: str
         logger.debug(f"engine indexes: {shown}; main {main}")
     conf = pip_config(s, wheelhouse_dir)
     if conf is not None:
-        put_secret(name="Engine: pip.conf", src=conf, dest=f"{root}/pip.conf", dir_mode="755")
+        put_file(
+            name="Engine: pip.conf",
+            src=conf,
+            dest=f"{root}/pip.conf",
+            mode="600",
+            dir_mode="755",
+            secret=True,
+        )
     bootstrap_uv(name=f"Engine: uv {s.uv_version}", engine_root=root, version=s.uv_version)
     # Root-only: index URLs may carry credentials; they never appear on a command line.
-    put_secret(
+    put_file(
         name=f"Engine: project {spec.name}",
         src=project_toml(s, spec, wheelhouse_dir),
         dest=f"{_project_dir(root, spec.name)}/pyproject.toml",
+        mode="600",
+        dir_mode="700",
+        secret=True,
     )
     lock_env(
         name=f"Engine: lock {spec.name}",

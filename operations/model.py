@@ -20,7 +20,6 @@ import os
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from io import StringIO
 from typing import Any, cast
 
 from pyinfra import logger
@@ -38,10 +37,10 @@ from operations.facts.model import SCRIPT_PATH, ModelStaging, Staging, script_mo
 from operations.facts.once import gathered
 from operations.facts.serve import referenced_models, serving_state
 from operations.gate import refuse
+from operations.host_files import put_file
 from operations.host_plan import HostReport
 from operations.layout import CONFIG_DIR, STAGE_UNIT
 from operations.preflight import stage_room
-from operations.secret_files import put_secret
 from operations.serve import service_user
 from operations.settings import Settings
 
@@ -255,8 +254,8 @@ def fetched_from_hub(
 ) -> Any:
     """
     Download repo@revision once into dest with the hub's CLI. The token (the controller's
-    HF_TOKEN) was written by put_secret to token_file, root-only, and is removed right after
-    the download: it is never in argv, a log or a diff.
+    HF_TOKEN) was written by put_file(secret=True) to token_file, root-only, and is removed
+    right after the download: it is never in argv, a log or a diff.
 
     + downloaded_revision: what the download marker in dest says (ModelStaging.hub_revision)
     + token_file: the root-only file holding the token, None for a public repository
@@ -345,19 +344,11 @@ def _stage_model(report: HostReport) -> StageResult:
     slug = slug_of(s)
     key = copy_key(report)
 
-    files.put(
-        name="Install the staging script",
-        src=str(SCRIPT_PATH),
-        dest=SCRIPT_DEST,
-        mode="755",
-        create_remote_dir=True,
-    )
-    unit = files.put(
+    put_file(name="Install the staging script", src=SCRIPT_PATH, dest=SCRIPT_DEST, mode="755")
+    unit = put_file(
         name=f"Write {STAGE_UNIT} (stages the model at boot)",
-        src=StringIO(stage_unit_text(s, key)),
+        src=stage_unit_text(s, key),
         dest=UNIT_PATH,
-        # /etc/systemd/system exists on every systemd host: no round trip to check it.
-        create_remote_dir=False,
     )
     systemd.daemon_reload(name="systemd daemon-reload", _if=unit.did_change)
     systemd.service(
@@ -394,12 +385,13 @@ def _stage_model(report: HostReport) -> StageResult:
             pending = True
         token = os.environ.get(TOKEN_ENV)
         if token and done != source.revision:
-            put_secret(
+            put_file(
                 name="Hub token for the download (root only, removed after it)",
                 src=token,
                 dest=TOKEN_FILE,
                 mode="600",
                 dir_mode="700",
+                secret=True,
             )
         fetched_from_hub(
             name=f"Download {source.repo}@{source.revision} (once)",

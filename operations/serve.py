@@ -17,16 +17,14 @@ A converged host gathers one fact here and changes nothing.
 
 from __future__ import annotations
 
-import hashlib
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from io import BytesIO
 from pathlib import Path
 from typing import Any, cast
 
 from pyinfra import logger
-from pyinfra.api.command import FileUploadCommand, QuoteString, StringCommand
+from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import operation
 from pyinfra.context import host
@@ -35,10 +33,10 @@ from pyinfra.operations import server, systemd
 from operations import layout
 from operations.engine_spec import tools_uv_config
 from operations.facts.serve import Serving, referenced_models, serving_state
+from operations.host_files import put_file, sha256
 from operations.host_plan import HostReport
 from operations.layout import ROUTER_MARKER, ROUTER_UNIT, SECRETS_FILE, TARGET
 from operations.resolver import Rank, RouterPlan
-from operations.secret_files import put_secret
 from operations.settings import Settings
 
 WAIT_SCRIPT = layout.WAIT_SCRIPT
@@ -55,10 +53,6 @@ WantedBy=multi-user.target
 """
 
 
-def sha256(data: str | bytes) -> str:
-    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
-
-
 def secrets_text(settings: Settings) -> str | None:
     """The options file that carries the API key; None when no key is configured."""
     if not settings.api_key_file:
@@ -68,50 +62,6 @@ def secrets_text(settings: Settings) -> str | None:
     import json
 
     return f"api-key: {json.dumps(key)}\n"
-
-
-@operation()
-def managed_file(
-    dest: str,
-    content: str | bytes,
-    present_sha256: str | None,
-    mode: str = "644",
-    owner: str = "root",
-    group: str = "root",
-    dir_mode: str = "755",
-) -> Any:
-    """
-    Upload ``content`` to ``dest`` unless the host already has exactly that. No diff is ever
-    printed and the content never appears in a command, so this also carries secrets.
-
-    + dest: remote path
-    + content: the file's full text
-    + present_sha256: sha256 of the remote file now (from a fact), None when absent
-    + mode/owner/group: applied before the file is moved into place
-    + dir_mode: the parent directory's mode (owner root, group ``group``) if it is created
-    """
-    data = content.encode() if isinstance(content, str) else content
-    if present_sha256 == sha256(data):
-        host.noop(f"{dest} is up to date")
-        return
-    parent = dest.rsplit("/", 1)[0] or "/"
-    yield StringCommand(
-        f"[ -d {shlex.quote(parent)} ] ||",
-        "install",
-        "-d",
-        "-m",
-        dir_mode,
-        "-o",
-        "root",
-        "-g",
-        group,
-        parent,
-    )
-    temp = f"{dest}.sglang-deploy.tmp"
-    yield FileUploadCommand(BytesIO(data), temp, remote_temp_filename=temp)
-    yield StringCommand("chown", f"{owner}:{group}", temp)
-    yield StringCommand("chmod", mode, temp)
-    yield StringCommand("mv", "-f", temp, dest)
 
 
 @operation(is_idempotent=False)
@@ -263,16 +213,16 @@ class ServeStep:
             user=s.service_user,
             exists=self.serving.user_exists,
         )
-        managed_file(
+        put_file(
             name="Serve: health-wait script",
+            src=_WAIT_SOURCE,
             dest=WAIT_SCRIPT,
-            content=_WAIT_SOURCE.read_text(),
-            present_sha256=self.serving.files.get(WAIT_SCRIPT),
             mode="755",
+            sha256_now=self.serving.files.get(WAIT_SCRIPT),
         )
         if self.secret is not None:
-            # The one secret writer: mode 640 before the first byte, /etc/sglang 750 every run.
-            put_secret(
+            # A secret: mode 640 before the first byte, /etc/sglang 750 on every run.
+            put_file(
                 name="Serve: API key file (root and the service user only)",
                 src=self.secret,
                 dest=SECRETS_FILE,
@@ -280,14 +230,15 @@ class ServeStep:
                 group=s.service_user,
                 dir_mode="750",
                 dir_group=s.service_user,
+                secret=True,
             )
         elif SECRETS_FILE in self.serving.files:
             server.shell(name="Serve: remove the API key file", commands=[f"rm -f {SECRETS_FILE}"])
-        target = managed_file(
+        target = put_file(
             name="Serve: sglang.target",
+            src=TARGET_TEXT,
             dest=layout.unit_path(TARGET),
-            content=TARGET_TEXT,
-            present_sha256=self.serving.files.get(layout.unit_path(TARGET)),
+            sha256_now=self.serving.files.get(layout.unit_path(TARGET)),
         )
         if self.plan.remove:
             self._remove()
@@ -317,11 +268,11 @@ class ServeStep:
     def _write_units(self, ranks: Sequence[Rank], why: str) -> None:
         for rank in ranks:
             now = self.serving.ranks.get(rank.rank)
-            managed_file(
+            put_file(
                 name=f"Serve: {rank.unit_name} ({why})",
+                src=rank.unit,
                 dest=_unit_path(rank.rank),
-                content=rank.unit,
-                present_sha256=now.unit_sha256 if now is not None else None,
+                sha256_now=now.unit_sha256 if now is not None else None,
             )
 
     def _start(self) -> None:
@@ -467,11 +418,13 @@ def _route(report: HostReport, serving: Serving, plan: RouterPlan) -> None:
     if not installed:
         # Root-only: the main index URL may carry credentials.
         wheelhouse_dir = f"{s.engine_root}/wheelhouse" if s.wheelhouse else None
-        put_secret(
+        put_file(
             name="Router: package sources (uv.toml)",
             src=tools_uv_config(s, wheelhouse_dir),
             dest=f"{s.engine_root}/uv.toml",
+            mode="600",
             dir_mode="755",
+            secret=True,
         )
     env = router_env(
         name=f"Router: sglang-router {plan.version}",
@@ -480,11 +433,11 @@ def _route(report: HostReport, serving: Serving, plan: RouterPlan) -> None:
         version=plan.version,
         installed=installed,
     )
-    unit = managed_file(
+    unit = put_file(
         name=f"Router: {ROUTER_UNIT}",
+        src=plan.unit,
         dest=layout.unit_path(ROUTER_UNIT),
-        content=plan.unit,
-        present_sha256=serving.files.get(layout.unit_path(ROUTER_UNIT)),
+        sha256_now=serving.files.get(layout.unit_path(ROUTER_UNIT)),
     )
     router = serving.router
     if env.will_change or unit.will_change or router is None or router.active != "active":

@@ -14,8 +14,9 @@ from operations.facts.serve import (
     referenced_envs,
     referenced_models,
 )
+from operations.host_files import sha256
 from operations.resolver import Rank
-from operations.serve import roll_plan, sha256
+from operations.serve import roll_plan
 from tests.unit.builders import facts, make_settings
 
 KEY_OLD, KEY_NEW = "1111aaaa2222bbbb", "3333cccc4444dddd"

@@ -1,6 +1,5 @@
-"""What a secret file and its directory are now: type, mode, owner, group and the file's sha256.
-
-The secret writer (operations/secret_files.py) compares this with what it would write: content
+"""What a file we write and its directory are now: type, mode, owner, group and the file's sha256.
+The one file writer (operations/host_files.py) compares this with what it would write: content
 by hash, never by text, so a converged host reports no change and nothing secret is read back.
 """
 
@@ -24,7 +23,7 @@ class FileState(PathState, total=False):
     sha256: str
 
 
-class SecretState(TypedDict):
+class PathStates(TypedDict):
     dir: PathState | None
     file: FileState | None
 
@@ -38,8 +37,8 @@ def _entry(words: list[str]) -> PathState | None:
     return {"type": kind, "mode": mode, "owner": owner, "group": group}
 
 
-def parse_secret(lines: list[str]) -> SecretState:
-    state: SecretState = {"dir": None, "file": None}
+def parse_states(lines: list[str]) -> PathStates:
+    state: PathStates = {"dir": None, "file": None}
     sha: str | None = None
     for line in lines:
         which, _, rest = line.strip().partition(" ")
@@ -68,7 +67,7 @@ _SCRIPT = " ".join(
 )
 
 
-class SecretFile(FactBase[SecretState]):
+class FileAt(FactBase[PathStates]):
     """
     Returns the state of a file and of its directory, without following links.
 
@@ -95,8 +94,8 @@ class SecretFile(FactBase[SecretState]):
         )
 
     @staticmethod
-    def default() -> SecretState:
+    def default() -> PathStates:
         return {"dir": None, "file": None}
 
     def process(self, output: list[str]) -> Any:
-        return parse_secret(output)
+        return parse_states(output)
