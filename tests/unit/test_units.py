@@ -161,3 +161,14 @@ def test_other_directives() -> None:
     with pytest.raises(units.UnitValueError):
         units.path_word("/mnt/a\nb")
     assert units.text("50% of\nit") == "50%% of\\x0ait"
+
+
+def test_the_stage_unit_may_give_the_copy_to_the_servers_group() -> None:
+    """The boot-time stage passes --group (root:GROUP 0750/0640); without CAP_CHOWN in its
+    bounding set the script could only fall back to a world-readable copy."""
+    settings = make_settings()
+    unit = stage_unit_text(settings, "0123abcd")
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    assert f"--group {settings.service_user}" in exec_start
+    bounding = next(line for line in unit.splitlines() if line.startswith("CapabilityBounding"))
+    assert "CAP_CHOWN" in bounding.split("=", 1)[1].split()
