@@ -7,6 +7,7 @@ of argparse to refuse what the real parser would refuse, before anything reaches
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 
 from operations.kb import CliOption, CliTable
 
@@ -56,6 +57,6 @@ def cli_problems(args: list[str], table: CliTable, origin: str) -> tuple[list[st
     return errors, warnings
 
 
-def _close_option(name: str, options: dict[str, CliOption]) -> str | None:
+def _close_option(name: str, options: Mapping[str, CliOption]) -> str | None:
     close = difflib.get_close_matches(name, list(options), n=1, cutoff=0.7)
     return close[0] if close else None

@@ -9,7 +9,9 @@ from typing import Any
 from pyinfra import logger
 from pyinfra.api.command import FunctionCommand
 from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.host import Host
 from pyinfra.api.operation import operation
+from pyinfra.api.state import State
 from rich.console import Console
 
 from operations import settings as settings_mod
@@ -24,7 +26,7 @@ class SettingsInvalid(PyinfraError):
     """Raised while loading deploy.py: pyinfra prints it as one message, no traceback."""
 
 
-def inventory_settings(state: Any) -> list[tuple[str, settings_mod.Settings]]:
+def inventory_settings(state: State) -> list[tuple[str, settings_mod.Settings]]:
     """Every host's settings, checked all at once before the first fact is gathered."""
     if id(state) not in _inventory_settings:
         loaded, problems = settings_mod.load_inventory(state.inventory)
@@ -36,7 +38,7 @@ def inventory_settings(state: Any) -> list[tuple[str, settings_mod.Settings]]:
     return _inventory_settings[id(state)]
 
 
-def _refuse(state: Any, host: Any, summary: str) -> bool:
+def _refuse(state: State, host: Host, summary: str) -> bool:
     first, *rest = summary.splitlines() or [""]
     logger.error(f"{host.print_prefix}refused: {first}")
     for line in rest:
@@ -54,7 +56,7 @@ def refuse(summary: str) -> Any:
     yield FunctionCommand(_refuse, (summary,), {})
 
 
-def plan_or_refuse(state: Any, host: Any) -> HostReport | None:
+def plan_or_refuse(state: State, host: Host) -> HostReport | None:
     """The host's plan when it may go on; otherwise queue a refusal and return None."""
     everyone = inventory_settings(state)
     settings = dict(everyone)[host.name]

@@ -6,7 +6,8 @@ The plan command and deploy.py both call `plan_for_host`, so the plan shown is t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+
+from pyinfra.api.host import Host
 
 from operations import kb as kbmod
 from operations import layout, preflight, resolver
@@ -44,7 +45,7 @@ class HostReport:
     def ok(self) -> bool:
         return not self.errors
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> resolver.PlanJson:
         data = self.plan.to_json()
         data["errors"] = self.errors
         if self.router is not None:
@@ -53,7 +54,7 @@ class HostReport:
         return data
 
 
-def gather(host: Any, settings: Settings) -> tuple[NvidiaSmi, Resources, Model]:
+def gather(host: Host, settings: Settings) -> tuple[NvidiaSmi, Resources, Model]:
     gpu = host.get_fact(NvidiaGpus)
     resources = host.get_fact(
         HostResources, stage_dir=settings.model_stage_dir, engine_root=settings.engine_root
@@ -86,7 +87,7 @@ def model_key(settings: Settings) -> str | None:
 
 
 def plan_for_host(
-    host: Any, settings: Settings, inventory_settings: list[tuple[str, Settings]] | None = None
+    host: Host, settings: Settings, inventory_settings: list[tuple[str, Settings]] | None = None
 ) -> HostReport:
     """`inventory_settings`: every host's settings, by name, for the router's worker list."""
     knowledge = kbmod.load()

@@ -1,19 +1,25 @@
-"""The compatibility knowledge base: loads knowledge/sglang.yaml and the CLI tables, checks them,
+"""The compatibility knowledge base: loads knowledge/sglang.yaml and the CLI tables into frozen,
+typed objects, checks them (schema.json, then the cross-references a schema cannot express),
 and answers the questions the resolver asks. It holds data and lookups, never decisions.
+
+Every entry cites its sources as `Source` objects; an id that names no source, and a source
+that nothing cites, are load errors.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import NotRequired, TypedDict, cast
 
 import jsonschema
 import yaml
 from packaging.requirements import Requirement
-from packaging.specifiers import SpecifierSet
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
@@ -37,6 +43,9 @@ def in_range(release: str, specifier: str) -> bool:
     return SpecifierSet(specifier).contains(version(release), prereleases=True)
 
 
+# -- the command-line tables (knowledge/cli/*.json) ------------------------------------------
+
+
 @dataclass(frozen=True)
 class CliOption:
     dest: str
@@ -52,13 +61,30 @@ class CliTable:
 
     package: str
     version: str
-    options: dict[str, CliOption]
+    options: Mapping[str, CliOption]
 
     def get(self, option: str) -> CliOption | None:
         return self.options.get(option)
 
 
-Source = tuple[str, ...]  # source ids (keys of `sources`)
+# -- the knowledge base's entries ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Source:
+    """One citation: what it says (for the reader of the data) and where to read it."""
+
+    id: str
+    what: str
+    url: str
+
+
+Cites = tuple[Source, ...]
+
+
+def cite(sources: Cites) -> str:
+    """The URLs of an entry's sources, for a message."""
+    return "; ".join(s.url for s in sources)
 
 
 @dataclass(frozen=True)
@@ -67,7 +93,7 @@ class Gpu:
     arch: str  # "sm_120"
     family: str
     min_cuda: str  # the first CUDA toolkit that targets the chip
-    source: Source
+    source: Cites
 
 
 @dataclass(frozen=True)
@@ -75,7 +101,7 @@ class Lane:
     name: str  # "cu128"
     cuda: str  # what torch.version.cuda says for the lane's builds
     min_driver: str
-    source: Source
+    source: Cites
 
 
 @dataclass(frozen=True)
@@ -86,7 +112,7 @@ class PackageBuild:
     version: str  # with its local build tag, e.g. "2.11.0+cu128"
     index: str  # "torch", "kernel" or "main"
     index_lane: str  # the lane the index URL is filled with (the kernel on cu128 reads cu129)
-    source: Source
+    source: Cites
 
     @property
     def requirement(self) -> str:
@@ -99,13 +125,13 @@ class Override:
 
     requirement: str
     replaces: str
-    source: Source
+    source: Cites
 
 
 @dataclass(frozen=True)
 class Unproven:
     what: str
-    source: Source
+    source: Cites
 
 
 @dataclass(frozen=True)
@@ -123,7 +149,7 @@ class Release:
     python: str  # specifier of the supported Pythons
     requires: tuple[str, ...]  # the CUDA-bearing requirements of the release's METADATA
     builds: tuple[LaneBuild, ...]
-    source: Source
+    source: Cites
 
     def build(self, lane: str) -> LaneBuild | None:
         return next((b for b in self.builds if b.lane.name == lane), None)
@@ -143,71 +169,155 @@ class Release:
         return None
 
 
-def _ids(source: str | list[str]) -> Source:
-    return (source,) if isinstance(source, str) else tuple(source)
+@dataclass(frozen=True)
+class Architecture:
+    """A model architecture (config.json "architectures"[0]) and the first release serving it."""
+
+    name: str
+    first_release: str
+    hybrid_linear_attention: bool
+    source: Cites
 
 
-def _release(number: str, raw: dict[str, Any], lanes: dict[str, Lane]) -> Release:
-    shared = tuple(
-        Override(o["requirement"], o["replaces"], _ids(o["source"]))
-        for o in raw.get("overrides", [])
-    )
-    builds = []
-    for lane_name, build in raw["builds"].items():
-        packages = tuple(
-            PackageBuild(
-                name=canonicalize_name(name),
-                version=p["version"],
-                index=p["index"],
-                index_lane=p.get("index_lane", lane_name),
-                source=_ids(p["source"]),
-            )
-            for name, p in build["packages"].items()
-        )
-        own = tuple(
-            Override(o["requirement"], o["replaces"], _ids(o["source"]))
-            for o in build.get("overrides", [])
-        )
-        unproven = tuple(Unproven(u["what"], _ids(u["source"])) for u in build.get("unproven", []))
-        builds.append(LaneBuild(lanes[lane_name], packages, shared + own, unproven))
-    return Release(
-        version=number,
-        glibc=raw["glibc"],
-        python=raw["python"],
-        requires=tuple(raw["requires"]),
-        builds=tuple(builds),
-        source=_ids(raw["source"]),
-    )
+@dataclass(frozen=True)
+class KnownModel:
+    """A model known by name: its architecture, a later floor than the architecture's, if any,
+    and its size (what preflight assumes until the host measures it)."""
+
+    name: str
+    architecture: Architecture
+    min_release: str | None
+    size_gb: float | None
+    source: Cites
 
 
+@dataclass(frozen=True)
+class GpuRule:
+    """On which chips a backend runs: `runs_on` lists every chip that works (None: no such
+    list), `refused_on` the chips known to fail; `reason` says why, for the refusal."""
+
+    runs_on: tuple[str, ...] | None
+    refused_on: tuple[str, ...]
+    reason: str
+    source: Cites
+    releases: str | None = None  # the releases it holds for; None: the backend's own rule
+
+    def refuses(self, cap: str) -> bool:
+        return (self.runs_on is not None and cap not in self.runs_on) or cap in self.refused_on
+
+
+@dataclass(frozen=True)
+class AttentionBackend:
+    name: str
+    chips: GpuRule
+    by_release: tuple[GpuRule, ...]  # replace `chips` for the releases they name
+
+    def rule(self, release: str) -> GpuRule:
+        for rule in self.by_release:
+            if rule.releases is not None and in_range(release, rule.releases):
+                return rule
+        return self.chips
+
+
+@dataclass(frozen=True)
+class HybridBackends:
+    """The backends a release's attention registry accepts for hybrid linear-attention models."""
+
+    releases: str
+    backends: tuple[str, ...]
+    reason: str | None
+    source: Cites
+
+
+@dataclass(frozen=True)
+class AutoBackend:
+    """What `attention_backend: auto` tries on these chips, in order."""
+
+    compute_caps: tuple[str, ...]
+    prefer: tuple[str, ...]
+    why: str
+    source: Cites
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """A setting's option in the releases named; option None: those releases have none."""
+
+    releases: str
+    option: str | None
+    note: str | None  # what happens to the other spellings there (for the refusal)
+    source: Cites
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A setting whose option was renamed between releases."""
+
+    setting: str
+    spellings: tuple[Spelling, ...]
+
+    def spelling(self, release: str) -> Spelling | None:
+        return next((s for s in self.spellings if in_range(release, s.releases)), None)
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        """Every spelling any release has."""
+        return tuple(s.option for s in self.spellings if s.option is not None)
+
+
+@dataclass(frozen=True)
+class Flags:
+    mamba_cache_strategy: Flag
+    cuda_graph_max_bs: Flag
+
+    def all(self) -> tuple[Flag, ...]:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+
+@dataclass(frozen=True)
+class NoBufferLimits:
+    attention_backends: tuple[str, ...] = ()
+    page_size_other_than_1: bool = False
+
+
+@dataclass(frozen=True)
+class NoBufferRule:
+    """What the no_buffer Mamba cache strategy asserts in the releases named: `refuses` fails
+    at start-up, `warns` is silently changed by SGLang."""
+
+    releases: str
+    refuses: NoBufferLimits
+    warns: NoBufferLimits
+    reason: str
+    source: Cites
+
+
+@dataclass(frozen=True)
+class Speculative:
+    """Speculative decoding (MTP through EAGLE) on hybrid models."""
+
+    hybrid_requires_mamba_strategy: str
+    hybrid_reason: str
+    flashinfer_newer_than: str
+    flashinfer_reason: str
+    source: Cites
+
+
+# eq=False: compared and hashed by identity (its mappings are read-only views, unhashable).
+@dataclass(frozen=True, eq=False)
 class Knowledge:
-    def __init__(self, data: dict[str, Any]) -> None:
-        self.data = data
-        self.sources: dict[str, dict[str, str]] = data["sources"]
-        self.gpus: dict[str, Gpu] = {
-            cap: Gpu(cap, g["arch"], g["family"], g["min_cuda"], _ids(g["source"]))
-            for cap, g in data["gpus"].items()
-        }
-        self.lanes: dict[str, Lane] = {
-            name: Lane(name, lane["cuda"], lane["min_driver"], _ids(lane["source"]))
-            for name, lane in data["lanes"].items()
-        }
-        self.releases: dict[str, Release] = {
-            number: _release(number, raw, self.lanes) for number, raw in data["releases"].items()
-        }
-        self.architectures: dict[str, dict[str, Any]] = data["architectures"]
-        self.models: dict[str, dict[str, Any]] = data["models"]
-        self.attention_backends: dict[str, dict[str, Any]] = data["attention_backends"]
-        self.hybrid_attention_backends: list[dict[str, Any]] = data["hybrid_attention_backends"]
-        self.auto_attention_backend: list[dict[str, Any]] = data["auto_attention_backend"]
-        self.flags: dict[str, list[dict[str, Any]]] = data["flags"]
-        self.speculative: dict[str, Any] = data["speculative"]
-        self.mamba_no_buffer: list[dict[str, Any]] = data["mamba_no_buffer"]
-
-    def cite(self, source: str | list[str] | Source) -> str:
-        """The URLs of one or several source ids, for a message."""
-        ids = [source] if isinstance(source, str) else source
-        return "; ".join(self.sources[i]["url"] for i in ids)
+    sources: Mapping[str, Source]
+    gpus: Mapping[str, Gpu]  # by compute capability
+    lanes: Mapping[str, Lane]
+    releases: Mapping[str, Release]
+    architectures: Mapping[str, Architecture]
+    models: Mapping[str, KnownModel]
+    attention_backends: Mapping[str, AttentionBackend]
+    hybrid_attention_backends: tuple[HybridBackends, ...]
+    auto_attention_backend: tuple[AutoBackend, ...]
+    flags: Flags
+    speculative: Speculative
+    mamba_no_buffer: tuple[NoBufferRule, ...]
 
     def supported_releases(self) -> list[str]:
         return sorted(self.releases, key=version)
@@ -216,81 +326,467 @@ class Knowledge:
         entry = self.releases.get(release)
         return entry.lanes if entry is not None else []
 
-    def backend_rule(self, backend: str, release: str) -> dict[str, Any] | None:
-        """The backend's GPU rule for `release`: a matching `by_release` entry, else its own."""
+    def backend_rule(self, backend: str, release: str) -> GpuRule | None:
+        """The backend's GPU rule for `release`; None: not a known backend."""
         entry = self.attention_backends.get(backend)
-        if entry is None:
-            return None
-        for rule in entry.get("by_release", []):
-            if in_range(release, rule["releases"]):
-                return dict(rule)
-        return entry
+        return entry.rule(release) if entry is not None else None
 
-    def no_buffer_rule(self, release: str) -> dict[str, Any] | None:
-        for rule in self.mamba_no_buffer:
-            if in_range(release, rule["releases"]):
-                return rule
-        return None
+    def no_buffer_rule(self, release: str) -> NoBufferRule | None:
+        return next((r for r in self.mamba_no_buffer if in_range(release, r.releases)), None)
 
-    def hybrid_backends(self, release: str) -> dict[str, Any] | None:
-        for rule in self.hybrid_attention_backends:
-            if in_range(release, rule["releases"]):
-                return rule
-        return None
+    def hybrid_backends(self, release: str) -> HybridBackends | None:
+        return next(
+            (r for r in self.hybrid_attention_backends if in_range(release, r.releases)), None
+        )
 
-    def auto_rule(self, compute_cap: str) -> dict[str, Any] | None:
-        for rule in self.auto_attention_backend:
-            if compute_cap in rule["compute_caps"]:
-                return rule
-        return None
-
-    def flag(self, setting: str, release: str) -> dict[str, Any] | None:
-        for rule in self.flags[setting]:
-            if in_range(release, rule["releases"]):
-                return rule
-        return None
+    def auto_rule(self, compute_cap: str) -> AutoBackend | None:
+        return next((r for r in self.auto_attention_backend if compute_cap in r.compute_caps), None)
 
     def cli_table(self, package: str, release: str) -> CliTable | None:
         return load_cli_table(package, release)
 
 
-def _check_references(kb: Knowledge) -> list[str]:
-    """Cross-references a schema cannot express: every id named must exist."""
-    problems: list[str] = []
+# -- raw shapes: what schema.json admits, as the loader reads them ---------------------------
 
-    def sources_of(where: str, entry: dict[str, Any]) -> None:
-        src = entry.get("source")
-        for sid in [src] if isinstance(src, str) else (src or []):
-            if sid not in kb.sources:
-                problems.append(f"{where}: unknown source {sid!r}")
+RawCites = str | list[str]
 
-    for section in ("gpus", "lanes", "releases", "architectures", "models", "attention_backends"):
-        for key, entry in kb.data[section].items():
-            sources_of(f"{section}.{key}", entry)
+
+class RawSource(TypedDict):
+    what: str
+    url: str
+
+
+class RawGpu(TypedDict):
+    arch: str
+    family: str
+    min_cuda: str
+    source: RawCites
+
+
+class RawLane(TypedDict):
+    cuda: str
+    min_driver: str
+    source: RawCites
+
+
+class RawOverride(TypedDict):
+    requirement: str
+    replaces: str
+    source: RawCites
+
+
+class RawUnproven(TypedDict):
+    what: str
+    source: RawCites
+
+
+class RawPackage(TypedDict):
+    version: str
+    index: str
+    index_lane: NotRequired[str]
+    source: RawCites
+
+
+class RawBuild(TypedDict):
+    packages: dict[str, RawPackage]
+    overrides: NotRequired[list[RawOverride]]
+    unproven: NotRequired[list[RawUnproven]]
+
+
+class RawRelease(TypedDict):
+    glibc: str
+    python: str
+    requires: list[str]
+    overrides: NotRequired[list[RawOverride]]
+    builds: dict[str, RawBuild]
+    source: RawCites
+
+
+class RawArchitecture(TypedDict):
+    first_release: str
+    hybrid_linear_attention: bool
+    source: RawCites
+
+
+class RawModel(TypedDict):
+    architecture: str
+    min_release: NotRequired[str]
+    size_gb: NotRequired[float]
+    source: RawCites
+
+
+class RawByRelease(TypedDict):
+    releases: str
+    runs_on: list[str]
+    reason: str
+    source: RawCites
+
+
+class RawBackend(TypedDict):
+    runs_on: NotRequired[list[str]]
+    refused_on: NotRequired[list[str]]
+    reason: NotRequired[str]
+    source: RawCites
+    by_release: NotRequired[list[RawByRelease]]
+
+
+class RawHybrid(TypedDict):
+    releases: str
+    backends: list[str]
+    reason: NotRequired[str]
+    source: RawCites
+
+
+class RawAuto(TypedDict):
+    compute_caps: list[str]
+    prefer: list[str]
+    why: str
+    source: RawCites
+
+
+class RawSpelling(TypedDict):
+    releases: str
+    option: str | None
+    note: NotRequired[str]
+    source: RawCites
+
+
+class RawLimits(TypedDict, total=False):
+    attention_backends: list[str]
+    page_size_other_than_1: bool
+
+
+class RawNoBuffer(TypedDict):
+    releases: str
+    refuses: NotRequired[RawLimits]
+    warns: NotRequired[RawLimits]
+    reason: str
+    source: RawCites
+
+
+class RawSpeculative(TypedDict):
+    hybrid_requires_mamba_strategy: str
+    hybrid_reason: str
+    flashinfer_newer_than: str
+    flashinfer_reason: str
+    source: RawCites
+
+
+class RawKnowledge(TypedDict):
+    sources: dict[str, RawSource]
+    gpus: dict[str, RawGpu]
+    lanes: dict[str, RawLane]
+    releases: dict[str, RawRelease]
+    architectures: dict[str, RawArchitecture]
+    models: dict[str, RawModel]
+    attention_backends: dict[str, RawBackend]
+    hybrid_attention_backends: list[RawHybrid]
+    auto_attention_backend: list[RawAuto]
+    flags: dict[str, list[RawSpelling]]
+    speculative: RawSpeculative
+    mamba_no_buffer: list[RawNoBuffer]
+
+
+class RawCliOption(TypedDict):
+    dest: str
+    takes_value: bool
+    nargs: int | str | None
+    choices: list[str] | None
+    deprecated: bool
+
+
+class RawCliTable(TypedDict):
+    package: str
+    version: str
+    options: dict[str, RawCliOption]
+
+
+# -- the loader ------------------------------------------------------------------------------
+
+
+class _Reader:
+    """Turns schema-valid data into typed entries, noting every problem by its key."""
+
+    def __init__(self, raw: RawKnowledge) -> None:
+        self.raw = raw
+        self.problems: list[str] = []
+        self.sources = {sid: Source(sid, s["what"], s["url"]) for sid, s in raw["sources"].items()}
+        self.cited: set[str] = set()
+
+    def cites(self, where: str, raw: RawCites) -> Cites:
+        found = []
+        for sid in [raw] if isinstance(raw, str) else raw:
+            source = self.sources.get(sid)
+            if source is None:
+                self.problems.append(f"{where}: unknown source {sid!r}")
+            else:
+                self.cited.add(sid)
+                found.append(source)
+        return tuple(found)
+
+    def releases(self, where: str, specifier: str) -> str:
+        try:
+            SpecifierSet(specifier)
+        except InvalidSpecifier:
+            self.problems.append(f"{where}.releases: {specifier!r} is not a version range")
+            return "<0"  # matches no release: the load fails on the problem above anyway
+        return specifier
+
+    def read(self) -> Knowledge:
+        raw = self.raw
+        gpus = {
+            cap: Gpu(
+                cap, g["arch"], g["family"], g["min_cuda"], self.cites(f"gpus.{cap}", g["source"])
+            )
+            for cap, g in raw["gpus"].items()
+        }
+        lanes = {
+            name: Lane(
+                name, lane["cuda"], lane["min_driver"], self.cites(f"lanes.{name}", lane["source"])
+            )
+            for name, lane in raw["lanes"].items()
+        }
+        releases = {
+            number: self.release(number, entry, lanes) for number, entry in raw["releases"].items()
+        }
+        architectures = {
+            name: Architecture(
+                name,
+                a["first_release"],
+                a["hybrid_linear_attention"],
+                self.cites(f"architectures.{name}", a["source"]),
+            )
+            for name, a in raw["architectures"].items()
+        }
+        models = {}
+        for name, m in raw["models"].items():
+            arch = architectures.get(m["architecture"])
+            if arch is None:
+                self.problems.append(f"models.{name}: unknown architecture {m['architecture']!r}")
+                continue
+            models[name] = KnownModel(
+                name,
+                arch,
+                m.get("min_release"),
+                m.get("size_gb"),
+                self.cites(f"models.{name}", m["source"]),
+            )
+        backends = {name: self.backend(name, b) for name, b in raw["attention_backends"].items()}
+        hybrid = tuple(
+            HybridBackends(
+                self.releases(f"hybrid_attention_backends[{i}]", h["releases"]),
+                tuple(h["backends"]),
+                h.get("reason"),
+                self.cites(f"hybrid_attention_backends[{i}]", h["source"]),
+            )
+            for i, h in enumerate(raw["hybrid_attention_backends"])
+        )
+        auto = tuple(
+            AutoBackend(
+                tuple(a["compute_caps"]),
+                tuple(a["prefer"]),
+                a["why"],
+                self.cites(f"auto_attention_backend[{i}]", a["source"]),
+            )
+            for i, a in enumerate(raw["auto_attention_backend"])
+        )
+        flags = Flags(**{f.name: self.flag(f.name) for f in fields(Flags)})
+        s = raw["speculative"]
+        speculative = Speculative(
+            s["hybrid_requires_mamba_strategy"],
+            s["hybrid_reason"],
+            s["flashinfer_newer_than"],
+            s["flashinfer_reason"],
+            self.cites("speculative", s["source"]),
+        )
+        no_buffer = tuple(
+            NoBufferRule(
+                self.releases(f"mamba_no_buffer[{i}]", r["releases"]),
+                _limits(r.get("refuses", {})),
+                _limits(r.get("warns", {})),
+                r["reason"],
+                self.cites(f"mamba_no_buffer[{i}]", r["source"]),
+            )
+            for i, r in enumerate(raw["mamba_no_buffer"])
+        )
+        self.problems += [
+            f"sources.{sid}: cited by nothing" for sid in self.sources if sid not in self.cited
+        ]
+        return Knowledge(
+            sources=MappingProxyType(self.sources),
+            gpus=MappingProxyType(gpus),
+            lanes=MappingProxyType(lanes),
+            releases=MappingProxyType(releases),
+            architectures=MappingProxyType(architectures),
+            models=MappingProxyType(models),
+            attention_backends=MappingProxyType(backends),
+            hybrid_attention_backends=hybrid,
+            auto_attention_backend=auto,
+            flags=flags,
+            speculative=speculative,
+            mamba_no_buffer=no_buffer,
+        )
+
+    def release(self, number: str, raw: RawRelease, lanes: Mapping[str, Lane]) -> Release:
+        where = f"releases.{number}"
+        shared = tuple(
+            self.override(f"{where}.overrides[{i}]", o)
+            for i, o in enumerate(raw.get("overrides", []))
+        )
+        builds = []
+        for lane_name, build in raw["builds"].items():
+            at = f"{where}.builds.{lane_name}"
+            lane = lanes.get(lane_name)
+            if lane is None:
+                self.problems.append(f"{at}: unknown lane {lane_name!r}")
+                continue
+            packages = tuple(
+                PackageBuild(
+                    name=canonicalize_name(name),
+                    version=p["version"],
+                    index=p["index"],
+                    index_lane=p.get("index_lane", lane_name),
+                    source=self.cites(f"{at}.packages.{name}", p["source"]),
+                )
+                for name, p in build["packages"].items()
+            )
+            own = tuple(
+                self.override(f"{at}.overrides[{i}]", o)
+                for i, o in enumerate(build.get("overrides", []))
+            )
+            unproven = tuple(
+                Unproven(u["what"], self.cites(f"{at}.unproven[{i}]", u["source"]))
+                for i, u in enumerate(build.get("unproven", []))
+            )
+            builds.append(LaneBuild(lane, packages, shared + own, unproven))
+        return Release(
+            version=number,
+            glibc=raw["glibc"],
+            python=raw["python"],
+            requires=tuple(raw["requires"]),
+            builds=tuple(builds),
+            source=self.cites(where, raw["source"]),
+        )
+
+    def override(self, where: str, raw: RawOverride) -> Override:
+        return Override(raw["requirement"], raw["replaces"], self.cites(where, raw["source"]))
+
+    def backend(self, name: str, raw: RawBackend) -> AttentionBackend:
+        where = f"attention_backends.{name}"
+        runs_on = raw.get("runs_on")
+        chips = GpuRule(
+            runs_on=tuple(runs_on) if runs_on is not None else None,
+            refused_on=tuple(raw.get("refused_on", [])),
+            reason=raw.get("reason", ""),
+            source=self.cites(where, raw["source"]),
+        )
+        by_release = tuple(
+            GpuRule(
+                runs_on=tuple(r["runs_on"]),
+                refused_on=(),
+                reason=r["reason"],
+                source=self.cites(f"{where}.by_release[{i}]", r["source"]),
+                releases=self.releases(f"{where}.by_release[{i}]", r["releases"]),
+            )
+            for i, r in enumerate(raw.get("by_release", []))
+        )
+        return AttentionBackend(name, chips, by_release)
+
+    def flag(self, setting: str) -> Flag:
+        where = f"flags.{setting}"
+        return Flag(
+            setting,
+            tuple(
+                Spelling(
+                    self.releases(f"{where}[{i}]", s["releases"]),
+                    s["option"],
+                    s.get("note"),
+                    self.cites(f"{where}[{i}]", s["source"]),
+                )
+                for i, s in enumerate(self.raw["flags"][setting])
+            ),
+        )
+
+
+def _limits(raw: RawLimits) -> NoBufferLimits:
+    return NoBufferLimits(
+        tuple(raw.get("attention_backends", [])), raw.get("page_size_other_than_1", False)
+    )
+
+
+def _cross_problems(kb: Knowledge) -> Iterator[str]:
+    """Cross-references a schema cannot express: names that must exist, ranges that must
+    cover every release once, spellings and backends the release's own parser must accept."""
+    for number, release in kb.releases.items():
+        yield from (f"releases.{number}: {p}" for p in _release_problems(kb, release))
+    tables = {number: load_cli_table("sglang", number) for number in kb.releases}
+    for number, table in tables.items():
+        if table is None:
+            yield f"releases.{number}: no CLI table {cli_table_path('sglang', number)}"
+
+    def caps(where: str, listed: tuple[str, ...] | None) -> Iterator[str]:
+        for cap in listed or ():
+            if cap not in kb.gpus:
+                yield f"{where}: unknown compute capability {cap!r}"
+
+    def backends(where: str, listed: tuple[str, ...]) -> Iterator[str]:
+        for backend in listed:
+            if backend not in kb.attention_backends:
+                yield f"{where}: unknown backend {backend!r}"
+
+    def choices(number: str, option: str) -> tuple[str, ...] | None:
+        table = tables[number]
+        entry = table.get(option) if table is not None else None
+        return entry.choices if entry is not None else None
+
     for name, entry in kb.attention_backends.items():
-        for i, rule in enumerate(entry.get("by_release", [])):
-            sources_of(f"attention_backends.{name}.by_release[{i}]", rule)
-    for i, rule in enumerate(kb.mamba_no_buffer):
-        sources_of(f"mamba_no_buffer[{i}]", rule)
-    for number, entry in kb.releases.items():
-        problems += [f"releases.{number}: {p}" for p in _release_problems(kb, entry)]
-    for section in ("hybrid_attention_backends", "auto_attention_backend"):
-        for i, entry in enumerate(kb.data[section]):
-            sources_of(f"{section}[{i}]", entry)
-            for backend in entry.get("backends", []) + entry.get("prefer", []):
-                if backend not in kb.attention_backends:
-                    problems.append(f"{section}[{i}]: unknown backend {backend!r}")
-    for name, rules in kb.flags.items():
-        for i, rule in enumerate(rules):
-            sources_of(f"flags.{name}[{i}]", rule)
-    sources_of("speculative", kb.speculative)
-    for name, model in kb.models.items():
-        if model["architecture"] not in kb.architectures:
-            problems.append(f"models.{name}: unknown architecture {model['architecture']!r}")
+        for rule in (entry.chips, *entry.by_release):
+            yield from caps(f"attention_backends.{name}", rule.runs_on)
+            yield from caps(f"attention_backends.{name}", rule.refused_on)
+    for i, hybrid in enumerate(kb.hybrid_attention_backends):
+        where = f"hybrid_attention_backends[{i}]"
+        yield from backends(where, hybrid.backends)
+        for number in kb.releases:
+            accepted = choices(number, "--attention-backend")
+            if in_range(number, hybrid.releases) and accepted is not None:
+                for backend in hybrid.backends:
+                    if backend not in accepted:
+                        yield f"{where}: sglang {number}'s --attention-backend has no {backend!r}"
+    for i, auto in enumerate(kb.auto_attention_backend):
+        yield from caps(f"auto_attention_backend[{i}]", auto.compute_caps)
+        yield from backends(f"auto_attention_backend[{i}]", auto.prefer)
+    for i, no_buffer in enumerate(kb.mamba_no_buffer):
+        for limits in (no_buffer.refuses, no_buffer.warns):
+            yield from backends(f"mamba_no_buffer[{i}]", limits.attention_backends)
+    for flag in kb.flags.all():
+        for number in kb.releases:
+            covering = [i for i, s in enumerate(flag.spellings) if in_range(number, s.releases)]
+            if len(covering) != 1:
+                yield (
+                    f"flags.{flag.setting}: sglang {number} falls in {len(covering)} of its "
+                    "ranges; every release must fall in exactly one"
+                )
+                continue
+            option = flag.spellings[covering[0]].option
+            table = tables[number]
+            if option is None or table is None:
+                continue
+            spelled = table.get(option)
+            if spelled is None or spelled.deprecated:
+                found = "no" if spelled is None else "only a deprecated"
+                yield (
+                    f"flags.{flag.setting}[{covering[0]}]: sglang {number} has {found} option "
+                    f"{option} (its CLI table)"
+                )
+    strategy = kb.speculative.hybrid_requires_mamba_strategy
     for number in kb.releases:
-        if load_cli_table("sglang", number) is None:
-            problems.append(f"releases.{number}: no CLI table {cli_table_path('sglang', number)}")
-    return problems
+        spelling = kb.flags.mamba_cache_strategy.spelling(number)
+        accepted = choices(number, spelling.option) if spelling and spelling.option else None
+        if accepted is not None and strategy not in accepted:
+            yield (
+                f"speculative.hybrid_requires_mamba_strategy: sglang {number} does not accept "
+                f"{strategy!r} (accepted: {', '.join(accepted)})"
+            )
 
 
 def _release_problems(kb: Knowledge, release: Release) -> list[str]:
@@ -300,10 +796,6 @@ def _release_problems(kb: Knowledge, release: Release) -> list[str]:
     asked: dict[str, Requirement] = {
         canonicalize_name(Requirement(r).name): Requirement(r) for r in release.requires
     }
-    sourced = [o.source for b in release.builds for o in b.overrides]
-    sourced += [u.source for b in release.builds for u in b.unproven]
-    sourced += [p.source for b in release.builds for p in b.packages]
-    problems += [f"unknown source {i!r}" for s in sourced for i in s if i not in kb.sources]
     for build in release.builds:
         where = f"builds.{build.lane.name}"
         for package in build.packages:
@@ -339,22 +831,28 @@ def load_cli_table(package: str, release: str) -> CliTable | None:
     path = cli_table_path(package, release)
     if not path.exists():
         return None
-    raw = json.loads(path.read_text())
+    raw = cast(RawCliTable, json.loads(path.read_text()))
+    if (raw["package"], raw["version"]) != (package, release):
+        raise KnowledgeError(
+            f"{path}: its header says {raw['package']} {raw['version']}; "
+            f"the file name says {package} {release}"
+        )
     options = {
         name: CliOption(
             dest=o["dest"],
             takes_value=o["takes_value"],
             nargs=o["nargs"],
             choices=tuple(o["choices"]) if o["choices"] is not None else None,
-            deprecated=o.get("deprecated", False),
+            deprecated=o["deprecated"],
         )
         for name, o in raw["options"].items()
     }
-    return CliTable(package=raw["package"], version=raw["version"], options=options)
+    return CliTable(package=package, version=release, options=MappingProxyType(options))
 
 
-def build(data: dict[str, Any]) -> Knowledge:
-    """Check knowledge data against schema.json and its cross-references."""
+def build(data: object) -> Knowledge:
+    """Typed knowledge from the data of knowledge/sglang.yaml, checked against schema.json and
+    its cross-references; KnowledgeError names every broken key."""
     schema = json.loads((KNOWLEDGE_DIR / "schema.json").read_text())
     errors = sorted(
         jsonschema.Draft202012Validator(schema).iter_errors(data), key=lambda e: list(e.path)
@@ -362,8 +860,9 @@ def build(data: dict[str, Any]) -> Knowledge:
     if errors:
         lines = [f"{'.'.join(map(str, e.path)) or '<top>'}: {e.message}" for e in errors]
         raise KnowledgeError("knowledge/sglang.yaml is invalid:\n  " + "\n  ".join(lines))
-    kb = Knowledge(data)
-    problems = _check_references(kb)
+    reader = _Reader(cast(RawKnowledge, data))  # the schema has checked this shape
+    kb = reader.read()
+    problems = reader.problems + list(_cross_problems(kb))
     if problems:
         raise KnowledgeError("knowledge/sglang.yaml is inconsistent:\n  " + "\n  ".join(problems))
     return kb

@@ -12,18 +12,30 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from operations import settings as settings_mod
 from operations.host_plan import HostReport, plan_for_host
+from operations.resolver import PlanJson
+
+if TYPE_CHECKING:
+    from pyinfra.api.state import State
+
+# What each host came to: its report, why it was not reached, or its settings' problems.
+Outcome = HostReport | str | list[str]
 
 
-def parse_data(items: list[str]) -> dict[str, Any]:
+class PlanDocument(TypedDict):
+    hosts: dict[str, PlanJson]
+
+
+def parse_data(items: list[str]) -> dict[str, object]:
     """`--data KEY=VALUE` values, parsed as pyinfra's CLI parses them."""
     from pyinfra_cli.util import parse_cli_arg
 
-    data: dict[str, Any] = {}
+    data: dict[str, object] = {}
     for item in items:
         key, eq, value = item.partition("=")
         if not eq or not key:
@@ -32,7 +44,7 @@ def parse_data(items: list[str]) -> dict[str, Any]:
     return data
 
 
-def build_state(inventory_path: str, override: dict[str, Any]) -> Any:
+def build_state(inventory_path: str, override: dict[str, object]) -> State:
     """An initialised pyinfra State, built the way pyinfra's CLI builds it."""
     from pyinfra.api.config import Config
     from pyinfra.api.state import State
@@ -56,7 +68,7 @@ def build_state(inventory_path: str, override: dict[str, Any]) -> Any:
     return state
 
 
-def run(inventory_path: str, override: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+def run(inventory_path: str, override: dict[str, object]) -> tuple[dict[str, Outcome], bool]:
     """(reports by host name, all ok). Settings are checked for every host before connecting."""
     from pyinfra.api.connect import connect_all
     from pyinfra.context import ctx_host
@@ -64,7 +76,7 @@ def run(inventory_path: str, override: dict[str, Any]) -> tuple[dict[str, Any], 
     state = build_state(inventory_path, override)
     hosts = list(state.inventory)
     loaded, problems = settings_mod.load_inventory(hosts)
-    reports: dict[str, HostReport | str | list[str]] = {}
+    reports: dict[str, Outcome] = {}
     for problem in problems:
         name = problem.split(":", 1)[0]
         reports.setdefault(name, [])
@@ -86,14 +98,20 @@ def run(inventory_path: str, override: dict[str, Any]) -> tuple[dict[str, Any], 
     return reports, ok
 
 
-def to_json(reports: dict[str, Any]) -> dict[str, Any]:
-    hosts: dict[str, Any] = {}
+def to_json(reports: Mapping[str, Outcome]) -> PlanDocument:
+    hosts: dict[str, PlanJson] = {}
     for name, report in reports.items():
         if isinstance(report, HostReport):
             hosts[name] = report.to_json()
         else:
             errors = report if isinstance(report, list) else [report]
-            hosts[name] = {"errors": errors, "warnings": [], "decisions": [], "ranks": []}
+            hosts[name] = {
+                "errors": errors,
+                "warnings": [],
+                "decisions": [],
+                "engine": None,
+                "ranks": [],
+            }
     return {"hosts": hosts}
 
 

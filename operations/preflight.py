@@ -61,8 +61,9 @@ def ram_per_rank(settings: Settings) -> int:
 def model_bytes(settings: Settings, kb: Knowledge, measured: int | None) -> int | None:
     """The model's size: as measured on the host, else the knowledge base's size_gb for
     model_name, else unknown."""
-    if measured is None and settings.model_name in kb.models:
-        return int(kb.models[settings.model_name].get("size_gb", 0) * 1e9) or None
+    known = kb.models.get(settings.model_name)
+    if measured is None and known is not None and known.size_gb is not None:
+        return int(known.size_gb * 1e9)
     return measured
 
 

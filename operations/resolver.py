@@ -8,7 +8,7 @@ gathered by pyinfra, and so what the plan shows is exactly what a deploy writes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from operations import kb as kbmod
 from operations import layout, units
@@ -16,11 +16,12 @@ from operations.argv import cli_problems
 from operations.engine_spec import EngineSpec, engine_spec, indexes
 from operations.facts.gpu import NvidiaSmi
 from operations.facts.host import Model
-from operations.kb import Gpu, Knowledge, Lane, version
+from operations.kb import Architecture, Cites, Flag, Gpu, Knowledge, Lane, cite, version
 from operations.redact import redact
 from operations.settings import Settings
 
-# Options the resolver writes from settings; extra_server_args may not set them again.
+# Options the resolver writes from settings; extra_server_args may not set them again. Every
+# spelling of a renamed setting (the knowledge base's `flags`) is managed too: managed_options.
 MANAGED_OPTIONS = {
     "--model-path": "model_source",
     "--model": "model_source",
@@ -29,10 +30,6 @@ MANAGED_OPTIONS = {
     "--port": "base_port",
     "--attention-backend": "attention_backend",
     "--mem-fraction-static": "mem_fraction_static",
-    "--mamba-scheduler-strategy": "mamba_cache_strategy",
-    "--mamba-radix-cache-strategy": "mamba_cache_strategy",
-    "--cuda-graph-max-bs": "cuda_graph_max_bs",
-    "--cuda-graph-max-bs-decode": "cuda_graph_max_bs",
     "--speculative-algorithm": "speculative",
     "--speculative-num-steps": "speculative",
     "--speculative-eagle-topk": "speculative",
@@ -46,6 +43,12 @@ MANAGED_OPTIONS = {
     "--tensor-parallel-size": "dp_size",
     "--base-gpu-id": "dp_size",
 }
+
+
+def managed_options(kb: Knowledge) -> dict[str, str]:
+    """Every option a setting manages, with the setting's name."""
+    renamed = {option: flag.setting for flag in kb.flags.all() for option in flag.options}
+    return {**MANAGED_OPTIONS, **renamed}
 
 
 @dataclass(frozen=True)
@@ -91,11 +94,11 @@ class HostPlan:
     # The engine environment this host installs (None when the release or lane is refused).
     engine: EngineSpec | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> PlanJson:
         return {
             "errors": self.errors,
             "warnings": self.warnings,
-            "decisions": [d.__dict__ for d in self.decisions],
+            "decisions": [{"what": d.what, "value": d.value, "why": d.why} for d in self.decisions],
             "engine": _engine_json(self.engine),
             "ranks": [
                 {
@@ -111,7 +114,52 @@ class HostPlan:
         }
 
 
-def _engine_json(spec: EngineSpec | None) -> dict[str, Any] | None:
+class DecisionJson(TypedDict):
+    what: str
+    value: str
+    why: str
+
+
+class PinJson(TypedDict):
+    requirement: str
+    index: str
+    index_lane: str
+
+
+class EngineJson(TypedDict):
+    name: str
+    requirements: list[str]
+    pins: list[PinJson]
+    overrides: list[str]
+    unproven: list[str]
+
+
+class RankJson(TypedDict):
+    rank: int
+    argv: list[str]
+    env: dict[str, str]
+    unit: str
+    engine_env: str
+    model_path: str
+
+
+class RouterJson(TypedDict):
+    argv: list[str]
+    unit: str
+
+
+class PlanJson(TypedDict):
+    """One host's plan as `python -m operations.plan --json` prints it."""
+
+    errors: list[str]
+    warnings: list[str]
+    decisions: list[DecisionJson]
+    engine: EngineJson | None
+    ranks: list[RankJson]
+    router: NotRequired[RouterJson]
+
+
+def _engine_json(spec: EngineSpec | None) -> EngineJson | None:
     if spec is None:
         return None
     return {
@@ -126,8 +174,8 @@ def _engine_json(spec: EngineSpec | None) -> dict[str, Any] | None:
     }
 
 
-def _src(kb: Knowledge, entry: dict[str, Any]) -> str:
-    return f"source: {kb.cite(entry['source'])}"
+def _src(sources: Cites) -> str:
+    return f"source: {cite(sources)}"
 
 
 class _Resolution:
@@ -198,7 +246,7 @@ class _Resolution:
                     f", and this host's driver {self.driver()} cannot run them ({needs}): "
                     f"pin a release that has a {s.cuda_lane} lane or upgrade the host driver"
                 )
-            self.error(f"{message} (source: {kb.cite(release.source)})")
+            self.error(f"{message} (source: {cite(release.source)})")
             return
         self.plan.decisions.append(
             Decision("CUDA lane", s.cuda_lane, f"CUDA {lane.cuda} builds of torch and kernels")
@@ -207,7 +255,7 @@ class _Resolution:
             self.error(
                 f"cuda_lane {s.cuda_lane!r} {self.where('cuda_lane')}: the host's driver "
                 f"{self.driver()} cannot run CUDA {lane.cuda} (needs driver >= "
-                f"{lane.min_driver}) (source: {kb.cite(lane.source)})"
+                f"{lane.min_driver}) (source: {cite(lane.source)})"
             )
         gpu = self.facts.gpu
         banner_cuda = gpu.cuda_version if gpu is not None and gpu.ok else None
@@ -216,7 +264,7 @@ class _Resolution:
             self.error(
                 f"cuda_lane {s.cuda_lane!r} {self.where('cuda_lane')}: nvidia-smi reports "
                 f"CUDA Version {banner_cuda}; the lane's CUDA {lane.cuda} needs a CUDA "
-                f"{version(lane.cuda).major} driver (source: {kb.cite(lane.source)})"
+                f"{version(lane.cuda).major} driver (source: {cite(lane.source)})"
             )
         chip = kb.gpus.get(s.gpu_compute_cap)
         if (
@@ -228,13 +276,13 @@ class _Resolution:
                 f"gpu_compute_cap {s.gpu_compute_cap!r}: the host's driver {self.driver()} runs "
                 f"CUDA {banner_cuda}, but {chip.arch} ({chip.family}) needs CUDA >= "
                 f"{chip.min_cuda}: upgrade the host driver (the 570 branch, >= 570, is the "
-                f"first for CUDA 12.8) (source: {kb.cite(chip.source)})"
+                f"first for CUDA 12.8) (source: {cite(chip.source)})"
             )
         if chip is not None and version(lane.cuda) < version(chip.min_cuda):
             self.error(
                 f"cuda_lane {s.cuda_lane!r} {self.where('cuda_lane')}: {chip.arch} "
                 f"({chip.family}) needs CUDA >= {chip.min_cuda}; the lane's builds are CUDA "
-                f"{lane.cuda}: pin a newer lane (source: {kb.cite(chip.source)})"
+                f"{lane.cuda}: pin a newer lane (source: {cite(chip.source)})"
             )
         self.plan_engine()
 
@@ -276,14 +324,14 @@ class _Resolution:
             )
         return entry
 
-    def model_architecture(self) -> dict[str, Any] | None:
+    def model_architecture(self) -> Architecture | None:
         """The architecture entry of the model, after checking the release serves it."""
         s, kb = self.s, self.kb
         known = kb.models.get(s.model_name)
         model = self.facts.model
         arch = model.architecture if model is not None and model.architecture else None
         if arch is None and known is not None:
-            arch = known["architecture"]
+            arch = known.architecture.name
         if arch is None:
             self.plan.warnings.append(
                 f"model {s.model_name!r}: architecture unknown until model_source "
@@ -299,16 +347,20 @@ class _Resolution:
             )
             return None
         release = s.sglang_version
-        if version(release) < version(entry["first_release"]):
+        if version(release) < version(entry.first_release):
             self.error(
                 f"sglang_version {release!r} {self.where('sglang_version')} does not serve "
-                f"{arch} ({s.model_name}): first served by sglang {entry['first_release']} "
-                f"({_src(kb, entry)})"
+                f"{arch} ({s.model_name}): first served by sglang {entry.first_release} "
+                f"({_src(entry.source)})"
             )
-        elif known is not None and version(release) < version(known.get("min_release", "0")):
+        elif (
+            known is not None
+            and known.min_release is not None
+            and version(release) < version(known.min_release)
+        ):
             self.error(
                 f"sglang_version {release!r} {self.where('sglang_version')} cannot serve "
-                f"{s.model_name}: it needs sglang >= {known['min_release']} ({_src(kb, known)})"
+                f"{s.model_name}: it needs sglang >= {known.min_release} ({_src(known.source)})"
             )
         return entry
 
@@ -320,16 +372,14 @@ class _Resolution:
         cap = s.gpu_compute_cap
         chip = kb.gpus.get(cap)
         arch = chip.arch if chip else cap
-        entry = kb.backend_rule(backend, s.sglang_version)
-        if entry is None:
+        chips = kb.backend_rule(backend, s.sglang_version)
+        if chips is None:
             return [
                 f"{backend!r} is not a known backend (known: {', '.join(kb.attention_backends)})"
             ]
         reasons = []
-        if ("runs_on" in entry and cap not in entry["runs_on"]) or cap in entry.get(
-            "refused_on", []
-        ):
-            reasons.append(f"{entry['reason']}; this GPU is {arch} ({_src(kb, entry)})")
+        if chips.refuses(cap):
+            reasons.append(f"{chips.reason}; this GPU is {arch} ({_src(chips.source)})")
         if hybrid:
             rule = kb.hybrid_backends(s.sglang_version)
             if rule is None:
@@ -337,19 +387,19 @@ class _Resolution:
                     f"the knowledge base has no data on which backends sglang "
                     f"{s.sglang_version} accepts for hybrid linear-attention models"
                 )
-            elif backend not in rule["backends"]:
-                why = rule.get("reason", "")
+            elif backend not in rule.backends:
+                why = f"; {rule.reason}" if rule.reason else ""
                 reasons.append(
-                    f"sglang {s.sglang_version} accepts only {', '.join(rule['backends'])} for "
-                    f"hybrid linear-attention models{'; ' + why if why else ''} ({_src(kb, rule)})"
+                    f"sglang {s.sglang_version} accepts only {', '.join(rule.backends)} for "
+                    f"hybrid linear-attention models{why} ({_src(rule.source)})"
                 )
         spec = kb.speculative
         if backend == "flashinfer" and s.speculative is not None and self.release_known:
             flashinfer = kb.releases[s.sglang_version].pin("flashinfer-python") or "0"
-            if version(flashinfer) <= version(spec["flashinfer_newer_than"]):
+            if version(flashinfer) <= version(spec.flashinfer_newer_than):
                 reasons.append(
-                    f"{spec['flashinfer_reason']}; sglang {s.sglang_version} pins flashinfer "
-                    f"{flashinfer} ({_src(kb, spec)})"
+                    f"{spec.flashinfer_reason}; sglang {s.sglang_version} pins flashinfer "
+                    f"{flashinfer} ({_src(spec.source)})"
                 )
         if self.table is not None:
             option = self.table.get("--attention-backend")
@@ -381,13 +431,12 @@ class _Resolution:
             )
             return None
         skipped: list[str] = []
-        prefer: list[str] = rule["prefer"]
-        for backend in prefer:
+        for backend in rule.prefer:
             reasons = self.backend_refusals(backend, hybrid)
             if not reasons:
-                why = rule["why"] + (f"; skipped {'; '.join(skipped)}" if skipped else "")
+                why = rule.why + (f"; skipped {'; '.join(skipped)}" if skipped else "")
                 self.plan.decisions.append(
-                    Decision("attention backend", backend, f"auto: {why} ({_src(kb, rule)})")
+                    Decision("attention backend", backend, f"auto: {why} ({_src(rule.source)})")
                 )
                 if skipped:
                     self.plan.warnings.append(
@@ -414,19 +463,18 @@ class _Resolution:
                 page_size = arg.split("=", 1)[1]
             elif arg == "--page-size" and i + 1 < len(extra):
                 page_size = extra[i + 1]
-        for kind, found in (("refuses", True), ("warns", False)):
-            limits = rule.get(kind) or {}
+        for limits, found in ((rule.refuses, True), (rule.warns, False)):
             hits = []
-            if backend in limits.get("attention_backends", []):
+            if backend in limits.attention_backends:
                 hits.append(f"attention backend {backend}")
-            if limits.get("page_size_other_than_1") and page_size not in (None, "1"):
+            if limits.page_size_other_than_1 and page_size not in (None, "1"):
                 hits.append(f"--page-size {page_size}")
             if not hits:
                 continue
             message = (
                 f"mamba_cache_strategy 'no_buffer' {self.where('mamba_cache_strategy')} with "
-                f"{' and '.join(hits)} on sglang {s.sglang_version}: {rule['reason']} "
-                f"({_src(self.kb, rule)})"
+                f"{' and '.join(hits)} on sglang {s.sglang_version}: {rule.reason} "
+                f"({_src(rule.source)})"
             )
             if found:
                 self.error(message + "; use extra_buffer, or another backend and page size")
@@ -435,17 +483,19 @@ class _Resolution:
 
     # -- renamed flags ----------------------------------------------------------------------
 
-    def renamed_flag(self, setting: str) -> str | None:
+    def renamed_flag(self, flag: Flag) -> str | None:
+        """The option `flag`'s setting is spelled with in the pinned release."""
         if not self.release_known:
             return None
-        rule = self.kb.flag(setting, self.s.sglang_version)
-        if rule is None or rule["option"] is None:
+        spelling = flag.spelling(self.s.sglang_version)
+        if spelling is None or spelling.option is None:
             self.error(
-                f"{setting} {self.where(setting)}: sglang {self.s.sglang_version} has no option "
-                "for it; leave it unset"
+                f"{flag.setting} {self.where(flag.setting)}: sglang {self.s.sglang_version} has "
+                "no option for it; leave it unset"
+                + (f" ({_src(spelling.source)})" if spelling is not None else "")
             )
             return None
-        return str(rule["option"])
+        return spelling.option
 
     # -- the command line -------------------------------------------------------------------
 
@@ -463,22 +513,22 @@ class _Resolution:
             args += ["--attention-backend", backend]
         args += ["--mem-fraction-static", f"{s.mem_fraction_static:g}"]
         if hybrid:
-            option = self.renamed_flag("mamba_cache_strategy")
+            option = self.renamed_flag(self.kb.flags.mamba_cache_strategy)
             if option:
                 args += [option, s.mamba_cache_strategy]
         if s.cuda_graph_max_bs is not None:
-            option = self.renamed_flag("cuda_graph_max_bs")
+            option = self.renamed_flag(self.kb.flags.cuda_graph_max_bs)
             if option:
                 args += [option, str(s.cuda_graph_max_bs)]
         if s.speculative is not None:
             spec = s.speculative
-            need = self.kb.speculative["hybrid_requires_mamba_strategy"]
+            rule = self.kb.speculative
+            need = rule.hybrid_requires_mamba_strategy
             if hybrid and s.mamba_cache_strategy != need:
                 self.error(
                     f"mamba_cache_strategy {s.mamba_cache_strategy!r} "
-                    f"{self.where('mamba_cache_strategy')}: "
-                    f"{self.kb.speculative['hybrid_reason']}; accepted with speculative: {need} "
-                    f"({_src(self.kb, self.kb.speculative)})"
+                    f"{self.where('mamba_cache_strategy')}: {rule.hybrid_reason}; accepted with "
+                    f"speculative: {need} ({_src(rule.source)})"
                 )
             args += ["--speculative-algorithm", spec.algorithm]
             for name, value in (
@@ -496,14 +546,28 @@ class _Resolution:
         return args
 
     def check_extra_args(self) -> None:
+        managed = managed_options(self.kb)
         for arg in self.s.extra_server_args:
             option = arg.split("=", 1)[0]
-            if option in MANAGED_OPTIONS:
-                key = MANAGED_OPTIONS[option]
-                self.error(
-                    f"extra_server_args {self.where('extra_server_args')}: {option} is managed "
-                    f"by the setting {key!r}; set that instead"
-                )
+            key = managed.get(option)
+            if key is None:
+                continue
+            self.error(
+                f"extra_server_args {self.where('extra_server_args')}: {option} is managed "
+                f"by the setting {key!r}; set that instead{self.spelled(option)}"
+            )
+
+    def spelled(self, option: str) -> str:
+        """How the pinned release spells a renamed option, when `option` is another spelling."""
+        flag = next((f for f in self.kb.flags.all() if option in f.options), None)
+        spelling = flag.spelling(self.s.sglang_version) if flag and self.release_known else None
+        if spelling is None or spelling.option == option:
+            return ""
+        note = f"; {spelling.note}" if spelling.note else ""
+        return (
+            f" (sglang {self.s.sglang_version} spells it {spelling.option or 'not at all'}"
+            f"{note}; {_src(spelling.source)})"
+        )
 
     def check_against_cli(self, args: list[str], origin: str) -> None:
         """Refuse anything the pinned release's own parser would reject."""
@@ -575,7 +639,7 @@ class _Resolution:
         self.check_lane()
         self.gpu_entry()
         arch = self.model_architecture()
-        hybrid = bool(arch and arch["hybrid_linear_attention"])
+        hybrid = arch is not None and arch.hybrid_linear_attention
         backend = self.attention_backend(hybrid)
         if hybrid:
             self.check_no_buffer(backend)

@@ -1,21 +1,46 @@
-"""The knowledge base: its data passes its own schema, every rule names an existing source, and
-broken data is caught at load time rather than producing a wrong plan."""
+"""The knowledge base loads into typed, frozen objects; every entry cites a known source and
+every source is cited; broken data is refused at load time with the key that is broken, rather
+than producing a wrong plan."""
 
 from __future__ import annotations
 
-import copy
+import dataclasses
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
 from operations import kb
-from operations.kb import KNOWLEDGE_DIR, KnowledgeError
+from operations.kb import KNOWLEDGE_DIR, Knowledge, KnowledgeError, Source
 
 
 def raw() -> dict[str, Any]:
     data: dict[str, Any] = yaml.safe_load((KNOWLEDGE_DIR / "sglang.yaml").read_text())
     return data
+
+
+def entries(value: object) -> Iterator[object]:
+    """Every dataclass instance reachable from `value` (the loaded objects, not the YAML)."""
+    if isinstance(value, Source):
+        return
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        yield value
+        for f in dataclasses.fields(value):
+            yield from entries(getattr(value, f.name))
+    elif isinstance(value, tuple | list):
+        for item in value:
+            yield from entries(item)
+    elif hasattr(value, "values"):
+        for item in value.values():
+            yield from entries(item)
+
+
+def cited(value: object) -> tuple[Source, ...]:
+    source = getattr(value, "source", ())
+    assert isinstance(source, tuple)
+    return source
 
 
 def test_loads_and_every_release_has_its_cli_table() -> None:
@@ -40,56 +65,177 @@ def test_lanes_by_release(release: str, lanes: list[str]) -> None:
     assert kb.load().lanes_for_release(release) == lanes
 
 
-def test_renamed_flags_match_each_release_parser() -> None:
-    """The knowledge base's spelling must be one the release's real parser has."""
+def test_every_entry_cites_a_known_source() -> None:
     knowledge = kb.load()
-    for setting in knowledge.flags:
+    citing = [e for e in entries(knowledge) if hasattr(e, "source")]
+    # Every kind of entry that cites is reached, so the walk really covers the data.
+    kinds = {type(e).__name__ for e in citing}
+    assert kinds >= {
+        "Gpu", "Lane", "Release", "PackageBuild", "Override", "Unproven", "Architecture",
+        "KnownModel", "GpuRule", "HybridBackends", "AutoBackend", "Spelling", "NoBufferRule",
+        "Speculative",
+    }  # fmt: skip
+    for entry in citing:
+        sources = cited(entry)
+        assert sources, f"{entry} cites nothing"
+        for source in sources:
+            assert knowledge.sources[source.id] is source
+            assert source.url.startswith("https://") and source.what
+
+
+def test_every_source_is_cited_by_some_entry() -> None:
+    knowledge = kb.load()
+    used = {s.id for e in entries(knowledge) for s in cited(e)}
+    assert used == set(knowledge.sources)
+
+
+def test_the_loaded_objects_are_frozen() -> None:
+    knowledge = kb.load()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        knowledge.gpus["12.0"].min_cuda = "11.0"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        knowledge.releases["0.5.9"] = knowledge.releases["0.5.11"]  # type: ignore[index]
+    table = knowledge.cli_table("sglang", "0.5.11")
+    assert table is not None
+    with pytest.raises(TypeError):
+        table.options["--nope"] = table.options["--port"]  # type: ignore[index]
+
+
+def test_each_release_has_exactly_one_spelling_of_each_renamed_setting() -> None:
+    """What the resolver writes for a renamed setting is an option the release's real parser
+    has, and not only as a deprecated alias."""
+    knowledge = kb.load()
+    for flag in knowledge.flags.all():
         for release in knowledge.releases:
-            rule = knowledge.flag(setting, release)
-            assert rule is not None
+            spelling = flag.spelling(release)
+            assert spelling is not None and spelling.option is not None, (flag.setting, release)
             table = knowledge.cli_table("sglang", release)
-            assert table is not None and rule["option"] in table.options, (setting, release)
+            option = table.get(spelling.option) if table else None
+            assert option is not None and not option.deprecated, (flag.setting, release)
 
 
-def test_backends_named_by_rules_exist_in_the_parsers() -> None:
+def test_the_gpu_rules_answer_by_release() -> None:
     knowledge = kb.load()
-    for release in knowledge.releases:
-        table = knowledge.cli_table("sglang", release)
-        assert table is not None
-        option = table.get("--attention-backend")
-        assert option is not None and option.choices is not None
-        rule = knowledge.hybrid_backends(release)
-        assert rule is not None
-        for backend in rule["backends"]:
-            assert backend in option.choices, (release, backend)
+    before, after = (knowledge.backend_rule("trtllm_mha", r) for r in ("0.5.11", "0.5.19"))
+    assert before is not None and before.refuses("12.0")
+    assert after is not None and not after.refuses("12.0") and after.refuses("8.9")
+    fa4 = knowledge.backend_rule("fa4", "0.5.23")
+    assert fa4 is not None and fa4.refuses("12.0") and not fa4.refuses("10.0")
+    assert knowledge.backend_rule("fa9", "0.5.23") is None
 
 
-def test_every_source_is_cited_by_something() -> None:
-    text = (KNOWLEDGE_DIR / "sglang.yaml").read_text()
-    for source in kb.load().sources:
-        assert text.count(source) >= 2, f"source {source} is never cited"
+Mutation = Callable[[dict[str, Any]], object]
+
+
+def _qsa_for_0519(d: dict[str, Any]) -> None:
+    d["attention_backends"]["qsa"] = {"source": "sglang-wheel"}
+    d["hybrid_attention_backends"][2]["backends"].append("qsa")
 
 
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda d: d["lanes"]["cu128"].update(source="nowhere"), "unknown source 'nowhere'"),
-        (lambda d: d["auto_attention_backend"][0]["prefer"].append("fa9"), "unknown backend 'fa9'"),
+        (lambda d: d["lanes"]["cu128"].update(source="nowhere"), "lanes.cu128: unknown source"),
         (
-            lambda d: d["releases"].update({"0.5.99": copy.deepcopy(d["releases"]["0.5.11"])}),
-            "no CLI table",
+            lambda d: d["releases"]["0.5.11"]["builds"]["cu130"]["packages"]["torch"].update(
+                source=["pytorch-indexes", "nowhere"]
+            ),
+            "releases.0.5.11.builds.cu130.packages.torch: unknown source 'nowhere'",
+        ),
+        (
+            lambda d: d["sources"].update(orphan={"what": "x", "url": "https://x"}),
+            "sources.orphan: cited by nothing",
+        ),
+        (
+            lambda d: d["auto_attention_backend"][0]["prefer"].append("fa9"),
+            "auto_attention_backend[0]: unknown backend 'fa9'",
+        ),
+        (
+            lambda d: d["attention_backends"]["fa3"]["runs_on"].append("7.5"),
+            "attention_backends.fa3: unknown compute capability '7.5'",
+        ),
+        (_qsa_for_0519, "hybrid_attention_backends[2]: sglang 0.5.19's --attention-backend has no"),
+        (
+            lambda d: d["releases"].update({"0.5.99": d["releases"]["0.5.11"]}),
+            "releases.0.5.99: no CLI table",
         ),
         (
             lambda d: d["models"]["Qwen/Qwen3.6-27B"].update(architecture="Nope"),
-            "unknown architecture",
+            "models.Qwen/Qwen3.6-27B: unknown architecture 'Nope'",
+        ),
+        (
+            lambda d: d["releases"]["0.5.11"]["builds"]["cu128"]["packages"]["torch"].update(
+                version="2.10.0+cu128"
+            ),
+            "releases.0.5.11: builds.cu128: torch==2.10.0+cu128 does not satisfy torch==2.11.0",
+        ),
+        (
+            lambda d: d["flags"]["mamba_cache_strategy"][1].update(option="--mamba-strategy"),
+            "flags.mamba_cache_strategy[1]: sglang 0.5.19 has no option --mamba-strategy",
+        ),
+        (
+            lambda d: d["flags"]["cuda_graph_max_bs"][1].update(option="--cuda-graph-max-bs"),
+            "flags.cuda_graph_max_bs[1]: sglang 0.5.19 has only a deprecated option",
+        ),
+        (
+            lambda d: d["flags"]["mamba_cache_strategy"][0].update(releases="<0.5.20"),
+            "flags.mamba_cache_strategy: sglang 0.5.19 falls in 2 of its ranges",
+        ),
+        (
+            lambda d: d["mamba_no_buffer"][0].update(releases="0.5.9"),
+            "mamba_no_buffer[0].releases: '0.5.9' is not a version range",
+        ),
+        (
+            lambda d: d["speculative"].update(hybrid_requires_mamba_strategy="sometimes"),
+            "speculative.hybrid_requires_mamba_strategy: sglang 0.5.9 does not accept 'sometimes'",
         ),
         (lambda d: d["lanes"]["cu128"].pop("min_driver"), "'min_driver' is a required property"),
-        (lambda d: d["gpus"].update({"twelve": d["gpus"]["12.0"]}), "does not match"),
-        (lambda d: d["attention_backends"]["fa3"].pop("reason"), "'reason' is a dependency"),
+        (
+            lambda d: d["gpus"].update({"twelve": d["gpus"]["12.0"]}),
+            "gpus: 'twelve' does not match",
+        ),
+        (
+            lambda d: d["attention_backends"]["fa3"].pop("reason"),
+            "attention_backends.fa3: 'reason' is a dependency",
+        ),
+        (
+            lambda d: d["flags"].update(page_size=d["flags"]["cuda_graph_max_bs"]),
+            "flags: Additional properties are not allowed ('page_size'",
+        ),
     ],
 )
-def test_broken_knowledge_is_caught(mutate: Any, message: str) -> None:
+def test_broken_knowledge_is_refused_naming_the_key(mutate: Mutation, message: str) -> None:
     data = raw()
     mutate(data)
-    with pytest.raises(KnowledgeError, match=message):
+    with pytest.raises(KnowledgeError) as caught:
         kb.build(data)
+    assert message in str(caught.value)
+
+
+def test_every_problem_is_named_at_once() -> None:
+    data = raw()
+    data["lanes"]["cu128"]["source"] = "nowhere"
+    data["models"]["Qwen/Qwen3.6-27B"]["architecture"] = "Nope"
+    with pytest.raises(KnowledgeError) as caught:
+        kb.build(data)
+    assert "lanes.cu128: unknown source" in str(caught.value)
+    assert "models.Qwen/Qwen3.6-27B: unknown architecture" in str(caught.value)
+
+
+def test_the_unchanged_data_builds() -> None:
+    assert isinstance(kb.build(raw()), Knowledge)
+
+
+def test_a_cli_table_whose_header_names_another_release_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = (kb.CLI_DIR / "sglang-0.5.11.json").read_text()
+    (tmp_path / "sglang-0.5.12.json").write_text(text)
+    monkeypatch.setattr(kb, "CLI_DIR", tmp_path)
+    kb.load_cli_table.cache_clear()
+    try:
+        with pytest.raises(KnowledgeError) as caught:
+            kb.load_cli_table("sglang", "0.5.12")
+        assert "sglang-0.5.12.json: its header says sglang 0.5.11" in str(caught.value)
+    finally:
+        kb.load_cli_table.cache_clear()
