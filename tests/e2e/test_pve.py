@@ -11,26 +11,20 @@ the container configs it starts from.
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests import testbed as tb
-from tests.testbed import Container, ContainerSpec, inventory_file
+from tests.e2e.deploying import REPO, Run, run_deploy
+from tests.testbed import Container, ContainerSpec
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
-PYINFRA = Path(sys.executable).parent / "pyinfra"
-DOUBLES = ROOT / "tests" / "doubles"
-FIXTURES = ROOT / "tests" / "fixtures" / "pve"
+DOUBLES = REPO / "tests" / "doubles"
+FIXTURES = REPO / "tests" / "fixtures" / "pve"
 RUN_TIMEOUT_S = 300
 SNAPSHOT = ("/etc/pve", "/var/lib/pct-double")
 
@@ -130,38 +124,10 @@ def reboots(c: Container) -> list[str]:
     return log.read_text().splitlines() if log.exists() else []
 
 
-@dataclass
-class Run:
-    rc: int
-    out: str
-    host: str
-
-    def status(self, op: str) -> str:
-        """This host's status line for the operation whose name contains op."""
-        current = None
-        for raw in self.out.splitlines():
-            line = re.sub(r"\x1b\[[0-9;]*m", "", raw).strip()
-            if line.startswith("--> Starting operation:"):
-                current = line
-            elif current and op in current and line.startswith(f"[{self.host}] "):
-                return line.split("] ", 1)[1]
-        return "not run"
-
-
 def pve(tmp_path: Path, c: Container, data: dict[str, Any], *args: str) -> Run:
     settings = {"pve_ctid": 200, "model_source": MODEL, "gpu_count": 4, "dp_size": 1}
     settings |= {"ram_per_rank_gb": 1, **data}
-    inventory = inventory_file(tmp_path, {c: settings}, filename=f"pve-{os.getpid()}.py")
-    proc = subprocess.run(
-        [str(PYINFRA), "-y", str(inventory), "pve.py", *args],
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        cwd=ROOT,
-        env={**os.environ, "COLUMNS": "1000"},
-        check=False,
-    )
-    return Run(proc.returncode, proc.stdout + proc.stderr, c.name)
+    return run_deploy(tmp_path, {c: settings}, *args, deploy_file="pve.py", timeout=RUN_TIMEOUT_S)
 
 
 # tiny model (4 KiB) + 1 rank x 1 GiB, rounded up to whole MiB: preflight's memory rule.
@@ -174,12 +140,12 @@ def test_bare_config_converges_keeps_other_lines_and_second_run_changes_nothing(
     write_config(node, 200, bare(200))
     before = node.snapshot(SNAPSHOT)
     dry = pve(tmp_path, node, {}, "--dry")
-    assert dry.rc == 0, dry.out
-    assert "pct set 200 --dev0 /dev/nvidia0" in dry.out
+    assert dry.rc == 0, dry.output
+    assert "pct set 200 --dev0 /dev/nvidia0" in dry.output
     assert node.snapshot(SNAPSHOT) == before, "--dry changed the node"
 
     run = pve(tmp_path, node, {})
-    assert run.rc == 0, run.out
+    assert run.rc == 0, run.output
     text = read_config(node, 200)
     main, _, section = text.partition("\n[before-gpus]\n")
     lines = main.splitlines()
@@ -191,24 +157,24 @@ def test_bare_config_converges_keeps_other_lines_and_second_run_changes_nothing(
     assert kept == unrelated(200), text
     assert "[before-gpus]\n" + section == SNAPSHOT_SECTION.format(ctid=200)
     # The container runs: the config change waits for a restart the user did not ask for.
-    assert "pct reboot 200" in run.out and reboots(node) == []
-    assert f"needs NVIDIA user space {MODULE} exactly" in run.out
+    assert "pct reboot 200" in run.output and reboots(node) == []
+    assert f"needs NVIDIA user space {MODULE} exactly" in run.output
 
     converged = node.snapshot(SNAPSHOT)
     again = pve(tmp_path, node, {})
-    assert again.rc == 0, again.out
-    assert again.status("config (GPUs, memory, swap)").startswith("No changes"), again.out
+    assert again.rc == 0, again.output
+    assert again.status("config (GPUs, memory, swap)").startswith("No changes"), again.output
     assert node.snapshot(SNAPSHOT) == converged
-    assert "pct reboot 200" not in again.out
+    assert "pct reboot 200" not in again.output
 
 
 def test_restart_only_with_the_per_run_opt_in(node: Container, tmp_path: Path) -> None:
     write_config(node, 200, bare(200))
     run = pve(tmp_path, node, {"pve_restart": True})
-    assert run.rc == 0, run.out
+    assert run.rc == 0, run.output
     assert [ln.split()[1:] for ln in reboots(node)] == [["reboot", "200"]]
     again = pve(tmp_path, node, {"pve_restart": True})
-    assert again.rc == 0 and len(reboots(node)) == 1, again.out
+    assert again.rc == 0 and len(reboots(node)) == 1, again.output
 
 
 def test_before_pve_8_1_raw_lxc_lines_with_the_node_majors(node: Container, tmp_path: Path) -> None:
@@ -217,7 +183,7 @@ def test_before_pve_8_1_raw_lxc_lines_with_the_node_majors(node: Container, tmp_
     try:
         write_config(node, 201, bare(201))
         run = pve(tmp_path, node, {"pve_ctid": 201})
-        assert run.rc == 0, run.out
+        assert run.rc == 0, run.output
         text = read_config(node, 201)
         main, _, section = text.partition("\n[before-gpus]\n")
         kept = [ln for ln in main.splitlines() if ln in unrelated(201)]
@@ -234,7 +200,7 @@ def test_before_pve_8_1_raw_lxc_lines_with_the_node_majors(node: Container, tmp_
         assert "[before-gpus]\n" + section == SNAPSHOT_SECTION.format(ctid=201)
         converged = node.snapshot(SNAPSHOT)
         again = pve(tmp_path, node, {"pve_ctid": 201})
-        assert again.rc == 0, again.out
+        assert again.rc == 0, again.output
         assert node.snapshot(SNAPSHOT) == converged
     finally:
         fixture.write_text((FIXTURES / "pveversion-8.1.txt").read_text())
@@ -262,9 +228,9 @@ def test_bad_input_is_refused_and_nothing_changes(
     finally:
         if hide_module:
             version.with_suffix(".hidden").rename(version)
-    assert run.rc != 0, run.out
-    assert message in run.out, run.out
-    assert "Traceback" not in run.out
+    assert run.rc != 0, run.output
+    assert message in run.output, run.output
+    assert "Traceback" not in run.output
     assert node.snapshot(SNAPSHOT) == before
 
 
@@ -274,13 +240,13 @@ def test_driver_user_space_installed_only_with_opt_in(node: Container, tmp_path:
     ssh(node, f"rm -f {lib}")
     data = {"pve_driver_url": f"file://{DRIVER_DIR}/NVIDIA-Linux-x86_64-{{version}}.run"}
     told = pve(tmp_path, node, data)
-    assert told.rc == 0 and f"needs NVIDIA user space {MODULE} exactly" in told.out, told.out
+    assert told.rc == 0 and f"needs NVIDIA user space {MODULE} exactly" in told.output, told.output
     assert not (node.root / lib.lstrip("/")).exists()
 
     run = pve(tmp_path, node, {**data, "pve_install_driver": True})
-    assert run.rc == 0, run.out
+    assert run.rc == 0, run.output
     assert (node.root / lib.lstrip("/")).read_text().strip() == f"libcuda double {MODULE}"
     again = pve(tmp_path, node, {**data, "pve_install_driver": True})
-    assert again.rc == 0, again.out
-    assert f"user space is {MODULE}, the node module's version" in again.out
-    assert again.status("NVIDIA user space") == "not run", again.out
+    assert again.rc == 0, again.output
+    assert f"user space is {MODULE}, the node module's version" in again.output
+    assert again.status("NVIDIA user space") == "not run", again.output
