@@ -42,6 +42,7 @@ SECRETS_FILE = f"{CONFIG_DIR}/secrets.yaml"
 SCRIPT_DIR = "/usr/local/lib/sglang-deploy"
 WAIT_SCRIPT = f"{SCRIPT_DIR}/wait_healthy.py"
 STAGE_SCRIPT = f"{SCRIPT_DIR}/stage_model.py"
+SMOKE_SCRIPT = f"{SCRIPT_DIR}/smoke.py"
 ROUTER_MARKER = ".sglang-deploy-complete"
 
 # -- the engine ------------------------------------------------------------------------------
@@ -104,13 +105,18 @@ def copy_key(settings: Settings, path: str) -> str | None:
 # -- URLs ------------------------------------------------------------------------------------
 
 
-def health_url(address: str, port: int) -> str:
-    """/health as the host itself reaches a server bound to `address`."""
+def local_url(address: str, port: int) -> str:
+    """A server bound to `address`, as the host itself reaches it (no path)."""
     if address in ("0.0.0.0", "::", ""):
         address = "127.0.0.1"
     if ":" in address:
         address = f"[{address}]"
-    return f"http://{address}:{port}/health"
+    return f"http://{address}:{port}"
+
+
+def health_url(address: str, port: int) -> str:
+    """/health as the host itself reaches a server bound to `address`."""
+    return f"{local_url(address, port)}/health"
 
 
 def rank_health_url(settings: Settings, rank: int) -> str:
@@ -121,3 +127,32 @@ def worker_url(address: str, port: int) -> str:
     """A rank as the router (on another host, maybe) reaches it."""
     host = f"[{address}]" if ":" in address else address
     return f"http://{host}:{port}"
+
+
+# The OpenAI-compatible API a client uses (SGLang serves it under /v1; so does the router).
+API_PREFIX = "/v1"
+CHAT_PATH = f"{API_PREFIX}/chat/completions"
+MODELS_PATH = f"{API_PREFIX}/models"
+
+
+def api_base(address: str, port: int) -> str:
+    """The OpenAI client's base_url for a server bound to `address`, as the host reaches it."""
+    return f"{local_url(address, port)}{API_PREFIX}"
+
+
+def rank_api_base(settings: Settings, rank: int) -> str:
+    return api_base(settings.server_host, settings.base_port + rank)
+
+
+def rank_chat_url(settings: Settings, rank: int) -> str:
+    return f"{local_url(settings.server_host, settings.base_port + rank)}{CHAT_PATH}"
+
+
+def rank_models_url(settings: Settings, rank: int) -> str:
+    return f"{local_url(settings.server_host, settings.base_port + rank)}{MODELS_PATH}"
+
+
+def router_api_base(settings: Settings) -> str | None:
+    """The router's base_url as its own host reaches it; None without a router."""
+    router = settings.router
+    return api_base(router.bind, router.port) if router is not None else None

@@ -133,6 +133,9 @@ class Settings:
     ram_per_rank_gb: float
     health_timeout_s: int
     restart_batch_size: int
+    smoke_requests: bool
+    smoke_router_requests: int
+    smoke_timeout_s: int
     router: Router | None
     deploy_lock_wait_s: int
     pve_ctid: int | None

@@ -8,10 +8,26 @@ It behaves like the real server where a deploy can observe it, with the standard
   command line winning, as sglang/srt/server_args_config_parser.py does;
 - it needs CUDA_VISIBLE_DEVICES and a readable --model-path directory, else it exits 1;
 - /health and /health_generate answer 503 while "loading" (SGLANG_DOUBLE_LOAD_SECONDS, default
-  2), then 200; /v1/models, /get_model_info, /get_server_info, POST /v1/chat/completions (a canned
-  reply naming the served model); /metrics only with --enable-metrics;
+  2), then 200; /get_model_info, /get_server_info;
+- GET /v1/models: a ModelList of one ModelCard whose id is the served model name
+  (sgl-project/sglang python/sglang/srt/entrypoints/openai/protocol.py @ 004c82e07d87:
+  ModelCard id/object "model"/created/owned_by "sglang"/root, ModelList object "list"/data);
+- POST /v1/chat/completions: a ChatCompletionResponse (same file: id, object "chat.completion",
+  created, model, choices [{index, message {role, content, reasoning_content, tool_calls},
+  logprobs, finish_reason, matched_stop}], usage {prompt_tokens, total_tokens,
+  completion_tokens, prompt_tokens_details, reasoning_tokens}); `model` is the request's, as
+  serving_chat.py's response echoes it;
+- /metrics only with --enable-metrics, in SGLang's Prometheus names, labelled model_name
+  (python/sglang/srt/metrics/collector.py @ 93d04878cfb9: TokenizerMetricsCollector's counters
+  sglang:prompt_tokens_total, sglang:generation_tokens_total, sglang:num_requests_total), so a
+  test counts the requests each rank served;
 - with --api-key every route except /health* and /metrics needs `Authorization: Bearer KEY`
-  (401 otherwise).
+  (401 {"error": "Unauthorized"} otherwise, as the API-key middleware answers).
+
+Test-only knob: SGLANG_DOUBLE_REPLY (set in a unit drop-in) makes this rank answer garbage, as a
+broken or misconfigured server would: "malformed" (200, a cut-off JSON body), "empty" (200, no
+body), "wrong-model" (it serves another model: /v1/models and the reply name it). Unset: a
+well-formed answer.
 """
 
 from __future__ import annotations
@@ -30,6 +46,11 @@ from typing import Any
 from sglang._double_build import VERSION
 
 LOAD_SECONDS_ENV = "SGLANG_DOUBLE_LOAD_SECONDS"
+REPLY_ENV = "SGLANG_DOUBLE_REPLY"
+REPLIES = ("", "malformed", "empty", "wrong-model")
+OTHER_MODEL = "other-org/another-model"
+# What one canned exchange counts (usage and /metrics agree).
+PROMPT_TOKENS, COMPLETION_TOKENS = 8, 12
 OPEN_PATHS = ("/health", "/health_generate", "/metrics")
 
 
@@ -113,13 +134,37 @@ class _State:
     def __init__(self, args: argparse.Namespace, load_seconds: float) -> None:
         self.args = args
         self.ready_at = time.monotonic() + load_seconds
-        self.served_model = args.served_model_name or args.model_path
+        self.reply = os.environ.get(REPLY_ENV, "")
+        served = args.served_model_name or args.model_path
+        self.served_model = OTHER_MODEL if self.reply == "wrong-model" else served
         self.requests = 0
         self.lock = threading.Lock()
 
     @property
     def ready(self) -> bool:
         return time.monotonic() >= self.ready_at
+
+
+def metrics_text(state: _State) -> str:
+    """Prometheus text as prometheus_client writes SGLang's counters (see the docstring)."""
+    label = f'{{model_name="{state.served_model}"}}'
+    n = state.requests
+    lines = [
+        "# HELP sglang:num_running_reqs The number of running requests.",
+        "# TYPE sglang:num_running_reqs gauge",
+        f"sglang:num_running_reqs{label} 0.0",
+    ]
+    for name, doc, value in (
+        ("prompt_tokens", "Number of prefill tokens processed.", n * PROMPT_TOKENS),
+        ("generation_tokens", "Number of generation tokens processed.", n * COMPLETION_TOKENS),
+        ("num_requests", "Number of requests processed.", n),
+    ):
+        lines += [
+            f"# HELP sglang:{name}_total {doc}",
+            f"# TYPE sglang:{name}_total counter",
+            f"sglang:{name}_total{label} {float(value)}",
+        ]
+    return "\n".join(lines) + "\n"
 
 
 def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
@@ -160,15 +205,7 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
                 if not state.args.enable_metrics:
                     self._send(404, {"detail": "Not Found"})
                     return
-                name = state.served_model
-                text = (
-                    "# HELP sglang:num_running_reqs The number of running requests.\n"
-                    "# TYPE sglang:num_running_reqs gauge\n"
-                    f'sglang:num_running_reqs{{model_name="{name}"}} 0.0\n'
-                    "# TYPE sglang:prompt_tokens_total counter\n"
-                    f'sglang:prompt_tokens_total{{model_name="{name}"}} {state.requests * 8}.0\n'
-                )
-                self._send(200, text.encode(), "text/plain; version=0.0.4")
+                self._send(200, metrics_text(state).encode(), "text/plain; version=0.0.4")
             elif path == "/v1/models":
                 self._send(
                     200,
@@ -178,8 +215,11 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
                             {
                                 "id": state.served_model,
                                 "object": "model",
+                                "created": int(time.time()),
                                 "owned_by": "sglang",
                                 "root": state.served_model,
+                                "parent": None,
+                                "max_model_len": 262144,
                             }
                         ],
                     },
@@ -220,22 +260,42 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             with state.lock:
                 state.requests += 1
                 n = state.requests
+            if state.reply == "empty":
+                self._send(200, b"")
+                return
+            if state.reply == "malformed":
+                self._send(200, b'{"id": "chatcmpl-double", "object": "chat.completion", "choi')
+                return
             content = f"Hello from the SGLang test double serving {state.served_model}."
+            model = OTHER_MODEL if state.reply == "wrong-model" else request.get("model")
             self._send(
                 200,
                 {
                     "id": f"chatcmpl-double-{n}",
                     "object": "chat.completion",
                     "created": int(time.time()),
-                    "model": request.get("model") or state.served_model,
+                    "model": model or state.served_model,
                     "choices": [
                         {
                             "index": 0,
-                            "message": {"role": "assistant", "content": content},
+                            "message": {
+                                "role": "assistant",
+                                "content": content,
+                                "reasoning_content": None,
+                                "tool_calls": None,
+                            },
+                            "logprobs": None,
                             "finish_reason": "stop",
+                            "matched_stop": None,
                         }
                     ],
-                    "usage": {"prompt_tokens": 8, "completion_tokens": 12, "total_tokens": 20},
+                    "usage": {
+                        "prompt_tokens": PROMPT_TOKENS,
+                        "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS,
+                        "completion_tokens": COMPLETION_TOKENS,
+                        "prompt_tokens_details": None,
+                        "reasoning_tokens": 0,
+                    },
                 },
             )
 
