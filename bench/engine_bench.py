@@ -34,7 +34,7 @@ from operations import kb as kbmod  # noqa: E402
 from operations.engine_spec import engine_spec  # noqa: E402
 from operations.settings import Layer, load  # noqa: E402
 from tests.doubles import wheels  # noqa: E402
-from tests.e2e.deploying import MAIN_TYPING_EXTENSIONS  # noqa: E402
+from tests.e2e.deploying import MAIN_TYPING_EXTENSIONS, client_wheels  # noqa: E402
 from tests.e2e.index import pypi_wheel, uv_wheel  # noqa: E402
 from tests.testbed import ContainerSpec, Testbed, ensure_testbed, inventory_file  # noqa: E402
 
@@ -70,7 +70,8 @@ def main() -> int:
     try:
         wheelhouse = work / "wheelhouse"
         built = wheels.release_wheels(wheelhouse, RELEASE, LANE, TORCH_MB * 2**20)
-        for extra in (uv_wheel(), pypi_wheel("typing_extensions", MAIN_TYPING_EXTENSIONS, "any")):
+        extras = [uv_wheel(), pypi_wheel("typing_extensions", MAIN_TYPING_EXTENSIONS, "any")]
+        for extra in [*extras, *client_wheels(RELEASE)]:
             shutil.copyfile(extra, wheelhouse / extra.name)
         config = json.dumps({"architectures": ["Qwen3_5ForConditionalGeneration"]})
         (c,) = bed.boot(ContainerSpec(extra_files={f"{MODEL_DIR}/config.json": config}))

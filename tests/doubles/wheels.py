@@ -192,13 +192,33 @@ def _doubled(requirement: str) -> str | None:
     return re.sub(r"\[[^]]*\]", "", requirement).replace("flashinfer_python", "flashinfer-python")
 
 
+METADATA = ROOT / "tests" / "fixtures" / "metadata"
+# Real packages the double sglang requires as the release does, installed from the real index:
+# the OpenAI client a deploy's smoke request (operations/files/smoke.py) is sent with.
+REAL = ("openai",)
+
+
+def real_requirements(release: str) -> list[str]:
+    """The release's own pins of the REAL packages, from its captured METADATA
+    (tests/fixtures/metadata/sglang-<release>.txt: `Requires-Dist: openai==2.6.1`)."""
+    found = []
+    for line in (METADATA / f"sglang-{release}.txt").read_text().splitlines():
+        key, _, requirement = line.partition(": ")
+        name = re.split(r"[\[=<>!~ ;]", requirement, maxsplit=1)[0]
+        if key == "Requires-Dist" and name in REAL and ";" not in requirement:
+            found.append(requirement.strip())
+    return found
+
+
 def sglang_wheel(outdir: Path, release: str) -> Path:
     """sglang `release` requiring the CUDA-bearing pins of its real METADATA (the knowledge
-    base's `requires`, checked against tests/fixtures/metadata/sglang-<release>.txt)."""
+    base's `requires`, checked against tests/fixtures/metadata/sglang-<release>.txt), and its
+    real pin of the OpenAI client (REAL), which the e2e indexes serve from PyPI."""
     pins = knowledge()["releases"][release]
     files = _package_files("sglang", {"VERSION": release})
     files["sglang/_cli_table.json"] = cli_table(release)
     requires = [r for r in (_doubled(q) for q in pins["requires"]) if r]
+    requires += real_requirements(release)
     return build_wheel(
         outdir,
         "sglang",

@@ -29,6 +29,7 @@ from tests.e2e.deploying import (
     MODEL_CONFIG,
     Indexes,
     Run,
+    client_wheels,
     make_indexes,
     run_deploy,
 )
@@ -345,7 +346,8 @@ def test_offline_install_from_the_wheelhouse(
     }
     partial = wheelhouse(
         tmp_path / "partial",
-        [p for role, p in double_wheels[OLD].items() if role != "kernel"] + [uv_wheel()],
+        [p for role, p in double_wheels[OLD].items() if role != "kernel"]
+        + [uv_wheel(), *client_wheels(OLD)],
     )
 
     refused = deploy(target, tmp_path, {**offline, "wheelhouse": str(partial)})
@@ -356,7 +358,8 @@ def test_offline_install_from_the_wheelhouse(
 
     typing_extensions = pypi_wheel("typing_extensions", MAIN_TYPING_EXTENSIONS, "any")
     full = wheelhouse(
-        tmp_path / "full", [*double_wheels[OLD].values(), uv_wheel(), typing_extensions]
+        tmp_path / "full",
+        [*double_wheels[OLD].values(), uv_wheel(), typing_extensions, *client_wheels(OLD)],
     )
     run = deploy(target, tmp_path, {**offline, "wheelhouse": str(full)})
 
