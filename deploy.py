@@ -6,6 +6,8 @@ Steps, in order, each converging (a converged host reports no change):
   2. engine (operations/engine.py): the pinned SGLang for the host's CUDA lane.
   3. model (operations/model.py): the weights staged in /dev/shm.
   4. serve (operations/serve.py): one systemd unit per rank, health-gated; the router.
+  5. smoke (operations/smoke.py): each rank this run (re)started, and the router, answers a chat
+     request as a client sends it (API key, served model name); off with smoke_requests: false.
 """
 
 from pyinfra.context import host, state
@@ -15,6 +17,7 @@ from operations.engine import install_engine
 from operations.gate import plan_or_refuse
 from operations.model import stage_model
 from operations.serve import serve
+from operations.smoke import smoke
 
 # One deploy per host at a time: locked before the plan's first fact (operations/deploy_lock.py).
 report = plan_or_refuse(state, host) if lock_or_refuse(state, host) else None
@@ -22,4 +25,6 @@ if report is not None:
     install_engine(report)
     stage_model(report)
     # A rank restarts when its unit changed: the unit names its engine and model copy by path.
-    serve(report)
+    step = serve(report)
+    # Healthy is not yet serving: a client's request must get this model's answer.
+    smoke(report, step)

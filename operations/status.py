@@ -1,6 +1,6 @@
 """Whether every replica is serving, per host and rank, in one screen (docs/status.md).
 
-    python -m operations.status INVENTORY [--data KEY=VALUE ...] [--json]
+    python -m operations.status INVENTORY [--data KEY=VALUE ...] [--json] [--probe]
 
 Loads the inventory as pyinfra does (operations/plan.py), reads one fact per host
 (operations/facts/serve.py, the deploy's own serving fact: one SSH round trip whatever the
@@ -8,6 +8,11 @@ number of ranks) and prints a table
 per host, or one JSON document with --json. Exit status: 0 when every configured rank of every
 host (and each host's router) is healthy, 1 when any is not or a host could not be read, 2 when
 the command itself could not run (no such inventory, bad arguments).
+
+--probe also sends each rank (and the router) one chat request as a client does, on the host,
+with the deploy's smoke script (operations/facts/smoke.py: a second round trip per host), and
+adds whether it answered, its latency and its tokens; a rank that does not answer is exit 1.
+Without it, status sends no request and changes nothing.
 """
 
 from __future__ import annotations
@@ -15,11 +20,12 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from operations import layout
 from operations.facts.serve import ROUTER_KEY, Serving, ServingState, UnitState
+from operations.facts.smoke import Probe, ProbeAnswer, SmokeProbe
 from operations.redact import redact_data, redact_text
 from operations.settings import Settings
 
@@ -54,6 +60,12 @@ class RankStatus:
     restarts: int | None
     # The staged copy its unit names (its key), and the environment's path.
     model_path: str | None = None
+    # --probe: whether it answered a chat request right (None: not probed), how fast, tokens,
+    # and why not.
+    answered: bool | None = None
+    latency_s: float | None = None
+    tokens: int | None = None
+    answer: str | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,10 @@ class RouterStatus:
     pid: int | None
     uptime_s: int | None
     restarts: int | None
+    answered: bool | None = None
+    latency_s: float | None = None
+    tokens: int | None = None
+    answer: str | None = None
 
 
 @dataclass
@@ -77,6 +93,8 @@ class HostResult:
     router: RouterStatus | None = None
     # Not contacted because its settings are invalid (`error` says which); JSON: reachable false.
     invalid_settings: bool = False
+    # --probe asked its ranks a chat question (each row says how it answered).
+    probed: bool = False
 
     @property
     def counted(self) -> list[RankStatus]:
@@ -89,7 +107,14 @@ class HostResult:
             and self.error is None
             and all(r.healthy for r in self.counted)
             and (self.router is None or self.router.healthy)
+            and (not self.probed or self.answered)
         )
+
+    @property
+    def answered(self) -> bool:
+        """Every counted rank (and the router) answered the probe's chat request."""
+        router = self.router is None or self.router.answered is True
+        return all(r.answered is True for r in self.counted) and router
 
     def summary(self) -> str:
         if self.invalid_settings:
@@ -107,6 +132,18 @@ class HostResult:
             line += " (" + "; ".join(bad) + ")"
         if self.router is not None:
             line += f", router {'healthy' if self.router.healthy else self.router.health}"
+        if self.probed:
+            said = sum(1 for r in self.counted if r.answered)
+            line += f"; {said}/{len(self.counted)} ranks answered a chat request"
+            silent = [f"rank {r.rank}: {r.answer}" for r in self.counted if not r.answered]
+            if self.router is not None:
+                line += ", router " + ("answered" if self.router.answered else "did NOT")
+                if not self.router.answered:
+                    silent.append(f"router: {self.router.answer}")
+            if len(silent) > 3:
+                silent = [*silent[:2], f"{len(silent) - 2} more"]
+            if silent:
+                line += " (" + "; ".join(silent) + ")"
         return line
 
     def to_json(self) -> dict[str, Any]:
@@ -114,6 +151,7 @@ class HostResult:
             "reachable": self.reachable,
             "error": self.error,
             "healthy": self.healthy,
+            "probed": self.probed,
             "ranks": [asdict(r) for r in self.ranks],
             "router": asdict(self.router) if self.router is not None else None,
         }
@@ -266,6 +304,43 @@ def host_result(name: str, settings: Settings, status: Serving) -> HostResult:
     )
 
 
+def probe_args(settings: Settings, host_name: str, status: Serving) -> dict[str, Any]:
+    """The SmokeProbe arguments: every configured rank and this host's router, asked with the
+    python of the environment a rank's unit runs (it has the OpenAI client)."""
+    targets = {str(rank): layout.rank_api_base(settings, rank) for rank in range(settings.dp_size)}
+    router = layout.router_api_base(settings) if router_url(settings, host_name) else None
+    if router is not None:
+        targets[ROUTER_KEY] = router
+    envs = [env for unit in status.ranks.values() if (env := unit.engine_env()) is not None]
+    env = envs[0] if envs else layout.engine_current(settings.engine_root)
+    return {
+        "python": f"{env}/bin/python",
+        "model": settings.model_name,
+        "targets": targets,
+        "timeout_s": float(settings.smoke_timeout_s),
+    }
+
+
+def _answer(probe: Probe, key: str) -> dict[str, Any]:
+    found = probe.answers.get(key)
+    if found is None:
+        found = ProbeAnswer(False, why=probe.error or "no verdict from the smoke script")
+    why = None if found.answered else (found.why or "did not answer")
+    return {
+        "answered": found.answered,
+        "latency_s": found.latency_s,
+        "tokens": found.tokens,
+        "answer": "ok" if found.answered else why,
+    }
+
+
+def with_probe(result: HostResult, probe: Probe) -> HostResult:
+    """The host's rows with each rank's (and the router's) answer to the probe."""
+    ranks = [replace(r, **_answer(probe, str(r.rank))) if r.expected else r for r in result.ranks]
+    router = replace(result.router, **_answer(probe, ROUTER_KEY)) if result.router else None
+    return replace(result, ranks=ranks, router=router, probed=True)
+
+
 def to_json(results: Iterable[HostResult]) -> dict[str, Any]:
     results = list(results)
     document = {
@@ -300,15 +375,15 @@ def _one_line(error: BaseException | str) -> str:
     return " ".join(lines) or type(error).__name__
 
 
-def run(inventory_path: str, override: dict[str, Any]) -> list[HostResult]:
+def run(inventory_path: str, override: dict[str, Any], probe: bool = False) -> list[HostResult]:
     """One result per inventory host, in inventory order."""
     from operations.plan import build_state
 
     _quiet_pyinfra()
-    return read_hosts(build_state(inventory_path, override))
+    return read_hosts(build_state(inventory_path, override), probe)
 
 
-def read_hosts(state: Any) -> list[HostResult]:
+def read_hosts(state: Any, probe: bool = False) -> list[HostResult]:
     """Settings of every host first, then connect to the good ones and read one fact each."""
     from pyinfra.api.connect import connect_all
     from pyinfra.api.state import BaseStateCallback
@@ -352,7 +427,15 @@ def read_hosts(state: Any) -> list[HostResult]:
             error = f"status: {_one_line(exc)}"
             results.append(HostResult(host.name, reachable=True, error=error))
             continue
-        results.append(host_result(host.name, settings, status))
+        result = host_result(host.name, settings, status)
+        if probe:
+            try:
+                with ctx_host.use(host):
+                    answers = host.get_fact(SmokeProbe, **probe_args(settings, host.name, status))
+            except Exception as exc:  # as above: this host's result, never a traceback
+                answers = Probe(error=f"probe: {_one_line(exc)}")
+            result = with_probe(result, answers)
+        results.append(result)
     return results
 
 
@@ -384,6 +467,14 @@ def _gpu_cell(r: RankStatus) -> str:
     return f"{r.gpu} {r.gpu_name}, {used}/{total} GiB"
 
 
+def _probe_cells(answered: bool | None, latency_s: float | None, tokens: int | None) -> list[str]:
+    if answered is None:
+        return ["-", "-", "-"]
+    said = "[green]yes[/]" if answered else "[red]no[/]"
+    latency = "-" if latency_s is None else f"{latency_s * 1000:.0f} ms"
+    return [said, latency, "-" if tokens is None else str(tokens)]
+
+
 def host_table(result: HostResult) -> Any:
     from rich.table import Table
 
@@ -395,12 +486,16 @@ def host_table(result: HostResult) -> Any:
     table.add_column("GPU")
     table.add_column("uptime", justify="right")
     table.add_column("restarts", justify="right")
+    if result.probed:
+        table.add_column("answered")
+        table.add_column("latency", justify="right")
+        table.add_column("tokens", justify="right")
     for r in result.ranks:
         version = f"{r.sglang_version or '?'} {r.lane or ''}".strip() if r.engine else "-"
         model = f"{r.model}@{r.model_revision}" if r.model_revision else f"{r.model} (not staged)"
         health_style = "green" if r.healthy else ("dim" if not r.expected else "red")
         rank = str(r.rank) if r.expected else f"{r.rank} (extra)"
-        table.add_row(
+        cells = [
             rank,
             r.state,
             f"[{health_style}]{r.health}[/]",
@@ -410,7 +505,10 @@ def host_table(result: HostResult) -> Any:
             _gpu_cell(r),
             _duration(r.uptime_s),
             "-" if r.restarts is None else str(r.restarts),
-        )
+        ]
+        if result.probed:
+            cells += _probe_cells(r.answered, r.latency_s, r.tokens)
+        table.add_row(*cells)
     return table
 
 
@@ -433,10 +531,18 @@ def print_results(results: list[HostResult], console: Any = None) -> None:
         console.print(Text(result.summary(), style=style))
         if result.router is not None:
             router = result.router
+            answered = ""
+            if result.probed:
+                latency = "-" if router.latency_s is None else f"{router.latency_s * 1000:.0f} ms"
+                answered = (
+                    f", answered ({latency}, {router.tokens} tokens)"
+                    if router.answered
+                    else f", did NOT answer: {router.answer}"
+                )
             console.print(
                 Text(
                     f"  router {router.url}: {router.state}, {router.health}, "
-                    f"up {_duration(router.uptime_s)}, restarts {router.restarts}",
+                    f"up {_duration(router.uptime_s)}, restarts {router.restarts}{answered}",
                     style="green" if router.healthy else "red",
                 )
             )
@@ -452,9 +558,15 @@ def print_results(results: list[HostResult], console: Any = None) -> None:
 def main(argv: list[str] | None = None) -> int:
     from operations.plan import inventory_arguments, parse_data
 
-    args = inventory_arguments("python -m operations.status", __doc__).parse_args(argv)
+    parser = inventory_arguments("python -m operations.status", __doc__)
+    parser.add_argument(
+        "--probe",
+        action="store_true",
+        help="also send each rank and the router one chat request (answered, latency, tokens)",
+    )
+    args = parser.parse_args(argv)
     try:
-        results = run(args.inventory, parse_data(args.data))
+        results = run(args.inventory, parse_data(args.data), args.probe)
     except SystemExit as exc:
         if isinstance(exc.code, str):
             print(f"error: {exc.code}", file=sys.stderr)

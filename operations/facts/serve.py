@@ -442,6 +442,7 @@ def managed_paths(settings: Settings) -> list[str]:
     """Files the serve step writes besides the rank units (checksummed by the fact)."""
     paths = [
         layout.WAIT_SCRIPT,
+        layout.SMOKE_SCRIPT,
         layout.SECRETS_FILE,
         layout.unit_path(layout.TARGET),
         layout.unit_path(layout.ROUTER_UNIT),

@@ -16,6 +16,7 @@ from rich.console import Console
 from operations import layout
 from operations import status as st
 from operations.facts.serve import Serving, ServingState, parse_serving
+from operations.facts.smoke import Probe, ProbeAnswer
 from tests.unit.builders import make_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -215,6 +216,7 @@ def test_json_document_shape() -> None:
         "reachable": False,
         "error": "Could not connect (refused)",
         "healthy": False,
+        "probed": False,
         "ranks": [],
         "router": None,
     }
@@ -223,7 +225,8 @@ def test_json_document_shape() -> None:
     assert set(host["ranks"][0]) == {
         "rank", "unit", "port", "expected", "state", "health", "healthy", "sglang_version",
         "lane", "engine", "model", "model_revision", "gpu", "gpu_name", "gpu_memory_used_mib",
-        "gpu_memory_total_mib", "pid", "uptime_s", "restarts", "model_path",
+        "gpu_memory_total_mib", "pid", "uptime_s", "restarts", "model_path", "answered",
+        "latency_s", "tokens", "answer",
     }  # fmt: skip
     assert host["router"]["healthy"] is True
     assert st.to_json([good])["healthy"] is True
@@ -250,6 +253,82 @@ def test_the_table_and_the_summary_lines() -> None:
     assert "ct200: 7/8 ranks healthy (rank 2 inactive (dead), refused)" in text
     assert "ct201: unreachable: Could not connect (refused)" in text
     assert text.rstrip().endswith("NOT healthy: ct200, ct201")
+
+
+# -- --probe: a chat request per rank -------------------------------------------------------
+
+
+def probe(*bad: str, error: str | None = None) -> Probe:
+    """Every rank and the router answered, except `bad` (rank numbers as text, or "router")."""
+    answers = {}
+    for key in [*map(str, range(8)), "router"]:
+        if key in bad:
+            answers[key] = ProbeAnswer(False, 0.004, why="POST ...: 200 with an empty body")
+        else:
+            answers[key] = ProbeAnswer(True, 0.012, 12)
+    return Probe({} if error else answers, error)
+
+
+def test_probe_rows_say_answered_latency_and_tokens() -> None:
+    r = st.with_probe(result(fact("eight-ranks-and-the-router-healthy"), router=ROUTER), probe())
+    assert r.probed and r.healthy and st.exit_status([r]) == 0
+    first = r.ranks[0]
+    assert (first.answered, first.latency_s, first.tokens, first.answer) == (True, 0.012, 12, "ok")
+    assert r.router is not None and r.router.answered is True
+    assert r.summary() == (
+        "ct200: 8/8 ranks healthy, router healthy; 8/8 ranks answered a chat request, "
+        "router answered"
+    )
+    console = Console(record=True, width=260)
+    st.print_results([r], console=console)
+    text = console.export_text()
+    assert "answered" in text and "latency" in text and "tokens" in text
+    assert "12 ms" in text and "router answered" in text
+
+
+def test_a_rank_that_does_not_answer_is_exit_1_and_named() -> None:
+    healthy = result(fact("eight-ranks-and-the-router-healthy"), router=ROUTER)
+    r = st.with_probe(healthy, probe("3"))
+    assert not r.healthy and st.exit_status([r]) == 1
+    assert r.ranks[3].answered is False and r.ranks[3].answer == "POST ...: 200 with an empty body"
+    assert all(row.healthy for row in r.ranks), "healthy by /health, yet not answering"
+    assert "7/8 ranks answered a chat request" in r.summary()
+    assert "rank 3: POST ...: 200 with an empty body" in r.summary()
+    doc = st.to_json([r])
+    assert doc["healthy"] is False and doc["hosts"]["ct200"]["probed"] is True
+    assert doc["hosts"]["ct200"]["ranks"][3]["answered"] is False
+    router_down = st.with_probe(healthy, probe("router"))
+    assert st.exit_status([router_down]) == 1 and "router did NOT" in router_down.summary()
+
+
+def test_a_probe_that_could_not_run_counts_as_no_answer() -> None:
+    healthy = result(fact("eight-ranks-and-the-router-healthy"), router=ROUTER)
+    r = st.with_probe(healthy, probe(error="no engine environment or smoke script on the host"))
+    assert st.exit_status([r]) == 1
+    assert {row.answer for row in r.ranks} == {"no engine environment or smoke script on the host"}
+
+
+def test_without_probe_no_columns_and_health_alone_decides() -> None:
+    r = result(fact("eight-ranks-and-the-router-healthy"), router=ROUTER)
+    assert not r.probed and r.ranks[0].answered is None and st.exit_status([r]) == 0
+    console = Console(record=True, width=260)
+    st.print_results([r], console=console)
+    assert "latency" not in console.export_text()
+
+
+def test_probe_args_ask_every_rank_and_the_router_with_a_units_python() -> None:
+    status = fact("eight-ranks-and-the-router-healthy")
+    settings = make_settings(server_host="127.0.0.10", router=ROUTER)
+    args = st.probe_args(settings, "ct200", status)
+    assert args["python"] == "/opt/sglang/envs/0.5.11-cu128-fb8f6a42/bin/python"
+    assert args["model"] == "Qwen/Qwen3.6-27B" and args["timeout_s"] == 120.0
+    assert args["targets"] == {
+        **{str(r): f"http://127.0.0.10:{30000 + r}/v1" for r in range(8)},
+        "router": "http://127.0.0.10:8000/v1",
+    }
+    elsewhere = st.probe_args(settings, "ct201", Serving())
+    assert "router" not in elsewhere["targets"]
+    assert elsewhere["python"] == "/opt/sglang/current/bin/python"
 
 
 @pytest.mark.parametrize(
@@ -285,9 +364,26 @@ def test_one_command_per_host(tmp_path: Path) -> None:
     state = build_state(str(write_inventory(tmp_path)), {})
     results = st.read_hosts(state)
     assert [(r.name, r.reachable) for r in results] == [("@fake/ct200", True), ("ct201", False)]
+    from pyinfra.connectors.fake import FakeConnector
+
     fake = next(h for h in state.inventory if h.name == "@fake/ct200")
+    assert isinstance(fake.connector, FakeConnector)
     assert len(fake.connector.executed_commands) == 1
     assert results[0].summary() == "@fake/ct200: 8/8 ranks healthy, router healthy"
+
+
+def test_probe_adds_one_round_trip_per_host(tmp_path: Path) -> None:
+    from pyinfra.connectors.fake import FakeConnector
+
+    from operations.plan import build_state
+
+    state = build_state(str(write_inventory(tmp_path)), {})
+    results = st.read_hosts(state, probe=True)
+    fake = next(h for h in state.inventory if h.name == "@fake/ct200")
+    assert isinstance(fake.connector, FakeConnector)
+    assert len(fake.connector.executed_commands) == 2
+    # The fake host runs no script: no verdict is no answer, and the exit status says so.
+    assert results[0].probed and st.exit_status(results[:1]) == 1
 
 
 def test_the_cli_reports_an_unreachable_host_in_one_line(tmp_path: Path) -> None:

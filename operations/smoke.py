@@ -1,0 +1,103 @@
+"""Step 5 of the deploy: the ranks this run (re)started answer a chat request as a client sees it.
+
+/health says a server is up; a client asks more: does it answer /v1/chat/completions for *this*
+model with *this* key? After the serve step, each rank the step started or rolled gets one
+request (GET /v1/models must list the served name, then one chat completion), and on the
+router's host a few go through the router, all sent on the host by the shipped script
+(files/smoke.py) with the OpenAI client of the rank's own engine environment. A wrong answer (an
+empty or malformed body, another model's name, an error status, no answer) fails the deploy,
+naming the rank with its journal tail. A run that restarted nothing asks nothing and changes
+nothing. `smoke_requests: false` turns it off; the script is shipped either way, for
+`python -m operations.status --probe`.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pyinfra.api.operation import operation
+from pyinfra.context import host
+
+from operations import layout
+from operations.facts.serve import Serving
+from operations.host_files import put_file, sha256
+from operations.host_plan import HostReport
+from operations.resolver import Rank, RouterPlan
+from operations.serve import ServeStep
+from operations.settings import Settings
+
+SMOKE_SCRIPT = layout.SMOKE_SCRIPT
+_SOURCE = Path(__file__).parent / "files" / "smoke.py"
+ROUTER_TARGET = "router"
+
+
+def router_restarts(serving: Serving, plan: RouterPlan) -> bool:
+    """Whether the serve step (re)starts the router this run: its unit text is new or it is not
+    active (the test operations/serve.py _route makes from the same fact; a new router
+    environment comes with a new unit, since the unit names it)."""
+    unit = serving.files.get(layout.unit_path(layout.ROUTER_UNIT))
+    router = serving.router
+    installed = f"{plan.env_dir}/{layout.ROUTER_MARKER}" in serving.files
+    return unit != sha256(plan.unit) or router is None or router.active != "active" or not installed
+
+
+def smoke_targets(
+    settings: Settings, ranks: Sequence[Rank], router: RouterPlan | None, router_too: bool
+) -> list[str]:
+    """The script's NAME=URL[*COUNT] arguments: each (re)started rank once, then the router
+    `smoke_router_requests` times when it is asked too."""
+    targets = [f"{r.unit_name}={layout.rank_api_base(settings, r.rank)}" for r in ranks]
+    base = layout.router_api_base(settings)
+    count = settings.smoke_router_requests
+    if router is not None and router_too and base is not None and count > 0:
+        targets.append(f"{ROUTER_TARGET}={base}*{count}")
+    return targets
+
+
+@operation(is_idempotent=False)
+def smoke_requests(python: str, model: str, timeout_s: int, targets: list[str]) -> Any:
+    """
+    Ask each target a chat question as a client does; fail with the rank's journal tail.
+
+    + python: an engine environment's interpreter (it has the OpenAI client)
+    + model: the served model name
+    + timeout_s: each request's timeout
+    + targets: NAME=URL[*COUNT] (see operations/files/smoke.py); none: nothing to ask
+    """
+    if not targets:
+        host.noop("no rank or router (re)started in this run: nothing to ask")
+        return
+    words = [python, SMOKE_SCRIPT, "--model", model, "--timeout", str(timeout_s)]
+    # The script reads the key from the file (root-only); it never passes through argv.
+    words += ["--key-file", layout.SECRETS_FILE, "--journal", *targets]
+    yield shlex.join(words)
+
+
+def smoke(report: HostReport, step: ServeStep) -> None:
+    """Ship the script; ask what this run (re)started (see the module's docstring)."""
+    s = report.settings
+    put_file(
+        name="Smoke: request script",
+        src=_SOURCE,
+        dest=SMOKE_SCRIPT,
+        mode="755",
+        sha256_now=step.serving.files.get(SMOKE_SCRIPT),
+    )
+    if not s.smoke_requests:
+        return
+    restarted = [*step.plan.start, *step.plan.rolled]
+    router = report.router
+    router_too = router is not None and (bool(restarted) or router_restarts(step.serving, router))
+    targets = smoke_targets(s, restarted, router, router_too)
+    python = f"{(restarted or report.plan.ranks)[0].engine_env}/bin/python" if targets else ""
+    smoke_requests(
+        name="Smoke: chat requests to the (re)started ranks"
+        + (" and through the router" if router_too else ""),
+        python=python,
+        model=s.model_name,
+        timeout_s=s.smoke_timeout_s,
+        targets=targets,
+    )
