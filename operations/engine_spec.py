@@ -9,8 +9,8 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+from typing import TypedDict
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
@@ -38,6 +38,40 @@ class EngineError(Exception):
 
 
 # -- what to install: pure ------------------------------------------------------------------
+
+
+class PinJson(TypedDict):
+    name: str
+    version: str
+    index: str
+    index_lane: str
+
+
+class EngineSpecJson(TypedDict):
+    """An EngineSpec as JSON: pyinfra's serialisation of operation arguments, op fixtures."""
+
+    release: str
+    lane: str
+    cuda: str
+    min_driver: str
+    python: str
+    pins: list[PinJson]
+    overrides: list[str]
+    arch: str | None
+    compute_cap: str
+    gpu_count: int
+    unproven: list[str]
+    name: str
+
+
+class EngineMarker(TypedDict):
+    """What an environment's marker records (the engine step writes it after the check)."""
+
+    release: str
+    lane: str
+    python: str
+    requirements: list[str]
+    overrides: list[str]
 
 
 @dataclass(frozen=True)
@@ -119,26 +153,56 @@ class EngineSpec:
         projects = [p.name for p in self.pins if p.name in MODULES] + ["flashinfer-python"]
         return {p: MODULES[p] for p in projects}
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> EngineSpecJson:
         # pyinfra's serialisation hook (op fixtures, --debug-operations).
-        data = asdict(self)
-        data.update(
-            pins=[asdict(p) for p in self.pins],
-            overrides=list(self.overrides),
-            unproven=list(self.unproven),
-            name=self.name,
-        )
-        return data
+        return {
+            "release": self.release,
+            "lane": self.lane,
+            "cuda": self.cuda,
+            "min_driver": self.min_driver,
+            "python": self.python,
+            "pins": [
+                {"name": p.name, "version": p.version, "index": p.index, "index_lane": p.index_lane}
+                for p in self.pins
+            ],
+            "overrides": list(self.overrides),
+            "arch": self.arch,
+            "compute_cap": self.compute_cap,
+            "gpu_count": self.gpu_count,
+            "unproven": list(self.unproven),
+            "name": self.name,
+        }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> EngineSpec:
-        fields = {k: v for k, v in data.items() if k != "name"}
-        fields["pins"] = tuple(Pin(**p) for p in data["pins"])
-        fields["overrides"] = tuple(data["overrides"])
-        fields["unproven"] = tuple(data.get("unproven", ()))
-        return cls(**fields)
+    def from_json(cls, data: Mapping[str, object]) -> EngineSpec:
+        """Back from to_json's document (op fixtures, FunctionCommand arguments), checked."""
+        pins = data.get("pins")
+        if not isinstance(pins, list) or not all(isinstance(p, Mapping) for p in pins):
+            raise EngineError(f"engine spec: pins is {pins!r}, not a list of pins")
+        arch = data.get("arch")
+        gpu_count = data.get("gpu_count")
+        if not isinstance(gpu_count, int):
+            raise EngineError(f"engine spec: gpu_count is {gpu_count!r}, not a number")
+        return cls(
+            release=_text(data, "release"),
+            lane=_text(data, "lane"),
+            cuda=_text(data, "cuda"),
+            min_driver=_text(data, "min_driver"),
+            python=_text(data, "python"),
+            pins=tuple(
+                Pin(
+                    _text(p, "name"), _text(p, "version"), _text(p, "index"), _text(p, "index_lane")
+                )
+                for p in pins
+            ),
+            overrides=_texts(data, "overrides"),
+            arch=_text(data, "arch") if arch is not None else None,
+            compute_cap=_text(data, "compute_cap"),
+            gpu_count=gpu_count,
+            unproven=_texts(data, "unproven") if "unproven" in data else (),
+        )
 
-    def marker(self) -> dict[str, Any]:
+    def marker(self) -> EngineMarker:
         return {
             "release": self.release,
             "lane": self.lane,
@@ -146,6 +210,20 @@ class EngineSpec:
             "requirements": list(self.requirements),
             "overrides": list(self.overrides),
         }
+
+
+def _text(data: Mapping[str, object], key: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str):
+        raise EngineError(f"engine spec: {key} is {value!r}, not a string")
+    return value
+
+
+def _texts(data: Mapping[str, object], key: str) -> tuple[str, ...]:
+    value = data.get(key)
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise EngineError(f"engine spec: {key} is {value!r}, not a list of strings")
+    return tuple(value)
 
 
 def engine_spec(settings: Settings, kb: Knowledge) -> EngineSpec:
