@@ -4,7 +4,6 @@ connector): real pyinfra inventory loading, real fact commands, canned real outp
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import textwrap
@@ -15,6 +14,62 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
+
+# Runs the plan command or the pyinfra CLI with the @fake connector recording what reaches the
+# host: every command with the fact that asked for it (None: an operation's), and every upload.
+# Facts only read; anything else reaching the host is a change (or an attempt at one).
+RECORDER = """
+import atexit, contextvars, json, sys
+from pyinfra.api import facts
+from pyinfra.connectors.fake import FakeConnector
+
+asking = contextvars.ContextVar("asking", default=None)
+seen = []
+get_fact = facts._get_fact
+run = FakeConnector.run_shell_command
+put = FakeConnector.put_file
+
+def in_fact(state, host, cls, *args, **kwargs):
+    token = asking.set(cls.__name__)
+    try:
+        return get_fact(state, host, cls, *args, **kwargs)
+    finally:
+        asking.reset(token)
+
+def command(self, cmd, *args, **kwargs):
+    seen.append([asking.get(), cmd if isinstance(cmd, str) else cmd.get_masked_value()])
+    return run(self, cmd, *args, **kwargs)
+
+def upload(self, src, dest, *args, **kwargs):
+    seen.append([asking.get(), "put_file " + dest])
+    return put(self, src, dest, *args, **kwargs)
+
+facts._get_fact, FakeConnector.run_shell_command, FakeConnector.put_file = in_fact, command, upload
+out, what = sys.argv[1], sys.argv[2]
+atexit.register(lambda: open(out, "w").write(json.dumps(seen)))
+sys.argv = [what, *sys.argv[3:]]
+if what == "plan":
+    from operations.plan import main
+else:
+    from pyinfra_cli.main import main
+sys.exit(main())
+"""
+
+
+def recorded(tmp_path: Path, what: str, *args: str) -> tuple[str, list[tuple[str | None, str]]]:
+    """(output, [(fact or None, command)]) of `python -m operations.plan ARGS` ("plan") or
+    `pyinfra ARGS` ("pyinfra") against the simulated host."""
+    log = tmp_path / f"{what}-commands.json"
+    result = subprocess.run(
+        [sys.executable, "-c", RECORDER, str(log), what, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    out = result.stdout + result.stderr
+    assert "Traceback" not in out, out
+    return out, [(fact, cmd) for fact, cmd in json.loads(log.read_text())]
 
 
 def plan(*args: str, inventory: str = "inventory/demo.py") -> subprocess.CompletedProcess[str]:
@@ -104,25 +159,31 @@ def test_bad_settings_are_one_line_each_without_traceback() -> None:
     assert any("base_port = 80" in ln and "1024 to 65471" in ln for ln in lines)
 
 
-def test_dry_deploy_shows_the_plan_and_changes_nothing() -> None:
+def test_the_plan_command_only_reads_facts(tmp_path: Path) -> None:
+    out, commands = recorded(tmp_path, "plan", "inventory/demo.py")
+    assert "ready" in out and "sglang@7.service" in out, out
+    asked = {fact for fact, _ in commands}
+    assert {"NvidiaGpus", "HostResources", "ModelStaging"} <= asked, commands
+    assert [cmd for fact, cmd in commands if fact is None] == []
+
+
+def test_dry_deploy_shows_the_plan_and_changes_nothing(tmp_path: Path) -> None:
     """`make demo`: the real pyinfra CLI over the simulated host."""
-    result = subprocess.run(
-        [str(PYINFRA), "inventory/demo.py", "deploy.py", "--dry", "-y"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    out = result.stdout + result.stderr
-    assert result.returncode == 0, out
-    assert "Traceback" not in out
+    out, commands = recorded(tmp_path, "pyinfra", "inventory/demo.py", "deploy.py", "--dry", "-y")
     assert "--attention-backend flashinfer" in out
     assert all(f"sglang@{rank}.service" in out for rank in range(8)) and "30007" in out
-    # --dry stops after the plan: pyinfra never reaches its execute phase, so no operation
-    # ran (a run that did prints "Beginning operation run" and a result per operation).
-    assert "Skipping change detection" in out
-    assert "Beginning operation run" not in out
-    assert not re.search(r"\[@fake/ct200\] (Success|Changed|Error)", out), out
+    assert {"NvidiaGpus", "HostResources", "ModelStaging"} <= {f for f, _ in commands}
+    # Facts only, no operation's command and no upload reached the host.
+    assert [cmd for fact, cmd in commands if fact is None] == []
+
+
+def test_the_recorder_sees_what_a_real_run_changes(tmp_path: Path) -> None:
+    """The same deploy without --dry: the recorder above catches operations' commands, so an
+    empty list there means none ran. (On the simulated host the run stops at the engine step,
+    whose commands answer nothing; it got far enough to change the host.)"""
+    _, commands = recorded(tmp_path, "pyinfra", "inventory/demo.py", "deploy.py", "-y")
+    changes = [cmd for fact, cmd in commands if fact is None]
+    assert "mkdir -p /opt/sglang/envs" in changes, changes
 
 
 def test_dry_deploy_with_bad_settings_stops_before_any_host_work() -> None:
