@@ -12,11 +12,8 @@ plays every GPU scenario) and `no_uvm` (device nodes are fixed at boot).
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,13 +22,12 @@ from typing import Any
 import pytest
 
 from tests import testbed as tb
-from tests.testbed import Container, ContainerSpec, inventory_file
+from tests.e2e.deploying import Run, run_deploy
+from tests.testbed import Container, ContainerSpec
 from tests.testbed.container import DOUBLE_FIXTURE_DIR_IN_CONTAINER, scenario_dir
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-PYINFRA = Path(sys.executable).parent / "pyinfra"
 RUN_TIMEOUT_S = 300
 SNAPSHOT_PATHS = ("/etc/systemd/system", "/opt", "/dev/shm")
 
@@ -101,50 +97,36 @@ def use_scenario(c: Container, scenario: str) -> None:
             shutil.copyfile(item, target / item.name)
 
 
-@dataclass
-class Run:
-    rc: int
-    out: str
+def panel(run: Run, c: Container) -> str:
+    """The host's plan panel, box drawing removed and whitespace collapsed to one space."""
+    lines = run.output.splitlines()
+    title = re.compile(rf"╭─+ {re.escape(c.name)}: (ready|refused) ─")
+    starts = [i for i, line in enumerate(lines) if title.search(line)]
+    assert len(starts) == 1, f"expected one panel for {c.name}:\n{run.output}"
+    block = []
+    for line in lines[starts[0] :]:
+        block.append(line)
+        if line.startswith("╰"):
+            break
+    text = re.sub(r"[│┃╭╮╰╯─━┏┓┗┛┡┩┣┫╇╋┳┻┠┨┯┷┼┬┴├┤└┘┌┐]", " ", "\n".join(block))
+    return " ".join(text.split())
 
-    def panel(self, c: Container) -> str:
-        """The host's plan panel, box drawing removed and whitespace collapsed to one space."""
-        lines = self.out.splitlines()
-        title = re.compile(rf"╭─+ {re.escape(c.name)}: (ready|refused) ─")
-        starts = [i for i, line in enumerate(lines) if title.search(line)]
-        assert len(starts) == 1, f"expected one panel for {c.name}:\n{self.out}"
-        block = []
-        for line in lines[starts[0] :]:
-            block.append(line)
-            if line.startswith("╰"):
-                break
-        text = re.sub(r"[│┃╭╮╰╯─━┏┓┗┛┡┩┣┫╇╋┳┻┠┨┯┷┼┬┴├┤└┘┌┐]", " ", "\n".join(block))
-        return " ".join(text.split())
 
-    def refused(self, c: Container) -> bool:
-        return f"[{c.name}] refused:" in self.out
+def refused(run: Run, c: Container) -> bool:
+    return f"[{c.name}] refused:" in run.output
 
-    def refusal(self, c: Container) -> str:
-        """What pyinfra logged refusing the host: a count, then every problem in full."""
-        prefix = f"[{c.name}] "
-        lines = [line.strip() for line in self.out.splitlines() if line.strip().startswith(prefix)]
-        return "\n".join(
-            line for line in lines if line.startswith((f"{prefix}refused:", f"{prefix}  - "))
-        )
+
+def refusal(run: Run, c: Container) -> str:
+    """What pyinfra logged refusing the host: a count, then every problem in full."""
+    prefix = f"[{c.name}] "
+    lines = [line.strip() for line in run.output.splitlines() if line.strip().startswith(prefix)]
+    return "\n".join(
+        line for line in lines if line.startswith((f"{prefix}refused:", f"{prefix}  - "))
+    )
 
 
 def deploy(tmp_path: Path, hosts_data: dict[Container, dict[str, Any]], *args: str) -> Run:
-    inventory = inventory_file(tmp_path, hosts_data)
-    proc = subprocess.run(
-        [str(PYINFRA), "-y", str(inventory), "deploy.py", *args],
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        cwd=ROOT,
-        # rich sizes its tables to COLUMNS when not on a terminal: wide enough that no cell wraps.
-        env={**os.environ, "COLUMNS": "1000"},
-        check=False,
-    )
-    return Run(proc.returncode, proc.stdout + proc.stderr)
+    return run_deploy(tmp_path, hosts_data, *args, timeout=RUN_TIMEOUT_S)
 
 
 def snapshot(c: Container) -> dict[str, str]:
@@ -154,7 +136,7 @@ def snapshot(c: Container) -> dict[str, str]:
 def went_on(run: Run, c: Container) -> bool:
     """The host ran an operation after the gate: a result line for it (success or error) under
     any operation but the gate's refusal, which is the only one the gate itself queues."""
-    _, _, operations = run.out.partition("--> Beginning operation run...")
+    _, _, operations = run.output.partition("--> Beginning operation run...")
     for section in operations.split("--> Starting operation: ")[1:]:
         name, _, body = section.partition("\n")
         if name.startswith("Refuse: preflight"):
@@ -166,12 +148,12 @@ def went_on(run: Run, c: Container) -> bool:
 
 
 def assert_passed_gate(run: Run, c: Container) -> None:
-    assert f"{c.name}: ready" in run.panel(c), run.out
-    assert not run.refused(c), run.out
+    assert f"{c.name}: ready" in panel(run, c), run.output
+    assert not refused(run, c), run.output
     # The steps after the gate (engine install, model staging) may still fail here for reasons
     # outside preflight (the package indexes are a closed port, see NO_INDEX), so the exit
     # status is not asserted: the host's own operations after the gate prove that it went on.
-    assert went_on(run, c), run.out
+    assert went_on(run, c), run.output
 
 
 @dataclass(frozen=True)
@@ -243,9 +225,9 @@ def test_good_host_passes_preflight(hosts: Hosts, tmp_path: Path) -> None:
     run = deploy(tmp_path, {hosts.good: GOOD_DATA})
 
     assert_passed_gate(run, hosts.good)
-    panel = run.panel(hosts.good)
-    assert "8 x NVIDIA RTX PRO 6000 Blackwell Server Edition driver 570.172.08" in panel
-    assert "preflight failed" not in panel
+    shown = panel(run, hosts.good)
+    assert "8 x NVIDIA RTX PRO 6000 Blackwell Server Edition driver 570.172.08" in shown
+    assert "preflight failed" not in shown
 
 
 @pytest.mark.parametrize("case", list(BAD))
@@ -258,16 +240,16 @@ def test_bad_host_is_refused_and_left_unchanged(hosts: Hosts, tmp_path: Path, ca
 
     run = deploy(tmp_path, {c: {**GOOD_DATA, **dict(bad.data)}})
 
-    assert run.rc != 0, run.out
-    panel = run.panel(c)
-    assert f"{c.name}: refused" in panel, run.out
-    missing = [t for t in bad.texts if t not in panel]
-    assert not missing, f"{missing} not in the panel of {c.name}:\n{run.out}"
+    assert run.rc != 0, run.output
+    shown = panel(run, c)
+    assert f"{c.name}: refused" in shown, run.output
+    missing = [t for t in bad.texts if t not in shown]
+    assert not missing, f"{missing} not in the panel of {c.name}:\n{run.output}"
     # The same, unclipped, in pyinfra's log: the table is cut to the terminal's width.
-    refusal = run.refusal(c)
-    missing = [t for t in bad.texts if t not in refusal]
-    assert not missing, f"{missing} not in the refusal of {c.name}:\n{run.out}"
-    assert not went_on(run, c), run.out
+    logged = refusal(run, c)
+    missing = [t for t in bad.texts if t not in logged]
+    assert not missing, f"{missing} not in the refusal of {c.name}:\n{run.output}"
+    assert not went_on(run, c), run.output
     assert snapshot(c) == before
 
 
@@ -277,13 +259,13 @@ def test_dry_run_shows_the_same_preflight_and_changes_nothing(hosts: Hosts, tmp_
 
     run = deploy(tmp_path, {hosts.good: GOOD_DATA, hosts.bad: GOOD_DATA}, "--dry")
 
-    assert "Traceback" not in run.out
-    bad = run.panel(hosts.bad)
+    assert "Traceback" not in run.output
+    bad = panel(run, hosts.bad)
     assert f"{hosts.bad.name}: refused" in bad
     assert "preflight failed, nothing will be changed" in bad
     assert "Driver/library version mismatch" in bad
-    assert f"{hosts.good.name}: ready" in run.panel(hosts.good)
-    assert "--> Beginning operation run..." not in run.out
+    assert f"{hosts.good.name}: ready" in panel(run, hosts.good)
+    assert "--> Beginning operation run..." not in run.output
     assert {c.name: snapshot(c) for c in (hosts.good, hosts.bad)} == before
 
 
@@ -293,9 +275,9 @@ def test_one_bad_one_good_in_one_run(hosts: Hosts, tmp_path: Path) -> None:
 
     run = deploy(tmp_path, {hosts.bad: GOOD_DATA, hosts.good: GOOD_DATA})
 
-    assert run.rc != 0, run.out
-    assert run.refused(hosts.bad), run.out
-    assert "Driver/library version mismatch" in run.panel(hosts.bad)
-    assert not went_on(run, hosts.bad), run.out
+    assert run.rc != 0, run.output
+    assert refused(run, hosts.bad), run.output
+    assert "Driver/library version mismatch" in panel(run, hosts.bad)
+    assert not went_on(run, hosts.bad), run.output
     assert snapshot(hosts.bad) == before
     assert_passed_gate(run, hosts.good)
