@@ -84,7 +84,7 @@ Cites = tuple[Source, ...]
 
 def cite(sources: Cites) -> str:
     """The URLs of an entry's sources, for a message."""
-    return "; ".join(s.url for s in sources)
+    return "; ".join(dict.fromkeys(s.url for s in sources))
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,8 @@ class Gpu:
 class Lane:
     name: str  # "cu128"
     cuda: str  # what torch.version.cuda says for the lane's builds
-    min_driver: str
+    min_driver: str  # the oldest driver that runs the lane's builds
+    toolkit_driver: str  # the first driver branch whose own CUDA is `cuda`
     source: Cites
 
 
@@ -322,6 +323,10 @@ class Knowledge:
     def supported_releases(self) -> list[str]:
         return sorted(self.releases, key=version)
 
+    def lane_of_cuda(self, cuda: str) -> Lane | None:
+        """The lane whose builds are CUDA `cuda` (its toolkit_driver is that CUDA's driver)."""
+        return next((lane for lane in self.lanes.values() if lane.cuda == cuda), None)
+
     def lanes_for_release(self, release: str) -> list[str]:
         entry = self.releases.get(release)
         return entry.lanes if entry is not None else []
@@ -366,6 +371,7 @@ class RawGpu(TypedDict):
 class RawLane(TypedDict):
     cuda: str
     min_driver: str
+    toolkit_driver: str
     source: RawCites
 
 
@@ -542,7 +548,11 @@ class _Reader:
         }
         lanes = {
             name: Lane(
-                name, lane["cuda"], lane["min_driver"], self.cites(f"lanes.{name}", lane["source"])
+                name,
+                lane["cuda"],
+                lane["min_driver"],
+                lane["toolkit_driver"],
+                self.cites(f"lanes.{name}", lane["source"]),
             )
             for name, lane in raw["lanes"].items()
         }

@@ -272,11 +272,16 @@ class _Resolution:
             and banner_cuda is not None
             and version(banner_cuda) < version(chip.min_cuda)
         ):
+            first = kb.lane_of_cuda(chip.min_cuda)
+            branch, sources = "", chip.source
+            if first is not None:
+                driver = first.toolkit_driver
+                branch = f" (the {driver} branch, >= {driver}, is the first for CUDA {first.cuda})"
+                sources += first.source
             self.error(
                 f"gpu_compute_cap {s.gpu_compute_cap!r}: the host's driver {self.driver()} runs "
                 f"CUDA {banner_cuda}, but {chip.arch} ({chip.family}) needs CUDA >= "
-                f"{chip.min_cuda}: upgrade the host driver (the 570 branch, >= 570, is the "
-                f"first for CUDA 12.8) (source: {cite(chip.source)})"
+                f"{chip.min_cuda}: upgrade the host driver{branch} (source: {cite(sources)})"
             )
         if chip is not None and version(lane.cuda) < version(chip.min_cuda):
             self.error(

@@ -231,6 +231,12 @@ REFUSED: list[tuple[str, str, dict[str, Any], list[str]]] = [
         ["driver 565", "CUDA 12.7", "sm_120", "needs CUDA >= 12.8", ">= 570"],
     ),
     (
+        "sm_121 needs CUDA 12.9: a 570 driver (CUDA 12.8) is told the 575 branch",
+        "rtx-pro-6000-x8",
+        {"gpu_compute_cap": "12.1"},
+        ["sm_121", "needs CUDA >= 12.9", "the 575 branch, >= 575, is the first for CUDA 12.9"],
+    ),
+    (
         "0.5.8 is unknown",
         "rtx-pro-6000-x8",
         {"sglang_version": "0.5.8"},
