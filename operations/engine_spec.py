@@ -15,7 +15,7 @@ from typing import TypedDict
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from operations.kb import Knowledge
+from operations.kb import Knowledge, cite
 from operations.settings import Settings
 
 HASH_LENGTH = 8
@@ -108,7 +108,7 @@ class EngineSpec:
     arch: str | None  # e.g. "sm_120": must be compiled into torch
     compute_cap: str  # what every GPU must report
     gpu_count: int  # how many GPUs torch must see
-    unproven: tuple[str, ...] = ()
+    unproven: tuple[str, ...] = ()  # what only the GPUs settle, each with its sources
 
     def __post_init__(self) -> None:
         # Built from JSON (op fixtures, FunctionCommand arguments): lists and dicts come back.
@@ -249,7 +249,7 @@ def engine_spec(settings: Settings, kb: Knowledge) -> EngineSpec:
         arch=gpu.arch if gpu else None,
         compute_cap=settings.gpu_compute_cap,
         gpu_count=settings.gpu_count,
-        unproven=tuple(u.what for u in build.unproven),
+        unproven=tuple(f"{u.what} (source: {cite(u.source)})" for u in build.unproven),
     )
 
 

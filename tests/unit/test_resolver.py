@@ -441,3 +441,10 @@ def test_trtllm_mha_runs_on_sm120_from_0_5_19_only() -> None:
     assert not newer.errors, newer.errors
     refused = resolve(make_settings(attention_backend="trtllm_mha"), facts())
     assert any("SM100-only" in e for e in refused.errors), refused.errors
+
+
+def test_an_unproven_build_is_warned_with_its_sources() -> None:
+    p = plan(sglang_version="0.5.19")
+    unproven = [w for w in p.warnings if "is unproven" in w]
+    assert unproven and all("(source: https://" in w for w in unproven)
+    assert any("github.com/sgl-project/whl" in w for w in unproven)
