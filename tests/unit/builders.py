@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from functools import cache
-from typing import Any
 
 from operations.facts.gpu import NvidiaSmi, parse_nvidia_smi
 from operations.facts.host import Model
@@ -14,7 +13,7 @@ from tests.doubles.ct200 import nvidia_smi_output
 BASE = {"model_source": "/mnt/models/Qwen3.6-27B"}
 
 
-def make_settings(**overrides: Any) -> Settings:
+def make_settings(**overrides: object) -> Settings:
     return load("ct200", [Layer("test", {**BASE, **overrides})])
 
 
