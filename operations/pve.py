@@ -27,9 +27,12 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from packaging.version import Version
 from pyinfra import logger
 from pyinfra.api.command import FunctionCommand, QuoteString, StringCommand
+from pyinfra.api.host import Host
 from pyinfra.api.operation import operation
+from pyinfra.api.state import State
 from pyinfra.context import host
 
 from operations import gate, preflight
@@ -120,7 +123,7 @@ def uses_dev_entries(versions: PveVersions) -> bool:
     )
 
 
-def _pkg_version(text: str) -> Any:
+def _pkg_version(text: str) -> Version:
     # Debian revisions: "4.4-6" -> 4.4.6, "5.0.8" stays.
     return version(re.sub(r"[^0-9.]", ".", text).strip("."))
 
@@ -345,7 +348,7 @@ def ct_config(
         host.noop(why or f"container {ctid}: config already has the GPUs, memory and swap")
         return
     if options:
-        args: list[Any] = []
+        args: list[str | QuoteString] = []
         for key, value in options:
             args += [f"--{key}", QuoteString(value)]
         yield StringCommand("pct", "set", str(int(ctid)), *args)
@@ -421,7 +424,7 @@ _ADD_LINES = (
 # ----------------------------------------------------------------------------- the run
 
 
-def gather(node: Any, settings: Settings) -> PveFacts:
+def gather(node: Host, settings: Settings) -> PveFacts:
     """The node's facts for one container; without a CTID only the node's own."""
     ctid = settings.pve_ctid
     versions = node.get_fact(PveVersion)
@@ -441,7 +444,7 @@ def gather(node: Any, settings: Settings) -> PveFacts:
     return PveFacts(versions, module, devices, config, status, guest)
 
 
-def _advise(state: Any, host: Any, command: str) -> bool:
+def _advise(state: State, host: Host, command: str) -> bool:
     logger.warning(
         f"{host.print_prefix}the container's config changed; it takes full effect after a "
         f"restart, which stops serving. When it suits, run on the node: {command}"
@@ -459,7 +462,7 @@ def advise_restart(command: str) -> Any:
     yield FunctionCommand(_advise, (command,), {})
 
 
-def converge(state: Any, node: Any) -> None:
+def converge(state: State, node: Host) -> None:
     """pve.py for one inventory host (one container through its Proxmox node)."""
     settings = dict(gate.inventory_settings(state))[node.name]
     facts = gather(node, settings)
