@@ -5,7 +5,7 @@ container's disk; then, timed inside the container so SSH is not counted:
   cp -r SOURCE /dev/shm/...                  the baseline
   stage_model.py stage SOURCE /dev/shm ...   cold: nothing staged yet
   stage_model.py stage ... (again)           warm: converged, manifests compared only
-  pyinfra -y INVENTORY model_deploy.py       the whole converged deploy step, for reference
+  pyinfra -y INVENTORY deploy.py             the whole converged deploy, for reference
 Both copies read a source already in the page cache (it was just written), so the ratio
 compares the copies, not the disk. Prints one line per measurement; asserts nothing.
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,13 +24,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from operations.facts.model import SCRIPT_PATH  # noqa: E402
-from tests.testbed import ContainerSpec, Testbed, ensure_testbed, inventory_file  # noqa: E402
+from tests.doubles import wheels  # noqa: E402
+from tests.e2e.deploying import LANE, make_indexes, run_deploy  # noqa: E402
+from tests.testbed import ContainerSpec, Testbed, ensure_testbed  # noqa: E402
 
 SHARDS = int(os.environ.get("BENCH_SHARDS", "6"))
 SHARD_MB = int(os.environ.get("BENCH_SHARD_MB", "200"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 SOURCE = "/srv/models/bench"
 SCRIPT = "/root/stage_model.py"
+RELEASE = "0.5.11"
 TIMER = (
     "import subprocess, sys, time; t = time.monotonic(); "
     "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
@@ -92,17 +94,31 @@ def main() -> int:
 
         sh(shlex.join(stage))
         with tempfile.TemporaryDirectory() as tmp:
-            data = {"model_name": "bench", "model_source": SOURCE, "dp_size": 1}
-            inventory = inventory_file(Path(tmp), {c: data})
-            argv = [str(Path(sys.executable).parent / "pyinfra"), "-y", str(inventory)]
-            argv.append(str(ROOT / "tests/e2e/model_deploy.py"))
-            subprocess.run(argv, cwd=ROOT, check=True, capture_output=True, timeout=600)
-            started = time.monotonic()
-            subprocess.run(argv, cwd=ROOT, check=True, capture_output=True, timeout=600)
-            print(
-                f"pyinfra converged deploy (gate + model step, SSH, facts): "
-                f"{time.monotonic() - started:.2f} s"
-            )
+            work = Path(tmp)
+            built = {RELEASE: wheels.release_wheels(work / "wheels", RELEASE, LANE)}
+            indexes = make_indexes(work / "index", built)
+            try:
+                data = {
+                    **indexes.data(),
+                    "sglang_version": RELEASE,
+                    "model_name": "bench",
+                    "model_source": SOURCE,
+                    "dp_size": 1,
+                    "server_host": c.address,
+                    "ram_per_rank_gb": 0.25,
+                }
+                first = run_deploy(work, {c: data})
+                if first.rc != 0:
+                    raise RuntimeError(f"the first deploy failed:\n{first}")
+                started = time.monotonic()
+                again = run_deploy(work, {c: data})
+                elapsed = time.monotonic() - started
+                if again.rc != 0:
+                    raise RuntimeError(f"the converged deploy failed:\n{again}")
+            finally:
+                for index in indexes.all():
+                    index.stop()
+            print(f"pyinfra converged deploy.py (gate, engine, model, serve; SSH): {elapsed:.2f} s")
     finally:
         bed.close()
     return 0

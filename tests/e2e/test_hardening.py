@@ -1,6 +1,8 @@
 """Issue 11 end to end, on one testbed container: the /dev/shm symlink attack by a real
 unprivileged local user, two real `pyinfra` deploys of one host at the same time, a deploy
-killed while it holds the host, and the secret writer connecting as a non-root user with sudo.
+killed while it holds the host (each the real `pyinfra -y INVENTORY deploy.py`, the engine from
+the loopback indexes), and the secret writer connecting as a non-root user with sudo
+(tests/e2e/secret_deploy.py: the lock and one secret file).
 
 The cases run in order and share the container, like successive deploys of one host.
 """
@@ -9,24 +11,21 @@ from __future__ import annotations
 
 import base64
 import json
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.deploying import parse_statuses
-from tests.testbed import Container, ContainerSpec, Testbed, inventory_file
+from tests.e2e.deploying import Deploying, Indexes, Run, run_deploy, start_deploy
+from tests.e2e.index import wait_for
+from tests.e2e.serving import base_data
+from tests.e2e.serving import serving_indexes as serving_indexes  # the `indexes` fixture
+from tests.testbed import Container, ContainerSpec, Testbed
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-PYINFRA = Path(sys.executable).parent / "pyinfra"
-MODEL_DEPLOY = Path(__file__).resolve().parent / "model_deploy.py"
-SECRET_DEPLOY = Path(__file__).resolve().parent / "secret_deploy.py"
+SECRET_DEPLOY = "tests/e2e/secret_deploy.py"
 SOURCE = "/srv/models/tiny"
 MODELS = "/dev/shm/models"
 SERVED = f"{MODELS}/e2e--tiny"
@@ -60,31 +59,18 @@ def run(c: Container, cmd: str) -> str:
     return out
 
 
-def start(c: Container, tmp_path: Path, name: str, **data: Any) -> subprocess.Popen[str]:
-    inventory = inventory_file(tmp_path, {c: {**DATA, **data}}, filename=f"{name}.py")
-    return subprocess.Popen(
-        [str(PYINFRA), "-y", str(inventory), str(MODEL_DEPLOY)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=ROOT,
-    )
+def start(c: Container, indexes: Indexes, tmp_path: Path, name: str, **data: Any) -> Deploying:
+    """The real deploy.py, started; `name` names its inventory (two may run at once)."""
+    host_data = base_data(c, indexes, **DATA, **data)
+    return start_deploy(tmp_path, {c: host_data}, inventory=f"{name}.py")
 
 
-def finish(proc: subprocess.Popen[str], timeout: float = 300) -> tuple[int, str]:
-    out, _ = proc.communicate(timeout=timeout)
-    return proc.returncode, out
+def deploy(c: Container, indexes: Indexes, tmp_path: Path, **data: Any) -> Run:
+    return start(c, indexes, tmp_path, "inventory", **data).finish()
 
 
-def deploy(c: Container, tmp_path: Path, **data: Any) -> tuple[int, str]:
-    return finish(start(c, tmp_path, "inventory", **data))
-
-
-def poll(what: str, check: Any, deadline_s: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not check():
-        assert time.monotonic() < deadline, f"not within {deadline_s:.0f}s: {what}"
-        time.sleep(0.2)
+def poll(what: str, check: Callable[[], bool], deadline_s: float = DEADLINE_S) -> None:
+    wait_for(check, deadline_s, what)
 
 
 def copying(c: Container) -> bool:
@@ -93,7 +79,7 @@ def copying(c: Container) -> bool:
 
 
 def test_1_a_models_tree_planted_by_a_local_user_is_refused(
-    host: Container, tmp_path: Path
+    host: Container, indexes: Indexes, tmp_path: Path
 ) -> None:
     run(host, f"useradd --create-home mallory && echo 'root data' > {VICTIM}")
     plant = (
@@ -102,7 +88,8 @@ def test_1_a_models_tree_planted_by_a_local_user_is_refused(
     )
     run(host, f"runuser -u mallory -- sh -c {json.dumps(plant)}")
 
-    rc, out = deploy(host, tmp_path)
+    done = deploy(host, indexes, tmp_path)
+    rc, out = done.rc, done.output
 
     assert rc != 0, out
     assert "owned by uid" in out and "(mallory)" in out and "refusing to use it" in out, out
@@ -110,7 +97,8 @@ def test_1_a_models_tree_planted_by_a_local_user_is_refused(
     assert run(host, f"readlink {SERVED}").strip() == "/home/mallory/evil"  # never switched
 
     run(host, f"rm -rf {MODELS}")  # what the message says to do
-    rc, out = deploy(host, tmp_path)
+    done = deploy(host, indexes, tmp_path)
+    rc, out = done.rc, done.output
     assert rc == 0, out
     assert run(host, f"stat -c '%a %U %F' {MODELS}").strip() == "755 root directory"
     # The weights: the servers' group reads them, other local users (mallory) do not.
@@ -122,39 +110,42 @@ def test_1_a_models_tree_planted_by_a_local_user_is_refused(
     )
 
 
-def test_2_two_deploys_at_once_take_turns(host: Container, tmp_path: Path) -> None:
+def test_2_two_deploys_at_once_take_turns(
+    host: Container, indexes: Indexes, tmp_path: Path
+) -> None:
     run(host, f"head -c {SHARD_MB}M /dev/urandom > {SOURCE}/model-00002-of-00002.safetensors")
-    first = start(host, tmp_path, "first", model_stage_bwlimit_mbps=8)
+    first = start(host, indexes, tmp_path, "first", model_stage_bwlimit_mbps=8)
     try:
-        poll("the first deploy copying", lambda: copying(host) or first.poll() is not None)
-        assert first.poll() is None, "the first deploy ended before the second could start"
-        second = start(host, tmp_path, "second")
-        rc2, out2 = finish(second)
+        poll("the first deploy copying", lambda: copying(host) or first.proc.poll() is not None)
+        assert first.proc.poll() is None, "the first deploy ended before the second could start"
+        second = start(host, indexes, tmp_path, "second").finish()
     finally:
-        rc1, out1 = finish(first)
+        one = first.finish()
 
-    assert rc1 == 0 and "stage: copying 1 file(s)" in out1, out1
-    assert rc2 == 0, out2
+    assert one.rc == 0 and "stage: copying 1 file(s)" in one.output, str(one)
+    assert second.rc == 0, str(second)
     # The second waited, saying for whom, and planned only after the first had finished:
     # it found the copy done (a run that planned alongside would have staged again).
+    out2 = second.output
     assert "another deploy holds this host (deploy by" in out2, out2
     assert "unchanged: staged copy matches the source" in out2, out2
     assert "stage: copying" not in out2, out2
 
 
-def test_3_a_killed_deploy_releases_the_host(host: Container, tmp_path: Path) -> None:
+def test_3_a_killed_deploy_releases_the_host(
+    host: Container, indexes: Indexes, tmp_path: Path
+) -> None:
     run(host, f"head -c {SHARD_MB}M /dev/urandom > {SOURCE}/model-00001-of-00002.safetensors")
-    proc = start(host, tmp_path, "killed", model_stage_bwlimit_mbps=4)
+    started = start(host, indexes, tmp_path, "killed", model_stage_bwlimit_mbps=4)
     try:
-        poll("the deploy copying", lambda: copying(host) or proc.poll() is not None)
-        assert proc.poll() is None, "the deploy ended before it could be killed"
+        poll("the deploy copying", lambda: copying(host) or started.proc.poll() is not None)
+        assert started.proc.poll() is None, "the deploy ended before it could be killed"
         assert host.ssh_run(LOCK_FREE)[0] != 0  # held while it runs
     finally:
-        proc.kill()  # the deploy we started, by its PID: no chance to clean up
-        proc.wait(timeout=30)
+        started.kill()  # the deploy we started, by its PID: no chance to clean up
     poll("the lock released", lambda: host.ssh_run(LOCK_FREE)[0] == 0, 30)
-    rc, out = deploy(host, tmp_path, deploy_lock_wait_s=0)
-    assert rc == 0 and "another deploy holds" not in out, out
+    done = deploy(host, indexes, tmp_path, deploy_lock_wait_s=0)
+    assert done.rc == 0 and "another deploy holds" not in done.output, str(done)
 
 
 def test_4_secrets_through_sudo_are_private_from_the_first_byte(
@@ -168,22 +159,16 @@ def test_4_secrets_through_sudo_are_private_from_the_first_byte(
     )
     secret = "api-key: sk-e2e-very-secret-0123456789\n"
     data = {"ssh_user": "deployer", "_sudo": True, "secret_text": secret}
-    inventory = inventory_file(tmp_path, {host: data}, filename="sudo.py")
 
     def apply() -> tuple[str, str]:
-        proc = subprocess.run(
-            [str(PYINFRA), "-y", "-vv", str(inventory), str(SECRET_DEPLOY)],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=300,
-            check=False,
+        done = run_deploy(
+            tmp_path, {host: data}, "-vv", deploy_file=SECRET_DEPLOY, inventory="sudo.py"
         )
-        out = proc.stdout + proc.stderr
-        assert proc.returncode == 0, out
+        out = done.output
+        assert done.rc == 0, out
         for shown in (secret.strip(), base64.b64encode(secret.encode()).decode()):
             assert shown not in out  # not the content, not its encoding: not even with -vv
-        return parse_statuses(out, host.name).get("Write the e2e secret", ""), out
+        return done.statuses.get("Write the e2e secret", ""), out
 
     status, out = apply()
     assert status.startswith("Success"), out

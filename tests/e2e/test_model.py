@@ -1,66 +1,85 @@
-"""Model staging end to end: the real `pyinfra -y INVENTORY` against one testbed container.
+"""Model staging end to end: the real `pyinfra -y INVENTORY deploy.py` (gate, engine from the
+loopback indexes, model, serve) against one GPU-shaped testbed container.
 
 One container for the whole module (boots are the slow part, and other engineers share this
-machine); the cases run in order and each starts from the state the previous one left, like
-successive deploys of one host.
+machine). Each test stages a model of its own (its own source directory and model name, so its
+own staged copies) and deploys it first, so it starts from the state it needs whatever ran
+before; the engine, installed by whichever test deploys first, is converged for the others.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
-import shutil
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.testbed import Container, ContainerSpec, Testbed, inventory_file
-from tests.testbed.container import ExtraFile
+from tests.e2e.deploying import REPO, Indexes, Run, run_deploy, start_deploy
+from tests.e2e.index import wait_for
+from tests.e2e.serving import base_data, health
+from tests.e2e.serving import serving_indexes as serving_indexes  # the `indexes` fixture
+from tests.testbed import Container, ContainerSpec, Testbed
 from tests.unit.builders import make_settings
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-PYINFRA = Path(sys.executable).parent / "pyinfra"
-DEPLOY = Path(__file__).resolve().parent / "model_deploy.py"
-SOURCE = "/srv/models/tiny"
-SERVED = "/dev/shm/models/e2e--tiny"
-SHARD_MB = 60
-BASE_DATA: dict[str, Any] = {
-    "model_name": "e2e/tiny",
-    "model_source": SOURCE,
-    "dp_size": 1,
-}
+MODELS = "/dev/shm/models"
+SHARD_MB = 20
 CONFIG = json.dumps({"architectures": ["Qwen3_5ForConditionalGeneration"]})
 DEADLINE_S = 60.0
-HF_DOUBLE = ROOT / "tests" / "doubles" / "hf"
+HF_DOUBLE = REPO / "tests" / "doubles" / "hf"
+HF_LOG = "/var/log/hf-double.log"
 TOKEN = "hf_e2e_secret_token_value"
+RANK_PORT = 30000
 
 
 @pytest.fixture(scope="module")
 def host(testbed: Testbed) -> Iterator[Container]:
-    files: dict[str, ExtraFile] = {
-        f"{SOURCE}/config.json": CONFIG,
-        # The hub CLI double where model_hub_cli points: present, so nothing is pip-installed.
-        "/opt/sglang-hub/bin/hf": (HF_DOUBLE.read_text(), 0o755),
-    }
-    (c,) = testbed.boot(ContainerSpec(extra_files=files))
+    # The hub CLI double where model_hub_cli points: present, so nothing is pip-installed.
+    spec = ContainerSpec(extra_files={"/opt/sglang-hub/bin/hf": (HF_DOUBLE.read_text(), 0o755)})
+    (c,) = testbed.boot(spec)
     try:
-        for i in range(1, 4):
-            shard = f"{SOURCE}/model-0000{i}-of-00003.safetensors"
-            run(c, f"head -c {SHARD_MB}M /dev/urandom > {shard}")
         yield c
     finally:
         testbed.destroy(c)
 
 
-def run(c: Container, cmd: str) -> str:
+class Model:
+    """One test's model: a source directory of `shards` random shards on the target."""
+
+    def __init__(self, c: Container, name: str, shards: int = 3) -> None:
+        self.c, self.name, self.slug = c, f"e2e/{name}", f"e2e--{name}"
+        self.source = f"/srv/models/{name}"
+        self.served = f"{MODELS}/{self.slug}"
+        self.shards = shards
+        sh(c, f"rm -rf {self.source} && mkdir -p {self.source}")
+        sh(c, f"echo {shlex.quote(CONFIG)} > {self.source}/config.json")
+        for i in range(1, shards + 1):
+            self.rewrite(i)
+
+    def shard(self, i: int) -> str:
+        return f"{self.source}/model-{i:05d}-of-{self.shards:05d}.safetensors"
+
+    def rewrite(self, i: int) -> None:
+        sh(self.c, f"head -c {SHARD_MB}M /dev/urandom > {self.shard(i)}")
+
+    def data(self, **extra: Any) -> dict[str, Any]:
+        return {"model_name": self.name, "model_source": self.source, **extra}
+
+    def copies(self) -> list[str]:
+        """The complete staged copies of this model (.SLUG@KEY)."""
+        return [e for e in served_entries(self.c) if e.startswith(f".{self.slug}@")]
+
+    def temporaries(self) -> list[str]:
+        return [e for e in served_entries(self.c) if e.startswith(f".{self.slug}.tmp-")]
+
+
+def sh(c: Container, cmd: str) -> str:
     rc, out, err = c.ssh_run(cmd)
     assert rc == 0, f"{cmd}: rc {rc}\n{out}\n{err}"
     return out
@@ -68,162 +87,220 @@ def run(c: Container, cmd: str) -> str:
 
 def deploy(
     c: Container,
+    indexes: Indexes,
     tmp_path: Path,
-    timeout: float = 300,
+    data: dict[str, Any],
     env: dict[str, str] | None = None,
-    **data: Any,
-) -> subprocess.CompletedProcess[str]:
-    inventory = inventory_file(tmp_path, {c: {**BASE_DATA, **data}})
-    return subprocess.run(
-        [str(PYINFRA), "-y", str(inventory), str(DEPLOY)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        check=False,
-        env={**os.environ, **(env or {})},
-    )
+) -> Run:
+    return run_deploy(tmp_path, {c: base_data(c, indexes, dp_size=1, **data)}, env=env)
 
 
-def ok(proc: subprocess.CompletedProcess[str]) -> str:
-    text = proc.stdout + proc.stderr
-    assert proc.returncode == 0, text
-    return text
+def ok(run: Run) -> str:
+    assert run.rc == 0, str(run)
+    return run.output
 
 
 def tree_sums(c: Container, path: str) -> str:
-    return run(c, f"cd {path}/ && sha256sum config.json model-*.safetensors")
+    return sh(c, f"cd {path}/ && sha256sum config.json model-*.safetensors")
 
 
 def served_entries(c: Container) -> list[str]:
-    return run(c, "ls -a /dev/shm/models 2>/dev/null || true").split()
+    return sh(c, f"ls -a {MODELS} 2>/dev/null || true").split()
 
 
-def test_1_stage(host: Container, tmp_path: Path) -> None:
-    text = ok(deploy(host, tmp_path))
+def rank_model_path(c: Container) -> str:
+    """The staged copy rank 0's unit names (--model-path in its ExecStart)."""
+    unit = sh(c, "grep ^ExecStart= /etc/systemd/system/sglang@0.service")
+    match = re.search(r"--model-path (\S+)", unit)
+    assert match, unit
+    return match.group(1)
+
+
+def serving(c: Container) -> bool:
+    return health(c, RANK_PORT) == 200
+
+
+# -- tests -----------------------------------------------------------------------------------
+
+
+def test_staged_into_the_tmpfs_served_from_there_and_a_rerun_changes_nothing(
+    host: Container, indexes: Indexes, tmp_path: Path
+) -> None:
+    m = Model(host, "stage")
+    text = ok(deploy(host, indexes, tmp_path, m.data()))
     assert "stage: copying 4 file(s)" in text, text
-    assert tree_sums(host, SERVED) == tree_sums(host, SOURCE)
-    assert run(host, f"readlink {SERVED}").startswith(".e2e--tiny@")
-    assert run(host, "systemctl is-enabled sglang-stage-model.service").strip() == "enabled"
+    assert tree_sums(host, m.served) == tree_sums(host, m.source)
+    assert m.copies() and sh(host, f"readlink {m.served}").startswith(f".{m.slug}@")
+    assert rank_model_path(host) == f"{MODELS}/{m.copies()[0]}"
+    assert serving(host)
+    assert sh(host, "systemctl is-enabled sglang-stage-model.service").strip() == "enabled"
 
-
-def test_2_rerun_changes_nothing(host: Container, tmp_path: Path) -> None:
     paths = ["/dev/shm", "/etc/systemd/system", "/usr/local/lib/sglang-deploy"]
     before = host.snapshot(paths)
-    text = ok(deploy(host, tmp_path))
-    assert "unchanged: staged copy matches the source" in text, text
-    assert "stage: copying" not in text
+    again = ok(deploy(host, indexes, tmp_path, m.data()))
+    assert "unchanged: staged copy matches the source" in again, again
+    assert "stage: copying" not in again
     assert host.snapshot(paths) == before
 
 
-def test_3_one_changed_shard_is_restaged(host: Container, tmp_path: Path) -> None:
-    run(host, f"head -c {SHARD_MB}M /dev/urandom > {SOURCE}/model-00002-of-00003.safetensors")
+def test_one_changed_shard_is_restaged_and_the_rank_moves_to_the_new_copy(
+    host: Container, indexes: Indexes, tmp_path: Path
+) -> None:
+    m = Model(host, "changed")
+    ok(deploy(host, indexes, tmp_path, m.data()))
+    old = rank_model_path(host)
+
+    m.rewrite(2)
     # Rate-limited so the copy lasts a few seconds: its progress reaches this terminal live.
-    text = ok(deploy(host, tmp_path, model_stage_bwlimit_mbps=20))
+    text = ok(deploy(host, indexes, tmp_path, m.data(model_stage_bwlimit_mbps=5)))
     assert "stage: copying 1 file(s)" in text, text
     assert "MiB/s" in text and "s left" in text, text
-    assert tree_sums(host, SERVED) == tree_sums(host, SOURCE)
-    assert len([e for e in served_entries(host) if e.startswith(".e2e--tiny@")]) == 1
+    assert tree_sums(host, m.served) == tree_sums(host, m.source)
+    new = rank_model_path(host)
+    assert new != old and new == f"{MODELS}/{sh(host, f'readlink {m.served}').strip()}"
+    assert serving(host)
+    assert not m.temporaries()
 
 
-def test_4_interrupted_copy_is_never_served_and_recovers(host: Container, tmp_path: Path) -> None:
-    served_before = run(host, f"readlink {SERVED}")
-    run(host, f"head -c {SHARD_MB}M /dev/urandom > {SOURCE}/model-00003-of-00003.safetensors")
-    inventory = inventory_file(tmp_path, {host: {**BASE_DATA, "model_stage_bwlimit_mbps": 10}})
-    proc = subprocess.Popen(
-        [str(PYINFRA), "-y", str(inventory), str(DEPLOY)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        cwd=ROOT,
-    )
+def test_an_interrupted_copy_is_never_served_and_the_next_run_recovers(
+    host: Container, indexes: Indexes, tmp_path: Path
+) -> None:
+    m = Model(host, "interrupted")
+    ok(deploy(host, indexes, tmp_path, m.data()))
+    served_before, unit_before = sh(host, f"readlink {m.served}"), rank_model_path(host)
+
+    m.rewrite(3)
+    slow = base_data(host, indexes, dp_size=1, **m.data(model_stage_bwlimit_mbps=4))
+    started = start_deploy(tmp_path, {host: slow}, inventory="interrupted.py")
+    pid = ""
     try:
-        # Poll until the copy is under way (a temp dir with bytes in it), within a deadline.
-        deadline = time.monotonic() + DEADLINE_S
-        pid = ""
-        while time.monotonic() < deadline:
-            out = run(host, "du -sb /dev/shm/models/.e2e--tiny.tmp-* 2>/dev/null | cut -f1; true")
-            if out.strip() and int(out.split()[0]) > 1_000_000:
-                pid = run(host, "cat /dev/shm/models/.e2e--tiny.lock").strip()
-                break
-            assert proc.poll() is None, "the deploy ended before the copy could be interrupted"
-            time.sleep(0.2)
-        assert pid.isdigit(), "no copy under way before the deadline"
+
+        def copying() -> bool:
+            out = sh(host, f"du -sb {MODELS}/.{m.slug}.tmp-* 2>/dev/null | cut -f1; true")
+            assert started.proc.poll() is None, "the deploy ended before it could be interrupted"
+            return bool(out.strip()) and int(out.split()[0]) > 1_000_000
+
+        wait_for(copying, DEADLINE_S, "a copy under way")
+        pid = sh(host, f"cat {MODELS}/.{m.slug}.lock").strip()
     finally:
-        proc.kill()  # the deploy we started, by its PID
-        proc.wait(timeout=30)
+        started.kill()
+    assert pid.isdigit(), pid
     # And the copy on the host, as a power cut or the OOM killer would: no chance to clean up.
     killed = host.ssh_run(f"kill -9 {pid}")[0] == 0
 
-    assert run(host, f"readlink {SERVED}") == served_before  # the old, complete copy
+    # The old, complete copy is still what the link and the rank's unit name, and it serves.
+    assert sh(host, f"readlink {m.served}") == served_before
+    assert rank_model_path(host) == unit_before
+    assert serving(host)
     if killed:  # else the script saw its SSH session go and removed its copy itself
-        assert any(e.startswith(".e2e--tiny.tmp-") for e in served_entries(host))
+        assert m.temporaries()
 
-    text = ok(deploy(host, tmp_path))
+    text = ok(deploy(host, indexes, tmp_path, m.data()))
     assert "stage: copying 1 file(s)" in text, text
-    assert tree_sums(host, SERVED) == tree_sums(host, SOURCE)
-    assert not [e for e in served_entries(host) if ".tmp-" in e]
+    assert tree_sums(host, m.served) == tree_sums(host, m.source)
+    assert not m.temporaries()
+    assert rank_model_path(host) != unit_before and serving(host)
 
 
-def test_5_model_larger_than_the_tmpfs_is_refused_before_copying(
-    host: Container, tmp_path: Path
+def test_a_copy_that_fits_only_in_place_replaces_the_old_one_with_the_ranks_stopped(
+    host: Container, indexes: Indexes, tmp_path: Path
 ) -> None:
-    total = int(run(host, "df -B1 --output=size /dev/shm | tail -n1"))
+    m = Model(host, "inplace", shards=2)
+    ok(deploy(host, indexes, tmp_path, m.data()))
+    old = m.copies()
+    # The tmpfs shrunk to what it holds now plus a little more than one copy: a new copy of
+    # the whole model no longer fits beside the current one, it fits in its place.
+    used = int(sh(host, "df -B1 --output=used /dev/shm | tail -n1"))
+    size = int(sh(host, "df -B1 --output=size /dev/shm | tail -n1"))
+    room = (SHARD_MB * 2 + SHARD_MB // 2) * 2**20
+    sh(host, f"mount -o remount,size={used + room} /dev/shm")
+    try:
+        m.rewrite(1)
+        m.rewrite(2)
+        run = deploy(host, indexes, tmp_path, m.data())
+        text = ok(run)
+        assert run.status(f"Stage {m.name} in /dev/shm (inplace)").startswith("Success"), text
+        assert "replacing it with the servers stopped" in text, text
+        assert tree_sums(host, m.served) == tree_sums(host, m.source)
+        assert len(m.copies()) == 1 and m.copies() != old, served_entries(host)
+        assert rank_model_path(host) == f"{MODELS}/{m.copies()[0]}"
+        assert serving(host)
+    finally:
+        sh(host, f"mount -o remount,size={size} /dev/shm")
+
+
+def test_a_model_larger_than_the_tmpfs_is_refused_before_copying(
+    host: Container, indexes: Indexes, tmp_path: Path
+) -> None:
+    total = int(sh(host, "df -B1 --output=size /dev/shm | tail -n1"))
     big = "/srv/models/big"
-    run(host, f"mkdir -p {big} && echo {shlex.quote(CONFIG)} > {big}/config.json")
+    sh(host, f"mkdir -p {big} && echo {shlex.quote(CONFIG)} > {big}/config.json")
     # Sparse: a shard bigger than the whole tmpfs costs no disk.
-    run(host, f"truncate -s {total + 2**30} {big}/model-00001-of-00001.safetensors")
-    before = served_entries(host)
+    sh(host, f"truncate -s {total + 2**30} {big}/model-00001-of-00001.safetensors")
+    before = host.snapshot([MODELS])
 
-    proc = deploy(host, tmp_path, model_source=big, model_name="e2e/big")
+    run = deploy(host, indexes, tmp_path, {"model_source": big, "model_name": "e2e/big"})
 
-    text = proc.stdout + proc.stderr
-    assert proc.returncode != 0, text
-    assert "/dev/shm size" in text and "bytes" in text, text
-    assert served_entries(host) == before
-    run(host, f"rm -rf {big}")
+    assert run.rc != 0, str(run)
+    assert "/dev/shm size" in run.output and "nothing was copied" in run.output, str(run)
+    assert host.snapshot([MODELS]) == before
+    sh(host, f"rm -rf {big}")
 
 
-def test_6_reboot_stages_again_from_the_boot_unit(host: Container) -> None:
-    sums = tree_sums(host, SOURCE)
+def test_after_a_reboot_the_boot_unit_stages_again_and_the_rank_serves(
+    host: Container, indexes: Indexes, tmp_path: Path
+) -> None:
+    m = Model(host, "reboot")
+    ok(deploy(host, indexes, tmp_path, m.data()))
+    sums = tree_sums(host, m.source)
+
     host.reboot()
     # wait_ready waited for `systemctl is-system-running --wait`: the oneshot has finished.
-    assert run(host, "systemctl is-active sglang-stage-model.service").strip() == "active"
-    assert tree_sums(host, SERVED) == sums
-    journal = run(host, "journalctl -b -u sglang-stage-model.service --no-pager")
+    assert sh(host, "systemctl is-active sglang-stage-model.service").strip() == "active"
+    assert tree_sums(host, m.served) == sums
+    journal = sh(host, "journalctl -b -u sglang-stage-model.service --no-pager")
     assert "stage: copying 4 file(s)" in journal, journal
+    assert f"{MODELS}/{sh(host, f'readlink {m.served}').strip()}" == rank_model_path(host)
+    wait_for(lambda: serving(host), DEADLINE_S, "rank 0 healthy after the reboot")
 
 
-def test_7_hub_source_downloads_once_and_keeps_the_token_out(
-    host: Container, tmp_path: Path
+def test_a_hub_source_is_downloaded_once_and_the_token_kept_out(
+    host: Container, indexes: Indexes, tmp_path: Path
 ) -> None:
     source = "hf://e2e-org/tiny@0123abcd"
-    env = {"HF_TOKEN": TOKEN}
-    first = deploy(host, tmp_path, env=env, model_source=source, model_name="e2e/hub")
-    text = ok(first)
     cache = "/var/cache/sglang-models/hf/e2e-org--tiny@0123abcd"
-    assert tree_sums(host, "/dev/shm/models/e2e--hub") == tree_sums(host, cache)
-    second = ok(deploy(host, tmp_path, env=env, model_source=source, model_name="e2e/hub"))
+    sh(host, f"rm -rf {cache} {HF_LOG}")  # never downloaded, whatever ran before
+    env = {"HF_TOKEN": TOKEN}
+    data = {"model_source": source, "model_name": "e2e/hub"}
+
+    first = ok(deploy(host, indexes, tmp_path, data, env=env))
+    assert tree_sums(host, f"{MODELS}/e2e--hub") == tree_sums(host, cache)
+    second = ok(deploy(host, indexes, tmp_path, data, env=env))
     assert "unchanged: staged copy matches the source" in second, second
 
-    calls = [json.loads(line) for line in run(host, "cat /var/log/hf-double.log").splitlines()]
+    calls = [json.loads(line) for line in sh(host, f"cat {HF_LOG}").splitlines()]
     assert len(calls) == 1 and calls[0]["token"] is True  # once, and the token arrived
     assert "e2e-org/tiny" in calls[0]["argv"]
     assert host.ssh_run("test -e /etc/sglang/hub/token")[0] == 1  # removed after the download
     leaks = host.ssh_run(
         f"grep -rl {TOKEN} /etc /var/log /var/cache/sglang-models /dev/shm /run/log 2>/dev/null"
     )[1]
-    assert leaks == "" and TOKEN not in text + second
+    assert leaks == "" and TOKEN not in first + second
 
 
-@pytest.mark.skipif(shutil.which("rsync") is None, reason="the controller has no rsync")
-def test_8_controller_source_is_sent_with_rsync(host: Container, tmp_path: Path) -> None:
+def test_a_controller_source_is_sent_with_rsync(
+    host: Container, indexes: Indexes, tmp_path: Path
+) -> None:
     local = tmp_path / "controller-model"
     local.mkdir()
     (local / "config.json").write_text(CONFIG)
     (local / "model-00001-of-00001.safetensors").write_bytes(os.urandom(3_000_000))
     data: dict[str, Any] = {"model_source": f"controller:{local}", "model_name": "e2e/ctl"}
-    ok(deploy(host, tmp_path, **data))
+
+    first = ok(deploy(host, indexes, tmp_path, data))
+    assert "stage: copying 2 file(s)" in first, first
     cache = make_settings(model_source=f"controller:{local}").source.target_dir
-    assert tree_sums(host, "/dev/shm/models/e2e--ctl") == tree_sums(host, cache)
-    again = ok(deploy(host, tmp_path, **data))
-    assert "matches" in again and "unchanged: staged copy matches the source" in again, again
+    assert tree_sums(host, f"{MODELS}/e2e--ctl") == tree_sums(host, cache)
+    again = ok(deploy(host, indexes, tmp_path, data))
+    assert "unchanged: staged copy matches the source" in again, again
+    assert f"{cache} matches {local}" in again, again
