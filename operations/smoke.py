@@ -31,7 +31,7 @@ from operations.settings import Settings
 
 SMOKE_SCRIPT = layout.SMOKE_SCRIPT
 _SOURCE = Path(__file__).parent / "files" / "smoke.py"
-ROUTER_TARGET = "router"
+ROUTER_TARGET = "router"  # files/smoke.py ROUTER: judged by its chat answers alone
 
 
 def router_restarts(serving: Serving, plan: RouterPlan) -> bool:
@@ -94,8 +94,8 @@ def smoke(report: HostReport, step: ServeStep) -> None:
     targets = smoke_targets(s, restarted, router, router_too)
     python = f"{(restarted or report.plan.ranks)[0].engine_env}/bin/python" if targets else ""
     smoke_requests(
-        name="Smoke: chat requests to the (re)started ranks"
-        + (" and through the router" if router_too else ""),
+        # One name on every host: pyinfra joins differing names of one operation in its output.
+        name="Smoke: chat requests to the (re)started ranks, and through the router on its host",
         python=python,
         model=s.model_name,
         timeout_s=s.smoke_timeout_s,
