@@ -64,20 +64,31 @@ class Indexes:
 KERNEL_CU128_ONLY = "0.3.14.post1+cu128"  # tests/fixtures/sglang-whl/cu128/sgl-kernel.txt
 SGLANG_DEV = "0.5.15.dev20260701+ga7390b17f8"  # tests/fixtures/sglang-whl/cu130/sglang.txt
 MIRRORED_TYPING_EXTENSIONS = "4.12.2"
-MAIN_TYPING_EXTENSIONS = "4.15.0"
+# Not older: the OpenAI client's pydantic (client_wheels) needs typing-extensions>=4.16.0.
+MAIN_TYPING_EXTENSIONS = "4.16.0"
+# Every Python a release's requires-python allows (">=3.10", ">=3.10,<3.14"): the engine's
+# universal uv lock wants the OpenAI client's compiled dependencies (jiter, pydantic-core) for
+# each, and what only Python 3.10 needs (exceptiongroup), as the real index has them.
+LOCK_PYTHONS = ("3.10", "3.11", "3.12", "3.13", "3.14")
+# anyio's `exceptiongroup>=1.0.2; python_version < "3.11"`: pip evaluates markers against the
+# Python it runs on, so no download above brings it.
+PY310_ONLY = (("exceptiongroup", "1.3.2"),)
 
 
 def client_wheels(release: str) -> list[Path]:
     """The real packages the double sglang requires as the release does (the OpenAI client,
-    tests/doubles/wheels.py REAL) and what they need, from PyPI. typing-extensions is left out:
-    the main index's own pin (MAIN_TYPING_EXTENSIONS) satisfies them and stays the newest."""
+    tests/doubles/wheels.py REAL) and what they need on every Python of the engine's lock, from
+    PyPI. typing-extensions is left out: the main index's own pin (MAIN_TYPING_EXTENSIONS)
+    satisfies them and stays the one the engine installs."""
     found: list[Path] = []
     for requirement in doubles.real_requirements(release):
         found += [
             wheel
-            for wheel in pypi_wheels_with_deps(requirement)
+            for wheel in pypi_wheels_with_deps(requirement, LOCK_PYTHONS)
             if not wheel.name.startswith("typing_extensions-")
         ]
+    if found:
+        found += [pypi_wheel(name, version, "any") for name, version in PY310_ONLY]
     return found
 
 

@@ -178,8 +178,11 @@ def uv_wheel(version: str = UV_VERSION) -> Path:
     return pypi_wheel("uv", version)
 
 
-def _pip_download(requirement: str, dest: Path, *, deps: bool) -> None:
-    """x86_64 wheels for the containers' Python 3.11, with the machine's pip."""
+def _pip_download(
+    requirement: str, dest: Path, *, deps: bool, python_version: str = "3.11"
+) -> None:
+    """x86_64 wheels for the containers' Python 3.11 (or `python_version`), with the
+    machine's pip."""
     dest.mkdir(parents=True, exist_ok=True)
     python = shutil.which("python3") or sys.executable
     platforms = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
@@ -194,7 +197,7 @@ def _pip_download(requirement: str, dest: Path, *, deps: bool) -> None:
             *([] if deps else ["--no-deps"]),
             *(arg for platform in platforms for arg in ("--platform", platform)),
             "--python-version",
-            "3.11",
+            python_version,
             requirement,
             "-d",
             str(dest),
@@ -222,14 +225,19 @@ def pypi_wheel(name: str, version: str, platform: str = "x86_64") -> Path:
     return sorted(cache.glob(pattern))[0]
 
 
-def pypi_wheels_with_deps(requirement: str) -> list[Path]:
+def pypi_wheels_with_deps(requirement: str, pythons: tuple[str, ...] = ("3.11",)) -> list[Path]:
     """A real package and everything it needs (e.g. the real sglang-router and its web stack),
-    cached outside the repository."""
+    cached outside the repository. More `pythons`: the wheels each of those Pythons needs too
+    (a uv lock is universal: it wants a compiled dependency's wheel for every Python the
+    project's requires-python allows, and the dependencies only older Pythons have)."""
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", requirement)
+    if pythons != ("3.11",):
+        slug += "-py" + "_".join(pythons)
     cache = CACHE_DIR / "wheels" / f"{slug}-with-deps"
     done = cache / ".complete"
     if not done.exists():
-        _pip_download(requirement, cache, deps=True)
+        for python_version in pythons:
+            _pip_download(requirement, cache, deps=True, python_version=python_version)
         done.touch()
     return sorted(cache.glob("*.whl"))
 
