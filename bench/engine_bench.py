@@ -7,9 +7,13 @@ incompressible blob of BENCH_TORCH_MB in torch so that installing moves bytes as
   pip fresh        inside the container: python3 -m venv + pip install --no-index (the baseline)
   pip again        the same pip install into that venv once more (already satisfied)
   engine fresh     `pyinfra -y INVENTORY engine-only deploy` with `wheelhouse` set, a new
-                   engine_root each round: gate facts, wheelhouse sync over SFTP, uv bootstrap,
-                   venv + install with uv, the checks, the switch; SSH and pyinfra included
-  engine converged the same run again on the last engine_root
+                   engine_root and an empty engine_lock_dir each round: gate facts, wheelhouse
+                   sync over SFTP, uv bootstrap, `uv lock` (the first resolve), install with
+                   uv, the checks, the switch, the lock copied back; SSH and pyinfra included
+  engine from lock the same on another new engine_root with the lock that run recorded: the
+                   lock is uploaded and installed as it is (what a second host of that engine
+                   does, issue 10), no resolve
+  engine converged the first run again on its engine_root
 The pip numbers exclude SSH and pyinfra; the engine numbers include them (that is what a user
 waits for), so the ratios are an upper bound on the engine's own overhead.
 """
@@ -91,11 +95,12 @@ def main() -> int:
         def timed_inside(cmd: str) -> float:
             return float(sh(shlex.join(["python3", "-c", TIMER, "sh", "-c", cmd])))
 
-        def engine_run(engine_root: str) -> float:
+        def engine_run(engine_root: str, lock_dir: Path) -> float:
             data = {
                 "model_source": MODEL_DIR,
                 "dp_size": 1,
                 "engine_root": engine_root,
+                "engine_lock_dir": str(lock_dir),
                 "wheelhouse": str(wheelhouse),
                 "sglang_version": RELEASE,
             }
@@ -116,7 +121,7 @@ def main() -> int:
             return elapsed
 
         reqs = " ".join(shlex.quote(r) for r in requirements)
-        pip_fresh, pip_again, fresh, converged = [], [], [], []
+        pip_fresh, pip_again, fresh, from_lock, converged = [], [], [], [], []
         for i in range(ROUNDS):
             venv = f"/root/pip-bench-{i}"
             install = (
@@ -125,8 +130,12 @@ def main() -> int:
             )
             pip_fresh.append(timed_inside(f"python3 -m venv {venv} && {install}"))
             pip_again.append(timed_inside(install))
-            fresh.append(engine_run(f"/opt/bench-{i}"))
-            converged.append(engine_run(f"/opt/bench-{i}"))
+            locks = work / f"locks-{i}"
+            fresh.append(engine_run(f"/opt/bench-{i}", locks))
+            if not any(locks.rglob("uv.lock")):
+                raise RuntimeError(f"the first run recorded no lock under {locks}")
+            from_lock.append(engine_run(f"/opt/bench-{i}-lock", locks))
+            converged.append(engine_run(f"/opt/bench-{i}", locks))
 
         size_mb = sum(p.stat().st_size for p in built.values()) / 2**20
         print(
@@ -139,6 +148,7 @@ def main() -> int:
                 "pip fresh": pip_fresh,
                 "pip again": pip_again,
                 "engine fresh": fresh,
+                "engine from lock": from_lock,
                 "engine converged": converged,
             }.items()
         }
@@ -146,6 +156,7 @@ def main() -> int:
             print(f"  {name:<17} {value:7.2f} s")
         for top, bottom in (
             ("engine fresh", "pip fresh"),
+            ("engine from lock", "engine fresh"),
             ("engine converged", "pip fresh"),
             ("engine converged", "pip again"),
         ):
