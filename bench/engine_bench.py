@@ -132,7 +132,7 @@ def main() -> int:
             pip_again.append(timed_inside(install))
             locks = work / f"locks-{i}"
             fresh.append(engine_run(f"/opt/bench-{i}", locks))
-            if not any(locks.rglob("uv.lock")):
+            if not any(locks.glob("*.lock")):
                 raise RuntimeError(f"the first run recorded no lock under {locks}")
             from_lock.append(engine_run(f"/opt/bench-{i}-lock", locks))
             converged.append(engine_run(f"/opt/bench-{i}", locks))
