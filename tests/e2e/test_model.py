@@ -208,11 +208,11 @@ def test_a_copy_that_fits_only_in_place_replaces_the_old_one_with_the_ranks_stop
     m = Model(host, "inplace", shards=2)
     ok(deploy(host, indexes, tmp_path, m.data()))
     old = m.copies()
-    # The tmpfs shrunk to what it holds now plus a little more than one copy: a new copy of
-    # the whole model no longer fits beside the current one, it fits in its place.
+    # The tmpfs shrunk to what it holds now plus half a copy: a new copy of the whole model
+    # no longer fits beside the current one, it fits in its place.
     used = int(sh(host, "df -B1 --output=used /dev/shm | tail -n1"))
     size = int(sh(host, "df -B1 --output=size /dev/shm | tail -n1"))
-    room = (SHARD_MB * 2 + SHARD_MB // 2) * 2**20
+    room = SHARD_MB * 2**20
     sh(host, f"mount -o remount,size={used + room} /dev/shm")
     try:
         m.rewrite(1)
@@ -301,6 +301,6 @@ def test_a_controller_source_is_sent_with_rsync(
     assert "stage: copying 2 file(s)" in first, first
     cache = make_settings(model_source=f"controller:{local}").source.target_dir
     assert tree_sums(host, f"{MODELS}/e2e--ctl") == tree_sums(host, cache)
-    again = ok(deploy(host, indexes, tmp_path, data))
-    assert "unchanged: staged copy matches the source" in again, again
-    assert f"{cache} matches {local}" in again, again
+    again = deploy(host, indexes, tmp_path, data)
+    assert "unchanged: staged copy matches the source" in ok(again), again
+    assert again.status("Sync the model from the controller").startswith("No changes"), again
