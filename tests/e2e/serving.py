@@ -7,6 +7,7 @@ the ranks from outside.
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -91,6 +92,16 @@ def http(url: str, body: dict[str, Any] | None = None, key: str | None = None) -
         return error.code, None
     except (urllib.error.URLError, OSError):
         return 0, None  # nothing listening (yet)
+
+
+def requests_served(c: Container, port: int) -> int:
+    """Chat requests a rank has served, from its /metrics: SGLang's sglang:num_requests_total
+    counter (the double counts it as SGLang does: tests/doubles/packages/sglang)."""
+    status, text = http(f"http://{c.address}:{port}/metrics")
+    assert status == 200, (c.name, port, status)
+    match = re.search(r"^sglang:num_requests_total\{[^}]*\} ([0-9.]+)$", str(text), re.M)
+    assert match, text
+    return int(float(match.group(1)))
 
 
 def health(c: Container, port: int) -> int:

@@ -28,6 +28,7 @@ from tests.e2e.serving import (
     health,
     http,
     ok,
+    requests_served,
     serve_ops,
     unit_states,
 )
@@ -51,16 +52,6 @@ def hosts(testbed: tb.Testbed) -> Iterator[list[Container]]:
     yield containers
     for container in containers:
         testbed.destroy(container)
-
-
-def completions(c: Container, port: int) -> int:
-    """Completions a rank served, from the double's /metrics (prompt_tokens_total is 8 a
-    request: tests/doubles/packages/sglang/_server_double.py)."""
-    status, text = http(f"http://{c.address}:{port}/metrics")
-    assert status == 200, (c.name, port, status)
-    match = re.search(r"^sglang:prompt_tokens_total\{[^}]*\} ([0-9.]+)$", str(text), re.M)
-    assert match, text
-    return int(float(match.group(1))) // 8
 
 
 def exec_start(c: Container, rank: int) -> str:
@@ -212,7 +203,7 @@ def test_two_hosts_behind_one_router_and_the_api_key_stays_secret(
     url = f"http://{a.address}:{ROUTER_PORT}"
     wait_for(lambda: http(f"{url}/health")[0] == 200, timeout=60, what="router healthy")
     ranks = [(c, 30000 + r) for c in (a, b) for r in range(2)]
-    before = {(c.name, port): completions(c, port) for c, port in ranks}
+    before = {(c.name, port): requests_served(c, port) for c, port in ranks}
     sent = 40
     for _ in range(sent):
         status, body = http(
@@ -222,11 +213,13 @@ def test_two_hosts_behind_one_router_and_the_api_key_stays_secret(
         )
         assert status == 200, body
         assert "Qwen/Qwen3.6-27B" in json.dumps(body), body  # a rank's reply, not the router's
-    # Each rank counts the completions it served (/metrics): every one went to some rank, and
-    # the second host's ranks served some of them, through the router on the first host.
-    served = {(c.name, port): completions(c, port) - before[(c.name, port)] for c, port in ranks}
+    # Each rank counts the requests it served (sglang:num_requests_total on its /metrics):
+    # every one went to some rank, and each rank of both hosts, the second host's included,
+    # served its share through the router on the first host (round_robin).
+    served = {}
+    for c, port in ranks:
+        served[(c.name, port)] = requests_served(c, port) - before[(c.name, port)]
     assert sum(served.values()) == sent, served
-    # round_robin: every rank of both hosts takes its turn, the second host's included.
     assert all(n > 0 for n in served.values()), served
 
     # Without the key, a rank refuses; /health stays open.
