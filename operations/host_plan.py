@@ -1,4 +1,4 @@
-"""One host, from settings to plan: gather the facts, run preflight, resolve.
+"""One host, from settings to plan: gather the facts, run preflight, resolve, decide the staging.
 
 The plan command and deploy.py both call `plan_for_host`, so the plan shown is the deploy run.
 """
@@ -13,9 +13,9 @@ from operations import kb as kbmod
 from operations import layout, preflight, resolver
 from operations.facts.gpu import NvidiaGpus, NvidiaSmi
 from operations.facts.host import HostResources, Model, Resources
-from operations.facts.model import ModelStaging, Staging, script_module, source_model
-from operations.facts.once import gathered
+from operations.facts.model import script_module, source_model
 from operations.settings import Settings
+from operations.staging import StageDecision, model_staging, stage_decision
 
 
 @dataclass
@@ -28,6 +28,8 @@ class HostReport:
     model: Model | None = None
     # Set on the host that runs the router.
     router: resolver.RouterPlan | None = None
+    # How the model is staged (None while preflight refuses the host).
+    staging: StageDecision | None = None
 
     @property
     def errors(self) -> list[str]:
@@ -39,6 +41,11 @@ class HostReport:
             ]
             + self.plan.errors
             + (self.router.errors if self.router else [])
+            + (
+                [f"model staging: {self.staging.plan.why} (nothing was copied)"]
+                if self.staging is not None and self.staging.refused
+                else []
+            )
         )
 
     @property
@@ -76,13 +83,7 @@ def model_key(settings: Settings) -> str | None:
             return str(script_module().scan(source.controller_dir)["digest"])
         except (OSError, script_module().StageError):
             return None
-    staging: Staging | None = gathered(
-        ModelStaging,
-        source=source.target_dir,
-        stage_dir=settings.model_stage_dir,
-        slug=layout.model_slug(settings),
-        verify=settings.model_verify,
-    )
+    staging = model_staging(settings)
     return staging.source.digest if staging is not None and staging.source else None
 
 
@@ -104,4 +105,8 @@ def plan_for_host(
     if settings.router is not None and settings.router.host == host.name:
         everyone = inventory_settings or [(host.name, settings)]
         router = resolver.resolve_router(settings, host.name, everyone)
-    return HostReport(settings, plan, failures, gpu, resources, model, router)
+    decision = None
+    if not failures:
+        decision = stage_decision(settings, resources, facts.model_key)
+        plan.decisions.append(resolver.Decision("model staging", decision.what, decision.plan.why))
+    return HostReport(settings, plan, failures, gpu, resources, model, router, decision)

@@ -2,24 +2,22 @@
 
 The copy itself is one script, operations/files/stage_model.py, run by the deploy (with live
 progress) and by the boot unit sglang-stage-model.service (after every restart /dev/shm is
-empty). This module only decides whether and how it runs:
+empty). Whether and how it runs was decided before any change (operations/staging.py, carried
+in the HostReport); this module carries it out:
 
   source   -> a persistent directory on the target (rsync from the controller or the hub's CLI;
               a target directory is used as it is)
-  manifest -> the ModelStaging fact compares the source with the staged copy: unchanged is a
-              no-op that never reads the weights
-  capacity -> preflight.stage_room: beside the current copy, in place with the servers
-              stopped, or refused with the numbers before a byte is copied
+  stage    -> unchanged (a no-op that never reads the weights), beside the current copy, in
+              place with the servers stopped, or refused with the numbers
 Docs: docs/model.md.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, cast
 
 from pyinfra import logger
@@ -32,15 +30,12 @@ from pyinfra.facts.files import File
 from pyinfra.operations import files, systemd
 
 from operations import layout, units
-from operations.facts.host import Resources
-from operations.facts.model import SCRIPT_PATH, ModelStaging, Staging, script_module
-from operations.facts.once import gathered
-from operations.facts.serve import referenced_models, serving_state
+from operations.facts.model import SCRIPT_PATH, script_module
+from operations.facts.serve import serving_state
 from operations.gate import refuse
 from operations.host_files import put_file
 from operations.host_plan import HostReport
 from operations.layout import CONFIG_DIR, STAGE_UNIT
-from operations.preflight import stage_room
 from operations.serve import service_user
 from operations.settings import Settings
 
@@ -58,59 +53,6 @@ RANK_UNITS = ("sglang.target", "sglang@*.service")
 
 def _gib(n: int | None) -> str:
     return "unknown" if n is None else f"{n / 2**30:.2f} GiB"
-
-
-# ------------------------------------------------------------------------------ decisions
-
-
-@dataclass(frozen=True)
-class StagePlan:
-    """What the stage operation does: "unchanged", "beside", "inplace" or "refuse"."""
-
-    mode: str
-    why: str
-
-
-def decide(
-    settings: Settings, resources: Resources | None, staging: Staging | None, source_pending: bool
-) -> StagePlan:
-    """From the manifest comparison and the capacity rule to one line the plan prints.
-
-    source_pending: the source changes during this run (rsync or a hub download), so what the
-    fact saw is stale: stage beside (the script refuses with numbers if that does not fit).
-    """
-    if source_pending:
-        return StagePlan("beside", "the source is fetched in this run; staged beside after it")
-    if staging is None:
-        return StagePlan("refuse", "python3 is missing on the target (the staging script needs it)")
-    if staging.error or staging.source is None:
-        return StagePlan("refuse", f"{staging.error or 'source unreadable'}; nothing was copied")
-    source, staged = staging.source, staging.staged
-    if staging.up_to_date and staged is not None:
-        return StagePlan(
-            "unchanged",
-            f"staged copy matches the source (manifest {source.digest}, {source.files} files, "
-            f"{_gib(source.bytes)})",
-        )
-    if staged is not None and staged.digest == source.digest:
-        if not staging.mismatched:
-            n = len(staging.leftovers)
-            return StagePlan("beside", f"{n} leftover(s) of an interrupted run to clean up")
-        copy = source.bytes  # a damaged copy is replaced whole
-        what = f"{len(staging.mismatched)} staged file(s) differ from their checksums"
-    else:
-        copy = staging.copy_bytes if staging.copy_bytes is not None else source.bytes
-        what = f"{len(staging.changed_files)} file(s) new or changed"
-    resources = resources or Resources()
-    if staging.leftover_bytes and resources.stage_free_bytes is not None:
-        # The stage run removes leftovers of a killed copy before it copies: their space is
-        # free for it. Counting it as used would pick in place and stop every rank for nothing.
-        free = resources.stage_free_bytes + staging.leftover_bytes
-        resources = replace(resources, stage_free_bytes=free)
-    room = stage_room(settings, resources, source.bytes, copy, staged.bytes if staged else 0)
-    if room.mode is None:
-        return StagePlan("refuse", room.why)
-    return StagePlan(room.mode, f"{what}; {room.why}")
 
 
 # ------------------------------------------------------------------------------ operations
@@ -167,7 +109,7 @@ def staged(
     group: str | None = None,
 ) -> Any:
     """
-    Make STAGE_DIR/models/.SLUG@KEY a complete copy of source_dir (what `decide` planned).
+    Make STAGE_DIR/models/.SLUG@KEY a complete copy of source_dir (what staging.decide planned).
 
     + mode: "unchanged" (no-op), "beside" or "inplace" (the ranks are stopped first)
     + why: the plan's sentence, printed for a no-op
@@ -301,21 +243,6 @@ def copy_key(report: HostReport) -> str | None:
     return keys.pop() if len(keys) == 1 else None
 
 
-def for_units(
-    staging: Staging | None, settings: Settings, key: str | None, keep: set[str]
-) -> Staging | None:
-    """The fact as the rank units see it: copies a unit names (`keep`, paths) are no leftovers,
-    and a copy under another name than `key` is not up to date."""
-    if staging is None or staging.source is None:
-        return staging
-    wanted = layout.staged_copy(settings, key) if key is not None else None
-    leftovers = [p for p in staging.leftovers if p not in keep and p != wanted]
-    same = staging.staged is not None and staging.staged.digest == staging.source.digest
-    named = wanted is None or staging.current == wanted
-    fresh = same and named and not staging.mismatched and not leftovers
-    return dataclasses.replace(staging, leftovers=leftovers, up_to_date=fresh)
-
-
 def stage_unit_text(settings: Settings, key: str | None) -> str:
     argv = stage_command(
         settings.source.target_dir,
@@ -355,18 +282,12 @@ def _stage_model(report: HostReport) -> StageResult:
         name=f"Enable {STAGE_UNIT} at boot", service=STAGE_UNIT, running=None, enabled=True
     )
 
-    staging: Staging | None = gathered(
-        ModelStaging,
-        source=source.target_dir,
-        stage_dir=s.model_stage_dir,
-        slug=slug,
-        verify=s.model_verify,
-    )
-    # Copies a rank unit names now are kept: a rank not rolled yet still reads its own.
+    # Decided once, before any change (operations/staging.py); carried out here.
+    decision = report.staging
+    if decision is None:
+        raise OperationError("the model step needs the plan's staging decision (host_plan)")
+    staging, kept = decision.staging, decision.kept
     serving = serving_state(s)
-    kept = referenced_models(serving)
-    staging = for_units(staging, s, key, kept)
-    pending = False
     if source.kind == "controller" and source.controller_dir is not None:
         local = script_module().scan(source.controller_dir)
         cached = staging.source.digest if staging is not None and staging.source else None
@@ -377,12 +298,10 @@ def _stage_model(report: HostReport) -> StageResult:
             local_digest=local["digest"],
             target_digest=cached,
         )
-        pending = cached != local["digest"]
     elif source.kind == "hf" and source.repo and source.revision:
         done = staging.hub_revision if staging is not None else None
         if done != source.revision:
             hub_cli(name="Install the Hugging Face CLI", cli=s.model_hub_cli)
-            pending = True
         token = os.environ.get(TOKEN_ENV)
         if token and done != source.revision:
             put_file(
@@ -409,7 +328,7 @@ def _stage_model(report: HostReport) -> StageResult:
         user=s.service_user,
         exists=serving.user_exists,
     )
-    plan = decide(s, report.resources, staging, pending)
+    plan = decision.plan
     logger.info(f"{host.print_prefix}model {s.model_name}: {plan.mode}: {plan.why}")
     if plan.mode == "refuse":
         refuse(name="Refuse: the model cannot be staged, nothing copied", summary=plan.why)

@@ -6,7 +6,8 @@ import pytest
 
 from operations.facts.host import Resources
 from operations.facts.model import Copy, Staging
-from operations.model import decide, stage_command, stage_unit_text
+from operations.model import stage_command, stage_unit_text
+from operations.staging import decide
 from tests.unit.builders import make_settings
 
 GIB = 1024**3
@@ -131,3 +132,24 @@ def test_bad_source_forms_are_refused(bad: str) -> None:
 
     with pytest.raises(SettingsError, match="hf://org/name@revision"):
         make_settings(model_source=bad)
+
+
+def test_the_plan_carries_the_one_staging_decision_and_a_refusal_stops_the_host() -> None:
+    """The staging decision is made once, in host_plan, before any change: the plan shows it as
+    a decision, and a copy that cannot fit is a host error at the gate (nothing touched), not a
+    refusal half-way through the deploy."""
+    from operations.host_plan import HostReport
+    from operations.resolver import HostPlan
+    from operations.staging import StageDecision, StagePlan
+
+    settings = make_settings()
+    refused = StageDecision(StagePlan("refuse", "/dev/shm size 10 GiB < 54 GiB"), None,
+                            frozenset(), source_pending=False)  # fmt: skip
+    report = HostReport(settings, HostPlan(), staging=refused)
+    assert (
+        report.errors == ["model staging: /dev/shm size 10 GiB < 54 GiB (nothing was copied)"]
+        and not report.ok
+    )
+    inplace = StageDecision(StagePlan("inplace", "replacing it"), None, frozenset(), False)
+    assert "outage" in inplace.what
+    assert HostReport(settings, HostPlan(), staging=inplace).ok

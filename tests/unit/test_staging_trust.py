@@ -20,7 +20,7 @@ import pytest
 
 from operations.facts.host import Resources
 from operations.facts.model import SCRIPT_PATH, Copy, Staging, script_module
-from operations.model import decide
+from operations.staging import decide
 from tests.unit.builders import make_settings
 
 sm = script_module()

@@ -1,0 +1,154 @@
+"""The staging decision, made once per host before any change, shown by the plan and carried out
+by the model step (operations/model.py), which decides nothing again.
+
+  manifest -> the ModelStaging fact compares the source with the staged copy: unchanged is a
+              no-op that never reads the weights
+  units    -> copies a rank unit names are kept (a rank not rolled yet still reads its own)
+  pending  -> a source that changes in this run (rsync from the controller, a hub download)
+              makes what the fact saw stale: stage beside after it
+  capacity -> preflight.stage_room: beside the current copy, in place with the servers
+              stopped (the plan says so: that is an outage), or refused with the numbers
+              before a byte is copied
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, replace
+
+from operations import layout
+from operations.facts.host import Resources
+from operations.facts.model import ModelStaging, Staging
+from operations.facts.once import gathered
+from operations.facts.serve import referenced_models, serving_state
+from operations.preflight import stage_room
+from operations.settings import Settings
+
+
+def _gib(n: int | None) -> str:
+    return "unknown" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """What the stage operation does: "unchanged", "beside", "inplace" or "refuse"."""
+
+    mode: str
+    why: str
+
+
+def decide(
+    settings: Settings, resources: Resources | None, staging: Staging | None, source_pending: bool
+) -> StagePlan:
+    """From the manifest comparison and the capacity rule to one line the plan prints.
+
+    source_pending: the source changes during this run (rsync or a hub download), so what the
+    fact saw is stale: stage beside (the script refuses with numbers if that does not fit).
+    """
+    if source_pending:
+        return StagePlan("beside", "the source is fetched in this run; staged beside after it")
+    if staging is None:
+        return StagePlan("refuse", "python3 is missing on the target (the staging script needs it)")
+    if staging.error or staging.source is None:
+        return StagePlan("refuse", f"{staging.error or 'source unreadable'}; nothing was copied")
+    source, staged = staging.source, staging.staged
+    if staging.up_to_date and staged is not None:
+        return StagePlan(
+            "unchanged",
+            f"staged copy matches the source (manifest {source.digest}, {source.files} files, "
+            f"{_gib(source.bytes)})",
+        )
+    if staged is not None and staged.digest == source.digest:
+        if not staging.mismatched:
+            n = len(staging.leftovers)
+            return StagePlan("beside", f"{n} leftover(s) of an interrupted run to clean up")
+        copy = source.bytes  # a damaged copy is replaced whole
+        what = f"{len(staging.mismatched)} staged file(s) differ from their checksums"
+    else:
+        copy = staging.copy_bytes if staging.copy_bytes is not None else source.bytes
+        what = f"{len(staging.changed_files)} file(s) new or changed"
+    resources = resources or Resources()
+    if staging.leftover_bytes and resources.stage_free_bytes is not None:
+        # The stage run removes leftovers of a killed copy before it copies: their space is
+        # free for it. Counting it as used would pick in place and stop every rank for nothing.
+        free = resources.stage_free_bytes + staging.leftover_bytes
+        resources = replace(resources, stage_free_bytes=free)
+    room = stage_room(settings, resources, source.bytes, copy, staged.bytes if staged else 0)
+    if room.mode is None:
+        return StagePlan("refuse", room.why)
+    return StagePlan(room.mode, f"{what}; {room.why}")
+
+
+def for_units(
+    staging: Staging | None, settings: Settings, key: str | None, keep: set[str]
+) -> Staging | None:
+    """The fact as the rank units see it: copies a unit names (`keep`, paths) are no leftovers,
+    and a copy under another name than `key` is not up to date."""
+    if staging is None or staging.source is None:
+        return staging
+    wanted = layout.staged_copy(settings, key) if key is not None else None
+    leftovers = [p for p in staging.leftovers if p not in keep and p != wanted]
+    same = staging.staged is not None and staging.staged.digest == staging.source.digest
+    named = wanted is None or staging.current == wanted
+    fresh = same and named and not staging.mismatched and not leftovers
+    return dataclasses.replace(staging, leftovers=leftovers, up_to_date=fresh)
+
+
+@dataclass(frozen=True)
+class StageDecision:
+    """Everything the model step needs, decided from the facts before any change."""
+
+    plan: StagePlan
+    # The ModelStaging fact as the rank units see it (None: python3 is missing).
+    staging: Staging | None
+    # Staged copies (paths) a rank unit names now: never removed by this run.
+    kept: frozenset[str]
+    # The source changes in this run (a sync from the controller, a hub download).
+    source_pending: bool
+
+    @property
+    def refused(self) -> bool:
+        return self.plan.mode == "refuse"
+
+    @property
+    def what(self) -> str:
+        """The plan's line: "beside" and "inplace" say what the servers see."""
+        if self.plan.mode == "inplace":
+            return "in place: every rank stops while the copy is replaced (an outage)"
+        if self.plan.mode == "beside":
+            if self.staging is None or self.staging.staged is None:
+                return "a first copy"
+            return "beside the current copy: ranks serve it until they roll onto the new one"
+        return self.plan.mode
+
+
+def model_staging(settings: Settings) -> Staging | None:
+    """The ModelStaging fact of this host's source, as every step asks it (gathered once)."""
+    staging: Staging | None = gathered(
+        ModelStaging,
+        source=settings.source.target_dir,
+        stage_dir=settings.model_stage_dir,
+        slug=layout.model_slug(settings),
+        verify=settings.model_verify,
+    )
+    return staging
+
+
+def stage_decision(
+    settings: Settings, resources: Resources | None, key: str | None
+) -> StageDecision:
+    """The one staging decision of a run. `key`: the copy's key the resolver gave the rank
+    units (for a controller source, the controller's manifest digest)."""
+    source = settings.source
+    fact = model_staging(settings)
+    kept = referenced_models(serving_state(settings))
+    staging = for_units(fact, settings, key, kept)
+    cached = staging.source.digest if staging is not None and staging.source else None
+    if source.kind == "controller":
+        pending = key is None or cached != key
+    elif source.kind == "hf":
+        pending = (staging.hub_revision if staging is not None else None) != source.revision
+    else:
+        pending = False
+    plan = decide(settings, resources, staging, pending)
+    return StageDecision(plan, staging, frozenset(kept), pending)
