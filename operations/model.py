@@ -48,7 +48,7 @@ TOKEN_ENV = "HF_TOKEN"
 HUB_REQUIREMENT = "huggingface_hub>=0.34,<2"  # 0.34 introduced the `hf` command
 STAGE_TIMEOUT_S = 3600
 # Ranks the in-place swap stops; the serve step starts them again (the model changed).
-RANK_UNITS = ("sglang.target", "sglang@*.service")
+RANK_UNITS = (layout.TARGET, layout.RANK_UNIT_GLOB)
 
 
 def _gib(n: int | None) -> str:

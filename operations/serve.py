@@ -235,7 +235,7 @@ class ServeStep:
         elif SECRETS_FILE in self.serving.files:
             server.shell(name="Serve: remove the API key file", commands=[f"rm -f {SECRETS_FILE}"])
         target = put_file(
-            name="Serve: sglang.target",
+            name=f"Serve: {TARGET}",
             src=TARGET_TEXT,
             dest=layout.unit_path(TARGET),
             sha256_now=self.serving.files.get(layout.unit_path(TARGET)),
@@ -247,7 +247,7 @@ class ServeStep:
         elif target.will_change:
             systemd.daemon_reload(name="Serve: reload systemd")
         if target.will_change:
-            systemd.service(name="Serve: enable sglang.target", service=TARGET, enabled=True)
+            systemd.service(name=f"Serve: enable {TARGET}", service=TARGET, enabled=True)
         for number, batch in enumerate(self.plan.batches, 1):
             self._roll(batch, f"restart batch {number}")
         self._prune_models()
