@@ -48,7 +48,9 @@ from pyinfra.api.command import (
     StringCommand,
 )
 from pyinfra.api.deploy import deploy
+from pyinfra.api.host import Host
 from pyinfra.api.operation import OperationMeta, operation
+from pyinfra.api.state import State
 from pyinfra.context import host
 from pyinfra.context import state as pyinfra_state
 from pyinfra.operations import files
@@ -255,7 +257,7 @@ def _state(engine_root: str) -> EngineHost:
     return state or {"current": None, "envs": {}, "uv": None}
 
 
-def _complete(state: Mapping[str, Any], name: str) -> bool:
+def _complete(state: EngineHost, name: str) -> bool:
     env = state["envs"].get(name)
     return bool(env and env["complete"])
 
@@ -279,7 +281,7 @@ def require_wheels(wheelhouse: str, requirements: list[str]) -> Any:
     )
 
 
-def _fail(state: Any, host: Any, message: str) -> bool:
+def _fail(state: State, host: Host, message: str) -> bool:
     logger.error(f"{host.print_prefix}{message}")
     return False
 
@@ -357,7 +359,10 @@ def lock_env(engine_root: str, env_name: str, controller_lock: str) -> Any:
     if os.path.isfile(controller_lock):
         # The project directory exists (its pyproject.toml was written just before).
         yield from put_file._inner(
-            src=Path(controller_lock), dest=f"{project}/{LOCK_FILE}", mode="600", sha256_now=None,
+            src=Path(controller_lock),
+            dest=f"{project}/{LOCK_FILE}",
+            mode="600",
+            sha256_now=None,
         )
         return
     yield (
@@ -411,7 +416,9 @@ def build_env(engine_root: str, env_name: str, python: str, offline: bool) -> An
     yield f"cp {_q(project + '/uv.lock')} {_q(env + '/' + LOCK_FILE)}"
 
 
-def _verify(state: Any, host: Any, env: str, wanted: dict[str, Any], driver: list[Any]) -> bool:
+def _verify(
+    state: State, host: Host, env: str, wanted: Mapping[str, object], driver: list[str | None]
+) -> bool:
     spec = EngineSpec.from_json(wanted)
     argument = json.dumps({"packages": spec.modules(), "gpu_count": spec.gpu_count})
     status, output = host.run_shell_command(
@@ -436,7 +443,7 @@ def _verify(state: Any, host: Any, env: str, wanted: dict[str, Any], driver: lis
 @operation()
 def verify_env(
     engine_root: str,
-    spec: EngineSpec | Mapping[str, Any],
+    spec: EngineSpec | Mapping[str, object],
     driver_version: str | None = None,
     driver_cuda: str | None = None,
 ) -> Any:
@@ -494,6 +501,8 @@ def prune(
     env_name: str,
     keep: int,
     serving: str | list[str] | None = None,
+    # Not EngineHost: pyinfra checks operation arguments with isinstance, which a TypedDict
+    # refuses.
     state: Mapping[str, Any] | None = None,
 ) -> Any:
     """
@@ -585,7 +594,7 @@ def fetch_lock(src: str, dest: str) -> Any:
     yield FileDownloadCommand(src, dest, remote_temp_filename=host.get_temp_filename(dest))
 
 
-def _local_dir(state: Any, host: Any, path: str) -> bool:
+def _local_dir(state: State, host: Host, path: str) -> bool:
     os.makedirs(path or ".", exist_ok=True)
     return True
 
