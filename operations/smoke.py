@@ -4,10 +4,10 @@
 model with *this* key? After the serve step, each rank the step started or rolled gets one
 request (GET /v1/models must list the served name, then one chat completion), and on the
 router's host a few go through the router, all sent on the host by the shipped script
-(files/smoke.py) with the OpenAI client of the rank's own engine environment. A wrong answer (an
-empty or malformed body, another model's name, an error status, no answer) fails the deploy,
-naming the rank with its journal tail. A run that restarted nothing asks nothing and changes
-nothing. `smoke_requests: false` turns it off; the script is shipped either way, for
+(files/smoke.py) with the engine environment's httpx (the openai client's transport). A wrong
+answer (an empty or malformed body, another model's name, an error status, no answer) fails the
+deploy, naming the rank with its journal tail. A run that restarted nothing asks nothing and
+changes nothing. `smoke_requests: false` turns it off; the script is shipped either way, for
 `python -m operations.status --probe`.
 """
 
@@ -62,7 +62,7 @@ def smoke_requests(python: str, model: str, timeout_s: int, targets: list[str]) 
     """
     Ask each target a chat question as a client does; fail with the rank's journal tail.
 
-    + python: an engine environment's interpreter (it has the OpenAI client)
+    + python: an engine environment's interpreter (it has httpx, through openai)
     + model: the served model name
     + timeout_s: each request's timeout
     + targets: NAME=URL[*COUNT] (see operations/files/smoke.py); none: nothing to ask

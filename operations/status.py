@@ -306,7 +306,7 @@ def host_result(name: str, settings: Settings, status: Serving) -> HostResult:
 
 def probe_args(settings: Settings, host_name: str, status: Serving) -> dict[str, Any]:
     """The SmokeProbe arguments: every configured rank and this host's router, asked with the
-    python of the environment a rank's unit runs (it has the OpenAI client)."""
+    python of the environment a rank's unit runs (it has httpx, through openai)."""
     targets = {str(rank): layout.rank_api_base(settings, rank) for rank in range(settings.dp_size)}
     router = layout.router_api_base(settings) if router_url(settings, host_name) else None
     if router is not None:

@@ -78,7 +78,7 @@ class SmokeProbe(FactBase[Probe]):
                        "router": ProbeAnswer(answered=False, why="... HTTP 502 ...")},
               error=None)
 
-    + python: the engine environment's interpreter (it has the OpenAI client)
+    + python: the engine environment's interpreter (it has httpx, through openai)
     + model: the served model name
     + targets: name -> OpenAI base URL as the host reaches it
     + timeout_s: each request's timeout

@@ -2,12 +2,16 @@
 """Ask each SGLang rank (and the router) a chat question as a client does, and judge the answer.
 
 Shipped to the host by the deploy (operations/smoke.py) and run there by an engine
-environment's python, which has the OpenAI client SGLang itself requires: the ranks may listen
-on addresses only the host reaches, and the API key is in a root-only file there. For each
-target it asks GET /v1/models (the served name must be listed) and then COUNT times POST
-/v1/chat/completions (`model` = the served name, the key as a bearer token), and judges the raw
-answer: a 200 with an empty or malformed body, another model's name, or no answer at all fails
-that target. The deploy's smoke step and `python -m operations.status --probe` both run it.
+environment's python: the ranks may listen on addresses only the host reaches, and the API key
+is in a root-only file there. The client is httpx, which that environment has as the OpenAI
+client's own transport (SGLang requires openai), sending the OpenAI API's documented requests
+as the openai client does: `Authorization: Bearer KEY`, POST BASE/chat/completions with a JSON
+body {model, messages, max_tokens, temperature}. (The openai package itself takes 0.5 s to
+import, more than every request here together: bench/smoke_bench.py.) For each target it asks
+GET /v1/models (the served name must be listed) and then COUNT times POST /v1/chat/completions
+(`model` = the served name), and judges the raw answer: a 200 with an empty or malformed body,
+another model's name, or no answer at all fails that target. The deploy's smoke step and
+`python -m operations.status --probe` both run it.
 
     smoke.py --model NAME --timeout S [--key-file FILE] [--json] [--journal] NAME=URL[*COUNT]...
 
@@ -139,59 +143,53 @@ def read_key(path: str | None) -> str | None:
     return None
 
 
-# -- asking (the OpenAI client, on the host) --------------------------------------------------
+# -- asking (httpx, on the host) --------------------------------------------------------------
 
 
-def _modules() -> tuple[Any, Any]:
-    """openai and httpx: the engine environment has them (SGLang requires openai), the
-    controller need not, so they are imported here, on the host."""
-    return importlib.import_module("openai"), importlib.import_module("httpx")
+def _httpx() -> Any:
+    """The engine environment has httpx (the openai client's transport); the controller need
+    not, so it is imported here, on the host."""
+    return importlib.import_module("httpx")
 
 
-def _client(base: str, key: str | None, timeout: float) -> Any:
-    openai, httpx = _modules()
+def _client(key: str | None, timeout: float) -> Any:
+    httpx = _httpx()
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     # The ranks are this host's own: no proxy from the environment may answer for them.
-    transport = httpx.Client(trust_env=False, timeout=timeout)
-    # Without a key SGLang ignores the header; the client insists on having one.
-    return openai.OpenAI(
-        base_url=base, api_key=key or "none", max_retries=0, timeout=timeout, http_client=transport
-    )
+    return httpx.Client(trust_env=False, timeout=timeout, headers=headers)
 
 
 def _raw(call: Any) -> tuple[int | None, str]:
-    """(HTTP status or None when nothing answered, body) of one client call."""
-    openai, _ = _modules()
+    """(HTTP status or None when nothing answered, body) of one request."""
+    httpx = _httpx()
     try:
         response = call()
-        return response.http_response.status_code, response.http_response.text
-    except openai.APIStatusError as error:
-        return error.status_code, error.response.text
-    except openai.APITimeoutError:
+        return response.status_code, response.text
+    except httpx.TimeoutException:
         return None, "timeout"
-    except openai.APIConnectionError as error:
-        return None, f"connection failed ({error.__cause__ or error})"
+    except httpx.HTTPError as error:
+        return None, f"connection failed ({error})"
 
 
 def ask(name: str, base: str, count: int, model: str, key: str | None, timeout: float) -> Verdict:
-    client = _client(base, key, timeout)
+    client = _client(key, timeout)
     if name != ROUTER:
-        status, body = _raw(lambda: client.models.with_raw_response.list())
+        status, body = _raw(lambda: client.get(f"{base}/models"))
         why = judge_models(status, body, model)
         if status is None:
             why = f"GET /v1/models: no answer ({body})"
         if why is not None:
             return Verdict(name, False, why=why)
+    request = {
+        "model": model,
+        "messages": [{"role": "user", "content": QUESTION}],
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+    }
     latencies, tokens = [], 0
     for _ in range(count):
         started = time.monotonic()
-        status, body = _raw(
-            lambda: client.chat.completions.with_raw_response.create(
-                model=model,
-                messages=[{"role": "user", "content": QUESTION}],
-                max_tokens=MAX_TOKENS,
-                temperature=0,
-            )
-        )
+        status, body = _raw(lambda: client.post(f"{base}/chat/completions", json=request))
         latencies.append(time.monotonic() - started)
         why, got = judge_chat(status, body, model)
         if status is None:

@@ -194,7 +194,8 @@ def _doubled(requirement: str) -> str | None:
 
 METADATA = ROOT / "tests" / "fixtures" / "metadata"
 # Real packages the double sglang requires as the release does, installed from the real index:
-# the OpenAI client a deploy's smoke request (operations/files/smoke.py) is sent with.
+# the OpenAI client, whose transport (httpx) sends a deploy's smoke request
+# (operations/files/smoke.py).
 REAL = ("openai",)
 
 

@@ -1,8 +1,9 @@
 """The deploy's smoke request and `status --probe` end to end: real `pyinfra -y INVENTORY
 deploy.py` runs against two testbed containers serving the SGLang server double (installed from
-the loopback index with the real OpenAI client its release requires) behind the real
-sglang-router, asked as a client asks: the OpenAI client on the host, the API key, the served
-model name. What each rank served is read from its own /metrics (sglang:num_requests_total).
+the loopback index with the real openai client its release requires) behind the real
+sglang-router, asked as a client asks: the OpenAI API's request from the host, the API key,
+the served model name. What each rank served is read from its own /metrics
+(sglang:num_requests_total).
 
 Two containers serve the module; each test brings its hosts to the settings it needs with a
 deploy that must converge, so no test depends on another's order.

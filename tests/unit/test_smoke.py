@@ -1,6 +1,6 @@
 """The smoke request's pure parts: judging raw answers (operations/files/smoke.py, imported as
 the host runs it), reading the key file, and which targets a deploy asks (operations/smoke.py).
-The requests themselves, with the OpenAI client on the host, run end to end
+The requests themselves, with httpx on the host, run end to end
 (tests/e2e/test_smoke.py)."""
 
 from __future__ import annotations
