@@ -43,13 +43,14 @@ def ct200(testbed: tb.Testbed) -> Container:
     return container
 
 
-def test_readme_lists_the_three_real_use_commands() -> None:
+def test_readme_lists_the_real_use_commands() -> None:
     commands = [" ".join(c) for c in real_use_commands()]
     assert commands == [
         ".venv/bin/pyinfra inventory/ct200.py deploy.py --dry",
         ".venv/bin/pyinfra inventory/ct200.py deploy.py",
         ".venv/bin/python -m operations.plan inventory/ct200.py",
         ".venv/bin/python -m operations.status inventory/ct200.py",
+        ".venv/bin/python -m operations.status inventory/ct200.py --probe",
     ]
 
 
@@ -94,3 +95,9 @@ def test_status_of_a_host_never_deployed_says_so_and_fails(ct200: Container) -> 
     rc, out = run_readme_command(ct200, 3)
     assert rc == 1, out[-4000:]
     assert "missing" in out and "0/8 ranks healthy" in out
+
+
+def test_probe_of_a_host_never_deployed_fails_naming_no_answer(ct200: Container) -> None:
+    rc, out = run_readme_command(ct200, 4)
+    assert rc == 1, out[-4000:]
+    assert "0/8 ranks healthy" in out
