@@ -264,6 +264,20 @@ def stage_unit_text(settings: Settings, key: str | None) -> str:
     )
 
 
+@operation()
+def enabled_at_boot(unit: str, now: str | None) -> Any:
+    """
+    Enable a unit at boot (`systemctl enable`), unless it is already.
+
+    + unit: the unit's name
+    + now: `systemctl is-enabled` as the ServingState fact read it (None: not asked)
+    """
+    if now == "enabled":
+        host.noop(f"{unit} is enabled")
+        return
+    yield StringCommand("systemctl", "enable", QuoteString(unit))
+
+
 @deploy("Model: stage the weights in the tmpfs")
 def _stage_model(report: HostReport) -> StageResult:
     s = report.settings
@@ -271,15 +285,25 @@ def _stage_model(report: HostReport) -> StageResult:
     slug = slug_of(s)
     key = copy_key(report)
 
-    put_file(name="Install the staging script", src=SCRIPT_PATH, dest=SCRIPT_DEST, mode="755")
+    serving = serving_state(s)
+    put_file(
+        name="Install the staging script",
+        src=SCRIPT_PATH,
+        dest=SCRIPT_DEST,
+        mode="755",
+        sha256_now=serving.files.get(SCRIPT_DEST),
+    )
     unit = put_file(
         name=f"Write {STAGE_UNIT} (stages the model at boot)",
         src=stage_unit_text(s, key),
         dest=UNIT_PATH,
+        sha256_now=serving.files.get(UNIT_PATH),
     )
     systemd.daemon_reload(name="systemd daemon-reload", _if=unit.did_change)
-    systemd.service(
-        name=f"Enable {STAGE_UNIT} at boot", service=STAGE_UNIT, running=None, enabled=True
+    enabled_at_boot(
+        name=f"Enable {STAGE_UNIT} at boot",
+        unit=STAGE_UNIT,
+        now=serving.enabled.get(STAGE_UNIT),
     )
 
     # Decided once, before any change (operations/staging.py); carried out here.
@@ -287,7 +311,6 @@ def _stage_model(report: HostReport) -> StageResult:
     if decision is None:
         raise OperationError("the model step needs the plan's staging decision (host_plan)")
     staging, kept = decision.staging, decision.kept
-    serving = serving_state(s)
     if source.kind == "controller" and source.controller_dir is not None:
         local = script_module().scan(source.controller_dir)
         cached = staging.source.digest if staging is not None and staging.source else None

@@ -154,6 +154,9 @@ class Serving:
     gpus: list[GpuUsage] = field(default_factory=list)
     # What nvidia-smi said when it failed; None when it answered or was not asked.
     gpu_error: str | None = None
+    # Unit -> `systemctl is-enabled` ("enabled", "disabled", "" when unknown), for the units
+    # asked with `enabled=` (the stage unit: a converged run needs no SystemdStatus fact).
+    enabled: dict[str, str] = field(default_factory=dict)
 
     def rank_files(self) -> dict[int, UnitState]:
         """Ranks that have a unit file: what a crash-restart or a reboot runs."""
@@ -258,6 +261,7 @@ def parse_serving(lines: list[str]) -> Serving:
     envs: dict[str, EngineEnv] = {}
     health: dict[str, str] = {}
     gpu_lines: list[str] = []
+    enabled: dict[str, str] = {}
     for line in lines:
         key, eq, value = line.partition("=")
         if eq and " " not in key and key[:1].isupper():
@@ -288,6 +292,9 @@ def parse_serving(lines: list[str]) -> Serving:
             health[probe] = answer.strip()
         elif word == "gpu":
             gpu_lines.append(rest.strip())
+        elif word == "enabled":
+            unit, _, answer = rest.partition(" ")
+            enabled[unit] = answer.strip()
         elif word:
             values[word] = rest.strip()
     if block:
@@ -322,6 +329,7 @@ def parse_serving(lines: list[str]) -> Serving:
         health_error=values.get("health_unavailable") or None,
         gpus=gpus,
         gpu_error=gpu_error,
+        enabled=enabled,
     )
 
 
@@ -359,6 +367,7 @@ class ServingState(FactBase[Serving]):
     + hub_marker: the hub download marker of an hf:// source, else None
     + gpus: whether to ask nvidia-smi for memory use
     + timeout_s: each /health probe's timeout
+    + enabled: units whose `systemctl is-enabled` answer to read
     """
 
     def command(
@@ -373,6 +382,7 @@ class ServingState(FactBase[Serving]):
         hub_marker: str | None = None,
         gpus: bool = False,
         timeout_s: float = 2.0,
+        enabled: list[str] | None = None,
     ) -> StringCommand:
         wanted: list[str | QuoteString] = [layout.unit_name(r) for r in ranks or []]
         if router:
@@ -427,6 +437,9 @@ class ServingState(FactBase[Serving]):
                 '--format=csv,noheader,nounits 2>&1); rc=$?; [ -n "$out" ] &&',
                 "printf '%s\\n' \"$out\" | sed 's/^/gpu /'; echo \"gpu_rc $rc\";",
             ]
+        for unit in enabled or []:
+            parts += ['echo "enabled', QuoteString(unit), "$(systemctl is-enabled"]
+            parts += [QuoteString(unit), '2>/dev/null)";']
         parts.append("true")
         return StringCommand(*parts)
 
@@ -446,6 +459,9 @@ def managed_paths(settings: Settings) -> list[str]:
         layout.SECRETS_FILE,
         layout.unit_path(layout.TARGET),
         layout.unit_path(layout.ROUTER_UNIT),
+        # Written by the model step: read here, they cost a converged run no round trip.
+        layout.STAGE_SCRIPT,
+        layout.unit_path(layout.STAGE_UNIT),
     ]
     if settings.router is not None:
         paths.append(f"{layout.router_env(settings)}/{layout.ROUTER_MARKER}")
@@ -461,4 +477,5 @@ def serving_state(settings: Settings) -> Serving:
         model_link=layout.staged_model_link(settings),
         paths=managed_paths(settings),
         user=settings.service_user,
+        enabled=[layout.STAGE_UNIT],
     )
