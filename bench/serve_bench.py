@@ -35,22 +35,22 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.doubles import wheels  # noqa: E402
-from tests.e2e.deploying import LANE, MODEL_CONFIG, Indexes, make_indexes  # noqa: E402
+from tests.e2e.deploying import (  # noqa: E402
+    BENCH_MODEL_DIR,
+    BENCH_RELEASE,
+    Indexes,
+    bench_hosts,
+)
 from tests.e2e.index import stop_process  # noqa: E402
 from tests.testbed import (  # noqa: E402
     Container,
-    ContainerSpec,
-    Testbed,
-    ensure_testbed,
     inventory_file,
 )
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
 PROFILE = os.environ.get("BENCH_PROFILE", "") not in ("", "0")
 HOSTS = 4
-RELEASE = "0.5.11"
-MODEL_DIR = "/srv/models/qwen"
+RELEASE, MODEL_DIR = BENCH_RELEASE, BENCH_MODEL_DIR
 PYINFRA = Path(sys.executable).parent / "pyinfra"
 DEPLOY_TIMEOUT_S = 900
 TRIVIAL_DEPLOY = """\
@@ -155,21 +155,12 @@ def bench() -> int:
         print("serve_bench: needs root (systemd-nspawn testbed); skipped")
         return 0
     signal.signal(signal.SIGTERM, _terminate)
-    indexes: Indexes | None = None
-    bed: Testbed | None = None
-    with tempfile.TemporaryDirectory(prefix="serve-bench-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="serve-bench-") as tmp,
+        bench_hosts(Path(tmp), HOSTS) as (indexes, hosts),
+    ):
         work = Path(tmp)
         try:
-            built = wheels.release_wheels(work / "wheels", RELEASE, LANE)
-            indexes = make_indexes(work / "index", {RELEASE: built})
-            bed = Testbed(ensure_testbed())
-            spec = ContainerSpec(
-                extra_files={
-                    f"{MODEL_DIR}/config.json": MODEL_CONFIG,
-                    f"{MODEL_DIR}/model-00001-of-00001.safetensors": b"\0" * 4096,
-                }
-            )
-            hosts = bed.boot(*[spec] * HOSTS)
             data = {c: host_data(c, indexes) for c in hosts}
             one = inventory_file(work, {hosts[0]: data[hosts[0]]}, filename="one.py")
             four = inventory_file(work, data, filename="four.py")
@@ -211,11 +202,6 @@ def bench() -> int:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             for proc in list(_running):
                 stop_process(proc)
-            if indexes is not None:
-                for index in indexes.all():
-                    index.stop()
-            if bed is not None:
-                bed.close()
 
 
 if __name__ == "__main__":

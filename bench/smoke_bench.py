@@ -29,13 +29,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.doubles import wheels  # noqa: E402
-from tests.e2e.deploying import LANE, MODEL_CONFIG, Indexes, make_indexes  # noqa: E402
-from tests.testbed import Container, ContainerSpec, Testbed, ensure_testbed, inventory_file  # noqa: E402
+from tests.e2e.deploying import (  # noqa: E402
+    BENCH_MODEL_DIR,
+    BENCH_RELEASE,
+    Indexes,
+    bench_hosts,
+)
+from tests.testbed import Container, inventory_file  # noqa: E402
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
-RELEASE = "0.5.11"
-MODEL_DIR = "/srv/models/qwen"
+RELEASE, MODEL_DIR = BENCH_RELEASE, BENCH_MODEL_DIR
 PYINFRA = Path(sys.executable).parent / "pyinfra"
 DEPLOY_TIMEOUT_S = 900
 GOAL = 1.10
@@ -83,57 +86,41 @@ def main() -> int:
     if os.geteuid() != 0:
         print("smoke_bench: needs root (systemd-nspawn testbed); skipped")
         return 0
-    indexes: Indexes | None = None
-    bed: Testbed | None = None
-    with tempfile.TemporaryDirectory(prefix="smoke-bench-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="smoke-bench-") as tmp,
+        bench_hosts(Path(tmp), 1) as (indexes, (c,)),
+    ):
         work = Path(tmp)
-        try:
-            built = wheels.release_wheels(work / "wheels", RELEASE, LANE)
-            indexes = make_indexes(work / "index", {RELEASE: built})
-            bed = Testbed(ensure_testbed())
-            spec = ContainerSpec(
-                extra_files={
-                    f"{MODEL_DIR}/config.json": MODEL_CONFIG,
-                    f"{MODEL_DIR}/model-00001-of-00001.safetensors": b"\0" * 4096,
-                }
+        inventories = {
+            side: inventory_file(
+                work, {c: host_data(c, indexes, side == "smoke on")}, filename=f"{i}.py"
             )
-            (c,) = bed.boot(spec)
-            inventories = {
-                side: inventory_file(
-                    work, {c: host_data(c, indexes, side == "smoke on")}, filename=f"{i}.py"
-                )
-                for i, side in enumerate(("smoke off", "smoke on"))
-            }
-            first, _ = pyinfra(inventories["smoke on"])
-            print(f"smoke_bench: brought to serving in {first:.1f} s", flush=True)
+            for i, side in enumerate(("smoke off", "smoke on"))
+        }
+        first, _ = pyinfra(inventories["smoke on"])
+        print(f"smoke_bench: brought to serving in {first:.1f} s", flush=True)
 
-            runs: dict[str, list[float]] = {"smoke off": [], "smoke on": []}
-            for number in range(ROUNDS):
-                order = ["smoke off", "smoke on"]
-                for side in order if number % 2 == 0 else order[::-1]:
-                    stop_ranks(c)
-                    seconds, output = pyinfra(inventories[side])
-                    asked = "Smoke: chat requests" in output
-                    if asked != (side == "smoke on"):
-                        raise RuntimeError(f"{side}: the smoke requests were not as set")
-                    runs[side].append(seconds)
+        runs: dict[str, list[float]] = {"smoke off": [], "smoke on": []}
+        for number in range(ROUNDS):
+            order = ["smoke off", "smoke on"]
+            for side in order if number % 2 == 0 else order[::-1]:
+                stop_ranks(c)
+                seconds, output = pyinfra(inventories[side])
+                asked = "Smoke: chat requests" in output
+                if asked != (side == "smoke on"):
+                    raise RuntimeError(f"{side}: the smoke requests were not as set")
+                runs[side].append(seconds)
 
-            medians = {side: statistics.median(times) for side, times in runs.items()}
-            print(f"smoke_bench: deploy starting 8 ranks, median of {ROUNDS} rounds")
-            print(f"  {'run':<10} {'median s':>9}   all rounds (s)")
-            for side, value in medians.items():
-                rounds = " ".join(f"{t:.2f}" for t in runs[side])
-                print(f"  {side:<10} {value:9.2f}   {rounds}")
-            ratio = medians["smoke on"] / medians["smoke off"]
-            verdict = "met" if ratio <= GOAL else "NOT met"
-            print(f"  smoke on / smoke off {ratio:5.3f}x  (goal <= {GOAL}x: {verdict})")
-            return 0
-        finally:
-            if indexes is not None:
-                for index in indexes.all():
-                    index.stop()
-            if bed is not None:
-                bed.close()
+        medians = {side: statistics.median(times) for side, times in runs.items()}
+        print(f"smoke_bench: deploy starting 8 ranks, median of {ROUNDS} rounds")
+        print(f"  {'run':<10} {'median s':>9}   all rounds (s)")
+        for side, value in medians.items():
+            rounds = " ".join(f"{t:.2f}" for t in runs[side])
+            print(f"  {side:<10} {value:9.2f}   {rounds}")
+        ratio = medians["smoke on"] / medians["smoke off"]
+        verdict = "met" if ratio <= GOAL else "NOT met"
+        print(f"  smoke on / smoke off {ratio:5.3f}x  (goal <= {GOAL}x: {verdict})")
+        return 0
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -229,3 +231,35 @@ def run_deploy(
     except subprocess.TimeoutExpired:
         started.kill()
         raise
+
+
+BENCH_RELEASE = "0.5.11"
+BENCH_MODEL_DIR = "/srv/models/qwen"
+
+
+@contextmanager
+def bench_hosts(work: Path, count: int) -> Iterator[tuple[Indexes, list[Container]]]:
+    """What the deploy benches share: the cu128 indexes on loopback with the double wheels of
+    BENCH_RELEASE, and `count` testbed containers (8 RTX PRO 6000 doubles each) with a tiny
+    model at BENCH_MODEL_DIR. Indexes and containers are stopped on the way out."""
+    from tests.testbed import ContainerSpec, Testbed, ensure_testbed
+
+    indexes: Indexes | None = None
+    bed: Testbed | None = None
+    try:
+        built = doubles.release_wheels(work / "wheels", BENCH_RELEASE, LANE)
+        indexes = make_indexes(work / "index", {BENCH_RELEASE: built})
+        bed = Testbed(ensure_testbed())
+        spec = ContainerSpec(
+            extra_files={
+                f"{BENCH_MODEL_DIR}/config.json": MODEL_CONFIG,
+                f"{BENCH_MODEL_DIR}/model-00001-of-00001.safetensors": b"\0" * 4096,
+            }
+        )
+        yield indexes, bed.boot(*[spec] * count)
+    finally:
+        if indexes is not None:
+            for index in indexes.all():
+                index.stop()
+        if bed is not None:
+            bed.close()
