@@ -304,6 +304,28 @@ class Speculative:
     source: Cites
 
 
+@dataclass(frozen=True)
+class RankEnvironment:
+    """A variable a rank unit sets when the release pins a flashinfer in `flashinfer`, on a GPU
+    of `compute_caps`, on one of `lanes`."""
+
+    variable: str
+    value: str
+    flashinfer: str  # a version specifier
+    compute_caps: tuple[str, ...]
+    lanes: tuple[str, ...]
+    why: str
+    source: Cites
+
+    def applies(self, flashinfer: str | None, compute_cap: str, lane: str) -> bool:
+        return (
+            flashinfer is not None
+            and compute_cap in self.compute_caps
+            and lane in self.lanes
+            and SpecifierSet(self.flashinfer).contains(version(flashinfer), prereleases=True)
+        )
+
+
 # eq=False: compared and hashed by identity (its mappings are read-only views, unhashable).
 @dataclass(frozen=True, eq=False)
 class Knowledge:
@@ -319,6 +341,15 @@ class Knowledge:
     flags: Flags
     speculative: Speculative
     mamba_no_buffer: tuple[NoBufferRule, ...]
+    rank_environment: tuple[RankEnvironment, ...]
+
+    def rank_environment_for(
+        self, release: str, compute_cap: str, lane: str
+    ) -> tuple[RankEnvironment, ...]:
+        """The variables a rank of `release` sets on that GPU and lane (by its flashinfer pin)."""
+        entry = self.releases.get(release)
+        pinned = entry.pin("flashinfer-python") if entry is not None else None
+        return tuple(r for r in self.rank_environment if r.applies(pinned, compute_cap, lane))
 
     def supported_releases(self) -> list[str]:
         return sorted(self.releases, key=version)
@@ -478,6 +509,16 @@ class RawSpeculative(TypedDict):
     source: RawCites
 
 
+class RawRankEnvironment(TypedDict):
+    variable: str
+    value: str
+    flashinfer: str
+    compute_caps: list[str]
+    lanes: list[str]
+    why: str
+    source: RawCites
+
+
 class RawKnowledge(TypedDict):
     sources: dict[str, RawSource]
     gpus: dict[str, RawGpu]
@@ -491,6 +532,7 @@ class RawKnowledge(TypedDict):
     flags: dict[str, list[RawSpelling]]
     speculative: RawSpeculative
     mamba_no_buffer: list[RawNoBuffer]
+    rank_environment: list[RawRankEnvironment]
 
 
 class RawCliOption(TypedDict):
@@ -530,11 +572,11 @@ class _Reader:
                 found.append(source)
         return tuple(found)
 
-    def releases(self, where: str, specifier: str) -> str:
+    def releases(self, where: str, specifier: str, key: str = "releases") -> str:
         try:
             SpecifierSet(specifier)
         except InvalidSpecifier:
-            self.problems.append(f"{where}.releases: {specifier!r} is not a version range")
+            self.problems.append(f"{where}.{key}: {specifier!r} is not a version range")
             return "<0"  # matches no release: the load fails on the problem above anyway
         return specifier
 
@@ -619,6 +661,18 @@ class _Reader:
             )
             for i, r in enumerate(raw["mamba_no_buffer"])
         )
+        environment = tuple(
+            RankEnvironment(
+                e["variable"],
+                e["value"],
+                self.releases(f"rank_environment[{i}]", e["flashinfer"], "flashinfer"),
+                tuple(e["compute_caps"]),
+                tuple(e["lanes"]),
+                e["why"],
+                self.cites(f"rank_environment[{i}]", e["source"]),
+            )
+            for i, e in enumerate(raw["rank_environment"])
+        )
         self.problems += [
             f"sources.{sid}: cited by nothing" for sid in self.sources if sid not in self.cited
         ]
@@ -635,6 +689,7 @@ class _Reader:
             flags=flags,
             speculative=speculative,
             mamba_no_buffer=no_buffer,
+            rank_environment=environment,
         )
 
     def release(self, number: str, raw: RawRelease, lanes: Mapping[str, Lane]) -> Release:
@@ -788,6 +843,11 @@ def _cross_problems(kb: Knowledge) -> Iterator[str]:
                     f"flags.{flag.setting}[{covering[0]}]: sglang {number} has {found} option "
                     f"{option} (its CLI table)"
                 )
+    for i, env in enumerate(kb.rank_environment):
+        yield from caps(f"rank_environment[{i}]", env.compute_caps)
+        for lane in env.lanes:
+            if lane not in kb.lanes:
+                yield f"rank_environment[{i}]: unknown lane {lane!r}"
     strategy = kb.speculative.hybrid_requires_mamba_strategy
     for number in kb.releases:
         spelling = kb.flags.mamba_cache_strategy.spelling(number)

@@ -602,7 +602,7 @@ class _Resolution:
         for rank in range(s.dp_size):
             port = s.base_port + rank
             argv = [python, "-m", "sglang.launch_server", *args, "--port", str(port)]
-            environment = {"CUDA_VISIBLE_DEVICES": str(rank)}
+            environment = {"CUDA_VISIBLE_DEVICES": str(rank), **self.rank_environment()}
             unit = units.rank_unit(
                 rank=rank,
                 gpu=rank,
@@ -624,6 +624,21 @@ class _Resolution:
                     unit,
                     engine_env=env,
                     model_path=model_path,
+                )
+            )
+
+    def rank_environment(self) -> dict[str, str]:
+        """What the knowledge base has every rank set for this release, GPU and lane."""
+        s = self.s
+        rules = self.kb.rank_environment_for(s.sglang_version, s.gpu_compute_cap, s.cuda_lane)
+        return {r.variable: r.value for r in rules}
+
+    def explain_environment(self) -> None:
+        s = self.s
+        for r in self.kb.rank_environment_for(s.sglang_version, s.gpu_compute_cap, s.cuda_lane):
+            self.plan.decisions.append(
+                Decision(
+                    "rank environment", f"{r.variable}={r.value}", f"{r.why} ({_src(r.source)})"
                 )
             )
 
@@ -659,6 +674,7 @@ class _Resolution:
                 f"model_source {self.s.model_source}: its staged copy is not known until the "
                 "source is readable; the ranks are shown reading the model link"
             )
+        self.explain_environment()
         self.ranks(args + list(self.s.extra_server_args))
         return self.plan
 

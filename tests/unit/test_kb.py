@@ -170,6 +170,14 @@ def _qsa_for_0519(d: dict[str, Any]) -> None:
             "releases.0.5.11: builds.cu128: torch==2.10.0+cu128 does not satisfy torch==2.11.0",
         ),
         (
+            lambda d: d["rank_environment"][0]["lanes"].append("cu127"),
+            "rank_environment[0]: unknown lane 'cu127'",
+        ),
+        (
+            lambda d: d["rank_environment"][0].update(flashinfer="0.6.8 or so"),
+            "rank_environment[0].flashinfer: '0.6.8 or so' is not a version range",
+        ),
+        (
             lambda d: d["flags"]["mamba_cache_strategy"][1].update(option="--mamba-strategy"),
             "flags.mamba_cache_strategy[1]: sglang 0.5.19 has no option --mamba-strategy",
         ),

@@ -99,7 +99,12 @@ def test_demo_plan_has_eight_flashinfer_ranks_on_consecutive_ports() -> None:
         argv = r["argv"]
         assert argv[argv.index("--attention-backend") + 1] == "flashinfer"
         assert argv[argv.index("--port") + 1] == str(30000 + r["rank"])
-        assert r["env"] == {"CUDA_VISIBLE_DEVICES": str(r["rank"])}
+        # 0.5.11 pins flashinfer 0.6.8.post1: on sm_120 under cu128 its JIT needs the arch
+        # named with its suffix (knowledge: rank_environment).
+        assert r["env"] == {
+            "CUDA_VISIBLE_DEVICES": str(r["rank"]),
+            "FLASHINFER_CUDA_ARCH_LIST": "12.0a",
+        }
         assert "ExecStart=" in r["unit"]
 
 

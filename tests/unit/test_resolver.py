@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from operations import kb as kbmod
 from operations.facts.host import Model
 from operations.resolver import HostPlan, resolve
 from operations.units import exec_word as systemd_quote
@@ -176,7 +177,7 @@ def test_default_plan_has_eight_ranks_one_per_gpu_and_port() -> None:
     assert [r.rank for r in p.ranks] == list(range(8))
     assert [r.port for r in p.ranks] == list(range(30000, 30008))
     for r in p.ranks:
-        assert r.env == {"CUDA_VISIBLE_DEVICES": str(r.rank)}
+        assert r.env["CUDA_VISIBLE_DEVICES"] == str(r.rank)
         # Its own environment, by name: never the `current` link a later switch moves.
         assert r.argv[0] == f"/opt/sglang/envs/{p.engine.name}/bin/python" if p.engine else False
         assert r.argv[1:3] == ["-m", "sglang.launch_server"]
@@ -448,3 +449,34 @@ def test_an_unproven_build_is_warned_with_its_sources() -> None:
     unproven = [w for w in p.warnings if "is unproven" in w]
     assert unproven and all("(source: https://" in w for w in unproven)
     assert any("github.com/sgl-project/whl" in w for w in unproven)
+
+
+@pytest.mark.parametrize(
+    ("release", "cap", "lane", "wanted"),
+    [
+        # flashinfer 0.6.8.post1 (0.5.11) and 0.6.18 (0.5.19) raise for SM 12.x below CUDA 12.9.
+        ("0.5.11", "12.0", "cu128", {"FLASHINFER_CUDA_ARCH_LIST": "12.0a"}),
+        ("0.5.19", "12.0", "cu128", {"FLASHINFER_CUDA_ARCH_LIST": "12.0a"}),
+        # CUDA 12.9 names the arch itself; other chips are not affected.
+        ("0.5.11", "12.0", "cu129", {}),
+        ("0.5.11", "9.0", "cu128", {}),
+        # flashinfer 0.6.3 (0.5.9) and 0.7.2 (0.5.23) give 12.0a under CUDA 12.8 by themselves.
+        ("0.5.9", "12.0", "cu128", {}),
+        ("0.5.23", "12.0", "cu128", {}),
+    ],
+)
+def test_rank_environment_follows_the_pinned_flashinfer_gpu_and_lane(
+    release: str, cap: str, lane: str, wanted: dict[str, str]
+) -> None:
+    knowledge = kbmod.load()
+    found = {r.variable: r.value for r in knowledge.rank_environment_for(release, cap, lane)}
+    assert found == wanted
+
+
+def test_the_rank_environment_is_in_the_unit_and_explained_in_the_plan() -> None:
+    p = plan()
+    assert p.ranks and all(
+        'Environment="FLASHINFER_CUDA_ARCH_LIST=12.0a"\n' in r.unit for r in p.ranks
+    )
+    (decision,) = [d for d in p.decisions if d.what == "rank environment"]
+    assert decision.value == "FLASHINFER_CUDA_ARCH_LIST=12.0a" and "sm75" in decision.why
