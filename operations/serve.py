@@ -412,6 +412,16 @@ def router_env(engine_root: str, env_dir: str, version: str, installed: bool) ->
     )
 
 
+def router_restarts(serving: Serving, plan: RouterPlan) -> bool:
+    """Whether the serve step (re)starts the router this run: its environment is not installed,
+    its unit text is new, or it is not active. The one decision: _route acts on it, the smoke
+    step asks the router when it is true."""
+    unit = serving.files.get(layout.unit_path(layout.ROUTER_UNIT))
+    router = serving.router
+    installed = f"{plan.env_dir}/{layout.ROUTER_MARKER}" in serving.files
+    return unit != sha256(plan.unit) or router is None or router.active != "active" or not installed
+
+
 def _route(report: HostReport, serving: Serving, plan: RouterPlan) -> None:
     s = report.settings
     installed = f"{plan.env_dir}/{ROUTER_MARKER}" in serving.files
@@ -426,21 +436,20 @@ def _route(report: HostReport, serving: Serving, plan: RouterPlan) -> None:
             dir_mode="755",
             secret=True,
         )
-    env = router_env(
+    router_env(
         name=f"Router: sglang-router {plan.version}",
         engine_root=s.engine_root,
         env_dir=plan.env_dir,
         version=plan.version,
         installed=installed,
     )
-    unit = put_file(
+    put_file(
         name=f"Router: {ROUTER_UNIT}",
         src=plan.unit,
         dest=layout.unit_path(ROUTER_UNIT),
         sha256_now=serving.files.get(layout.unit_path(ROUTER_UNIT)),
     )
-    router = serving.router
-    if env.will_change or unit.will_change or router is None or router.active != "active":
+    if router_restarts(serving, plan):
         systemd.daemon_reload(name="Router: reload systemd")
         server.shell(
             name=f"Router: (re)start {ROUTER_UNIT}",

@@ -22,26 +22,15 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host
 
 from operations import layout
-from operations.facts.serve import Serving
-from operations.host_files import put_file, sha256
+from operations.host_files import put_file
 from operations.host_plan import HostReport
 from operations.resolver import Rank, RouterPlan
-from operations.serve import ServeStep
+from operations.serve import ServeStep, router_restarts
 from operations.settings import Settings
 
 SMOKE_SCRIPT = layout.SMOKE_SCRIPT
 _SOURCE = Path(__file__).parent / "files" / "smoke.py"
 ROUTER_TARGET = "router"  # files/smoke.py ROUTER: judged by its chat answers alone
-
-
-def router_restarts(serving: Serving, plan: RouterPlan) -> bool:
-    """Whether the serve step (re)starts the router this run: its unit text is new or it is not
-    active (the test operations/serve.py _route makes from the same fact; a new router
-    environment comes with a new unit, since the unit names it)."""
-    unit = serving.files.get(layout.unit_path(layout.ROUTER_UNIT))
-    router = serving.router
-    installed = f"{plan.env_dir}/{layout.ROUTER_MARKER}" in serving.files
-    return unit != sha256(plan.unit) or router is None or router.active != "active" or not installed
 
 
 def smoke_targets(

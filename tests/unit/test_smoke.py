@@ -19,6 +19,7 @@ from operations import smoke as op
 from operations.facts.serve import Serving, UnitState
 from operations.host_files import sha256
 from operations.resolver import Rank, RouterPlan
+from operations.serve import router_restarts
 from tests.unit.builders import make_settings
 
 MODEL = "Qwen/Qwen3.6-27B"
@@ -201,12 +202,12 @@ def test_the_router_is_asked_when_it_restarts() -> None:
     unit_path = layout.unit_path(layout.ROUTER_UNIT)
     running = UnitState(unit_sha256="x", load="loaded", active="active", sub="running")
     same = Serving(router=running, files={unit_path: sha256(plan.unit), marker: "y"})
-    assert op.router_restarts(same, plan) is False
+    assert router_restarts(same, plan) is False
     changed = Serving(router=running, files={unit_path: sha256("old"), marker: "y"})
-    assert op.router_restarts(changed, plan) is True
+    assert router_restarts(changed, plan) is True
     stopped = Serving(router=UnitState(active="failed"), files=same.files)
-    assert op.router_restarts(stopped, plan) is True
-    assert op.router_restarts(Serving(router=running, files={unit_path: sha256(plan.unit)}), plan)
+    assert router_restarts(stopped, plan) is True
+    assert router_restarts(Serving(router=running, files={unit_path: sha256(plan.unit)}), plan)
 
 
 def test_the_setting_defaults() -> None:
