@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -17,7 +19,15 @@ from typing import Any
 import pytest
 
 from tests.doubles import wheels as doubles
-from tests.e2e.deploying import LANE, MODEL_CONFIG, Indexes, Run, make_indexes, run_deploy
+from tests.e2e.deploying import (
+    LANE,
+    MODEL_CONFIG,
+    REPO,
+    Indexes,
+    Run,
+    make_indexes,
+    run_deploy,
+)
 from tests.e2e.index import pypi_wheels_with_deps
 from tests.testbed import Container, ContainerSpec
 
@@ -122,3 +132,28 @@ def serving_spec() -> ContainerSpec:
             f"{MODEL_DIR}/model-00001-of-00001.safetensors": b"\0" * 4096,
         }
     )
+
+
+STATUS_TIMEOUT_S = 180
+
+
+def status_inventory(tmp_path: Path, hosts: dict[str, dict[str, Any]]) -> Path:
+    """An inventory file for `python -m operations.status`: host name -> its data."""
+    path = tmp_path / "status-inventory.py"
+    entries = "".join(f"    ({name!r}, {data!r}),\n" for name, data in hosts.items())
+    path.write_text(f"testbed = [\n{entries}]\n")
+    return path
+
+
+def run_status(inventory: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m operations.status INVENTORY ARGS` as a user runs it; never a traceback."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "operations.status", str(inventory), *args],
+        capture_output=True,
+        text=True,
+        timeout=STATUS_TIMEOUT_S,
+        cwd=REPO,
+        check=False,
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc

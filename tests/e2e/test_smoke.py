@@ -12,8 +12,6 @@ deploy that must converge, so no test depends on another's order.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests import testbed as tb
-from tests.e2e.deploying import REPO, Indexes, Run
+from tests.e2e.deploying import Indexes, Run
 from tests.e2e.index import wait_for
 from tests.e2e.serving import (
     ROUTER_PORT,
@@ -32,7 +30,9 @@ from tests.e2e.serving import (
     http,
     ok,
     requests_served,
+    run_status,
     serving_spec,
+    status_inventory,
     unit_states,
 )
 from tests.e2e.serving import serving_indexes as serving_indexes  # the `indexes` fixture
@@ -43,7 +43,6 @@ pytestmark = pytest.mark.e2e
 API_KEY = "sk-smoke-3f9a1c7e5b2d4a68"
 MODEL = "Qwen/Qwen3.6-27B"
 SMOKE_OP = "Smoke: chat requests to the (re)started ranks, and through the router on its host"
-STATUS_TIMEOUT_S = 180
 
 
 @pytest.fixture(scope="module")
@@ -64,22 +63,8 @@ def served(c: Container, ranks: range) -> dict[int, int]:
 
 def status(tmp_path: Path, data: dict[Container, dict[str, Any]], *args: str) -> tuple[int, str]:
     hosts = {c.name: {**c.host_data(), **d} for c, d in data.items()}
-    path = tmp_path / "status-inventory.py"
-    entries = "".join(f"    ({name!r}, {d!r}),\n" for name, d in hosts.items())
-    path.write_text(f"testbed = [\n{entries}]\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "operations.status", str(path), *args],
-        capture_output=True,
-        text=True,
-        timeout=STATUS_TIMEOUT_S,
-        cwd=REPO,
-        check=False,
-    )
-    assert "Traceback" not in proc.stderr, proc.stderr
+    proc = run_status(status_inventory(tmp_path, hosts), *args)
     return proc.returncode, proc.stdout + proc.stderr
-
-
-# -- tests -----------------------------------------------------------------------------------
 
 
 def test_eight_started_ranks_each_answer_one_request_and_a_rerun_asks_nothing(

@@ -9,8 +9,6 @@ another's order.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +19,7 @@ from operations.facts.serve import ServingState, parse_serving
 from operations.settings import Layer, load
 from operations.status import fact_args
 from tests import testbed as tb
-from tests.e2e.deploying import LANE, REPO, Indexes
+from tests.e2e.deploying import LANE, Indexes
 from tests.e2e.index import wait_for
 from tests.e2e.serving import (
     RELEASE,
@@ -30,7 +28,9 @@ from tests.e2e.serving import (
     deploy,
     health,
     ok,
+    run_status,
     serving_spec,
+    status_inventory,
     unit_states,
 )
 from tests.e2e.serving import serving_indexes as serving_indexes  # the `indexes` fixture
@@ -38,7 +38,6 @@ from tests.testbed import Container
 
 pytestmark = pytest.mark.e2e
 
-STATUS_TIMEOUT_S = 120
 GPU_NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"  # the container's nvidia-smi double
 GONE = "ct-gone"
 
@@ -61,13 +60,6 @@ def served(
         testbed.destroy(container)
 
 
-def write_inventory(tmp_path: Path, hosts: dict[str, dict[str, Any]]) -> Path:
-    path = tmp_path / "inventory.py"
-    entries = "".join(f"    ({name!r}, {data!r}),\n" for name, data in hosts.items())
-    path.write_text(f"testbed = [\n{entries}]\n")
-    return path
-
-
 def inventory(tmp_path: Path, served: tuple[Container, dict[str, Any]], gone: bool = False) -> Path:
     container, data = served
     hosts = {container.name: {**container.host_data(), **data}}
@@ -75,23 +67,11 @@ def inventory(tmp_path: Path, served: tuple[Container, dict[str, Any]], gone: bo
         # Nothing listens on port 1 of the container's address: the SSH connection is refused.
         own = {k: v for k, v in data.items() if k != "router"}
         hosts[GONE] = {**container.host_data(), "ssh_port": 1, **own}
-    return write_inventory(tmp_path, hosts)
-
-
-def status(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "operations.status", str(path), *args],
-        capture_output=True,
-        text=True,
-        timeout=STATUS_TIMEOUT_S,
-        cwd=REPO,
-        check=False,
-    )
+    return status_inventory(tmp_path, hosts)
 
 
 def status_json(path: Path) -> tuple[int, dict[str, Any]]:
-    proc = status(path, "--json")
-    assert "Traceback" not in proc.stderr, proc.stderr
+    proc = run_status(path, "--json")
     document: dict[str, Any] = json.loads(proc.stdout)
     return proc.returncode, document
 
@@ -106,7 +86,7 @@ def all_healthy(c: Container) -> bool:
 def test_all_ranks_healthy(served: tuple[Container, dict[str, Any]], tmp_path: Path) -> None:
     c, _ = served
     path = inventory(tmp_path, served)
-    proc = status(path)
+    proc = run_status(path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert f"{c.name}: 8/8 ranks healthy, router healthy" in out, out
@@ -163,7 +143,7 @@ def test_a_stopped_rank_is_unhealthy_and_fails_the_exit_status(
     path = inventory(tmp_path, served)
     assert c.ssh_run("systemctl stop sglang@2.service")[0] == 0
     try:
-        proc = status(path)
+        proc = run_status(path)
         assert proc.returncode == 1, proc.stdout + proc.stderr
         assert f"{c.name}: 7/8 ranks healthy (rank 2 inactive (dead), refused)" in proc.stdout
         assert "NOT healthy" in proc.stdout
@@ -185,7 +165,7 @@ def test_an_unreachable_host_is_one_line_and_the_others_are_still_reported(
 ) -> None:
     c, _ = served
     path = inventory(tmp_path, served, gone=True)
-    proc = status(path)
+    proc = run_status(path)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1, output
     assert "Traceback" not in output
