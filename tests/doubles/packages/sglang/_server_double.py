@@ -22,7 +22,8 @@ It behaves like the real server where a deploy can observe it, with the standard
   sglang:prompt_tokens_total, sglang:generation_tokens_total, sglang:num_requests_total), so a
   test counts the requests each rank served;
 - with --api-key every route except /health* and /metrics needs `Authorization: Bearer KEY`
-  (401 {"error": "Unauthorized"} otherwise, as the API-key middleware answers).
+  (401 {"error": "Unauthorized"} otherwise: sglang 0.5.11 wheel, sglang/srt/utils/auth.py,
+  decide_request_auth lets /health* and /metrics through, _ApiKeyASGIMiddleware answers that).
 
 Test-only knob: SGLANG_DOUBLE_REPLY (set in a unit drop-in) makes this rank answer garbage, as a
 broken or misconfigured server would: "malformed" (200, a cut-off JSON body), "empty" (200, no
