@@ -32,7 +32,6 @@ from pyinfra.operations import files, systemd
 from operations import layout, units
 from operations.facts.model import SCRIPT_PATH, script_module
 from operations.facts.serve import serving_state
-from operations.gate import refuse
 from operations.host_files import put_file
 from operations.host_plan import HostReport
 from operations.layout import CONFIG_DIR, STAGE_UNIT
@@ -307,9 +306,10 @@ def _stage_model(report: HostReport) -> StageResult:
     )
 
     # Decided once, before any change (operations/staging.py); carried out here.
+    # A refused decision never gets here: it is one of the host's errors, and the gate stops it.
     decision = report.staging
-    if decision is None:
-        raise OperationError("the model step needs the plan's staging decision (host_plan)")
+    if decision is None or decision.refused:
+        raise OperationError("the model step needs an accepted staging decision (host_plan)")
     staging, kept = decision.staging, decision.kept
     if source.kind == "controller" and source.controller_dir is not None:
         local = script_module().scan(source.controller_dir)
@@ -353,9 +353,6 @@ def _stage_model(report: HostReport) -> StageResult:
     )
     plan = decision.plan
     logger.info(f"{host.print_prefix}model {s.model_name}: {plan.mode}: {plan.why}")
-    if plan.mode == "refuse":
-        refuse(name="Refuse: the model cannot be staged, nothing copied", summary=plan.why)
-        return StageResult()
     op = staged(
         name=f"Stage {s.model_name} in {s.model_stage_dir} ({plan.mode})",
         source_dir=source.target_dir,
