@@ -379,8 +379,8 @@ def build_env(engine_root: str, env_name: str, python: str, offline: bool) -> An
 
     + engine_root: the engine root on the host
     + env_name: the environment's name (release-lane-hash)
-    + python: the Python specifier the release supports (system Python preferred; uv never
-      downloads one)
+    + python: the CPython minor the engine is locked for ("3.11"): the host's own, which uv
+      must find (it never downloads one)
     + offline: install the exported lock from the wheelhouse (hashes checked), not the indexes
     """
     state = _state(engine_root)
@@ -393,7 +393,7 @@ def build_env(engine_root: str, env_name: str, python: str, offline: bool) -> An
     if env_name in state["envs"]:
         yield f"rm -rf {_q(env)}"
     yield (
-        f"{uv} venv {cache} --no-progress --no-python-downloads --python-preference system "
+        f"{uv} venv {cache} --no-progress --no-python-downloads --python-preference only-system "
         f"--python {_q(python)} {_q(env)}"
     )
     if offline:

@@ -61,6 +61,7 @@ class EngineSpecJson(TypedDict):
     compute_cap: str
     gpu_count: int
     unproven: list[str]
+    excludes: list[str]
     name: str
 
 
@@ -102,13 +103,14 @@ class EngineSpec:
     lane: str
     cuda: str  # the lane's CUDA version, what torch.version.cuda must say
     min_driver: str  # the lane's driver floor, for the check's advice
-    python: str  # the release's Python specifier (knowledge base)
+    python: str  # the one CPython minor ("3.11") it is locked and built for: the host's
     pins: tuple[Pin, ...]
     overrides: tuple[str, ...]
     arch: str | None  # e.g. "sm_120": must be compiled into torch
     compute_cap: str  # what every GPU must report
     gpu_count: int  # how many GPUs torch must see
     unproven: tuple[str, ...] = ()  # what only the GPUs settle, each with its sources
+    excludes: tuple[str, ...] = ()  # projects left out of the install (no build for the lane)
 
     def __post_init__(self) -> None:
         # Built from JSON (op fixtures, FunctionCommand arguments): lists and dicts come back.
@@ -116,6 +118,7 @@ class EngineSpec:
         object.__setattr__(self, "pins", pins)
         object.__setattr__(self, "overrides", tuple(self.overrides))
         object.__setattr__(self, "unproven", tuple(self.unproven))
+        object.__setattr__(self, "excludes", tuple(self.excludes))
 
     @property
     def requirements(self) -> tuple[str, ...]:
@@ -130,14 +133,27 @@ class EngineSpec:
                 "requirements": sorted(self.requirements),
                 "overrides": sorted(self.overrides),
                 "python": self.python,
+                # Only when there are some: names of existing engines stay as they were.
+                **({"excludes": sorted(self.excludes)} if self.excludes else {}),
             },
             sort_keys=True,
         )
         return hashlib.sha256(canonical.encode()).hexdigest()[:HASH_LENGTH]
 
     @property
+    def python_tag(self) -> str:
+        """ "cp311" for Python 3.11: in the name, so a lock says which Python it is for."""
+        return "cp" + self.python.replace(".", "")
+
+    @property
+    def requires_python(self) -> str:
+        """The project's requires-python: this one minor, so uv locks for it alone (a lock over
+        a range must solve every Python in it, and a wheelhouse holds one Python's wheels)."""
+        return f"=={self.python}.*"
+
+    @property
     def name(self) -> str:
-        return f"{self.release}-{self.lane}-{self.digest}"
+        return f"{self.release}-{self.lane}-{self.python_tag}-{self.digest}"
 
     def pin(self, project: str) -> Pin | None:
         wanted = canonicalize_name(project)
@@ -170,6 +186,7 @@ class EngineSpec:
             "compute_cap": self.compute_cap,
             "gpu_count": self.gpu_count,
             "unproven": list(self.unproven),
+            "excludes": list(self.excludes),
             "name": self.name,
         }
 
@@ -200,6 +217,7 @@ class EngineSpec:
             compute_cap=_text(data, "compute_cap"),
             gpu_count=gpu_count,
             unproven=_texts(data, "unproven") if "unproven" in data else (),
+            excludes=_texts(data, "excludes") if "excludes" in data else (),
         )
 
     def marker(self) -> EngineMarker:
@@ -226,10 +244,12 @@ def _texts(data: Mapping[str, object], key: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def engine_spec(settings: Settings, kb: Knowledge) -> EngineSpec:
+def engine_spec(settings: Settings, kb: Knowledge, python: str | None = None) -> EngineSpec:
     """The environment the settings ask for, from the knowledge base's build of the release on
-    the lane. The resolver has already refused unknown pins and lanes with the user-facing
-    message; this only guards against being called without it."""
+    the lane, for `python` (the host's CPython minor, "3.11"; None when unknown, as on pyinfra's
+    @fake hosts: the release's first). The resolver has already refused unknown pins and lanes
+    with the user-facing message, and preflight a Python the release is not built for; this
+    only guards against being called without them."""
     release = kb.releases.get(settings.sglang_version)
     build = release.build(settings.cuda_lane) if release is not None else None
     if release is None or build is None:
@@ -237,19 +257,26 @@ def engine_spec(settings: Settings, kb: Knowledge) -> EngineSpec:
             f"sglang {settings.sglang_version} on {settings.cuda_lane} is not in the knowledge "
             "base (the resolver should have refused this host)"
         )
+    minor = python or release.python.versions[0]
+    if minor not in release.python.versions:
+        raise EngineError(
+            f"sglang {release.version} is not built for Python {minor} (preflight should have "
+            "refused this host)"
+        )
     gpu = kb.gpus.get(settings.gpu_compute_cap)
     return EngineSpec(
         release=release.version,
         lane=build.lane.name,
         cuda=build.lane.cuda,
         min_driver=build.lane.min_driver,
-        python=release.python,
+        python=minor,
         pins=tuple(Pin(p.name, p.version, p.index, p.index_lane) for p in build.packages),
         overrides=tuple(o.requirement for o in build.overrides),
         arch=gpu.arch if gpu else None,
         compute_cap=settings.gpu_compute_cap,
         gpu_count=settings.gpu_count,
         unproven=tuple(f"{u.what} (source: {cite(u.source)})" for u in build.unproven),
+        excludes=tuple(x.package for x in build.excludes),
     )
 
 
@@ -288,7 +315,7 @@ def project_toml(settings: Settings, spec: EngineSpec, wheelhouse_dir: str | Non
         "[project]",
         'name = "sglang-engine"',
         'version = "0"',
-        f"requires-python = {_toml(spec.python)}",
+        f"requires-python = {_toml(spec.requires_python)}",
         f"dependencies = {_toml_list(spec.requirements)}",
         "",
         "[tool.uv]",
@@ -298,6 +325,8 @@ def project_toml(settings: Settings, spec: EngineSpec, wheelhouse_dir: str | Non
     ]
     if spec.overrides:
         lines.append(f"override-dependencies = {_toml_list(spec.overrides)}")
+    if spec.excludes:
+        lines.append(f"exclude-dependencies = {_toml_list(spec.excludes)}")
     if wheelhouse_dir is not None:
         lines += ["no-index = true", f"find-links = {_toml_list([wheelhouse_dir])}"]
         return "\n".join(lines) + "\n"

@@ -99,6 +99,7 @@ def plan_for_host(
         model=model,
         model_key=model_key(settings),
         device_nodes=tuple(resources.device_nodes) if resources is not None else None,
+        python=resources.python if resources is not None else None,
     )
     plan = resolver.resolve(settings, facts, knowledge)
     router = None

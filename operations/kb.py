@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from functools import cache
 from pathlib import Path
 from types import MappingProxyType
@@ -130,6 +130,16 @@ class Override:
 
 
 @dataclass(frozen=True)
+class Exclude:
+    """A requirement of the release left out of an install (uv's exclude-dependencies): no
+    build of it can run on the lane."""
+
+    package: str  # canonical project name
+    replaces: str  # the release's requirement it removes
+    source: Cites
+
+
+@dataclass(frozen=True)
 class Unproven:
     what: str
     source: Cites
@@ -141,13 +151,28 @@ class LaneBuild:
     packages: tuple[PackageBuild, ...]
     overrides: tuple[Override, ...]
     unproven: tuple[Unproven, ...]
+    excludes: tuple[Exclude, ...] = ()
+
+
+@dataclass(frozen=True)
+class PythonSupport:
+    """The CPython minors an engine of a release is locked and built for, one per engine."""
+
+    versions: tuple[str, ...]  # "3.11", "3.12"
+    why: str  # what rules the other minors out
+    source: Cites
+
+    def minor_of(self, full: str) -> str | None:
+        """The supported minor a host's `python3` version ("3.11.2") is, or None."""
+        minor = ".".join(full.split(".")[:2])
+        return minor if minor in self.versions else None
 
 
 @dataclass(frozen=True)
 class Release:
     version: str
     glibc: str
-    python: str  # specifier of the supported Pythons
+    python: PythonSupport
     requires: tuple[str, ...]  # the CUDA-bearing requirements of the release's METADATA
     builds: tuple[LaneBuild, ...]
     source: Cites
@@ -424,15 +449,28 @@ class RawPackage(TypedDict):
     source: RawCites
 
 
+class RawExclude(TypedDict):
+    package: str
+    replaces: str
+    source: RawCites
+
+
 class RawBuild(TypedDict):
     packages: dict[str, RawPackage]
     overrides: NotRequired[list[RawOverride]]
+    excludes: NotRequired[list[RawExclude]]
     unproven: NotRequired[list[RawUnproven]]
+
+
+class RawPython(TypedDict):
+    versions: list[str]
+    why: str
+    source: RawCites
 
 
 class RawRelease(TypedDict):
     glibc: str
-    python: str
+    python: RawPython
     requires: list[str]
     overrides: NotRequired[list[RawOverride]]
     builds: dict[str, RawBuild]
@@ -723,11 +761,23 @@ class _Reader:
                 Unproven(u["what"], self.cites(f"{at}.unproven[{i}]", u["source"]))
                 for i, u in enumerate(build.get("unproven", []))
             )
-            builds.append(LaneBuild(lane, packages, shared + own, unproven))
+            excludes = tuple(
+                Exclude(
+                    canonicalize_name(x["package"]),
+                    x["replaces"],
+                    self.cites(f"{at}.excludes[{i}]", x["source"]),
+                )
+                for i, x in enumerate(build.get("excludes", []))
+            )
+            builds.append(LaneBuild(lane, packages, shared + own, unproven, excludes))
         return Release(
             version=number,
             glibc=raw["glibc"],
-            python=raw["python"],
+            python=PythonSupport(
+                versions=tuple(raw["python"]["versions"]),
+                why=raw["python"]["why"],
+                source=self.cites(f"{where}.python", raw["python"]["source"]),
+            ),
             requires=tuple(raw["requires"]),
             builds=tuple(builds),
             source=self.cites(where, raw["source"]),
@@ -889,6 +939,11 @@ def _release_problems(kb: Knowledge, release: Release) -> list[str]:
         for override in build.overrides:
             if override.replaces not in release.requires:
                 problems.append(f"{where}: override replaces {override.replaces!r}, not required")
+        for exclude in build.excludes:
+            if exclude.replaces not in release.requires:
+                problems.append(f"{where}: exclude replaces {exclude.replaces!r}, not required")
+            elif canonicalize_name(Requirement(exclude.replaces).name) != exclude.package:
+                problems.append(f"{where}: exclude {exclude.package} replaces {exclude.replaces!r}")
     return problems
 
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from packaging.specifiers import SpecifierSet
-
 from operations.facts.gpu import NvidiaSmi
 from operations.facts.host import Model, Resources
 from operations.kb import Knowledge, version
@@ -226,16 +224,16 @@ def check(
                 resources.glibc or "unknown",
                 "use a newer distribution in the container (Debian 12 has 2.36)",
             )
-        # The engine is built with the host's own Python (uv never downloads one).
-        if resources.python is not None and not SpecifierSet(release.python).contains(
-            resources.python, prereleases=True
-        ):
+        # The engine is locked and built for the host's own Python (uv never downloads one).
+        if resources.python is not None and release.python.minor_of(resources.python) is None:
+            supported = ", ".join(release.python.versions)
             fail(
                 "Python",
-                f"python3 {release.python} (what sglang {s.sglang_version}'s wheels support)",
+                f"python3 {supported} (sglang {s.sglang_version} is built for these only: "
+                f"{release.python.why})",
                 resources.python,
-                "install a supported python3 (with python3-venv) in the container, or pin a "
-                "release that supports this one",
+                f"install python3 {supported} (with python3-venv) in the container (Debian 12 "
+                "has 3.11, Ubuntu 24.04 3.12), or pin a release built for this one",
             )
     if resources.systemd is None:
         fail("systemd", "systemd as init", "not found", "run a systemd-based container")

@@ -62,6 +62,8 @@ class Facts:
     model_key: str | None = None
     # /dev/nvidia* nodes present (HostResources); None: not gathered.
     device_nodes: tuple[str, ...] | None = None
+    # The host's python3 version ("3.11.2", HostResources); None: not gathered.
+    python: str | None = None
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,8 @@ class EngineJson(TypedDict):
     requirements: list[str]
     pins: list[PinJson]
     overrides: list[str]
+    excludes: list[str]
+    python: str
     unproven: list[str]
 
 
@@ -170,6 +174,8 @@ def _engine_json(spec: EngineSpec | None) -> EngineJson | None:
             for p in spec.pins
         ],
         "overrides": list(spec.overrides),
+        "excludes": list(spec.excludes),
+        "python": spec.python,
         "unproven": list(spec.unproven),
     }
 
@@ -293,8 +299,23 @@ class _Resolution:
 
     def plan_engine(self) -> None:
         """The engine this host installs: every CUDA-bearing pin with its build and index."""
-        spec = engine_spec(self.s, self.kb)
+        release = self.kb.releases[self.s.sglang_version]
+        # The engine is locked and built for the host's own Python; one outside the release's
+        # is preflight's failure (the host is refused), so the plan shows the release's first.
+        host_python = self.facts.python
+        minor = release.python.minor_of(host_python) if host_python else None
+        spec = engine_spec(self.s, self.kb, minor)
         self.plan.engine = spec
+        found = f"the host's python3 is {host_python}" if host_python else "host not asked"
+        self.plan.decisions.append(
+            Decision(
+                "engine python",
+                f"{spec.python} ({spec.python_tag}, locked for it alone)",
+                f"{found}; sglang {spec.release} is built for "
+                f"{', '.join(release.python.versions)}: {release.python.why} "
+                f"({_src(release.python.source)})",
+            )
+        )
         urls = {index.name: redact(index.url) for index in indexes(self.s, spec)}
         main = redact(self.s.package_index_url or "") or "the installer's default index (PyPI)"
         for pin in spec.pins:
@@ -307,9 +328,23 @@ class _Resolution:
                 "engine pin", f"sglang=={spec.release}", f"and everything else only from {main}"
             )
         )
-        for override in spec.overrides:
+        build = release.build(spec.lane)
+        for override in build.overrides if build else ():
             self.plan.decisions.append(
-                Decision("engine override", override, "replaces the release's own requirement")
+                Decision(
+                    "engine override",
+                    override.requirement,
+                    f"replaces the release's {override.replaces} ({_src(override.source)})",
+                )
+            )
+        for exclude in build.excludes if build else ():
+            self.plan.decisions.append(
+                Decision(
+                    "engine exclude",
+                    exclude.package,
+                    f"the release's {exclude.replaces} is left out: no build for "
+                    f"{spec.lane} ({_src(exclude.source)})",
+                )
             )
         for what in spec.unproven:
             self.plan.warnings.append(

@@ -13,6 +13,7 @@ import pytest
 from operations import kb as kbmod
 from operations.engine import Driver, Probe, envs_to_prune, evaluate, parse_probe
 from operations.engine_spec import (
+    EngineError,
     EngineSpec,
     engine_spec,
     indexes,
@@ -67,11 +68,39 @@ def test_overrides_replace_sdist_only_and_cuda13_requirements() -> None:
     assert s.unproven, "0.5.19 on a CUDA 12 lane is flagged as unproven"
 
 
-def test_env_name_is_release_lane_and_a_stable_short_hash() -> None:
+def test_env_name_is_release_lane_python_and_a_stable_short_hash() -> None:
     name = spec().name
-    release, lane, digest = name.split("-")
-    assert (release, lane, len(digest)) == ("0.5.11", "cu128", 8)
+    release, lane, python, digest = name.split("-")
+    assert (release, lane, python, len(digest)) == ("0.5.11", "cu128", "cp311", 8)
     assert spec().name == name
+
+
+def test_one_python_per_engine_the_hosts_own() -> None:
+    s312 = engine_spec(make_settings(), KB, "3.12")
+    assert s312.name.split("-")[2] == "cp312" and s312.name != spec().name
+    data = tomllib.loads(project_toml(make_settings(), s312, None))
+    # One minor, so uv solves for it alone: a range would have to solve 3.13 too, where
+    # outlines-core has no wheel.
+    assert data["project"]["requires-python"] == "==3.12.*"
+    with pytest.raises(EngineError, match=r"not built for Python 3\.13"):
+        engine_spec(make_settings(), KB, "3.13")
+
+
+def test_cuda_12_lanes_take_cuda_python_12_9_the_cuda_13_lane_the_releases_own() -> None:
+    # torch's CUDA 12 builds need cuda-bindings<13 (sgl-project/sglang#25069).
+    for release, lane in (("0.5.11", "cu128"), ("0.5.19", "cu128"), ("0.5.19", "cu129")):
+        assert "cuda-python==12.9.4" in spec(sglang_version=release, cuda_lane=lane).overrides
+    for release in ("0.5.11", "0.5.19"):
+        cu130 = spec(sglang_version=release, cuda_lane="cu130")
+        assert not any(o.startswith("cuda-python") for o in cu130.overrides)
+
+
+def test_cuda_13_only_packages_are_excluded_on_cuda_12_lanes() -> None:
+    s = spec(sglang_version="0.5.19", cuda_lane="cu128")
+    assert s.excludes == ("sgl-deep-ep", "sgl-deep-gemm")
+    data = tomllib.loads(project_toml(make_settings(sglang_version="0.5.19"), s, None))
+    assert data["tool"]["uv"]["exclude-dependencies"] == ["sgl-deep-ep", "sgl-deep-gemm"]
+    assert spec(sglang_version="0.5.19", cuda_lane="cu130").excludes == ()
 
 
 def test_env_name_changes_with_the_set_but_not_with_where_wheels_come_from() -> None:
