@@ -211,6 +211,15 @@ def real_requirements(release: str) -> list[str]:
     return found
 
 
+def _metadata_field(release: str, key: str) -> str | None:
+    """One field of the release's captured METADATA (Requires-Python: ">=3.10")."""
+    for line in (METADATA / f"sglang-{release}.txt").read_text().splitlines():
+        found, _, value = line.partition(": ")
+        if found == key:
+            return value.strip()
+    return None
+
+
 def sglang_wheel(outdir: Path, release: str) -> Path:
     """sglang `release` requiring the CUDA-bearing pins of its real METADATA (the knowledge
     base's `requires`, checked against tests/fixtures/metadata/sglang-<release>.txt), and its
@@ -226,7 +235,7 @@ def sglang_wheel(outdir: Path, release: str) -> Path:
         release,
         files,
         requires=requires,
-        requires_python=pins.get("python"),
+        requires_python=_metadata_field(release, "Requires-Python"),
         summary="TEST DOUBLE of SGLang (launch_server is a stdlib HTTP double)",
     )
 
@@ -252,7 +261,13 @@ def release_wheels(
     entry = build[kernel]
     kernel_cuda = lane_cuda(_tag(entry["version"]) or entry.get("index_lane", lane))
     out["kernel"] = kernel_wheel(outdir, kernel, entry["version"], kernel_cuda)
-    cuda_python = _pin(pins["requires"], "cuda-python")
+    # The version a lane's override takes (cuda-python==12.9.4 on CUDA 12 lanes), else the
+    # release's own pin, else the first CUDA 13 release cuda-python>=13.0 admits.
+    overrides = [
+        o["requirement"]
+        for o in [*pins.get("overrides", []), *pins["builds"][lane].get("overrides", [])]
+    ]
+    cuda_python = _pin(overrides, "cuda-python") or _pin(pins["requires"], "cuda-python")
     out["cuda-python"] = plain_wheel(outdir, "cuda-python", cuda_python or "13.0.3")
     return out
 

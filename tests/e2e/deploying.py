@@ -68,13 +68,10 @@ SGLANG_DEV = "0.5.15.dev20260701+ga7390b17f8"  # tests/fixtures/sglang-whl/cu130
 MIRRORED_TYPING_EXTENSIONS = "4.12.2"
 # Not older: the OpenAI client's pydantic (client_wheels) needs typing-extensions>=4.16.0.
 MAIN_TYPING_EXTENSIONS = "4.16.0"
-# Every Python a release's requires-python allows (">=3.10", ">=3.10,<3.14"): the engine's
-# universal uv lock wants the OpenAI client's compiled dependencies (jiter, pydantic-core) for
-# each, and what only Python 3.10 needs (exceptiongroup), as the real index has them.
-LOCK_PYTHONS = ("3.10", "3.11", "3.12", "3.13", "3.14")
-# anyio's `exceptiongroup>=1.0.2; python_version < "3.11"`: pip evaluates markers against the
-# Python it runs on, so no download above brings it.
-PY310_ONLY = (("exceptiongroup", "1.3.2"),)
+# The containers' Python (Debian 12): an engine is locked for the host's Python alone
+# (requires-python ==3.11.*), so the indexes, like a wheelhouse fetched for that Python, hold
+# only its wheels of the OpenAI client's compiled dependencies (jiter, pydantic-core).
+LOCK_PYTHONS = ("3.11",)
 
 
 def client_wheels(release: str) -> list[Path]:
@@ -89,8 +86,6 @@ def client_wheels(release: str) -> list[Path]:
             for wheel in pypi_wheels_with_deps(requirement, LOCK_PYTHONS)
             if not wheel.name.startswith("typing_extensions-")
         ]
-    if found:
-        found += [pypi_wheel(name, version, "any") for name, version in PY310_ONLY]
     return found
 
 

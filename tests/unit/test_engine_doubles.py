@@ -55,7 +55,7 @@ def test_wheels_carry_valid_records_and_the_knowledge_base_pins(tmp_path: Path) 
     built = wheels.release_wheels(tmp_path, RELEASE, "cu128")
 
     assert sorted(p.name for p in built.values()) == [
-        "cuda_python-13.0.3-py3-none-any.whl",
+        "cuda_python-12.9.4-py3-none-any.whl",  # the cu128 override (knowledge base)
         "flashinfer_python-0.6.8.post1-py3-none-any.whl",
         "sglang-0.5.11-py3-none-any.whl",
         "sglang_kernel-0.4.2+cu129-py3-none-any.whl",
