@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from pyinfra.api.host import Host
 
+from operations import drain as drainmod
 from operations import kb as kbmod
 from operations import layout, preflight, resolver
 from operations.facts.gpu import NvidiaGpus, NvidiaSmi
@@ -30,6 +31,8 @@ class HostReport:
     router: resolver.RouterPlan | None = None
     # How the model is staged (None while preflight refuses the host).
     staging: StageDecision | None = None
+    # How a restarted rank leaves and rejoins the router (None: no drain, see drain.py).
+    drain: drainmod.DrainPlan | None = None
 
     @property
     def errors(self) -> list[str]:
@@ -106,8 +109,12 @@ def plan_for_host(
     if settings.router is not None and settings.router.host == host.name:
         everyone = inventory_settings or [(host.name, settings)]
         router = resolver.resolve_router(settings, host.name, everyone)
+    everyone = inventory_settings or [(host.name, settings)]
+    drain, drained, drain_warnings = drainmod.decide(host.name, settings, everyone, knowledge)
+    plan.decisions.append(drained)
+    plan.warnings.extend(drain_warnings)
     decision = None
     if not failures:
         decision = stage_decision(settings, resources, facts.model_key)
         plan.decisions.append(resolver.Decision("model staging", decision.what, decision.plan.why))
-    return HostReport(settings, plan, failures, gpu, resources, model, router, decision)
+    return HostReport(settings, plan, failures, gpu, resources, model, router, decision, drain)

@@ -351,6 +351,19 @@ class RankEnvironment:
         )
 
 
+@dataclass(frozen=True)
+class RouterRelease:
+    """An sglang-router release's worker API, as `METHOD /path` (`{id}`: the worker's id in
+    the list): how a roll takes a rank out of the router and puts it back."""
+
+    version: str
+    list_workers: str
+    remove_worker: str
+    add_worker: str
+    why: str
+    source: Cites
+
+
 # eq=False: compared and hashed by identity (its mappings are read-only views, unhashable).
 @dataclass(frozen=True, eq=False)
 class Knowledge:
@@ -367,6 +380,8 @@ class Knowledge:
     speculative: Speculative
     mamba_no_buffer: tuple[NoBufferRule, ...]
     rank_environment: tuple[RankEnvironment, ...]
+    # sglang-router releases whose worker API a roll drives, by version.
+    routers: Mapping[str, RouterRelease] = field(default_factory=lambda: MappingProxyType({}))
 
     def rank_environment_for(
         self, release: str, compute_cap: str, lane: str
@@ -557,6 +572,14 @@ class RawRankEnvironment(TypedDict):
     source: RawCites
 
 
+class RawRouter(TypedDict):
+    list_workers: str
+    remove_worker: str
+    add_worker: str
+    why: str
+    source: RawCites
+
+
 class RawKnowledge(TypedDict):
     sources: dict[str, RawSource]
     gpus: dict[str, RawGpu]
@@ -571,6 +594,7 @@ class RawKnowledge(TypedDict):
     speculative: RawSpeculative
     mamba_no_buffer: list[RawNoBuffer]
     rank_environment: list[RawRankEnvironment]
+    routers: NotRequired[dict[str, RawRouter]]
 
 
 class RawCliOption(TypedDict):
@@ -711,6 +735,17 @@ class _Reader:
             )
             for i, e in enumerate(raw["rank_environment"])
         )
+        routers = {
+            number: RouterRelease(
+                number,
+                r["list_workers"],
+                r["remove_worker"],
+                r["add_worker"],
+                r["why"],
+                self.cites(f"routers.{number}", r["source"]),
+            )
+            for number, r in raw.get("routers", {}).items()
+        }
         self.problems += [
             f"sources.{sid}: cited by nothing" for sid in self.sources if sid not in self.cited
         ]
@@ -728,6 +763,7 @@ class _Reader:
             speculative=speculative,
             mamba_no_buffer=no_buffer,
             rank_environment=environment,
+            routers=MappingProxyType(routers),
         )
 
     def release(self, number: str, raw: RawRelease, lanes: Mapping[str, Lane]) -> Release:

@@ -43,6 +43,7 @@ SCRIPT_DIR = "/usr/local/lib/sglang-deploy"
 WAIT_SCRIPT = f"{SCRIPT_DIR}/wait_healthy.py"
 STAGE_SCRIPT = f"{SCRIPT_DIR}/stage_model.py"
 SMOKE_SCRIPT = f"{SCRIPT_DIR}/smoke.py"
+ROUTER_WORKERS_SCRIPT = f"{SCRIPT_DIR}/router_workers.py"
 ROUTER_MARKER = ".sglang-deploy-complete"
 
 # -- the engine ------------------------------------------------------------------------------
@@ -138,6 +139,11 @@ MODELS_PATH = f"{API_PREFIX}/models"
 def api_base(address: str, port: int) -> str:
     """The OpenAI client's base_url for a server bound to `address`, as the host reaches it."""
     return f"{local_url(address, port)}{API_PREFIX}"
+
+
+def metrics_url(address: str, port: int) -> str:
+    """A server's Prometheus /metrics, as its host reaches it."""
+    return f"{local_url(address, port)}/metrics"
 
 
 def rank_api_base(settings: Settings, rank: int) -> str:

@@ -647,6 +647,7 @@ class _Resolution:
                 env=environment,
                 argv=argv,
                 device_nodes=self.facts.device_nodes,
+                drain_timeout_s=s.drain_timeout_s,
             )
             self.plan.ranks.append(
                 Rank(
@@ -755,6 +756,23 @@ def resolve_router(
         router.bind,
         "--port",
         str(router.port),
+        # Reliability (settings.Router says why each differs from the router's own default).
+        "--retry-max-retries",
+        str(router.retry_max_retries),
+        "--retry-initial-backoff-ms",
+        str(router.retry_initial_backoff_ms),
+        "--health-check-interval-secs",
+        str(router.health_check_interval_s),
+        "--health-failure-threshold",
+        str(router.health_failure_threshold),
+        "--health-success-threshold",
+        str(router.health_success_threshold),
+        "--cb-failure-threshold",
+        str(router.cb_failure_threshold),
+        "--cb-timeout-duration-secs",
+        str(router.cb_timeout_s),
+        "--worker-startup-timeout-secs",
+        str(router.worker_startup_timeout_s),
     ]
     errors: list[str] = []
     warnings: list[str] = []

@@ -12,6 +12,10 @@ run" and the ServingState fact into the fewest changes (`roll_plan`, pure):
   reboot runs those again, never the new ones;
 - ranks beyond `dp_size` are stopped, disabled and removed;
 - once every batch is healthy, staged model copies no unit names any more are removed.
+Behind a router (the plan's DrainPlan, operations/drain.py), each batch (and each rank a shrink
+removes) first leaves the router and finishes its in-flight requests; a rolled batch rejoins
+only after /health and a chat request (files/router_workers.py), and a batch that fails stays
+out. Ranks started from stopped are put back when the router does not list them.
 A converged host gathers one fact here and changes nothing.
 """
 
@@ -31,6 +35,7 @@ from pyinfra.context import host
 from pyinfra.operations import server, systemd
 
 from operations import layout
+from operations.drain import DrainPlan
 from operations.engine_spec import tools_uv_config
 from operations.facts.serve import Serving, referenced_models, serving_state
 from operations.host_files import put_file, sha256
@@ -41,6 +46,8 @@ from operations.settings import Settings
 
 WAIT_SCRIPT = layout.WAIT_SCRIPT
 _WAIT_SOURCE = Path(__file__).parent / "files" / "wait_healthy.py"
+_WORKERS_SOURCE = Path(__file__).parent / "files" / "router_workers.py"
+_SMOKE_SOURCE = Path(__file__).parent / "files" / "smoke.py"
 
 TARGET_TEXT = """\
 # Written by sglang-deploy (operations/serve.py).
@@ -77,6 +84,26 @@ def wait_healthy(checks: list[tuple[str, str]], timeout_s: int, hint: str = "") 
     if hint:
         words += ["--hint", hint]
     words += [f"{unit}={url}" for unit, url in checks]
+    yield shlex.join(words)
+
+
+@operation(is_idempotent=False)
+def router_workers(
+    action: str, router: str, api: tuple[str, str, str], timeout_s: int, targets: list[str]
+) -> Any:
+    """
+    Take ranks out of the router and wait for their in-flight requests, or put them back.
+
+    + action: "out" or "in" (see operations/files/router_workers.py)
+    + router: the router's URL as this host reaches it
+    + api: the pinned release's (list, remove, add) calls, `METHOD /path`, from the knowledge base
+    + timeout_s: out: the drain's bound; in: how long the router may take to list them healthy
+    + targets: out: UNIT=WORKER_URL=METRICS_URL; in: UNIT=WORKER_URL
+    """
+    list_call, remove_call, add_call = api
+    words = ["python3", layout.ROUTER_WORKERS_SCRIPT, "--router", router]
+    words += ["--list", list_call, "--remove", remove_call, "--add", add_call]
+    words += ["--timeout", str(timeout_s), action, *targets]
     yield shlex.join(words)
 
 
@@ -188,6 +215,10 @@ class ServeStep:
         secret_changed = (secret is not None) and serving.files.get(SECRETS_FILE) != sha256(secret)
         self.secret = secret
         self.plan = roll_plan(report.plan.ranks, serving, s.restart_batch_size, secret_changed)
+        self.drain: DrainPlan | None = report.drain
+        # Ranks whose chat request this step already sent (a drained batch, before it rejoins):
+        # the smoke step does not ask them again.
+        self.smoked: set[int] = set()
 
     def summary(self) -> str:
         """What this run does to the ranks, for the plan printed before any change."""
@@ -201,7 +232,12 @@ class ServeStep:
             parts.append(f"start rank(s) {names(plan.start)} together")
         if plan.batches:
             order = " then ".join(f"[{names(b)}]" for b in plan.batches)
-            parts.append(f"restart (unit changed) in batches {order}")
+            drained = (
+                f", each drained through the router first (up to {self.drain.timeout_s}s)"
+                if self.drain is not None
+                else " (not drain-protected: no router)"
+            )
+            parts.append(f"restart (unit changed) in batches {order}{drained}")
         if plan.remove:
             parts.append(f"stop and remove rank(s) {', '.join(map(str, plan.remove))}")
         return "; ".join(parts) or "every rank runs what the plan says: nothing to restart"
@@ -234,6 +270,23 @@ class ServeStep:
             )
         elif SECRETS_FILE in self.serving.files:
             server.shell(name="Serve: remove the API key file", commands=[f"rm -f {SECRETS_FILE}"])
+        if self.drain is not None:
+            put_file(
+                name="Serve: router drain script",
+                src=_WORKERS_SOURCE,
+                dest=layout.ROUTER_WORKERS_SCRIPT,
+                mode="755",
+                sha256_now=self.serving.files.get(layout.ROUTER_WORKERS_SCRIPT),
+            )
+            if self.plan.batches and s.smoke_requests:
+                # Each drained batch answers a chat request before it rejoins the router.
+                put_file(
+                    name="Smoke: request script",
+                    src=_SMOKE_SOURCE,
+                    dest=layout.SMOKE_SCRIPT,
+                    mode="755",
+                    sha256_now=self.serving.files.get(layout.SMOKE_SCRIPT),
+                )
         target = put_file(
             name=f"Serve: {TARGET}",
             src=TARGET_TEXT,
@@ -252,7 +305,38 @@ class ServeStep:
             self._roll(batch, f"restart batch {number}")
         self._prune_models()
 
+    def _out(self, ranks: Sequence[int], what: str) -> None:
+        """Ranks leave the router and finish their in-flight requests (behind a router)."""
+        drain = self.drain
+        if drain is None:
+            return
+        names = ", ".join(layout.unit_name(r) for r in ranks)
+        router_workers(
+            name=f"Serve: {what}: take {names} out of the router and drain",
+            action="out",
+            router=drain.router_url,
+            api=(drain.api.list_workers, drain.api.remove_worker, drain.api.add_worker),
+            timeout_s=drain.timeout_s,
+            targets=[f"{layout.unit_name(r)}={drain.worker(r)}={drain.metrics(r)}" for r in ranks],
+        )
+
+    def _in(self, ranks: Sequence[int], what: str) -> None:
+        """Ranks (healthy, answered) rejoin the router (behind a router)."""
+        drain = self.drain
+        if drain is None:
+            return
+        names = ", ".join(layout.unit_name(r) for r in ranks)
+        router_workers(
+            name=f"Serve: {what}: put {names} back into the router",
+            action="in",
+            router=drain.router_url,
+            api=(drain.api.list_workers, drain.api.remove_worker, drain.api.add_worker),
+            timeout_s=drain.readmit_timeout_s,
+            targets=[f"{layout.unit_name(r)}={drain.worker(r)}" for r in ranks],
+        )
+
     def _remove(self) -> None:
+        self._out(self.plan.remove, "dp_size shrank")
         units = [layout.unit_name(r) for r in self.plan.remove]
         paths = " ".join(_unit_path(r) for r in self.plan.remove)
         server.shell(
@@ -301,6 +385,8 @@ class ServeStep:
                 "here, before any restart."
             ),
         )
+        # A rank a failed roll left out of the router, started again: back in (when not listed).
+        self._in([r.rank for r in start], "start")
 
     def _roll(self, batch: list[Rank], what: str) -> None:
         s = self.report.settings
@@ -313,6 +399,7 @@ class ServeStep:
             "flags or model) and run the deploy again: the previous engine environment is kept "
             "while a unit names it."
         )
+        self._out([r.rank for r in batch], what)
         self._write_units(batch, what)
         systemd.daemon_reload(name=f"Serve: reload systemd ({what})")
         server.shell(
@@ -329,6 +416,20 @@ class ServeStep:
             timeout_s=s.health_timeout_s,
             hint=hint,
         )
+        if self.drain is None:
+            return
+        if s.smoke_requests:
+            from operations.smoke import smoke_requests  # smoke.py imports this module
+
+            smoke_requests(
+                name=f"Serve: {what}: a chat request to {names} before it rejoins the router",
+                python=f"{batch[0].engine_env}/bin/python",
+                model=s.model_name,
+                timeout_s=s.smoke_timeout_s,
+                targets=[f"{r.unit_name}={layout.rank_api_base(s, r.rank)}" for r in batch],
+            )
+            self.smoked.update(r.rank for r in batch)
+        self._in([r.rank for r in batch], what)
 
     def _prune_models(self) -> None:
         s = self.report.settings

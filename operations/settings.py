@@ -93,6 +93,21 @@ class Router:
     policy: str = "cache_aware"
     bind: str = "0.0.0.0"
     version: str = "0.3.2"
+    # Reliability, written on its command line (the router's own defaults in brackets, from
+    # sglang-router 0.3.2's router_args.py; README "Upgrading without downtime" says why):
+    # attempts per request, retried on a connection error and 408/429/500/502/503/504 [5].
+    retry_max_retries: int = 5
+    retry_initial_backoff_ms: int = 100  # [50], x1.5 per attempt
+    # A crashed rank leaves the rotation after interval x failures [60 s x 3].
+    health_check_interval_s: int = 5
+    health_failure_threshold: int = 2
+    health_success_threshold: int = 2  # [2]
+    # Consecutive failed requests that open a worker's circuit [10], and how long it stays open
+    # before one request may try it again [60 s].
+    cb_failure_threshold: int = 5
+    cb_timeout_s: int = 10
+    # How long the router waits for a worker it is given to answer /health [1800 s].
+    worker_startup_timeout_s: int = 1800
 
 
 @dataclass(frozen=True)
@@ -133,6 +148,7 @@ class Settings:
     ram_per_rank_gb: float
     health_timeout_s: int
     restart_batch_size: int
+    drain_timeout_s: int
     smoke_requests: bool
     smoke_router_requests: int
     smoke_timeout_s: int

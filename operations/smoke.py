@@ -77,9 +77,11 @@ def smoke(report: HostReport, step: ServeStep) -> None:
     )
     if not s.smoke_requests:
         return
-    restarted = [*step.plan.start, *step.plan.rolled]
+    # A drained batch already answered before it rejoined the router (serve.py).
+    restarted = [r for r in (*step.plan.start, *step.plan.rolled) if r.rank not in step.smoked]
+    rolled = bool(step.plan.start or step.plan.rolled)
     router = report.router
-    router_too = router is not None and (bool(restarted) or router_restarts(step.serving, router))
+    router_too = router is not None and (rolled or router_restarts(step.serving, router))
     targets = smoke_targets(s, restarted, router, router_too)
     python = f"{(restarted or report.plan.ranks)[0].engine_env}/bin/python" if targets else ""
     smoke_requests(

@@ -29,6 +29,9 @@ ROUTER_TEMPLATE = "sglang-router.service.j2"
 STAGE_TEMPLATE = "sglang-stage-model.service.j2"
 # Loading ~54 GB from /dev/shm and capturing CUDA graphs takes minutes, not seconds.
 RANK_START_TIMEOUT_S = 1800
+# TimeoutStopSec of a rank: longer than the drain (settings.drain_timeout_s) by this margin, so a
+# stop that systemd itself makes (a shutdown) never cuts a rank sooner than a roll would.
+STOP_MARGIN_S = 30
 # A crash-looping unit gives up (ends `failed`) after this many starts within the interval.
 START_LIMIT_BURST = 5
 START_LIMIT_INTERVAL_S = 600
@@ -123,6 +126,7 @@ def rank_unit(
     env: dict[str, str],
     argv: list[str],
     device_nodes: tuple[str, ...] | None,
+    drain_timeout_s: int,
 ) -> str:
     return render(
         RANK_TEMPLATE,
@@ -134,6 +138,7 @@ def rank_unit(
         stage_unit=layout.STAGE_UNIT,
         target=layout.TARGET,
         start_timeout_s=RANK_START_TIMEOUT_S,
+        stop_timeout_s=drain_timeout_s + STOP_MARGIN_S,
         start_limit_burst=START_LIMIT_BURST,
         start_limit_interval_s=START_LIMIT_INTERVAL_S,
         limit_nofile=LIMIT_NOFILE,

@@ -25,6 +25,13 @@ It behaves like the real server where a deploy can observe it, with the standard
   (401 {"error": "Unauthorized"} otherwise: sglang 0.5.11 wheel, sglang/srt/utils/auth.py,
   decide_request_auth lets /health* and /metrics through, _ApiKeyASGIMiddleware answers that).
 
+- a chat completion takes SGLANG_DOUBLE_GENERATE_SECONDS (default 0) to answer, as a real
+  decode takes time; while it runs it is counted in the gauge sglang:num_running_reqs, which
+  SGLang's scheduler reports on /metrics as "The number of running requests." beside
+  sglang:num_queue_reqs, "The number of requests in the waiting queue." (collector.py above,
+  SchedulerMetricsCollector); a roll reads both to know when a rank has drained. The double
+  queues nothing (every request runs at once), so its queue gauge is always 0.
+
 Test-only knob: SGLANG_DOUBLE_REPLY (set in a unit drop-in) makes this rank answer garbage, as a
 broken or misconfigured server would: "malformed" (200, a cut-off JSON body), "empty" (200, no
 body), "wrong-model" (it serves another model: /v1/models and the reply name it). Unset: a
@@ -48,6 +55,7 @@ from sglang._double_build import VERSION
 
 LOAD_SECONDS_ENV = "SGLANG_DOUBLE_LOAD_SECONDS"
 REPLY_ENV = "SGLANG_DOUBLE_REPLY"
+GENERATE_SECONDS_ENV = "SGLANG_DOUBLE_GENERATE_SECONDS"
 REPLIES = ("", "malformed", "empty", "wrong-model")
 OTHER_MODEL = "other-org/another-model"
 # What one canned exchange counts (usage and /metrics agree).
@@ -139,6 +147,8 @@ class _State:
         served = args.served_model_name or args.model_path
         self.served_model = OTHER_MODEL if self.reply == "wrong-model" else served
         self.requests = 0
+        self.running = 0
+        self.generate_seconds = float(os.environ.get(GENERATE_SECONDS_ENV, "0") or 0)
         self.lock = threading.Lock()
 
     @property
@@ -153,7 +163,10 @@ def metrics_text(state: _State) -> str:
     lines = [
         "# HELP sglang:num_running_reqs The number of running requests.",
         "# TYPE sglang:num_running_reqs gauge",
-        f"sglang:num_running_reqs{label} 0.0",
+        f"sglang:num_running_reqs{label} {float(state.running)}",
+        "# HELP sglang:num_queue_reqs The number of requests in the waiting queue.",
+        "# TYPE sglang:num_queue_reqs gauge",
+        f"sglang:num_queue_reqs{label} 0.0",
     ]
     for name, doc, value in (
         ("prompt_tokens", "Number of prefill tokens processed.", n * PROMPT_TOKENS),
@@ -259,8 +272,15 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
                 self._send(400, {"error": "invalid JSON"})
                 return
             with state.lock:
-                state.requests += 1
-                n = state.requests
+                state.running += 1
+            try:
+                # The double's decode time (see the docstring), not synchronisation.
+                time.sleep(state.generate_seconds)
+            finally:
+                with state.lock:
+                    state.running -= 1
+                    state.requests += 1
+                    n = state.requests
             if state.reply == "empty":
                 self._send(200, b"")
                 return
