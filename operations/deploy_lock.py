@@ -194,5 +194,5 @@ def lock_or_refuse(state: Any, host: Any) -> bool:
     why = hold(state, host, settings.deploy_lock_wait_s)
     if why is None:
         return True
-    refuse(name="Refuse: another deploy holds this host, no change made", summary=why)
+    refuse(state, host, why)
     return False

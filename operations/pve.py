@@ -470,8 +470,9 @@ def converge(state: State, node: Host) -> None:
     sys.stderr.write(summary(node.name, result) + "\n")
     if not result.ok:
         gate.refuse(
-            name="Refuse: the container cannot be configured, no change made",
-            summary="\n".join(
+            state,
+            node,
+            "\n".join(
                 [f"{len(result.errors)} problem(s), nothing changed:"]
                 + [f"- {e}" for e in result.errors]
             ),
