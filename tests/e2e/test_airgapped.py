@@ -1,0 +1,109 @@
+"""A first air-gapped deploy, end to end, as docs/engine.md walks through it: the engine is
+locked on the controller with no host (`python -m operations.lock`), the wheelhouse is filled
+from that lock alone for the host's one Python (scripts/fill_wheelhouse.py), every index goes
+down, and the real deploy installs the engine from the wheelhouse with no index at all.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from operations import kb as kbmod
+from operations.engine_spec import engine_spec
+from operations.settings import Layer, load
+from tests import testbed as tb
+from tests.doubles import wheels as doubles
+from tests.e2e.deploying import LANE, MODEL_CONFIG, Indexes, make_indexes, run_deploy
+from tests.e2e.index import UV_VERSION
+from tests.testbed import Container, ContainerSpec, inventory_file
+
+pytestmark = pytest.mark.e2e
+
+RELEASE = "0.5.11"
+MODEL_DIR = "/mnt/models/Qwen3.6-27B"
+ROOT = "/opt/sglang-airgapped"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def indexes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Indexes]:
+    out = tmp_path_factory.mktemp("wheels")
+    made = make_indexes(
+        tmp_path_factory.mktemp("index"), {RELEASE: doubles.release_wheels(out, RELEASE, LANE)}
+    )
+    yield made
+    for index in made.all():
+        index.stop()
+
+
+@pytest.fixture(scope="module")
+def target(testbed: tb.Testbed) -> Iterator[Container]:
+    (container,) = testbed.boot(
+        ContainerSpec(extra_files={f"{MODEL_DIR}/config.json": MODEL_CONFIG})
+    )
+    yield container
+    testbed.destroy(container)
+
+
+def controller(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *argv], cwd=cwd, capture_output=True, text=True, timeout=900, check=False
+    )
+
+
+def test_lock_on_the_controller_fill_the_wheelhouse_then_deploy_with_every_index_down(
+    target: Container, indexes: Indexes, tmp_path: Path
+) -> None:
+    data = {**indexes.data(), "model_source": MODEL_DIR, "dp_size": 1, "engine_root": ROOT}
+    inventory = inventory_file(tmp_path, {target: data})
+    settings = load("t", [Layer("t", {"model_source": MODEL_DIR})])
+    name = engine_spec(settings, kbmod.load(), "3.11").name
+    lock = tmp_path / "locks" / f"{name}.lock"
+
+    # 1. The lock, made on the controller: no host is asked.
+    made = controller("-m", "operations.lock", str(inventory), "--python", "3.11", cwd=REPO)
+    assert made.returncode == 0, made.stderr
+    assert f"{name}: locked for Python 3.11" in made.stdout
+    text = lock.read_text()
+    assert 'requires-python = "==3.11.*"' in text, text[:400]
+    assert target.ssh_run(f"test -e {ROOT}")[0] == 1, "locking touched the host"
+    wrong = controller("-m", "operations.lock", str(inventory), "--python", "3.13", cwd=REPO)
+    assert wrong.returncode == 1 and "not built for Python 3.13" in wrong.stderr, wrong.stderr
+
+    # 2. The wheelhouse: exactly the lock's wheels, for the host's Python alone.
+    house = tmp_path / "wheelhouse"
+    filled = controller(
+        str(REPO / "scripts" / "fill_wheelhouse.py"),
+        str(lock),
+        str(house),
+        "--python",
+        "3.11",
+        "--uv",
+        UV_VERSION,
+        cwd=REPO,
+    )
+    assert filled.returncode == 0, filled.stderr
+    assert not [w for w in house.glob("*.whl") if "-cp312-" in w.name or "-cp310-" in w.name]
+
+    # 3. Air-gapped: every index down; the deploy installs the controller's lock offline.
+    for index in indexes.all():
+        index.stop()
+    try:
+        run = run_deploy(tmp_path, {target: {**data, "wheelhouse": str(house)}})
+    finally:
+        for index in indexes.all():
+            index.start()
+
+    assert run.rc == 0, str(run)
+    rc, installed, _ = target.ssh_run(f"cat {ROOT}/envs/{name}/uv.lock")
+    assert rc == 0 and installed == text, "the host installed another lock than the controller's"
+    rc, out, err = target.ssh_run(
+        f"{ROOT}/current/bin/python -c 'import sglang, torch; print(sglang.__version__, "
+        "torch.__version__)'"
+    )
+    assert (rc, out.split()) == (0, [RELEASE, "2.11.0+cu128"]), err
