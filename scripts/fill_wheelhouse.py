@@ -1,8 +1,9 @@
 """Fill a wheelhouse with exactly the wheels an engine's lock names, for offline installs.
 
-    python scripts/fill_wheelhouse.py locks/0.5.11-cu128-9182f0a0.lock WHEELHOUSE \
+    python scripts/fill_wheelhouse.py locks/0.5.11-cu128-cp311-7267b59f.lock WHEELHOUSE \
         [--python 3.11] [--glibc 2.36] [--uv 0.13.9]
 
+The lock comes from a first host, or from the controller alone (`python -m operations.lock`).
 Run it on a machine that can reach the indexes the lock was resolved from (the URLs are in the
 lock; credentials, which uv never writes into a lock, come from ~/.netrc). For every package of
 the lock it downloads the one wheel the target can install (CPython `--python`, manylinux up to
