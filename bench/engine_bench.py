@@ -14,6 +14,9 @@ incompressible blob of BENCH_TORCH_MB in torch so that installing moves bytes as
                    lock is uploaded and installed as it is (what a second host of that engine
                    does, issue 10), no resolve
   engine converged the first run again on its engine_root
+  engine reinstall the first run's environment deleted and the deploy run again: the lock
+                   and uv's warm cache are there, so this is what rebuilding a pruned engine
+                   (a rollback past engine_keep, a damaged env) costs; uv links from its cache
 The pip numbers exclude SSH and pyinfra; the engine numbers include them (that is what a user
 waits for), so the ratios are an upper bound on the engine's own overhead.
 """
@@ -43,7 +46,8 @@ from tests.e2e.index import pypi_wheel, uv_wheel  # noqa: E402
 from tests.testbed import ContainerSpec, Testbed, ensure_testbed, inventory_file  # noqa: E402
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
-TORCH_MB = int(os.environ.get("BENCH_TORCH_MB", "300"))
+# GB-scale by default: a real cu128 torch and its CUDA libraries weigh several GB installed.
+TORCH_MB = int(os.environ.get("BENCH_TORCH_MB", "1536"))
 RELEASE, LANE = "0.5.11", "cu128"
 MODEL_DIR = "/mnt/models/Qwen3.6-27B"
 PYINFRA = Path(sys.executable).parent / "pyinfra"
@@ -82,7 +86,8 @@ def main() -> int:
         # The baseline's copy of the wheels goes straight onto the container's disk.
         shutil.copytree(wheelhouse, c.root / "root/wheelhouse")
         settings = load("bench", [Layer("bench", {"model_source": MODEL_DIR})])
-        requirements = engine_spec(settings, kbmod.load()).requirements
+        spec = engine_spec(settings, kbmod.load())
+        requirements = spec.requirements
         deploy_file = work / "engine_deploy.py"
         deploy_file.write_text(ENGINE_DEPLOY)
 
@@ -121,7 +126,7 @@ def main() -> int:
             return elapsed
 
         reqs = " ".join(shlex.quote(r) for r in requirements)
-        pip_fresh, pip_again, fresh, from_lock, converged = [], [], [], [], []
+        pip_fresh, pip_again, fresh, from_lock, converged, reinstall = [], [], [], [], [], []
         for i in range(ROUNDS):
             venv = f"/root/pip-bench-{i}"
             install = (
@@ -136,6 +141,8 @@ def main() -> int:
                 raise RuntimeError(f"the first run recorded no lock under {locks}")
             from_lock.append(engine_run(f"/opt/bench-{i}-lock", locks))
             converged.append(engine_run(f"/opt/bench-{i}", locks))
+            sh(f"rm -rf /opt/bench-{i}/envs/{spec.name}")
+            reinstall.append(engine_run(f"/opt/bench-{i}", locks))
 
         size_mb = sum(p.stat().st_size for p in built.values()) / 2**20
         print(
@@ -150,6 +157,7 @@ def main() -> int:
                 "engine fresh": fresh,
                 "engine from lock": from_lock,
                 "engine converged": converged,
+                "engine reinstall": reinstall,
             }.items()
         }
         for name, value in med.items():
@@ -159,6 +167,7 @@ def main() -> int:
             ("engine from lock", "engine fresh"),
             ("engine converged", "pip fresh"),
             ("engine converged", "pip again"),
+            ("engine reinstall", "pip fresh"),
         ):
             print(f"  ratio {top} / {bottom}: {med[top] / med[bottom]:.2f}")
         return 0
