@@ -67,7 +67,10 @@ class HostReport:
 def gather(host: Host, settings: Settings) -> tuple[NvidiaSmi, Resources, Model]:
     gpu = host.get_fact(NvidiaGpus)
     resources = host.get_fact(
-        HostResources, stage_dir=settings.model_stage_dir, engine_root=settings.engine_root
+        HostResources,
+        stage_dir=settings.model_stage_dir,
+        engine_root=settings.engine_root,
+        roots=[path for _, path in preflight.root_paths(settings)],
     )
     model = source_model(host, settings)
     return gpu, resources, model

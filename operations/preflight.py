@@ -6,10 +6,12 @@ failure gets no change at all (deploy.py stops it before the first change).
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 
+from operations import layout
 from operations.facts.gpu import NvidiaSmi
-from operations.facts.host import Model, Resources
+from operations.facts.host import Model, PathStat, Resources
 from operations.kb import Knowledge, version
 from operations.settings import Settings
 
@@ -102,6 +104,63 @@ def stage_room(
     )
 
 
+def root_paths(settings: Settings) -> list[tuple[str, str]]:
+    """(setting, path) for every directory root writes or runs under on the host: the engine
+    root (its `tools/bin/uv` runs as root while facts are read), the stage dir, the source
+    cache and the hub CLI's environment (when the source uses them), the deploy's scripts and
+    its configuration. HostResources lstats every component of each (unsafe_roots judges)."""
+    s = settings
+    roots = [("engine_root", s.engine_root), ("model_stage_dir", s.model_stage_dir)]
+    if s.source.kind != "target":
+        roots.append(("model_cache_dir", s.model_cache_dir))
+    if s.source.kind == "hf":
+        roots.append(("model_hub_cli", posixpath.dirname(posixpath.dirname(s.model_hub_cli))))
+    roots += [("scripts dir", layout.SCRIPT_DIR), ("config dir", layout.CONFIG_DIR)]
+    return roots
+
+
+def _components(path: str) -> list[str]:
+    parts = [p for p in path.split("/") if p]
+    return ["/"] + ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def _component_problem(st: PathStat, sticky_ok: bool) -> str | None:
+    if st.uid != 0:
+        return f"owned by uid {st.uid}, not root"
+    if st.is_link:
+        return None  # a link's own mode means nothing; what it points to is walked too
+    if st.mode & 0o002 and not (sticky_ok and st.mode & 0o1000):
+        return f"writable by every user (mode {st.mode:o})"
+    if st.mode & 0o020 and st.gid != 0:
+        return f"writable by group {st.gid} (mode {st.mode:o})"
+    return None
+
+
+def unsafe_roots(settings: Settings, resources: Resources) -> list[tuple[str, str, str, str]]:
+    """(setting, path, component, why) for every existing component of a root path (as
+    written, and as it resolves) that is not root's alone: another user could replace what is
+    below it. The stage dir itself may be sticky and world-writable, as /dev/shm is (the
+    staging script makes and checks its models tree)."""
+    found: list[tuple[str, str, str, str]] = []
+    for key, path in root_paths(settings):
+        chains = [path]
+        real = resources.resolved.get(path)
+        if real and real != path:
+            chains.append(real)
+        seen: set[str] = set()
+        for chain in chains:
+            for component in _components(chain):
+                st = resources.components.get(component)
+                if st is None or component in seen:
+                    continue
+                seen.add(component)
+                sticky_ok = key == "model_stage_dir" and component in (path, real)
+                why = _component_problem(st, sticky_ok)
+                if why:
+                    found.append((key, path, component, why))
+    return found
+
+
 def _gib(n: int | None) -> str:
     return "unknown" if n is None else f"{n / GIB:.1f} GiB"
 
@@ -156,6 +215,16 @@ def check(
                 "this deploy is planned for another GPU: set gpu_compute_cap for this host, "
                 "after checking the knowledge base supports it",
             )
+
+    for key, path, component, why in unsafe_roots(s, resources):
+        fail(
+            "root-only paths",
+            f"{key} {path} and every directory above it owned by root and writable by root "
+            "only (root writes or runs what is under it)",
+            f"{component}: {why}",
+            f"chown root:root {component} && chmod go-w {component}"
+            + (f", or set {key} to a directory only root writes to" if "_" in key else ""),
+        )
 
     expected_nodes = ["/dev/nvidiactl", "/dev/nvidia-uvm"] + [
         f"/dev/nvidia{i}" for i in range(s.gpu_count)

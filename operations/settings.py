@@ -281,6 +281,10 @@ _SYSTEM_DIRS = frozenset(
 _SYSTEM_TREES: tuple[str, ...] = ("/bin/", "/boot/", "/dev/", "/etc/", "/lib/", "/proc/")
 _SYSTEM_TREES += ("/run/", "/sbin/", "/sys/", "/tmp/", "/var/tmp/")
 _PATH_KEYS = ("model_stage_dir", "model_cache_dir", "engine_root", "model_hub_cli")
+# Trees every local user may write in: root never writes or runs anything under them. The one
+# exception is the stage tree the staging script makes and checks itself (/dev/shm/models).
+_SHARED_TREES = ("/tmp", "/var/tmp", "/dev/shm")
+_STAGE_TMPFS = "/dev/shm"
 
 
 def _strings(value: Any, where: str) -> Iterable[tuple[str, str]]:
@@ -328,6 +332,29 @@ def _hub_cli_problem(cli: str) -> str | None:
     return None
 
 
+def _shared_tree_problem(key: str, path: str) -> str | None:
+    """A root path under a tree every local user writes in (/tmp, /var/tmp, /dev/shm): another
+    user could make the directory first, or plant a file root then runs or serves."""
+    where = posixpath.dirname(posixpath.dirname(path)) if key == "model_hub_cli" else path
+    where = where.rstrip("/") or "/"
+    if key == "model_stage_dir" and where == _STAGE_TMPFS:
+        return None  # the staging script makes and checks STAGE_DIR/models itself
+    if key == "model_stage_dir":
+        accepted = f"{_STAGE_TMPFS} itself (the staging script makes and checks its models tree)"
+        accepted += " or a tmpfs mounted where only root writes"
+    else:
+        accepted = "a directory that only root writes to, such as "
+        accepted += schema()["properties"][key]["default"]
+    for tree in _SHARED_TREES:
+        if where == tree or where.startswith(tree + "/"):
+            return (
+                f"it lies in {tree}, which every local user can write in: another user could "
+                f"make {where} first or plant a file there that root then runs or serves; "
+                f"accepted: {accepted}"
+            )
+    return None
+
+
 def _source_problem(source: str) -> str | None:
     if source.startswith("hf://"):
         repo, _, revision = source.removeprefix("hf://").rpartition("@")
@@ -370,6 +397,11 @@ def _value_problems(values: Mapping[str, Any]) -> list[tuple[str, str]]:
             why = path_escape(values[key])
             if why:
                 problems.append((key, f"{why}; accepted: a plain absolute path"))
+    for key in _PATH_KEYS:
+        if key in values and not any(k == key for k, _ in problems):
+            why = _shared_tree_problem(key, values[key])
+            if why:
+                problems.append((key, why))
     if "model_hub_cli" in values and not any(k == "model_hub_cli" for k, _ in problems):
         why = _hub_cli_problem(values["model_hub_cli"])
         if why:

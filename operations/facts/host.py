@@ -4,10 +4,37 @@ Python, systemd, and the model source. Each fact is one round trip."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.facts import FactBase
+
+
+@dataclass(frozen=True)
+class PathStat:
+    """One path component as lstat sees it (GNU stat: %u %g %a %F): never the link's target."""
+
+    uid: int
+    gid: int
+    mode: int  # permission bits with setuid/setgid/sticky, as %a prints them (1777 for /tmp)
+    kind: str  # "directory", "symbolic link", "regular file", ...
+
+    @property
+    def is_link(self) -> bool:
+        return self.kind == "symbolic link"
+
+
+def parse_path_stat(text: str) -> PathStat | None:
+    """'UID|GID|MODE|KIND' -> PathStat; None when stat printed nothing usable."""
+    parts = text.split("|", 3)
+    if len(parts) != 4 or not all(p.isdigit() for p in parts[:2]):
+        return None
+    try:
+        mode = int(parts[2], 8)
+    except ValueError:
+        return None
+    return PathStat(int(parts[0]), int(parts[1]), mode, parts[3].strip())
 
 
 @dataclass(frozen=True)
@@ -22,6 +49,11 @@ class Resources:
     python: str | None = None
     systemd: int | None = None
     device_nodes: list[str] = field(default_factory=list)
+    # lstat of every existing component of the root paths asked for (and of the paths they
+    # resolve to): path -> its owner, group, mode and kind. Read by preflight.unsafe_roots.
+    components: dict[str, PathStat] = field(default_factory=dict)
+    # Each root path asked for -> the path its deepest existing part resolves to (readlink -f).
+    resolved: dict[str, str] = field(default_factory=dict)
 
     @property
     def memory_limit_bytes(self) -> int | None:
@@ -43,10 +75,22 @@ def _limit(text: str) -> int | None:
 def parse_resources(lines: list[str]) -> Resources:
     values: dict[str, str] = {}
     nodes: list[str] = []
+    components: dict[str, PathStat] = {}
+    resolved: dict[str, str] = {}
     for line in lines:
         key, _, value = line.partition("=")
         if key == "dev":
             nodes.append(value.strip())
+        elif key == "own":
+            # own=PATH|UID|GID|MODE|KIND; root paths hold no '|' (the settings' pattern).
+            path, _, rest = value.partition("|")
+            found = parse_path_stat(rest)
+            if found is not None:
+                components[path] = found
+        elif key == "real":
+            path, _, real = value.partition("|")
+            if real.startswith("/"):
+                resolved[path] = real.strip()
         else:
             values[key] = value.strip()
     stage = values.get("stage", "").split()
@@ -63,26 +107,38 @@ def parse_resources(lines: list[str]) -> Resources:
         python=values.get("python") or None,
         systemd=_int(systemd[1]) if len(systemd) > 1 else None,
         device_nodes=sorted(nodes),
+        components=components,
+        resolved=resolved,
     )
 
 
 class HostResources(FactBase[Resources]):
     """
-    Returns memory, the stage tmpfs, free disk for engines, glibc, Python, systemd and the
-    NVIDIA device nodes, in one round trip.
+    Returns memory, the stage tmpfs, free disk for engines, glibc, Python, systemd, the
+    NVIDIA device nodes and the owner and mode of every component of the root paths, in one
+    round trip.
 
     + stage_dir: the tmpfs the model is staged into (e.g. /dev/shm)
     + engine_root: where engine environments go (its nearest existing parent is measured)
+    + roots: paths root writes or runs under; each existing component is lstat'ed, and so is
+      each component of the path its deepest existing part resolves to
     """
 
-    def command(self, stage_dir: str, engine_root: str) -> StringCommand:
+    def command(self, stage_dir: str, engine_root: str, roots: Sequence[str] = ()) -> StringCommand:
         # _separator="": pyinfra flattens nested commands, so spaces are written out here.
+        owners: list[str | QuoteString] = []
+        if roots:
+            owners = ["; " + _OWNERS_FUNCTION + "; for p in"]
+            for root in roots:
+                owners += [" ", QuoteString(root)]
+            owners.append('; do owners "$p"; done')
         return StringCommand(
             "stage=",
             QuoteString(stage_dir),
             "; root=",
             QuoteString(engine_root),
             "; " + _RESOURCES_SCRIPT,
+            *owners,
             _separator="",
         )
 
@@ -108,6 +164,22 @@ _RESOURCES_SCRIPT = " ".join(
         '2>/dev/null)";',
         'echo "systemd=$(systemctl --version 2>/dev/null | head -n1)";',
         'for n in /dev/nvidia*; do [ -e "$n" ] && echo "dev=$n"; done; true',
+    )
+)
+
+
+# owners PATH: "real=PATH|RESOLVED", then "own=C|UID|GID|MODE|KIND" for every existing
+# component C of PATH and of RESOLVED (lstat: stat without -L never follows the last link).
+_OWNERS_FUNCTION = " ".join(
+    (
+        "walk() { c=; echo \"own=/|$(stat -c '%u|%g|%a|%F' / 2>/dev/null)\"; rest=${1#/};",
+        'while [ -n "$rest" ]; do part=${rest%%/*};',
+        'case $rest in */*) rest=${rest#*/};; *) rest=;; esac; c="$c/$part";',
+        '{ [ -e "$c" ] || [ -L "$c" ]; } || break;',
+        'echo "own=$c|$(stat -c \'%u|%g|%a|%F\' "$c" 2>/dev/null)"; done; };',
+        'owners() { q=$1; while [ "$q" != / ] && [ ! -e "$q" ] && [ ! -L "$q" ]; do',
+        'q=$(dirname "$q"); done; r=$(readlink -f "$q" 2>/dev/null);',
+        'echo "real=$1|$r"; walk "$1"; [ -n "$r" ] && [ "$r" != "$q" ] && walk "$r"; true; }',
     )
 )
 
