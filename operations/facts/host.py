@@ -226,7 +226,13 @@ class ModelSource(FactBase[Model]):
             QuoteString(path),
             "]; then echo exists; du -sb",
             QuoteString(path),
-            "| cut -f1; if [ -r",
+            # config.json is read only as the regular file it is: never through a link (one to
+            # a root-only file would be read as root and parsed into the plan).
+            "| cut -f1; if [ -f",
+            config,
+            "] && [ ! -L",
+            config,
+            "] && [ -r",
             config,
             f"]; then echo {CONFIG_MARKER}; cat",
             config,

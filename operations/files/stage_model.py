@@ -67,12 +67,11 @@ class StageError(Exception):
 
 def _hub_sha256(root: str, rel: str, mtime_ns: int) -> str | None:
     """The hub's LFS sha256 for a file downloaded with --local-dir, while still trustworthy."""
-    meta = os.path.join(root, ".cache", "huggingface", "download", rel + ".metadata")
-    try:
-        with open(meta) as fh:
-            lines = fh.read().splitlines()
-    except OSError:
+    meta = os.path.join(".cache", "huggingface", "download", rel + ".metadata")
+    text = _read_text(root, meta)
+    if text is None:
         return None
+    lines = text.splitlines()
     if len(lines) < 3:
         return None
     etag, stamp = lines[1].strip().strip('"'), lines[2].strip()
@@ -102,14 +101,16 @@ def scan(root: str) -> dict[str, Any]:
         if dirpath == root:
             dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS]
         dirnames.sort()
+        for name in dirnames + filenames:  # os.walk lists a link to a directory as a dirname
+            _refuse_link(os.path.join(dirpath, name))
         for name in sorted(filenames):
             full = os.path.join(dirpath, name)
             rel = os.path.relpath(full, root)
             if rel == MANIFEST:
                 continue
-            st = os.stat(full)
+            st = os.lstat(full)
             if not stat.S_ISREG(st.st_mode):
-                continue
+                continue  # a FIFO, socket or device node is no weight file
             if not os.access(full, os.R_OK):
                 raise StageError(f"model source: {full} is not readable", EXIT_REFUSED)
             entry: dict[str, Any] = {"path": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
@@ -119,6 +120,46 @@ def scan(root: str) -> dict[str, Any]:
             files.append(entry)
     files.sort(key=lambda e: e["path"])
     return {"files": files, "bytes": sum(e["size"] for e in files), "digest": digest(files)}
+
+
+def _refuse_link(path: str) -> None:
+    """A link in the source is never followed: root would copy whatever it names (a root-only
+    file) into a copy every rank reads. Refused with its path."""
+    try:
+        target = os.readlink(path)
+    except OSError:
+        return  # not a link (or gone: the copy's own checks see that)
+    raise StageError(
+        f"model source: {path} is a symbolic link (to {target}); the staging copy takes "
+        "regular files only and never follows a link: replace it with the file itself",
+        EXIT_REFUSED,
+    )
+
+
+def open_source(root: str, rel: str) -> int:
+    """A read-only descriptor of the regular file root/rel, opened component by component with
+    O_NOFOLLOW: a link anywhere below root is refused with its path (StageError), never
+    followed, even one that replaced a checked file after the scan."""
+    parts = rel.split("/")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            flags = os.O_RDONLY | NOFOLLOW | (os.O_NONBLOCK if last else os.O_DIRECTORY)
+            try:
+                nxt = os.open(part, flags, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    _refuse_link(os.path.join(root, *parts[: i + 1]))
+                raise
+            os.close(fd)
+            fd = nxt
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise StageError(f"model source: {os.path.join(root, rel)} is not a regular file")
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _key(entry: dict[str, Any]) -> tuple[str, int, int, str]:
@@ -304,9 +345,9 @@ def read_manifest(version_dir: str | None) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------------- hashing
 
 
-def sha256_file(path: str) -> str:
+def sha256_file(path: str, fd: int | None = None) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open(path if fd is None else fd, "rb") as fh:
         while block := fh.read(CHUNK // 8):
             h.update(block)
     return h.hexdigest()
@@ -328,7 +369,7 @@ def verify_full(source: str, version_dir: str, files: list[dict[str, Any]]) -> l
             got = sha256_file(os.path.join(version_dir, rel))
         except OSError:
             return rel
-        want = entry.get("sha256") or sha256_file(os.path.join(source, rel))
+        want = entry.get("sha256") or sha256_file(rel, open_source(source, rel))
         return None if got == want else rel
 
     with concurrent.futures.ThreadPoolExecutor(_workers()) as pool:
@@ -366,7 +407,7 @@ def plan(
     # Space the stage run frees before it copies: the plan must not count it as used.
     result["leftover_bytes"] = freed_bytes(result["leftovers"])
     result["current"] = current
-    result["hub_revision"] = _read_text(os.path.join(source, HUB_MARKER))
+    result["hub_revision"] = _read_text(source, HUB_MARKER)
     try:
         src = scan(source)
     except (StageError, OSError) as exc:
@@ -389,12 +430,16 @@ def plan(
     return result
 
 
-def _read_text(path: str) -> str | None:
+def _read_text(root: str, rel: str) -> str | None:
+    """A small regular file under root (the hub marker, the hub's metadata, the token), read
+    without following a link at any component below root; None when absent, a link or not a
+    regular file (a marker linked to a root-only file would show its first line in the plan)."""
     try:
-        with open(path) as fh:
-            return fh.read().strip() or None
-    except OSError:
+        fd = open_source(root, rel)
+    except (OSError, StageError):
         return None
+    with open(fd, encoding="utf-8", errors="replace") as fh:
+        return fh.read(1 << 20).strip() or None
 
 
 def _reusable(files: list[dict[str, Any]], staged: dict[str, Any] | None) -> set[tuple[Any, ...]]:
@@ -456,14 +501,15 @@ class Progress:
             self.thread.join()
 
 
-def _copy_file(src: str, dst: str, entry: dict[str, Any], progress: Progress) -> None:
+def _copy_file(src: tuple[str, str], dst: str, entry: dict[str, Any], progress: Progress) -> None:
+    """Copy src (the source root, the file's path in it) to dst; never through a link."""
     os.makedirs(os.path.dirname(dst), exist_ok=True)
-    with open(src, "rb") as fin:
+    with open(open_source(*src), "rb") as fin:
         before = os.fstat(fin.fileno())
         if (before.st_size, before.st_mtime_ns) != (entry["size"], entry["mtime_ns"]):
             raise StageError(
-                f"source file {src} changed since it was scanned; nothing was switched, "
-                "re-run when the source is stable",
+                f"source file {os.path.join(*src)} changed since it was scanned; nothing was "
+                "switched, re-run when the source is stable",
                 EXIT_CHANGED,
             )
         fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o644)
@@ -489,9 +535,9 @@ def _copy_file(src: str, dst: str, entry: dict[str, Any], progress: Progress) ->
         offset != entry["size"]
     ):
         raise StageError(
-            f"source file {src} changed during the copy ({entry['size']} bytes expected, "
-            f"{offset} copied, now {after.st_size}); nothing was switched, re-run when the "
-            "source is stable",
+            f"source file {os.path.join(*src)} changed during the copy ({entry['size']} bytes "
+            f"expected, {offset} copied, now {after.st_size}); nothing was switched, re-run "
+            "when the source is stable",
             EXIT_CHANGED,
         )
 
@@ -701,7 +747,7 @@ def _stage_locked(
             jobs = [
                 pool.submit(
                     _copy_file,
-                    os.path.join(source, e["path"]),
+                    (source, e["path"]),
                     os.path.join(temp, e["path"]),
                     e,
                     progress,
@@ -743,14 +789,14 @@ def _stage_locked(
 def fetch_hub(cli: str, repo: str, revision: str, dest: str, token_file: str | None) -> bool:
     """Download repo@revision into dest with the hub's own CLI, once. True when it downloaded."""
     marker = os.path.join(dest, HUB_MARKER)
-    if _read_text(marker) == revision:
+    if _read_text(dest, HUB_MARKER) == revision:
         return False
     os.makedirs(dest, mode=0o750, exist_ok=True)
     os.chmod(dest, 0o750)  # the hub cache is read by root's staging run only
     env = dict(os.environ)
     if token_file:
         # The token reaches the CLI through its environment only: never argv, never a log.
-        env["HF_TOKEN"] = _read_text(token_file) or ""
+        env["HF_TOKEN"] = _read_text(*os.path.split(token_file)) or ""
     env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     argv = [cli, "download", repo, "--revision", revision, "--local-dir", dest]
     print(f"stage: downloading {repo}@{revision} into {dest}", flush=True)
