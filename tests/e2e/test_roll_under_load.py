@@ -1,0 +1,140 @@
+"""Upgrades without downtime, end to end: clients keep sending chat requests through the real
+sglang-router 0.3.2 while a pin change rolls all 8 ranks of a host (each batch drained out of
+the router first, put back after /health and a chat request), and while a rank is killed -9.
+
+The SGLang server double takes SGLANG_DOUBLE_GENERATE_SECONDS per chat request (so requests
+are in flight when a rank is taken out) and SGLANG_DOUBLE_LOAD_SECONDS to load, both set by a
+runtime drop-in that every rank unit reads and no unit file names. Clients are threads of this
+process on loopback, bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import testbed as tb
+from tests.doubles import wheels as doubles
+from tests.e2e.deploying import LANE, Indexes, make_indexes
+from tests.e2e.index import pypi_wheels_with_deps, wait_for
+from tests.e2e.load import CLIENTS, Load
+from tests.e2e.serving import (
+    RELEASE,
+    ROUTER_PORT,
+    base_data,
+    deploy,
+    health,
+    http,
+    ok,
+    serve_ops,
+    serving_spec,
+    unit_states,
+)
+from tests.testbed import Container
+
+pytestmark = pytest.mark.e2e
+
+NEW_RELEASE = "0.5.19"
+GENERATE_S = 0.3
+LOAD_S = 3
+DROPIN = "/run/systemd/system/sglang@.service.d"
+
+
+@pytest.fixture(scope="module")
+def indexes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Indexes]:
+    out = tmp_path_factory.mktemp("roll-wheels")
+    made = make_indexes(
+        tmp_path_factory.mktemp("roll-index"),
+        {r: doubles.release_wheels(out / r, r, LANE) for r in (RELEASE, NEW_RELEASE)},
+    )
+    made.main.add(*pypi_wheels_with_deps("sglang-router==0.3.2"))
+    yield made
+    for index in made.all():
+        index.stop()
+
+
+@pytest.fixture(scope="module")
+def host(testbed: tb.Testbed) -> Iterator[Container]:
+    (container,) = testbed.boot(serving_spec())
+    slow = (
+        f"mkdir -p {DROPIN} && printf '[Service]\\n"
+        f"Environment=SGLANG_DOUBLE_GENERATE_SECONDS={GENERATE_S}\\n"
+        f"Environment=SGLANG_DOUBLE_LOAD_SECONDS={LOAD_S}\\n' > {DROPIN}/load.conf"
+        " && systemctl daemon-reload"
+    )
+    assert container.ssh_run(slow)[0] == 0
+    yield container
+    testbed.destroy(container)
+
+
+def router_data(c: Container, indexes: Indexes, **extra: object) -> dict[str, object]:
+    router = {"host": c.name, "port": ROUTER_PORT, "bind": c.address}
+    return base_data(c, indexes, router=router, **extra)
+
+
+def router_workers(c: Container) -> dict[str, bool]:
+    status, body = http(f"http://{c.address}:{ROUTER_PORT}/workers")
+    assert status == 200, body
+    return {w["url"]: w["is_healthy"] for w in body["workers"]}
+
+
+def running_requests(c: Container, port: int) -> int:
+    status, text = http(f"http://{c.address}:{port}/metrics")
+    assert status == 200
+    for line in str(text).splitlines():
+        if line.startswith("sglang:num_running_reqs"):
+            return int(float(line.rsplit(" ", 1)[1]))
+    raise AssertionError(text)
+
+
+def test_a_pin_change_rolls_8_ranks_under_load_and_no_request_fails(
+    host: Container, indexes: Indexes, tmp_path: Path
+) -> None:
+    c = host
+    ok(deploy(tmp_path, {c: router_data(c, indexes)}))
+    url = f"http://{c.address}:{ROUTER_PORT}"
+    with Load(url) as load:
+        started = time.monotonic()
+        run = deploy(tmp_path, {c: router_data(c, indexes, sglang_version=NEW_RELEASE)})
+        rolled_in = time.monotonic() - started
+        before_stop = load.sent
+    print(load.report(f"roll of 8 ranks {RELEASE} -> {NEW_RELEASE} in {rolled_in:.1f}s"))
+    ok(run)
+    outs = [k for k in serve_ops(run) if "out of the router and drain" in k]
+    backs = [k for k in serve_ops(run) if "back into the router" in k]
+    assert len(outs) == 8 and len(backs) == 8, serve_ops(run)
+    assert load.failed == 0, load.report("roll")
+    assert before_stop > 8 * CLIENTS, load.report("roll")  # the load ran through the roll
+    # Every rank runs the new pin and is back in the router, healthy.
+    _, cmdlines, _ = c.ssh_run("cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '")
+    assert cmdlines.count(f"{NEW_RELEASE}-{LANE}") >= 8, cmdlines
+    workers = router_workers(c)
+    assert sorted(workers) == [f"http://{c.address}:{30000 + r}" for r in range(8)], workers
+    assert all(workers.values()), workers
+
+
+def test_a_rank_killed_under_load_costs_at_most_its_in_flight_requests(
+    host: Container, indexes: Indexes, tmp_path: Path
+) -> None:
+    c = host
+    ok(deploy(tmp_path, {c: router_data(c, indexes, sglang_version=NEW_RELEASE)}))
+    url = f"http://{c.address}:{ROUTER_PORT}"
+    with Load(url) as load:
+        wait_for(lambda: load.sent >= 4 * CLIENTS, timeout=60, what="load under way")
+        _, pid = unit_states(c, range(3, 4))[3]
+        in_flight = running_requests(c, 30003)
+        assert c.ssh_run(f"kill -9 {pid}")[0] == 0
+        killed_at = load.sent
+
+        def back() -> bool:
+            state, now = unit_states(c, range(3, 4))[3]
+            return state == "active" and now not in (0, pid) and health(c, 30003) == 200
+
+        # systemd restarts it (RestartSec=10), it loads; the router sends to it again.
+        wait_for(back, timeout=120, what="rank 3 restarted by systemd")
+        wait_for(lambda: load.sent >= killed_at + 4 * CLIENTS, timeout=60, what="more load")
+    print(load.report(f"rank 3 killed -9 with {in_flight} requests in flight on it"))
+    assert load.failed <= max(in_flight, 1), load.report("kill -9")
