@@ -328,6 +328,11 @@ def main(argv: list[str]) -> int:
     if not args.model_path:
         print("error: --model-path is required", file=sys.stderr)
         return 2
+    # SGLang logs its whole ServerArgs when it starts, before it touches a GPU, api_key in clear
+    # (0.5.11 wheel, srt/entrypoints/engine.py:188): `server_args=ServerArgs(..., api_key='...')`.
+    # A rank that then fails has its key in the journal the deploy shows (masked there).
+    fields = ", ".join(f"{k}={v!r}" for k, v in sorted(vars(args).items()))
+    print(f"[double] server_args=ServerArgs({fields})", flush=True)
     if not os.environ.get("CUDA_VISIBLE_DEVICES"):
         print(
             "RuntimeError: No CUDA GPUs are available (CUDA_VISIBLE_DEVICES unset)", file=sys.stderr
