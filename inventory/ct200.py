@@ -13,9 +13,11 @@ SSH keys come from your agent or ~/.ssh/config, as with plain ssh.
 
 import os
 
+from operations.reach import from_environment
+
 ct200 = [
     (
-        os.environ.get("CT200_HOST", "ct200"),
+        from_environment("CT200_HOST", "ct200", "the container's address or SSH alias"),
         {"ssh_user": os.environ.get("CT200_USER", "root")},
     )
 ]

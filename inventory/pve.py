@@ -15,13 +15,21 @@ More containers of the same node: more entries, each with its own name and pve_c
 
 import os
 
+from operations.reach import from_environment
+
+# Digits become the id; anything else is left to the settings check to refuse (one line naming
+# pve_ctid and the value), never a traceback while the inventory loads.
+_ctid = os.environ.get("CT200_CTID", "200")
+
 ct200 = [
     (
         "ct200",
         {
-            "ssh_hostname": os.environ.get("PVE_HOST", "pve"),
+            "ssh_hostname": from_environment(
+                "PVE_HOST", "pve", "the Proxmox node's address or SSH alias", host="ct200"
+            ),
             "ssh_user": os.environ.get("PVE_USER", "root"),
-            "pve_ctid": int(os.environ.get("CT200_CTID", "200")),
+            "pve_ctid": int(_ctid) if _ctid.isdigit() else _ctid,
         },
     )
 ]

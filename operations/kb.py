@@ -215,6 +215,8 @@ class KnownModel:
     min_release: str | None
     size_gb: float | None
     source: Cites
+    # config.json's quantization_config.quant_method of its weights; None: unquantized.
+    quantization: str | None = None
 
 
 @dataclass(frozen=True)
@@ -502,6 +504,7 @@ class RawModel(TypedDict):
     architecture: str
     min_release: NotRequired[str]
     size_gb: NotRequired[float]
+    quantization: NotRequired[str]
     source: RawCites
 
 
@@ -684,6 +687,7 @@ class _Reader:
                 m.get("min_release"),
                 m.get("size_gb"),
                 self.cites(f"models.{name}", m["source"]),
+                m.get("quantization"),
             )
         backends = {name: self.backend(name, b) for name, b in raw["attention_backends"].items()}
         hybrid = tuple(

@@ -21,6 +21,7 @@ from operations.host_plan import HostReport, plan_for_host
 from operations.resolver import PlanJson
 
 if TYPE_CHECKING:
+    from pyinfra.api.host import Host
     from pyinfra.api.state import State
 
 # What each host came to: its report, why it was not reached, or its settings' problems.
@@ -59,7 +60,14 @@ def build_state(inventory_path: str, override: dict[str, object]) -> State:
     state = State(check_for_changes=False)
     state.cwd = cwd
     ctx_state.set(state)
-    inventory = make_inventory(inventory_path, cwd=cwd, override_data=override)
+    try:
+        inventory = make_inventory(inventory_path, cwd=cwd, override_data=override)
+    except Exception as exc:  # the inventory is the user's file: one line, no traceback
+        cause = getattr(exc, "exception", exc)
+        raise SystemExit(
+            f"inventory {inventory_path!r} could not be loaded: {type(cause).__name__}: "
+            f"{' '.join(str(cause).split())}"
+        ) from None
     ctx_inventory.set(inventory)
     config = Config()
     # One unreachable host must not stop the plan of the others.
@@ -68,9 +76,41 @@ def build_state(inventory_path: str, override: dict[str, object]) -> State:
     return state
 
 
+def connect(state: State) -> dict[str, str]:
+    """Connect every host; why each one that could not be reached was not, in one line, with
+    what to do when its inventory says (operations/reach.py). Never raises for a host: pyinfra's
+    "No hosts remaining!" (every host unreachable) is the same answer for each."""
+    import logging
+
+    from pyinfra.api.connect import connect_all
+    from pyinfra.api.exceptions import PyinfraError
+    from pyinfra.api.state import BaseStateCallback
+
+    from operations import reach
+
+    why: dict[str, str] = {}
+
+    class Unreachable(BaseStateCallback):
+        @staticmethod
+        def host_connect_error(state: State, host: Host, error: BaseException) -> None:
+            text = " ".join(str(error.args[0] if error.args else error).split())
+            what = reach.hint(host.name)
+            why[host.name] = f"{text or type(error).__name__}" + (f"; {what}" if what else "")
+
+    # pyinfra logs each failure itself; the one line above is what we print, once.
+    logging.getLogger("pyinfra").disabled = True
+    state.add_callback_handler(Unreachable())
+    try:
+        connect_all(state)
+    except PyinfraError:
+        pass
+    finally:
+        logging.getLogger("pyinfra").disabled = False
+    return why
+
+
 def run(inventory_path: str, override: dict[str, object]) -> tuple[dict[str, Outcome], bool]:
     """(reports by host name, all ok). Settings are checked for every host before connecting."""
-    from pyinfra.api.connect import connect_all
     from pyinfra.context import ctx_host
 
     state = build_state(inventory_path, override)
@@ -85,12 +125,12 @@ def run(inventory_path: str, override: dict[str, object]) -> tuple[dict[str, Out
         entry.append(problem)
     everyone = [(name, s) for name, s in loaded.items() if name not in reports]
     if everyone:
-        connect_all(state)
+        unreachable = connect(state)
         for host in hosts:
             if host.name in reports:
                 continue
             if host not in state.activated_hosts:
-                reports[host.name] = "could not connect (see the messages above)"
+                reports[host.name] = unreachable.get(host.name, "could not connect")
                 continue
             with ctx_host.use(host):
                 reports[host.name] = plan_for_host(host, loaded[host.name], everyone)
@@ -126,17 +166,24 @@ def inventory_arguments(prog: str, doc: str | None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = inventory_arguments("python -m operations.plan", __doc__).parse_args(argv)
-    reports, ok = run(args.inventory, parse_data(args.data))
+    try:
+        reports, ok = run(args.inventory, parse_data(args.data))
+    except SystemExit as exc:  # a user's mistake, said in one line (no traceback)
+        if isinstance(exc.code, str):
+            print(f"error: {exc.code}", file=sys.stderr)
+            return 1
+        raise
     if args.json:
         json.dump(to_json(reports), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         from operations.report import print_reports
 
+        # Human output, refusals included, goes to stdout: `plan | less` and grep see it all.
         settings_errors = {k: v for k, v in reports.items() if isinstance(v, list)}
         for problems in settings_errors.values():
             for line in problems:
-                print(f"error: {line}", file=sys.stderr)
+                print(f"error: {line}")
         print_reports({k: v for k, v in reports.items() if not isinstance(v, list)})
     return 0 if ok else 1
 

@@ -12,6 +12,8 @@ from rich.text import Text
 
 from operations.host_plan import HostReport
 from operations.preflight import Failure
+from operations.resolver import RouterPlan
+from operations.settings import Router
 
 
 def failures_table(host: str, failures: list[Failure]) -> Table:
@@ -26,20 +28,42 @@ def failures_table(host: str, failures: list[Failure]) -> Table:
     return table
 
 
-def _common_options(argv: list[str]) -> str:
+def _common_options(argv: list[str], keep_port: bool = False) -> str:
     """A rank's options without its port, one option (with its values) a line: the part every
     rank shares, readable however narrow the terminal."""
     options = argv[3:]
+    if keep_port:
+        return "\n".join("  " + shlex.join(line) for line in _option_lines(options))
     if "--port" in options:
         at = options.index("--port")
         options = options[:at] + options[at + 2 :]
+    lines = _option_lines(options)
+    return "\n".join("  " + shlex.join(line) for line in [*lines, ["--port", "PORT"]])
+
+
+def _option_lines(options: list[str]) -> list[list[str]]:
+    """One option with its values a line."""
     lines: list[list[str]] = []
     for word in options:
         if word.startswith("--") or not lines:
             lines.append([word])
         else:
             lines[-1].append(word)
-    return "\n".join("  " + shlex.join(line) for line in [*lines, ["--port", "PORT"]])
+    return lines
+
+
+def router_text(router: RouterPlan, settings: Router | None) -> Text:
+    """The router this host runs: where it listens, its workers, its command line."""
+    text = Text()
+    where = f" on {settings.bind}:{settings.port}, policy {settings.policy}" if settings else ""
+    text.append(
+        f"router: sglang-router {router.version}{where}, {len(router.workers)} worker(s); "
+        f"health {router.health_url}\n",
+        style="bold",
+    )
+    text.append(f"  {shlex.join(router.argv[:3])}\n")
+    text.append(_common_options(router.argv, keep_port=True) + "\n")
+    return text
 
 
 def host_panel(name: str, report: HostReport) -> Panel:
@@ -58,25 +82,31 @@ def host_panel(name: str, report: HostReport) -> Panel:
         parts.append(failures_table(name, report.failures))
     if report.plan.decisions:
         decisions = Table(show_header=True, box=None, title="decisions", title_justify="left")
-        decisions.add_column("what", style="bold")
-        decisions.add_column("value", style="cyan")
-        decisions.add_column("why")
+        # fold, never cut: a value or a source URL is only useful whole (80-column logs too).
+        decisions.add_column("what", style="bold", overflow="fold")
+        decisions.add_column("value", style="cyan", overflow="fold")
+        decisions.add_column("why", overflow="fold")
         for d in report.plan.decisions:
             decisions.add_row(d.what, d.value, d.why)
         parts.append(decisions)
-    for warning in report.plan.warnings:
+    router_warnings = report.router.warnings if report.router is not None else []
+    for warning in [*report.plan.warnings, *router_warnings]:
         parts.append(Text(f"warning: {warning}", style="yellow"))
-    for error in report.plan.errors:
+    # Every reason to refuse but preflight's, which the table above shows (errors lists
+    # preflight first): the resolver's, the router's, the staging decision's.
+    for error in report.errors[len(report.failures) :]:
         parts.append(Text(f"error: {error}", style="red"))
+    if report.router is not None and not report.router.errors:
+        parts.append(router_text(report.router, report.settings.router))
     if report.plan.ranks:
         first = report.plan.ranks[0]
         parts.append(Text(f"every rank runs: {' '.join(first.argv[:3])}", style="bold"))
         parts.append(Text(f"{_common_options(first.argv)}\n"))
         ranks = Table(title="ranks", title_justify="left")
         ranks.add_column("rank", justify="right")
-        ranks.add_column("GPU (CUDA_VISIBLE_DEVICES)", justify="right")
+        ranks.add_column("GPU (CUDA_VISIBLE_DEVICES)", justify="right", overflow="fold")
         ranks.add_column("port", justify="right")
-        ranks.add_column("unit")
+        ranks.add_column("unit", overflow="fold")
         for r in report.plan.ranks:
             ranks.add_row(
                 str(r.rank), r.env.get("CUDA_VISIBLE_DEVICES", ""), str(r.port), r.unit_name
@@ -88,7 +118,9 @@ def host_panel(name: str, report: HostReport) -> Panel:
 
 
 def print_reports(reports: Mapping[str, HostReport | str], console: Console | None = None) -> None:
-    console = console or Console(stderr=True)
+    """Every host's panel; on stdout unless `console` says otherwise (the deploy's go to
+    stderr, beside pyinfra's log)."""
+    console = console or Console()
     for name, report in reports.items():
         if isinstance(report, str):
             console.print(Panel(Text(report, style="red"), title=f"{name}: unreachable"))

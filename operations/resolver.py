@@ -404,6 +404,46 @@ class _Resolution:
             )
         return entry
 
+    def check_weights(self) -> None:
+        """The weights decide what is served: the source's config.json must be the model that
+        model_name names in the knowledge base (architecture, quantization), or clients get
+        other weights under that name."""
+        s, kb = self.s, self.kb
+        known = kb.models.get(s.model_name)
+        model = self.facts.model
+        if known is None or model is None or model.architecture is None:
+            return
+        theirs = f"model_source {s.model_source} holds"
+        if model.size_bytes:
+            theirs += f" {model.size_bytes / 1024**3:.1f} GiB of"
+        theirs += f" {model.architecture} weights"
+        theirs += (
+            f" quantized {model.quantization}" if model.quantization else " with no quantization"
+        )
+        ours = f"{known.architecture.name} weights"
+        ours += (
+            f" quantized {known.quantization}" if known.quantization else " with no quantization"
+        )
+        if known.size_gb:
+            ours += f", {known.size_gb:g} GB"
+        if (model.architecture, model.quantization) == (
+            known.architecture.name,
+            known.quantization,
+        ):
+            return
+        same = [
+            m.name
+            for m in kb.models.values()
+            if (m.architecture.name, m.quantization) == (model.architecture, model.quantization)
+        ]
+        fix = "point model_source at the weights of that model"
+        if same:
+            fix += f", or set model_name to {' or '.join(same)} (what these weights are)"
+        self.error(
+            f"model_name {s.model_name!r} {self.where('model_name')} names {ours} in the knowledge "
+            f"base ({_src(known.source)}), but {theirs} (its config.json): {fix}"
+        )
+
     # -- attention backend ------------------------------------------------------------------
 
     def backend_refusals(self, backend: str, hybrid: bool) -> list[str]:
@@ -430,8 +470,8 @@ class _Resolution:
             elif backend not in rule.backends:
                 why = f"; {rule.reason}" if rule.reason else ""
                 reasons.append(
-                    f"sglang {s.sglang_version} accepts only {', '.join(rule.backends)} for "
-                    f"hybrid linear-attention models{why} ({_src(rule.source)})"
+                    f"sglang {s.sglang_version} does not accept it for hybrid linear-attention "
+                    f"models{why} ({_src(rule.source)})"
                 )
         spec = kb.speculative
         if backend == "flashinfer" and s.speculative is not None and self.release_known:
@@ -449,16 +489,29 @@ class _Resolution:
                 )
         return reasons
 
+    def runnable_backends(self, hybrid: bool) -> list[str]:
+        """Every backend that runs with this release on this GPU (for this model)."""
+        return [b for b in self.kb.attention_backends if not self.backend_refusals(b, hybrid)]
+
     def attention_backend(self, hybrid: bool) -> str | None:
         s, kb = self.s, self.kb
+        if not self.release_known or self.table is None:
+            return None  # check_release said why; any backend error would only follow from it
         if s.attention_backend != "auto":
             reasons = self.backend_refusals(s.attention_backend, hybrid)
             if reasons:
+                runnable = self.runnable_backends(hybrid)
+                choose = (
+                    f"backends that run here: {', '.join(runnable)} (or auto)"
+                    if runnable
+                    else "no backend runs here"
+                )
                 self.error(
                     f"attention_backend {s.attention_backend!r} "
                     f"{self.where('attention_backend')} cannot run with sglang "
                     f"{s.sglang_version} on compute capability {s.gpu_compute_cap}: "
                     + "; ".join(reasons)
+                    + f"; {choose}"
                 )
                 return None
             self.plan.decisions.append(Decision("attention backend", s.attention_backend, "set"))
@@ -695,6 +748,7 @@ class _Resolution:
         self.check_lane()
         self.gpu_entry()
         arch = self.model_architecture()
+        self.check_weights()
         hybrid = arch is not None and arch.hybrid_linear_attention
         backend = self.attention_backend(hybrid)
         if hybrid:

@@ -430,10 +430,27 @@ def _value_problems(values: Mapping[str, Any]) -> list[tuple[str, str]]:
     return problems
 
 
-def controller_problems(host_name: str, settings: Settings) -> list[str]:
-    """Checks of files on the controller (the API key): part of every inventory load."""
-    if not settings.api_key_file:
+def _wheelhouse_problems(host_name: str, settings: Settings) -> list[str]:
+    """The wheelhouse is a directory on the controller, read before any change: a missing one
+    is a settings problem of the plan, not a failure in the middle of the deploy."""
+    if not settings.wheelhouse or Path(settings.wheelhouse).expanduser().is_dir():
         return []
+    found = Path(settings.wheelhouse).expanduser().absolute()
+    why = "is a file, not a directory" if found.exists() else "does not exist"
+    return [
+        f"{host_name}: wheelhouse = {settings.wheelhouse!r} (set in "
+        f"{settings.origin('wheelhouse')}); {found} {why} on the controller; create it with "
+        "scripts/fill_wheelhouse.py (docs/engine.md, 'A first air-gapped deploy'), or set "
+        "wheelhouse: null to install from the package indexes"
+    ]
+
+
+def controller_problems(host_name: str, settings: Settings) -> list[str]:
+    """Checks of files on the controller (the API key, the wheelhouse): part of every
+    inventory load."""
+    problems = _wheelhouse_problems(host_name, settings)
+    if not settings.api_key_file:
+        return problems
     path = Path(settings.api_key_file).expanduser()
     where = f"{host_name}: api_key_file = {settings.api_key_file!r} (set in "
     where += f"{settings.origin('api_key_file')})"
@@ -452,8 +469,8 @@ def controller_problems(host_name: str, settings: Settings) -> list[str]:
         elif control_characters(key.strip()):
             why = "the key holds control characters (more than one line?)"
         else:
-            return []
-    return [f"{where}; {why}; accepted: a readable file holding one non-empty API key"]
+            return problems
+    return [*problems, f"{where}; {why}; accepted: a readable file holding one non-empty API key"]
 
 
 def _same(value: Any) -> Any:

@@ -17,6 +17,7 @@ Without it, status sends no request and changes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from collections.abc import Iterable
@@ -386,9 +387,11 @@ def run(inventory_path: str, override: dict[str, Any], probe: bool = False) -> l
 def read_hosts(state: Any, probe: bool = False) -> list[HostResult]:
     """Settings of every host first, then connect to the good ones and read one fact each."""
     from pyinfra.api.connect import connect_all
+    from pyinfra.api.exceptions import PyinfraError
     from pyinfra.api.state import BaseStateCallback
     from pyinfra.context import ctx_host
 
+    from operations import reach
     from operations import settings as settings_mod
 
     hosts = list(state.inventory)
@@ -403,11 +406,14 @@ def read_hosts(state: Any, probe: bool = False) -> list[HostResult]:
     class Errors(BaseStateCallback):
         @staticmethod
         def host_connect_error(state: Any, host: Any, error: Any) -> None:
-            connect_errors[host.name] = _one_line(error)
+            what = reach.hint(host.name)
+            connect_errors[host.name] = _one_line(error) + (f"; {what}" if what else "")
 
     state.add_callback_handler(Errors())
     if any(h.name in loaded and h.name not in errors for h in hosts):
-        connect_all(state)
+        # "No hosts remaining!" when none answers: each host's own line says why.
+        with contextlib.suppress(PyinfraError):
+            connect_all(state)
 
     results: list[HostResult] = []
     for host in hosts:

@@ -191,6 +191,9 @@ class Model:
     # config.json's "architectures"[0]; None when there is no readable config.json.
     architecture: str | None = None
     config_error: str | None = None
+    # config.json's quantization_config.quant_method ("fp8", ...); None: unquantized weights
+    # (or no readable config.json).
+    quantization: str | None = None
 
 
 CONFIG_MARKER = "@@config.json"
@@ -209,7 +212,14 @@ def parse_model(lines: list[str]) -> Model:
         arch = config["architectures"][0]
     except (ValueError, KeyError, IndexError, TypeError):
         return Model(exists=True, size_bytes=size, config_error="config.json has no architectures")
-    return Model(exists=True, size_bytes=size, architecture=str(arch))
+    quant = config.get("quantization_config")
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    return Model(
+        exists=True,
+        size_bytes=size,
+        architecture=str(arch),
+        quantization=str(method) if method is not None else None,
+    )
 
 
 class ModelSource(FactBase[Model]):

@@ -101,18 +101,58 @@ def test_demo_plan_has_eight_flashinfer_ranks_on_consecutive_ports() -> None:
         assert argv[argv.index("--port") + 1] == str(30000 + r["rank"])
         # 0.5.11 pins flashinfer 0.6.8.post1: on sm_120 under cu128 its JIT needs the arch
         # named with its suffix (knowledge: rank_environment).
+        # Every rank's JIT builds use the engine's own nvcc (knowledge: lanes.cu128.compiler).
+        home = r["env"]["CUDA_HOME"]
+        assert home.startswith("/opt/sglang/cuda/12.8.93-")
         assert r["env"] == {
             "CUDA_VISIBLE_DEVICES": str(r["rank"]),
+            "CUDA_HOME": home,
+            "PATH": f"{home}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "FLASHINFER_CUDA_ARCH_LIST": "12.0a",
         }
         assert "ExecStart=" in r["unit"]
 
 
-def test_human_output_shows_decisions_and_ranks() -> None:
+def test_human_output_shows_decisions_and_ranks_on_stdout() -> None:
+    """On stdout, so that `plan | less` and grep see it."""
     result = plan()
     assert result.returncode == 0, result.stderr
     for text in ("ready", "flashinfer", "30007", "CUDA lane", "sglang@7.service"):
-        assert text in result.stderr
+        assert text in result.stdout
+    assert result.stderr == ""
+
+
+def test_panel_wraps_values_instead_of_cutting_them() -> None:
+    """An 80-column log (a pipe): every value whole, over as many lines as it needs."""
+    result = plan()
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert "…" not in result.stdout
+    # A value that used to end in an ellipsis: whole, once its column's lines are joined.
+    assert "FLASHINFER_CUDA_ARCH_LIST=12.0a" in decision_cells(lines, "rank environment", "value")
+    whys = decision_cells(lines, "engine pin", "why")
+    assert any("https://download.pytorch.org/whl/cu128" in why for why in whys), whys
+
+
+def decision_cells(lines: list[str], what: str, column: str) -> list[str]:
+    """The text of one column of the decisions table in each row named `what`, each cell's
+    wrapped lines joined."""
+    (header,) = [ln for ln in lines if " what " in ln and " value " in ln and " why" in ln]
+    start = header.index(f" {column}") + 1
+    end = header.index(" why") + 1 if column == "value" else len(header)
+    first = header.index(" value")
+    cells = []
+    for at, line in enumerate(lines):
+        if line[:first].strip("│ ") != what:
+            continue
+        cell = [line[start:end].strip("│ ")]
+        for more in lines[at + 1 :]:
+            if more[:first].strip("│ ") or not more.startswith("│"):
+                break
+            cell.append(more[start:end].strip("│ "))
+        cells.append("".join(cell))
+    return cells
 
 
 @pytest.mark.parametrize(
@@ -158,8 +198,8 @@ def test_bad_settings_are_one_line_each_without_traceback() -> None:
     result = plan("--data", "dp_sise=4", "--data", "base_port=80")
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
-    lines = [ln for ln in result.stderr.splitlines() if ln.startswith("error: ")]
-    assert len(lines) == 2, result.stderr
+    lines = [ln for ln in result.stdout.splitlines() if ln.startswith("error: ")]
+    assert len(lines) == 2, result.stdout
     assert any("did you mean 'dp_size'" in ln and "--data" in ln for ln in lines)
     assert any("base_port = 80" in ln and "1024 to 65471" in ln for ln in lines)
 
