@@ -243,8 +243,21 @@ def plan(host_name: str, settings: Settings, kb: Knowledge, facts: PveFacts) -> 
     if result.form == "dev":
         note(f"devices: {len(nodes)} node(s) wanted, {passed} already passed through")
 
-    # Memory: the same rule preflight checks inside the container.
-    size = preflight.model_bytes(s, kb, facts.guest.model_bytes)
+    # Memory: the same rule preflight checks inside the container, from a size the container
+    # cannot inflate: measured by the node (real blocks), capped at the knowledge base's size
+    # for model_name and at the node's MemTotal.
+    measured = facts.guest.model_bytes
+    size = preflight.model_bytes(s, kb, measured)
+    known = kb.models.get(s.model_name)
+    known_bytes = int(known.size_gb * 1e9) if known is not None and known.size_gb else None
+    node_mem = facts.guest.node_mem_bytes
+    caps = [c for c in (known_bytes, node_mem) if c is not None]
+    if size is not None and caps and size > min(caps):
+        size = min(caps)
+    sources = (
+        f"measured by the node {_gib(measured)} (real blocks), knowledge base "
+        f"{_gib(known_bytes)}, node MemTotal {_gib(node_mem)}"
+    )
     if size is None:
         err(
             f"{host_name}: cannot size the container's memory: model_name {s.model_name!r} "
@@ -257,9 +270,16 @@ def plan(host_name: str, settings: Settings, kb: Knowledge, facts: PveFacts) -> 
     need_mib = math.ceil(need / MIB)
     current = _int(facts.config.get("memory"), DEFAULT_MEMORY_MIB)
     rule = (
-        f"model {size / 1024**3:.1f} GiB in tmpfs + {s.dp_size} ranks x "
+        f"model {size / 1024**3:.1f} GiB in tmpfs ({sources}) + {s.dp_size} ranks x "
         f"{s.ram_per_rank_gb:g} GiB (ram_per_rank_gb) = {need_mib} MiB"
     )
+    if node_mem is not None and need > node_mem:
+        err(
+            f"{host_name}: the container would need {need_mib} MiB ({rule}), more than the "
+            f"node's MemTotal ({node_mem // MIB} MiB); accepted: fewer ranks (dp_size), less "
+            "ram_per_rank_gb, or a node with more memory"
+        )
+        return result
     if current < need_mib:
         result.options.append(("memory", str(need_mib)))
         note(f"memory: {current} -> {need_mib} MiB ({rule})")
@@ -308,6 +328,10 @@ def plan(host_name: str, settings: Settings, kb: Knowledge, facts: PveFacts) -> 
             "set pve_install_driver = true to install it (user space only, --no-kernel-module)"
         )
     return result
+
+
+def _gib(n: int | None) -> str:
+    return "unknown" if n is None else f"{n / 1024**3:.1f} GiB"
 
 
 def _int(text: str | None, default: int) -> int:

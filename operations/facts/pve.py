@@ -286,23 +286,32 @@ class PctStatus(FactBase[str]):
 
 @dataclass(frozen=True)
 class GuestState:
-    """What pve.py reads inside a running container through `pct exec`: the NVIDIA user-space
-    driver version(s) found (libcuda.so.VERSION) and the model directory's size in bytes."""
+    """What pve.py reads about a container: the NVIDIA user-space driver version(s) found inside
+    it (libcuda.so.VERSION, through `pct exec`), the model directory's size as the node measures
+    it (the node's own du over /proc/PID/root: real blocks, never the apparent size a sparse
+    file claims, and no binary of the container's), and the node's MemTotal in bytes."""
 
     running: bool
     driver_versions: list[str] = field(default_factory=list)
     model_bytes: int | None = None
+    node_mem_bytes: int | None = None
 
 
+GUEST_TIMEOUT_S = 120  # pct exec and the node's du: a hung container never hangs the run
 _LIBCUDA = re.compile(r"libcuda\.so\.(?P<version>[0-9]+\.[0-9]+(?:\.[0-9]+)*)$")
 
 
 def parse_guest(lines: list[str]) -> GuestState:
-    if not lines or lines[0].strip() != "@@running":
-        return GuestState(running=False)
+    mem = None
+    for line in lines:
+        if line.startswith("@@memtotal="):
+            text = line.removeprefix("@@memtotal=").strip()
+            mem = int(text) * 1024 if text.isdigit() else None  # /proc/meminfo says kB
+    if "@@running" not in (line.strip() for line in lines):
+        return GuestState(running=False, node_mem_bytes=mem)
     versions: set[str] = set()
     size = None
-    for line in lines[1:]:
+    for line in lines:
         if line.startswith("@@model="):
             text = line.removeprefix("@@model=").strip().split("\t")[0]
             size = int(text) if text.isdigit() else None
@@ -310,7 +319,9 @@ def parse_guest(lines: list[str]) -> GuestState:
         match = _LIBCUDA.search(line.strip())
         if match:
             versions.add(match.group("version"))
-    return GuestState(running=True, driver_versions=sorted(versions), model_bytes=size)
+    return GuestState(
+        running=True, driver_versions=sorted(versions), model_bytes=size, node_mem_bytes=mem
+    )
 
 
 class GuestDriver(FactBase[GuestState]):
@@ -328,14 +339,26 @@ class GuestDriver(FactBase[GuestState]):
             "for f in /usr/lib/x86_64-linux-gnu/libcuda.so.* /usr/lib64/libcuda.so.* "
             '/usr/lib/libcuda.so.*; do [ -f "$f" ] && [ ! -L "$f" ] && echo "$f"; done; '
         )
+        # The model's size is measured by the node, not by the container (whose root could fake
+        # du): the node's du over the container's root (/proc/PID/root of its init, lxc-info
+        # -p), counting real blocks (-B1 without --apparent-size), so a sparse file counts what
+        # it holds, not the terabytes it claims. pve.py caps it at the knowledge base's size
+        # and at the node's MemTotal. `pct exec` is bounded: a container that hangs it cannot
+        # hang the run.
+        measure = ""
         if model_dir:
-            where = shlex.quote(model_dir)
-            probe += f'[ -d {where} ] && echo "@@model=$(du -sb {where})"; '
+            where = shlex.quote(model_dir.rstrip("/") or "/")
+            measure = (
+                f"pid=$(lxc-info -n {ct} -p -H 2>/dev/null); "
+                f'[ -n "$pid" ] && [ -d "/proc/$pid/root"{where} ] && echo "@@model=$(timeout '
+                f'{GUEST_TIMEOUT_S} du -s -B1 "/proc/$pid/root"{where} 2>/dev/null | cut -f1)"; '
+            )
         return StringCommand(
+            "echo \"@@memtotal=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)\"; "
             f"if pct status {ct} 2>/dev/null | grep -qx 'status: running'; then "
-            f"echo @@running; pct exec {ct} -- sh -c",
+            f"echo @@running; timeout {GUEST_TIMEOUT_S} pct exec {ct} -- sh -c",
             QuoteString(probe + "true"),
-            "; fi; true",
+            f"; {measure}fi; true",
         )
 
     @staticmethod

@@ -4,6 +4,8 @@ tests/fixtures/pve (see SOURCE.md there), settings through the real loader."""
 from __future__ import annotations
 
 import math
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -201,3 +203,54 @@ def test_restart_only_with_opt_in_and_only_when_running() -> None:
 def test_ct_config_devices_parse_path_forms() -> None:
     config = CtConfig("ct", [("dev0", "path=/dev/nvidia0,mode=0666"), ("dev7", "/dev/nvidiactl")])
     assert config.devices() == {"dev0": "/dev/nvidia0", "dev7": "/dev/nvidiactl"}
+
+
+def test_a_sparse_model_file_cannot_size_the_nodes_memory(tmp_path: Path) -> None:
+    """The attack: a container's model directory holds a sparse file that claims 1 TiB (du -sb
+    inside the container said so, and a container's root may fake du). The GuestDriver fact's
+    real command, run here with stand-ins for pct and lxc-info (the container's root is this
+    machine's /), measures real blocks on the node: the plan sizes memory from what the file
+    holds, capped at the node's MemTotal, and shows both."""
+    from operations.facts.pve import GuestDriver, parse_guest
+
+    model = tmp_path / "model"
+    model.mkdir()
+    with open(model / "model-00001.safetensors", "wb") as fh:
+        fh.truncate(1024**4)  # 1 TiB apparent, no block written
+    (model / "config.json").write_text("{}")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "pct").write_text(
+        '#!/bin/sh\n[ "$1" = status ] && { echo "status: running"; exit 0; }\n'
+        'while [ "$1" != -- ]; do shift; done; shift; exec "$@"\n'
+    )
+    (bin_dir / "lxc-info").write_text(f"#!/bin/sh\necho {os.getpid()}\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    command = GuestDriver().command(200, str(model)).get_raw_value()
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    out = subprocess.run(["sh", "-c", command], env=env, capture_output=True, text=True, check=True)
+    guest = parse_guest(out.stdout.splitlines())
+    assert guest.running and guest.node_mem_bytes, out
+    assert guest.model_bytes is not None and guest.model_bytes < 1024**2, guest
+
+    result = planned(facts(guest=guest), model_name="org/unknown-model", dp_size=1)
+    (memory,) = [int(v) for k, v in result.options if k == "memory"]
+    assert memory < guest.node_mem_bytes // MIB, result.options
+    note = next(n for n in result.notes if n.startswith("memory:"))
+    assert "measured by the node 0.0 GiB (real blocks)" in note and "node MemTotal" in note, note
+
+
+def test_the_model_size_is_capped_at_the_knowledge_base_and_memtotal() -> None:
+    huge = GuestState(running=True, driver_versions=["565.57.01"], model_bytes=2**50)
+    capped = planned(facts(guest=huge), dp_size=1, ram_per_rank_gb=1)
+    known = KB.models[make_settings().model_name].size_gb
+    assert known is not None
+    want = math.ceil((int(known * 1e9) + 1024**3) / MIB)
+    assert ("memory", str(want)) in capped.options, capped.options
+    # An unknown model: capped at the node's MemTotal, which then refuses the ranks on top.
+    small_node = GuestState(
+        running=True, driver_versions=["565.57.01"], model_bytes=2**50, node_mem_bytes=64 * 2**30
+    )
+    refused = planned(facts(guest=small_node), model_name="org/unknown-model")
+    assert any("more than the node's MemTotal (65536 MiB)" in e for e in refused.errors), refused
