@@ -50,6 +50,7 @@ from operations.facts.pve import (
     PveVersions,
 )
 from operations.kb import Knowledge, version
+from operations.redact import redact
 from operations.settings import Settings
 
 MIB = 1024**2
@@ -95,6 +96,7 @@ class PvePlan:
     driver_current: list[str] = field(default_factory=list)
     driver_install: bool = False
     driver_url: str = ""
+    driver_sha256: str = ""
 
     @property
     def ok(self) -> bool:
@@ -317,9 +319,22 @@ def plan(host_name: str, settings: Settings, kb: Knowledge, facts: PveFacts) -> 
     elif matches:
         note(f"driver: the container's user space is {facts.module}, the node module's version")
     elif s.pve_install_driver:
-        result.driver_install = True
         found = ", ".join(facts.guest.driver_versions) or "none"
-        note(f"driver: installing {facts.module} in the container, user space only (has {found})")
+        pinned = s.pve_driver_hashes.get(facts.module or "")
+        if not pinned:
+            err(
+                f"{host_name}: pve_driver_hashes (set in {s.origin('pve_driver_hashes')}) has no "
+                f"sha256 for driver {facts.module}: the installer runs as the container's root "
+                f"and must be the file you checked; accepted: pve_driver_hashes = "
+                f'{{"{facts.module}": "<sha256 of {result.driver_url}>"}}'
+            )
+            return result
+        result.driver_install = True
+        result.driver_sha256 = pinned
+        note(
+            f"driver: installing {facts.module} in the container, user space only (has {found}), "
+            f"from {redact(result.driver_url)} (https only), sha256 {pinned} (pve_driver_hashes)"
+        )
     else:
         found = ", ".join(facts.guest.driver_versions) or "none"
         note(
@@ -401,7 +416,7 @@ def ct_restart(ctid: int) -> Any:
 
 
 @operation()
-def guest_driver(ctid: int, version_: str, url: str, current: list[str]) -> Any:
+def guest_driver(ctid: int, version_: str, url: str, current: list[str], sha256: str) -> Any:
     """
     Install the NVIDIA driver's user space of exactly ``version_`` in the running container,
     without a kernel module (the node's module serves it).
@@ -410,6 +425,7 @@ def guest_driver(ctid: int, version_: str, url: str, current: list[str]) -> Any:
     + version_: the node's kernel module version
     + url: the installer (.run) for that version
     + current: the user-space versions the container has (GuestDriver)
+    + sha256: the installer's pinned sha256 (pve_driver_hashes); it runs only if it matches
     """
     if current == [version_]:
         host.noop(f"container {ctid}: NVIDIA user space is {version_}")
@@ -421,7 +437,10 @@ def guest_driver(ctid: int, version_: str, url: str, current: list[str]) -> Any:
             "command -v curl >/dev/null "
             "|| { echo 'curl is missing in the container' >&2; exit 1; }",
             f"mkdir -p -m 700 {shlex.quote(DRIVER_CACHE)}",
-            f"curl -fsSL -o {shlex.quote(run + '.part')} {shlex.quote(url)}",
+            # https only, redirects included: a redirect to http:// or file:// is refused.
+            f"curl --proto =https --proto-redir =https -fsSL -o {shlex.quote(run + '.part')} "
+            f"{shlex.quote(url)}",
+            f"echo {shlex.quote(sha256 + '  ' + run + '.part')} | sha256sum -c --quiet -",
             f"mv {shlex.quote(run + '.part')} {shlex.quote(run)}",
             f"sh {shlex.quote(run)} --silent --no-kernel-module",
             f"rm -f {shlex.quote(run)}",
@@ -516,6 +535,7 @@ def converge(state: State, node: Host) -> None:
             version_=result.driver_version,
             url=result.driver_url,
             current=result.driver_current,
+            sha256=result.driver_sha256,
         )
     if result.restart == "now":
         ct_restart(name=f"Proxmox: restart container {ctid}", ctid=ctid, _if=config.did_change)

@@ -158,6 +158,7 @@ class Settings:
     pve_restart: bool
     pve_install_driver: bool
     pve_driver_url: str
+    pve_driver_hashes: Mapping[str, str]
     # Where each key's value came from, for messages that point at the right file.
     origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 

@@ -189,9 +189,23 @@ def test_driver_version_is_told_and_installed_only_when_opted_in() -> None:
     assert any(
         "needs NVIDIA user space 565.57.01 exactly, it has 570.172.08" in n for n in told.notes
     )
-    install = planned(facts(guest=old), pve_install_driver=True)
-    assert install.driver_install
+    sha = "ab" * 32
+    install = planned(
+        facts(guest=old), pve_install_driver=True, pve_driver_hashes={"565.57.01": sha}
+    )
+    assert install.driver_install and install.driver_sha256 == sha
     assert install.driver_url.endswith("/565.57.01/NVIDIA-Linux-x86_64-565.57.01.run")
+    assert any(f"sha256 {sha} (pve_driver_hashes)" in n for n in install.notes)
+    assert f"sha256 {sha}" in summary("ct200", install)
+
+
+def test_a_driver_without_a_pinned_sha256_is_not_installed() -> None:
+    old = GuestState(running=True, driver_versions=["570.172.08"])
+    unpinned = planned(
+        facts(guest=old), pve_install_driver=True, pve_driver_hashes={"570.172.08": "cd" * 32}
+    )
+    assert not unpinned.driver_install and not unpinned.ok
+    assert any("has no sha256 for driver 565.57.01" in e for e in unpinned.errors)
 
 
 def test_restart_only_with_opt_in_and_only_when_running() -> None:
