@@ -70,6 +70,7 @@ from operations.host_files import put_file
 from operations.host_plan import HostReport
 from operations.redact import redact
 from operations.settings import Settings
+from operations.toolkit import REDIST_DIR, host_packages, install_toolkit, redist_dir, sync_archives
 
 LOCK_FILE = "uv.lock"  # in each environment and project: the resolved set
 CHECK_SCRIPT = (Path(__file__).parent / "files" / "engine_check.py").read_text()
@@ -97,6 +98,8 @@ class Probe:
     arch_list: tuple[str, ...] = ()
     devices: tuple[Device, ...] = ()
     errors: tuple[str, ...] = ()
+    compile: str | None = None  # "ok" or nvcc's error; None: not asked (no toolkit)
+    kernel_runs: tuple[str, ...] = ()  # per GPU: the compiled kernel loaded and run
 
 
 def parse_probe(text: str) -> Probe:
@@ -123,6 +126,8 @@ def parse_probe(text: str) -> Probe:
             Device(int(d["index"]), d.get("capability"), d.get("op"))
             for d in data.get("devices") or ()
         ),
+        compile=data.get("compile"),
+        kernel_runs=tuple(data.get("kernel_runs") or ()),
     )
 
 
@@ -144,6 +149,7 @@ def evaluate(probe: Probe, spec: EngineSpec, driver: Driver) -> list[str]:
     problems = list(probe.errors)
     if probe.errors:
         return problems
+    problems += _compiler_problems(probe, spec, driver)
     fix_lane = (
         f"pin a cuda_lane this driver runs, or upgrade the host driver to >= {spec.min_driver}"
     )
@@ -198,6 +204,31 @@ def evaluate(probe: Probe, spec: EngineSpec, driver: Driver) -> list[str]:
                 f"with the host's {_driver_text(driver)}: {device.op}; {fix_lane}"
             )
     return problems + _import_problems(probe, spec, driver)
+
+
+def _compiler_problems(probe: Probe, spec: EngineSpec, driver: Driver) -> list[str]:
+    """SGLang's tvm-ffi kernels and FlashInfer compile with the engine's nvcc at run time:
+    a compiler that cannot build for the GPU's arch, or whose code the driver cannot load,
+    fails the first request after the weights load."""
+    tools = spec.toolkit
+    if tools is None:
+        return []
+    arch = spec.compile_arch
+    if probe.compile is None:
+        return [f"nvcc {tools.version}: the engine check compiled nothing (a bug in the check)"]
+    if probe.compile != "ok":
+        return [
+            f"nvcc {tools.version} ({tools.origin}) cannot compile for {arch}: "
+            f"{probe.compile}; SGLang's and FlashInfer's JIT builds would fail the same way "
+            "after the weights load: remove the toolkit directory named above so the next run "
+            "unpacks it again, and check the host compiler (g++) is installed"
+        ]
+    return [
+        f"GPU {index}: a kernel nvcc {tools.version} compiled for {arch} does not run with "
+        f"the host's {_driver_text(driver)}: {run}"
+        for index, run in enumerate(probe.kernel_runs)
+        if run != "ok"
+    ]
 
 
 def _import_problems(probe: Probe, spec: EngineSpec, driver: Driver) -> list[str]:
@@ -417,10 +448,23 @@ def build_env(engine_root: str, env_name: str, python: str, offline: bool) -> An
 
 
 def _verify(
-    state: State, host: Host, env: str, wanted: Mapping[str, object], driver: list[str | None]
+    state: State,
+    host: Host,
+    env: str,
+    wanted: Mapping[str, object],
+    driver: list[str | None],
+    engine_root: str,
 ) -> bool:
     spec = EngineSpec.from_json(wanted)
-    argument = json.dumps({"packages": spec.modules(), "gpu_count": spec.gpu_count})
+    tools = spec.toolkit
+    argument = json.dumps(
+        {
+            "packages": spec.modules(),
+            "gpu_count": spec.gpu_count,
+            "cuda_home": tools.home(engine_root) if tools else None,
+            "arch": spec.compile_arch,
+        }
+    )
     status, output = host.run_shell_command(
         StringCommand(_q(f"{env}/bin/python"), "-c", _q(CHECK_SCRIPT), _q(argument))
     )
@@ -464,7 +508,9 @@ def verify_env(
         host.noop(f"{spec.name} passed its check when it was installed")
         return
     env = _env_dir(engine_root, spec.name)
-    yield FunctionCommand(_verify, (env, spec.to_json(), [driver_version, driver_cuda]), {})
+    yield FunctionCommand(
+        _verify, (env, spec.to_json(), [driver_version, driver_cuda], engine_root), {}
+    )
     marker = json.dumps(spec.marker(), sort_keys=True)
     yield (
         f"printf '%s\\n' {_q(marker)} > {_q(env + '/' + MARKER + '.tmp')} && "
@@ -553,6 +599,9 @@ def _engine_deploy(report: HostReport) -> EngineStep:
     # A converged host stops at this one fact: the target is complete and current.
     # Relative to the deploy's directory, as pyinfra resolves local paths.
     controller_lock = os.path.join(pyinfra_state.cwd or os.getcwd(), lock_path(s, spec))
+    # Before the install: the engine check compiles with this compiler. Outside it too: an
+    # engine built before engines had a compiler gets one without being rebuilt.
+    _compiler(s, spec, state)
     if not _complete(state, spec.name):
         gpu = report.gpu
         driver = Driver(gpu.driver_version if gpu else None, gpu.cuda_version if gpu else None)
@@ -579,6 +628,28 @@ def _engine_deploy(report: HostReport) -> EngineStep:
 
 # @deploy types every call as returning OperationMeta; this step returns an EngineStep.
 install_engine = cast(Callable[[HostReport], EngineStep], _engine_deploy)
+
+
+def _compiler(s: Settings, spec: EngineSpec, state: EngineHost) -> None:
+    host_packages(name="Engine: libnuma1 and g++", installed=state.get("packages", []))
+    tools = spec.toolkit
+    if tools is None:
+        return
+    installed = state.get("toolkits", [])
+    if s.wheelhouse and tools.name not in installed:
+        sync_archives(
+            name=f"Engine: sync nvcc {tools.version}'s archives",
+            src=redist_dir(s.wheelhouse),
+            dest=f"{s.engine_root}/{REDIST_DIR}",
+            tools=tools,
+        )
+    install_toolkit(
+        name=f"Engine: nvcc {tools.version} -> cuda/{tools.name}",
+        engine_root=s.engine_root,
+        tools=tools,
+        installed=installed,
+        offline=bool(s.wheelhouse),
+    )
 
 
 @operation(is_idempotent=False)

@@ -10,12 +10,12 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from operations.kb import Knowledge, cite
+from operations.kb import PLACEHOLDER, PYPI_FILES_URL, Compiler, Knowledge, cite
 from operations.settings import Settings
 
 HASH_LENGTH = 8
@@ -35,6 +35,182 @@ LOCK_ENVIRONMENT = "sys_platform == 'linux' and platform_machine == 'x86_64'"
 
 class EngineError(Exception):
     """The engine cannot be planned for this host (a bug upstream or bad data)."""
+
+
+# -- the compiler every engine of a lane gets: pure ------------------------------------------
+
+
+class ArchiveJson(TypedDict):
+    name: str
+    version: str
+    path: str
+    sha256: str
+    size: int
+
+
+class ToolkitJson(TypedDict):
+    version: str
+    origin: str
+    release: str | None
+    root: str
+    url: str
+    archives: list[ArchiveJson]
+    checksums: str
+
+
+@dataclass(frozen=True)
+class Archive:
+    """One compiler archive as the install fetches it: its path under the toolkit's URL (or
+    its file name in the offline cuda-redist/ directory), and what it must hash to."""
+
+    name: str
+    version: str
+    path: str
+    sha256: str
+    size: int
+
+    @property
+    def file_name(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True)
+class Toolkit:
+    """The CUDA compiler of an engine: archives unpacked into ENGINE_ROOT/cuda/<name>, shared by
+    every engine of the same compiler, and the CUDA_HOME its ranks and its check use."""
+
+    version: str  # nvcc's
+    origin: str  # "nvidia-redist" or "pypi"
+    release: str | None  # NVIDIA's redistrib_<release>.json
+    root: str  # the folder of each archive that becomes CUDA_HOME; "*": its one top folder
+    url: str  # where `path`s are found online
+    archives: tuple[Archive, ...]
+    checksums: str  # where the sha256 values come from, for the plan
+
+    def __post_init__(self) -> None:
+        archives = tuple(a if isinstance(a, Archive) else Archive(**a) for a in self.archives)
+        object.__setattr__(self, "archives", archives)
+
+    @property
+    def name(self) -> str:
+        """ "12.8.93-1a2b3c4d": the version, and a hash of exactly the archives unpacked."""
+        canonical = json.dumps(sorted((a.name, a.sha256) for a in self.archives))
+        return f"{self.version}-{hashlib.sha256(canonical.encode()).hexdigest()[:HASH_LENGTH]}"
+
+    def home(self, engine_root: str) -> str:
+        return f"{engine_root}/cuda/{self.name}"
+
+    @property
+    def placeholder(self) -> bool:
+        return any(a.sha256.startswith(PLACEHOLDER) for a in self.archives)
+
+    def to_json(self) -> ToolkitJson:
+        return {
+            "version": self.version,
+            "origin": self.origin,
+            "release": self.release,
+            "root": self.root,
+            "url": self.url,
+            "archives": [
+                {
+                    "name": a.name,
+                    "version": a.version,
+                    "path": a.path,
+                    "sha256": a.sha256,
+                    "size": a.size,
+                }
+                for a in self.archives
+            ],
+            "checksums": self.checksums,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> Toolkit:
+        archives = data.get("archives")
+        if not isinstance(archives, list) or not all(isinstance(a, Mapping) for a in archives):
+            raise EngineError(f"toolkit: archives is {archives!r}, not a list of archives")
+        release = data.get("release")
+        return cls(
+            version=_text(data, "version"),
+            origin=_text(data, "origin"),
+            release=_text(data, "release") if release is not None else None,
+            root=_text(data, "root"),
+            url=_text(data, "url"),
+            archives=tuple(
+                Archive(
+                    _text(a, "name"),
+                    _text(a, "version"),
+                    _text(a, "path"),
+                    _text(a, "sha256"),
+                    _int(a, "size"),
+                )
+                for a in archives
+            ),
+            checksums=_text(data, "checksums"),
+        )
+
+
+def read_redist_manifest(path: str) -> Mapping[str, object]:
+    """A redistrib_<release>.json on the controller (setting cuda_redist_manifest)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise EngineError(f"cuda_redist_manifest {path}: cannot be read as JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise EngineError(f"cuda_redist_manifest {path}: not a JSON object")
+    return data
+
+
+def toolkit(
+    compiler: Compiler,
+    settings: Settings,
+    manifest: Mapping[str, object] | None = None,
+    manifest_path: str | None = None,
+) -> Toolkit:
+    """The lane's compiler as the engine installs it. With a manifest in NVIDIA's redistrib
+    format (setting cuda_redist_manifest), its relative_path, sha256 and size replace the
+    knowledge base's for each archive it lists at the same version."""
+    url = settings.cuda_redist_url if compiler.origin == "nvidia-redist" else PYPI_FILES_URL
+    archives = []
+    for a in compiler.archives:
+        archive = Archive(a.name, a.version, a.path, a.sha256, a.size)
+        entry = manifest.get(a.name) if manifest is not None else None
+        if manifest is not None:
+            if not isinstance(entry, Mapping) or entry.get("version") != a.version:
+                raise EngineError(
+                    f"cuda_redist_manifest {manifest_path}: lists no {a.name} {a.version} "
+                    "(the version the knowledge base pins)"
+                )
+            files = entry.get("linux-x86_64")
+            if not isinstance(files, Mapping):
+                raise EngineError(
+                    f"cuda_redist_manifest {manifest_path}: {a.name} has no linux-x86_64 archive"
+                )
+            size = files.get("size")
+            archive = Archive(
+                a.name,
+                a.version,
+                _text(files, "relative_path"),
+                _text(files, "sha256"),
+                int(size) if isinstance(size, (int, str)) and str(size).isdigit() else 0,
+            )
+        archives.append(archive)
+    if manifest is not None:
+        checksums = f"{manifest_path} (setting cuda_redist_manifest)"
+    elif compiler.origin == "nvidia-redist":
+        checksums = f"the knowledge base, copied from NVIDIA's redistrib_{compiler.release}.json"
+    else:
+        checksums = "the knowledge base, copied from PyPI's file list"
+    return Toolkit(
+        compiler.version,
+        compiler.origin,
+        compiler.release,
+        compiler.root,
+        url.rstrip("/"),
+        tuple(archives),
+        checksums,
+    )
 
 
 # -- what to install: pure ------------------------------------------------------------------
@@ -63,6 +239,7 @@ class EngineSpecJson(TypedDict):
     unproven: list[str]
     excludes: list[str]
     name: str
+    toolkit: NotRequired[ToolkitJson | None]
 
 
 class EngineMarker(TypedDict):
@@ -111,6 +288,9 @@ class EngineSpec:
     gpu_count: int  # how many GPUs torch must see
     unproven: tuple[str, ...] = ()  # what only the GPUs settle, each with its sources
     excludes: tuple[str, ...] = ()  # projects left out of the install (no build for the lane)
+    # The lane's compiler: not in the name (engines of one compiler share it, and a compiler
+    # fix does not rebuild an engine), installed and proven by the engine step.
+    toolkit: Toolkit | None = None
 
     def __post_init__(self) -> None:
         # Built from JSON (op fixtures, FunctionCommand arguments): lists and dicts come back.
@@ -119,6 +299,8 @@ class EngineSpec:
         object.__setattr__(self, "overrides", tuple(self.overrides))
         object.__setattr__(self, "unproven", tuple(self.unproven))
         object.__setattr__(self, "excludes", tuple(self.excludes))
+        if isinstance(self.toolkit, Mapping):
+            object.__setattr__(self, "toolkit", Toolkit.from_json(self.toolkit))
 
     @property
     def requirements(self) -> tuple[str, ...]:
@@ -155,6 +337,15 @@ class EngineSpec:
     def name(self) -> str:
         return f"{self.release}-{self.lane}-{self.python_tag}-{self.digest}"
 
+    @property
+    def compile_arch(self) -> str | None:
+        """What the JIT builds compile for: "sm_120a", the arch with its `a` (arch-specific)
+        suffix, which NVIDIA defines from sm_90 on; an older arch as it is."""
+        if not self.arch:
+            return None
+        major = int(self.compute_cap.split(".")[0])
+        return f"{self.arch}a" if major >= 9 else self.arch
+
     def pin(self, project: str) -> Pin | None:
         wanted = canonicalize_name(project)
         return next((p for p in self.pins if p.name == wanted), None)
@@ -188,6 +379,7 @@ class EngineSpec:
             "unproven": list(self.unproven),
             "excludes": list(self.excludes),
             "name": self.name,
+            "toolkit": self.toolkit.to_json() if self.toolkit else None,
         }
 
     @classmethod
@@ -197,6 +389,7 @@ class EngineSpec:
         if not isinstance(pins, list) or not all(isinstance(p, Mapping) for p in pins):
             raise EngineError(f"engine spec: pins is {pins!r}, not a list of pins")
         arch = data.get("arch")
+        tools = data.get("toolkit")
         gpu_count = data.get("gpu_count")
         if not isinstance(gpu_count, int):
             raise EngineError(f"engine spec: gpu_count is {gpu_count!r}, not a number")
@@ -218,6 +411,7 @@ class EngineSpec:
             gpu_count=gpu_count,
             unproven=_texts(data, "unproven") if "unproven" in data else (),
             excludes=_texts(data, "excludes") if "excludes" in data else (),
+            toolkit=Toolkit.from_json(tools) if isinstance(tools, Mapping) else None,
         )
 
     def marker(self) -> EngineMarker:
@@ -237,6 +431,13 @@ def _text(data: Mapping[str, object], key: str) -> str:
     return value
 
 
+def _int(data: Mapping[str, object], key: str) -> int:
+    value = data.get(key)
+    if not isinstance(value, int):
+        raise EngineError(f"engine spec: {key} is {value!r}, not a number")
+    return value
+
+
 def _texts(data: Mapping[str, object], key: str) -> tuple[str, ...]:
     value = data.get(key)
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -244,7 +445,12 @@ def _texts(data: Mapping[str, object], key: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def engine_spec(settings: Settings, kb: Knowledge, python: str | None = None) -> EngineSpec:
+def engine_spec(
+    settings: Settings,
+    kb: Knowledge,
+    python: str | None = None,
+    manifest: Mapping[str, object] | None = None,
+) -> EngineSpec:
     """The environment the settings ask for, from the knowledge base's build of the release on
     the lane, for `python` (the host's CPython minor, "3.11"; None when unknown, as on pyinfra's
     @fake hosts: the release's first). The resolver has already refused unknown pins and lanes
@@ -264,6 +470,12 @@ def engine_spec(settings: Settings, kb: Knowledge, python: str | None = None) ->
             "refused this host)"
         )
     gpu = kb.gpus.get(settings.gpu_compute_cap)
+    compiler = build.lane.compiler
+    tools = (
+        toolkit(compiler, settings, manifest, settings.cuda_redist_manifest)
+        if compiler is not None
+        else None
+    )
     return EngineSpec(
         release=release.version,
         lane=build.lane.name,
@@ -277,6 +489,7 @@ def engine_spec(settings: Settings, kb: Knowledge, python: str | None = None) ->
         gpu_count=settings.gpu_count,
         unproven=tuple(f"{u.what} (source: {cite(u.source)})" for u in build.unproven),
         excludes=tuple(x.package for x in build.excludes),
+        toolkit=tools,
     )
 
 

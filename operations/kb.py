@@ -96,6 +96,44 @@ class Gpu:
     source: Cites
 
 
+# Where each kind of compiler archive is published; NVIDIA's is a setting (cuda_redist_url).
+PYPI_FILES_URL = "https://files.pythonhosted.org/packages"
+# A sha256 starting so is not a real value: the plan refuses a lane whose compiler has one.
+PLACEHOLDER = "PLACEHOLDER"
+
+
+@dataclass(frozen=True)
+class CompilerArchive:
+    """One archive of a lane's compiler, as its publisher's manifest lists it."""
+
+    name: str  # "cuda_nvcc" (NVIDIA's component) or "nvidia-cuda-nvcc" (PyPI's project)
+    version: str
+    path: str  # relative to the publisher's base URL (NVIDIA's manifest: relative_path)
+    sha256: str
+    size: int
+
+    @property
+    def file_name(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True)
+class Compiler:
+    """The CUDA compiler every engine of a lane gets: archives unpacked into one CUDA_HOME."""
+
+    version: str  # nvcc's, "12.8.93"
+    origin: str  # "nvidia-redist" or "pypi"
+    release: str | None  # NVIDIA's manifest, redistrib_<release>.json
+    root: str  # the folder of each archive that becomes CUDA_HOME; "*": its one top folder
+    archives: tuple[CompilerArchive, ...]
+    why: str
+    source: Cites
+
+    @property
+    def placeholder(self) -> bool:
+        return any(a.sha256.startswith(PLACEHOLDER) for a in self.archives)
+
+
 @dataclass(frozen=True)
 class Lane:
     name: str  # "cu128"
@@ -103,6 +141,7 @@ class Lane:
     min_driver: str  # the oldest driver that runs the lane's builds
     toolkit_driver: str  # the first driver branch whose own CUDA is `cuda`
     source: Cites
+    compiler: Compiler | None = None
 
 
 @dataclass(frozen=True)
@@ -334,21 +373,34 @@ class Speculative:
 @dataclass(frozen=True)
 class RankEnvironment:
     """A variable a rank unit sets when the release pins a flashinfer in `flashinfer`, on a GPU
-    of `compute_caps`, on one of `lanes`."""
+    of `compute_caps`, with an engine compiler in `compiler`, and (when `driver_below` is set)
+    on a driver older than that branch."""
 
     variable: str
     value: str
     flashinfer: str  # a version specifier
     compute_caps: tuple[str, ...]
-    lanes: tuple[str, ...]
+    compiler: str  # a version specifier over the lane's compiler version
     why: str
     source: Cites
+    driver_below: str | None = None
 
-    def applies(self, flashinfer: str | None, compute_cap: str, lane: str) -> bool:
+    def applies(
+        self, flashinfer: str | None, compute_cap: str, compiler: str | None, driver: str | None
+    ) -> bool:
+        # An unknown driver (a host not asked) counts as below: the variable is then set, which
+        # every driver runs; leaving it out would break JIT builds on an old one.
+        old_driver = (
+            self.driver_below is None
+            or driver is None
+            or version(driver).release[0] < version(self.driver_below).release[0]
+        )
         return (
             flashinfer is not None
+            and compiler is not None
             and compute_cap in self.compute_caps
-            and lane in self.lanes
+            and SpecifierSet(self.compiler).contains(version(compiler), prereleases=True)
+            and old_driver
             and SpecifierSet(self.flashinfer).contains(version(flashinfer), prereleases=True)
         )
 
@@ -386,12 +438,17 @@ class Knowledge:
     routers: Mapping[str, RouterRelease] = field(default_factory=lambda: MappingProxyType({}))
 
     def rank_environment_for(
-        self, release: str, compute_cap: str, lane: str
+        self, release: str, compute_cap: str, lane: str, driver: str | None = None
     ) -> tuple[RankEnvironment, ...]:
-        """The variables a rank of `release` sets on that GPU and lane (by its flashinfer pin)."""
+        """The variables a rank of `release` sets on that GPU, with the lane's compiler, on
+        the host's `driver` ("570.172.08"; None: not known), by the release's flashinfer pin."""
         entry = self.releases.get(release)
         pinned = entry.pin("flashinfer-python") if entry is not None else None
-        return tuple(r for r in self.rank_environment if r.applies(pinned, compute_cap, lane))
+        found = self.lanes.get(lane)
+        compiler = found.compiler.version if found is not None and found.compiler else None
+        return tuple(
+            r for r in self.rank_environment if r.applies(pinned, compute_cap, compiler, driver)
+        )
 
     def supported_releases(self) -> list[str]:
         return sorted(self.releases, key=version)
@@ -441,11 +498,33 @@ class RawGpu(TypedDict):
     source: RawCites
 
 
+class RawArchive(TypedDict):
+    version: str
+    path: str
+    sha256: str
+    size: int
+
+
+RawCompiler = TypedDict(
+    "RawCompiler",
+    {
+        "version": str,
+        "from": str,
+        "release": NotRequired[str],
+        "root": str,
+        "archives": dict[str, RawArchive],
+        "why": str,
+        "source": RawCites,
+    },
+)
+
+
 class RawLane(TypedDict):
     cuda: str
     min_driver: str
     toolkit_driver: str
     source: RawCites
+    compiler: RawCompiler
 
 
 class RawOverride(TypedDict):
@@ -570,7 +649,8 @@ class RawRankEnvironment(TypedDict):
     value: str
     flashinfer: str
     compute_caps: list[str]
-    lanes: list[str]
+    compiler: str
+    driver_below: NotRequired[str]
     why: str
     source: RawCites
 
@@ -645,6 +725,20 @@ class _Reader:
             return "<0"  # matches no release: the load fails on the problem above anyway
         return specifier
 
+    def compiler(self, lane: str, raw: RawCompiler) -> Compiler:
+        return Compiler(
+            raw["version"],
+            raw["from"],
+            raw.get("release"),
+            raw["root"],
+            tuple(
+                CompilerArchive(name, a["version"], a["path"], a["sha256"], a["size"])
+                for name, a in raw["archives"].items()
+            ),
+            raw["why"],
+            self.cites(f"lanes.{lane}.compiler", raw["source"]),
+        )
+
     def read(self) -> Knowledge:
         raw = self.raw
         gpus = {
@@ -660,6 +754,7 @@ class _Reader:
                 lane["min_driver"],
                 lane["toolkit_driver"],
                 self.cites(f"lanes.{name}", lane["source"]),
+                self.compiler(name, lane["compiler"]),
             )
             for name, lane in raw["lanes"].items()
         }
@@ -733,9 +828,10 @@ class _Reader:
                 e["value"],
                 self.releases(f"rank_environment[{i}]", e["flashinfer"], "flashinfer"),
                 tuple(e["compute_caps"]),
-                tuple(e["lanes"]),
+                self.releases(f"rank_environment[{i}]", e["compiler"], "compiler"),
                 e["why"],
                 self.cites(f"rank_environment[{i}]", e["source"]),
+                e.get("driver_below"),
             )
             for i, e in enumerate(raw["rank_environment"])
         )
@@ -935,9 +1031,19 @@ def _cross_problems(kb: Knowledge) -> Iterator[str]:
                 )
     for i, env in enumerate(kb.rank_environment):
         yield from caps(f"rank_environment[{i}]", env.compute_caps)
-        for lane in env.lanes:
-            if lane not in kb.lanes:
-                yield f"rank_environment[{i}]: unknown lane {lane!r}"
+    for name, lane in kb.lanes.items():
+        compiler = lane.compiler
+        if compiler is None:
+            continue
+        # The compiler builds for the lane's CUDA: a 12.9 nvcc in the 12.8 lane would emit
+        # PTX the lane's oldest driver cannot load.
+        if version(compiler.version).release[:2] != version(lane.cuda).release[:2]:
+            yield (
+                f"lanes.{name}.compiler: version {compiler.version} is not CUDA {lane.cuda}'s "
+                "compiler"
+            )
+        if not any(a.name in ("cuda_nvcc", "nvidia-cuda-nvcc") for a in compiler.archives):
+            yield f"lanes.{name}.compiler: no nvcc archive (cuda_nvcc or nvidia-cuda-nvcc)"
     strategy = kb.speculative.hybrid_requires_mamba_strategy
     for number in kb.releases:
         spelling = kb.flags.mamba_cache_strategy.spelling(number)

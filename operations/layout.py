@@ -40,6 +40,8 @@ def unit_path(unit: str) -> str:
 CONFIG_DIR = "/etc/sglang"
 SECRETS_FILE = f"{CONFIG_DIR}/secrets.yaml"
 SCRIPT_DIR = "/usr/local/lib/sglang-deploy"
+# systemd's PATH for services: a rank's unit puts its engine's CUDA_HOME/bin before it.
+SYSTEMD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 WAIT_SCRIPT = f"{SCRIPT_DIR}/wait_healthy.py"
 STAGE_SCRIPT = f"{SCRIPT_DIR}/stage_model.py"
 SMOKE_SCRIPT = f"{SCRIPT_DIR}/smoke.py"

@@ -306,6 +306,15 @@ def check(
             )
     if resources.systemd is None:
         fail("systemd", "systemd as init", "not found", "run a systemd-based container")
+    if resources.rocm:
+        fail(
+            "rocm",
+            "no /opt/rocm in the container",
+            "/opt/rocm exists",
+            "remove it (or run the engine where it is absent): apache-tvm-ffi, which compiles "
+            "SGLang's own kernels at run time, takes /opt/rocm as a ROCm host and runs hipcc "
+            "instead of the engine's nvcc (https://github.com/sgl-project/sglang/issues/30120)",
+        )
     if resources.engine_free_bytes is not None and resources.engine_free_bytes < ENGINE_ENV_BYTES:
         fail(
             "disk for engines",

@@ -13,7 +13,13 @@ from typing import NotRequired, TypedDict
 from operations import kb as kbmod
 from operations import layout, units
 from operations.argv import cli_problems
-from operations.engine_spec import EngineSpec, engine_spec, indexes
+from operations.engine_spec import (
+    EngineError,
+    EngineSpec,
+    engine_spec,
+    indexes,
+    read_redist_manifest,
+)
 from operations.facts.gpu import NvidiaSmi
 from operations.facts.host import Model
 from operations.kb import Architecture, Cites, Flag, Gpu, Knowledge, Lane, cite, version
@@ -219,6 +225,11 @@ class _Resolution:
         gpu = self.facts.gpu
         return gpu.driver_version if gpu is not None and gpu.ok else None
 
+    def single_driver(self) -> str | None:
+        """The driver version when every GPU reports the same one; None when not known."""
+        driver = self.driver()
+        return None if driver is None or "," in driver else driver
+
     def driver_runs(self, lane: Lane) -> bool | None:
         driver = self.driver()
         if driver is None or "," in driver:
@@ -304,8 +315,15 @@ class _Resolution:
         # is preflight's failure (the host is refused), so the plan shows the release's first.
         host_python = self.facts.python
         minor = release.python.minor_of(host_python) if host_python else None
-        spec = engine_spec(self.s, self.kb, minor)
+        manifest_path = self.s.cuda_redist_manifest
+        try:
+            manifest = read_redist_manifest(manifest_path) if manifest_path else None
+            spec = engine_spec(self.s, self.kb, minor, manifest)
+        except EngineError as exc:
+            self.error(f"{exc} {self.where('cuda_redist_manifest')}")
+            return
         self.plan.engine = spec
+        self.explain_compiler(spec)
         found = f"the host's python3 is {host_python}" if host_python else "host not asked"
         self.plan.decisions.append(
             Decision(
@@ -716,15 +734,54 @@ class _Resolution:
                 )
             )
 
+    def explain_compiler(self, spec: EngineSpec) -> None:
+        """The compiler every rank's JIT builds use: the plan shows where it comes from."""
+        tools = spec.toolkit
+        lane = self.kb.lanes[spec.lane]
+        if tools is None or lane.compiler is None:
+            return
+        names = ", ".join(f"{a.name} {a.version}" for a in tools.archives)
+        where = f"{redact(tools.url)}" if not self.s.wheelhouse else "the wheelhouse's cuda-redist/"
+        self.plan.decisions.append(
+            Decision(
+                "engine compiler",
+                f"nvcc {tools.version} -> CUDA_HOME {tools.home(self.s.engine_root)}",
+                f"{names} from {where}, each checked against the sha256 of {tools.checksums}: "
+                f"{lane.compiler.why} ({_src(lane.compiler.source)})",
+            )
+        )
+        if tools.placeholder:
+            self.error(
+                f"cuda_lane {self.s.cuda_lane!r}: the knowledge base has no real checksum for "
+                f"nvcc {tools.version}'s archives (a placeholder): no compiler can be installed "
+                "for this lane until operations/knowledge/sglang.yaml lists them"
+            )
+        if self.s.cuda_redist_manifest:
+            self.plan.warnings.append(
+                f"cuda_redist_manifest {self.s.cuda_redist_manifest}: nvcc {tools.version}'s "
+                "archives are checked against that file, not the knowledge base's checksums"
+            )
+
     def rank_environment(self) -> dict[str, str]:
-        """What the knowledge base has every rank set for this release, GPU and lane."""
+        """What every rank sets: the engine's compiler (SGLang's tvm-ffi runs
+        $CUDA_HOME/bin/nvcc, FlashInfer the nvcc on PATH) and the knowledge base's variables
+        for this release, GPU, compiler and driver."""
         s = self.s
-        rules = self.kb.rank_environment_for(s.sglang_version, s.gpu_compute_cap, s.cuda_lane)
-        return {r.variable: r.value for r in rules}
+        spec = self.plan.engine
+        found: dict[str, str] = {}
+        if spec is not None and spec.toolkit is not None:
+            home = spec.toolkit.home(s.engine_root)
+            found = {"CUDA_HOME": home, "PATH": f"{home}/bin:{layout.SYSTEMD_PATH}"}
+        rules = self.kb.rank_environment_for(
+            s.sglang_version, s.gpu_compute_cap, s.cuda_lane, self.single_driver()
+        )
+        return {**found, **{r.variable: r.value for r in rules}}
 
     def explain_environment(self) -> None:
         s = self.s
-        for r in self.kb.rank_environment_for(s.sglang_version, s.gpu_compute_cap, s.cuda_lane):
+        for r in self.kb.rank_environment_for(
+            s.sglang_version, s.gpu_compute_cap, s.cuda_lane, self.single_driver()
+        ):
             self.plan.decisions.append(
                 Decision(
                     "rank environment", f"{r.variable}={r.value}", f"{r.why} ({_src(r.source)})"

@@ -144,6 +144,8 @@ class Settings:
     engine_lock_dir: str
     torch_index_url: str
     kernel_index_url: str
+    cuda_redist_url: str
+    cuda_redist_manifest: str | None
     uv_version: str
     ram_per_rank_gb: float
     health_timeout_s: int

@@ -5,7 +5,7 @@ trip; operations/engine.py changes what these facts read.
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.facts import FactBase
@@ -13,6 +13,12 @@ from pyinfra.api.facts import FactBase
 # Written into an environment only after it passed its checks: an environment without it is
 # partial (a cut download, a full disk, a failed check) and is removed by the next run.
 MARKER = "sglang-deploy.json"
+# Written into ENGINE_ROOT/cuda/<name> (operations/files/cuda_toolkit.py) as its last step.
+TOOLKIT_MARKER = ".sglang-deploy-toolkit.json"
+# Debian packages an engine needs beside its wheels: libnuma1 (sgl_kernel links libnuma.so.1)
+# and g++ (nvcc preprocesses every .cu with the host compiler; tvm-ffi and FlashInfer build
+# their host code with it).
+HOST_PACKAGES = ("libnuma1", "g++")
 
 
 class EnvInfo(TypedDict):
@@ -25,10 +31,14 @@ class EngineHost(TypedDict):
     current: str | None
     envs: dict[str, EnvInfo]
     uv: str | None
+    # Complete compilers under ENGINE_ROOT/cuda (NotRequired: op fixtures written before).
+    toolkits: NotRequired[list[str]]
+    # HOST_PACKAGES that dpkg reports installed.
+    packages: NotRequired[list[str]]
 
 
 def parse_engine_state(lines: list[str]) -> EngineHost:
-    state: EngineHost = {"current": None, "envs": {}, "uv": None}
+    state: EngineHost = {"current": None, "envs": {}, "uv": None, "toolkits": [], "packages": []}
     for line in lines:
         key, _, value = line.strip().partition("=")
         if key == "env":
@@ -42,6 +52,12 @@ def parse_engine_state(lines: list[str]) -> EngineHost:
         elif key == "current" and value:
             # Only the environment's name counts: the link may be relative or absolute.
             state["current"] = value.rstrip("/").rsplit("/", 1)[-1]
+        elif key == "toolkit" and value:
+            state.setdefault("toolkits", []).append(value)
+        elif key == "package" and value:
+            name, _, status = value.partition(" ")
+            if status == "installed":
+                state.setdefault("packages", []).append(name)
         elif key == "uv" and value:
             # "uv 0.13.9" or "uv 0.13.9 (x86_64-unknown-linux-gnu)"
             words = value.split()
@@ -62,6 +78,8 @@ class EngineState(FactBase[EngineHost]):
                 "0.5.19-cu128-9f8e7d6c": {"complete": False, "activated_at": None},
             },
             "uv": "0.13.9",
+            "toolkits": ["12.8.93-4c08ae3e"],
+            "packages": ["libnuma1", "g++"],
         }
 
     + engine_root: where environments live (ENGINE_ROOT/envs/<name>, ENGINE_ROOT/current)
@@ -85,7 +103,11 @@ _STATE_SCRIPT = " ".join(
         f'if [ -f "${{d}}{MARKER}" ]; then echo "env=$n $(stat -c %Y "${{d}}{MARKER}")";',
         'else echo "partial=$n"; fi; done;',
         'echo "current=$(readlink "$root/current" 2>/dev/null)";',
-        'echo "uv=$("$root/tools/bin/uv" --version 2>/dev/null)"; true',
+        'echo "uv=$("$root/tools/bin/uv" --version 2>/dev/null)";',
+        f'for d in "$root"/cuda/*/; do [ -f "${{d}}{TOOLKIT_MARKER}" ] &&',
+        'echo "toolkit=$(basename "$d")"; done;',
+        "dpkg-query -W -f='package=${Package} ${db:Status-Status}\\n'",
+        f"{' '.join(HOST_PACKAGES)} 2>/dev/null; true",
     )
 )
 

@@ -49,6 +49,8 @@ class Resources:
     python: str | None = None
     systemd: int | None = None
     device_nodes: list[str] = field(default_factory=list)
+    # /opt/rocm exists: tvm-ffi then compiles SGLang's kernels with hipcc (sglang#30120).
+    rocm: bool = False
     # lstat of every existing component of the root paths asked for (and of the paths they
     # resolve to): path -> its owner, group, mode and kind. Read by preflight.unsafe_roots.
     components: dict[str, PathStat] = field(default_factory=dict)
@@ -103,6 +105,7 @@ def parse_resources(lines: list[str]) -> Resources:
         mem_total_bytes=mem_kib * 1024 if mem_kib else None,
         cgroup_limit_bytes=_limit(values.get("cgroup_max", "")),
         engine_free_bytes=_int(values.get("engine_free", "")),
+        rocm=values.get("rocm") == "1",
         glibc=glibc[-1] if glibc else None,
         python=values.get("python") or None,
         systemd=_int(systemd[1]) if len(systemd) > 1 else None,
@@ -163,6 +166,7 @@ _RESOURCES_SCRIPT = " ".join(
         "echo \"python=$(python3 -c 'import platform; print(platform.python_version())'",
         '2>/dev/null)";',
         'echo "systemd=$(systemctl --version 2>/dev/null | head -n1)";',
+        '[ -e /opt/rocm ] && echo "rocm=1";',
         'for n in /dev/nvidia*; do [ -e "$n" ] && echo "dev=$n"; done; true',
     )
 )

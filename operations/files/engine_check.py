@@ -1,15 +1,22 @@
 """The engine check, run with a new environment's own Python before `current` may point at it.
 
-`python engine_check.py '<json>'` with {"packages": {project: module}, "gpu_count": N}: prints
-one line `@@probe {...}` holding what the environment really is (installed versions, torch's
-CUDA build, each import, and on each GPU its capability and one small CUDA operation).
+`python engine_check.py '<json>'` with {"packages": {project: module}, "gpu_count": N,
+"cuda_home": DIR, "arch": "sm_120a"}: prints one line `@@probe {...}` holding what the
+environment really is (installed versions, torch's CUDA build, each import, on each GPU its
+capability and one small CUDA operation, and a small kernel compiled for `arch` with
+CUDA_HOME's nvcc, as SGLang's and FlashInfer's JIT do, then loaded and run on each GPU
+through libcuda).
 operations/engine.py judges the result; this script only observes, so an import that fails or a
 GPU that cannot run is reported, never raised. Only the standard library and the environment's
 own packages: it runs inside the environment on the host.
 """
 
+import ctypes
 import json
+import os
+import subprocess
 import sys
+import tempfile
 import traceback
 import warnings
 from importlib import import_module, metadata
@@ -18,6 +25,96 @@ from importlib import import_module, metadata
 def _error(exc: BaseException) -> str:
     # The last line of the traceback names the failing library (libcudart.so.13, ...).
     return traceback.format_exception_only(type(exc), exc)[-1].strip()
+
+
+KERNEL = 'extern "C" __global__ void sglang_deploy_twice(float *x) { x[threadIdx.x] *= 2.0f; }\n'
+
+
+def compile_kernel(cuda_home: str, arch: str, work: str) -> tuple[str, bytes | None]:
+    """The kernel as a cubin for `arch`, built the way the JIT builds run nvcc: CUDA_HOME set
+    and its bin first on PATH (nvcc finds cicc, ptxas and the host compiler there)."""
+    source = os.path.join(work, "twice.cu")
+    cubin = os.path.join(work, "twice.cubin")
+    with open(source, "w") as out:
+        out.write(KERNEL)
+    env = dict(os.environ, CUDA_HOME=cuda_home)
+    env["PATH"] = os.path.join(cuda_home, "bin") + os.pathsep + env.get("PATH", "")
+    nvcc = os.path.join(cuda_home, "bin", "nvcc")
+    try:
+        run = subprocess.run(
+            [nvcc, f"-arch={arch}", "-cubin", "-o", cubin, source],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{nvcc}: {exc}", None
+    if run.returncode != 0 or not os.path.isfile(cubin):
+        said = " / ".join((run.stderr or run.stdout).strip().splitlines()[-3:])
+        return f"{nvcc} -arch={arch} exited {run.returncode}: {said}", None
+    with open(cubin, "rb") as handle:
+        return "ok", handle.read()
+
+
+def _cu(lib: ctypes.CDLL, name: str, *args: object) -> None:
+    result = getattr(lib, name)(*args)
+    if result != 0:
+        text = ctypes.c_char_p()
+        lib.cuGetErrorString(result, ctypes.byref(text))
+        raise RuntimeError(f"{name}: CUDA error {result} ({(text.value or b'?').decode()})")
+
+
+def run_kernel(cubin: bytes, index: int) -> str:
+    """Loads the cubin on GPU `index` through the driver API and doubles four floats."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    lib.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+    lib.cuMemcpyHtoD_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t]
+    lib.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
+    lib.cuMemFree_v2.argtypes = [ctypes.c_uint64]
+    lib.cuModuleLoadData.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p]
+    lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    _cu(lib, "cuInit", 0)
+    device, context = ctypes.c_int(), ctypes.c_void_p()
+    _cu(lib, "cuDeviceGet", ctypes.byref(device), index)
+    # The primary context: the one torch uses on that device, so the check adds no other.
+    _cu(lib, "cuDevicePrimaryCtxRetain", ctypes.byref(context), device)
+    try:
+        _cu(lib, "cuCtxSetCurrent", context)
+        module, function = ctypes.c_void_p(), ctypes.c_void_p()
+        _cu(lib, "cuModuleLoadData", ctypes.byref(module), cubin)
+        _cu(lib, "cuModuleGetFunction", ctypes.byref(function), module, b"sglang_deploy_twice")
+        data = (ctypes.c_float * 4)(1.0, 2.0, 3.0, 4.0)
+        pointer = ctypes.c_uint64()
+        _cu(lib, "cuMemAlloc_v2", ctypes.byref(pointer), 16)
+        try:
+            _cu(lib, "cuMemcpyHtoD_v2", pointer.value, data, 16)
+            params = (ctypes.c_void_p * 1)(ctypes.addressof(pointer))
+            _cu(lib, "cuLaunchKernel", function, 1, 1, 1, 4, 1, 1, 0, None, params, None)
+            _cu(lib, "cuCtxSynchronize")
+            _cu(lib, "cuMemcpyDtoH_v2", data, pointer.value, 16)
+        finally:
+            lib.cuMemFree_v2(pointer.value)
+            lib.cuModuleUnload(module)
+    finally:
+        lib.cuDevicePrimaryCtxRelease(device)
+    return "ok" if list(data) == [2.0, 4.0, 6.0, 8.0] else f"computed {list(data)}"
+
+
+def check_compiler(spec: dict, out: dict, devices: int) -> None:  # type: ignore[type-arg]
+    if not spec.get("cuda_home") or not spec.get("arch"):
+        return
+    with tempfile.TemporaryDirectory(prefix="sglang-deploy-nvcc-") as work:
+        out["compile"], cubin = compile_kernel(spec["cuda_home"], spec["arch"], work)
+    if cubin is None:
+        return
+    out["kernel_runs"] = []
+    for index in range(devices):
+        try:
+            out["kernel_runs"].append(run_kernel(cubin, index))
+        except BaseException as exc:
+            out["kernel_runs"].append(_error(exc))
 
 
 def main(spec: dict) -> dict:  # type: ignore[type-arg]
@@ -38,6 +135,7 @@ def main(spec: dict) -> dict:  # type: ignore[type-arg]
         out["cuda_warnings"] = [str(w.message).strip() for w in caught][-3:]
     except BaseException as exc:
         out["imports"]["torch"] = _error(exc)
+        check_compiler(spec, out, 0)
         print("@@probe " + json.dumps(out))
         return out
     if out["cuda_available"]:
@@ -54,6 +152,7 @@ def main(spec: dict) -> dict:  # type: ignore[type-arg]
             except BaseException as exc:
                 device["op"] = _error(exc)
             out["devices"].append(device)
+    check_compiler(spec, out, out.get("device_count") or 0)
     for module in spec["packages"].values():
         if module in out["imports"]:
             continue

@@ -206,6 +206,8 @@ def probe_line(**values: object) -> str:
         "device_count": 8,
         "arch_list": ["sm_90", "sm_120"],
         "devices": [{"index": i, "capability": "12.0", "op": "ok"} for i in range(8)],
+        "compile": "ok",
+        "kernel_runs": ["ok"] * 8,
         **values,
     }
     return "some import chatter\n@@probe " + json.dumps(data) + "\n"
@@ -241,6 +243,25 @@ def test_each_gpu_must_match_and_run_the_operation() -> None:
         "570.172.08 (runs CUDA <= 12.8): RuntimeError: CUDA error; pin a cuda_lane this "
         "driver runs, or upgrade the host driver to >= 525",
     ]
+
+
+def test_a_compiler_that_cannot_build_for_the_gpu_fails_the_check() -> None:
+    said = "nvcc fatal   : Failed to preprocess host compiler properties."
+    problems = check(compile=f"/opt/sglang/cuda/12.8.93-x/bin/nvcc -arch=sm_120a exited 1: {said}")
+    assert len(problems) == 1
+    assert problems[0].startswith("nvcc 12.8.93 (nvidia-redist) cannot compile for sm_120a")
+    assert said in problems[0] and "g++" in problems[0]
+
+
+def test_a_compiled_kernel_that_does_not_run_names_the_gpu_and_driver() -> None:
+    runs = ["ok"] * 8
+    runs[3] = (
+        "RuntimeError: cuModuleLoadData: CUDA error 222 (the provided PTX was compiled "
+        "with an unsupported toolchain.)"
+    )
+    (problem,) = check(kernel_runs=runs)
+    assert problem.startswith("GPU 3: a kernel nvcc 12.8.93 compiled for sm_120a does not run")
+    assert "driver 570.172.08" in problem and "error 222" in problem
 
 
 def test_sm120_must_be_compiled_in() -> None:

@@ -170,8 +170,8 @@ def _qsa_for_0519(d: dict[str, Any]) -> None:
             "releases.0.5.11: builds.cu128: torch==2.10.0+cu128 does not satisfy torch==2.11.0",
         ),
         (
-            lambda d: d["rank_environment"][0]["lanes"].append("cu127"),
-            "rank_environment[0]: unknown lane 'cu127'",
+            lambda d: d["lanes"]["cu128"]["compiler"].update(version="12.9.86"),
+            "lanes.cu128.compiler: version 12.9.86 is not CUDA 12.8's compiler",
         ),
         (
             lambda d: d["rank_environment"][0].update(flashinfer="0.6.8 or so"),

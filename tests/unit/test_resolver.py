@@ -452,25 +452,44 @@ def test_an_unproven_build_is_warned_with_its_sources() -> None:
 
 
 @pytest.mark.parametrize(
-    ("release", "cap", "lane", "wanted"),
+    ("release", "cap", "lane", "driver", "wanted"),
     [
-        # flashinfer 0.6.8.post1 (0.5.11) and 0.6.18 (0.5.19) raise for SM 12.x below CUDA 12.9.
-        ("0.5.11", "12.0", "cu128", {"FLASHINFER_CUDA_ARCH_LIST": "12.0a"}),
-        ("0.5.19", "12.0", "cu128", {"FLASHINFER_CUDA_ARCH_LIST": "12.0a"}),
-        # CUDA 12.9 names the arch itself; other chips are not affected.
-        ("0.5.11", "12.0", "cu129", {}),
-        ("0.5.11", "9.0", "cu128", {}),
-        # flashinfer 0.6.3 (0.5.9) and 0.7.2 (0.5.23) give 12.0a under CUDA 12.8 by themselves.
-        ("0.5.9", "12.0", "cu128", {}),
-        ("0.5.23", "12.0", "cu128", {}),
+        # flashinfer 0.6.8.post1 (0.5.11) and 0.6.18 (0.5.19) raise for SM 12.x below CUDA 12.9:
+        # every compiler older than 12.9 gets the arch with its suffix (0.5.9's 0.6.3 would pick
+        # it itself; one rule).
+        ("0.5.11", "12.0", "cu128", "570.172.08", {"FLASHINFER_CUDA_ARCH_LIST": "12.0a"}),
+        ("0.5.19", "12.0", "cu128", "580.65.06", {"FLASHINFER_CUDA_ARCH_LIST": "12.0a"}),
+        ("0.5.9", "12.0", "cu128", "570.172.08", {"FLASHINFER_CUDA_ARCH_LIST": "12.0a"}),
+        # A 12.9 compiler builds 120f, which a driver before 575 cannot load; unknown counts.
+        ("0.5.11", "12.0", "cu129", "570.172.08", {"FLASHINFER_CUDA_ARCH_LIST": "12.0a"}),
+        ("0.5.11", "12.0", "cu129", None, {"FLASHINFER_CUDA_ARCH_LIST": "12.0a"}),
+        ("0.5.11", "12.0", "cu129", "575.51.03", {}),
+        # Other chips, and CUDA 13, are not affected.
+        ("0.5.11", "9.0", "cu128", "570.172.08", {}),
+        ("0.5.23", "12.0", "cu130", "580.65.06", {}),
     ],
 )
-def test_rank_environment_follows_the_pinned_flashinfer_gpu_and_lane(
-    release: str, cap: str, lane: str, wanted: dict[str, str]
+def test_rank_environment_follows_the_flashinfer_gpu_compiler_and_driver(
+    release: str, cap: str, lane: str, driver: str | None, wanted: dict[str, str]
 ) -> None:
     knowledge = kbmod.load()
-    found = {r.variable: r.value for r in knowledge.rank_environment_for(release, cap, lane)}
-    assert found == wanted
+    rules = knowledge.rank_environment_for(release, cap, lane, driver)
+    assert {r.variable: r.value for r in rules} == wanted
+
+
+def test_every_rank_sets_the_engines_compiler_first_on_its_path() -> None:
+    p = plan()
+    assert p.engine is not None and p.engine.toolkit is not None
+    home = p.engine.toolkit.home("/opt/sglang")
+    assert home.startswith("/opt/sglang/cuda/12.8.93-")
+    for r in p.ranks:
+        assert r.env["CUDA_HOME"] == home
+        assert r.env["PATH"].split(":")[:2] == [f"{home}/bin", "/usr/local/sbin"]
+        assert f'Environment="CUDA_HOME={home}"\n' in r.unit
+    (decision,) = [d for d in p.decisions if d.what == "engine compiler"]
+    assert decision.value == f"nvcc 12.8.93 -> CUDA_HOME {home}"
+    assert "cuda_nvcc 12.8.93, cuda_cudart 12.8.90, cuda_cccl 12.8.90" in decision.why
+    assert "redistrib_12.8.1.json" in decision.why
 
 
 def test_the_rank_environment_is_in_the_unit_and_explained_in_the_plan() -> None:
