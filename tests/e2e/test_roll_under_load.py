@@ -123,18 +123,26 @@ def test_a_rank_killed_under_load_costs_at_most_its_in_flight_requests(
     ok(deploy(tmp_path, {c: router_data(c, indexes, sglang_version=NEW_RELEASE)}))
     url = f"http://{c.address}:{ROUTER_PORT}"
     with Load(url) as load:
-        wait_for(lambda: load.sent >= 4 * CLIENTS, timeout=60, what="load under way")
-        _, pid = unit_states(c, range(3, 4))[3]
-        in_flight = running_requests(c, 30003)
+        busy: list[tuple[int, int]] = []  # (rank, requests running on it)
+
+        def a_busy_rank() -> bool:
+            busy[:] = [(r, n) for r in range(8) if (n := running_requests(c, 30000 + r)) > 0]
+            return bool(busy)
+
+        wait_for(a_busy_rank, timeout=60, what="a rank with requests in flight")
+        rank, in_flight = busy[0]
+        _, pid = unit_states(c, range(rank, rank + 1))[rank]
         assert c.ssh_run(f"kill -9 {pid}")[0] == 0
         killed_at = load.sent
 
         def back() -> bool:
-            state, now = unit_states(c, range(3, 4))[3]
-            return state == "active" and now not in (0, pid) and health(c, 30003) == 200
+            state, now = unit_states(c, range(rank, rank + 1))[rank]
+            return state == "active" and now not in (0, pid) and health(c, 30000 + rank) == 200
 
         # systemd restarts it (RestartSec=10), it loads; the router sends to it again.
-        wait_for(back, timeout=120, what="rank 3 restarted by systemd")
+        wait_for(back, timeout=120, what=f"rank {rank} restarted by systemd")
         wait_for(lambda: load.sent >= killed_at + 4 * CLIENTS, timeout=60, what="more load")
-    print(load.report(f"rank 3 killed -9 with {in_flight} requests in flight on it"))
-    assert load.failed <= max(in_flight, 1), load.report("kill -9")
+    print(load.report(f"rank {rank} killed -9 with {in_flight} request(s) in flight on it"))
+    # The gauge is read just before the kill: a request that reached the rank in between is
+    # one more in flight, so one is allowed beyond the reading.
+    assert load.failed <= in_flight + 1, load.report("kill -9")
