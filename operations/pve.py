@@ -140,10 +140,21 @@ def dev_options(config: CtConfig, nodes: list[str]) -> list[tuple[str, str]]:
 
 def lxc_lines(devices: NvidiaDevices, nodes: list[str]) -> list[str]:
     """The raw lines that pass the nodes through on a pve-container before 5.0.7."""
-    majors = [devices.major("nvidia-frontend", "nvidia"), devices.major("nvidia-uvm")]
+    # The GPUs' major (195) is allowed minor by minor: /dev/nvidiaN is 195:N and nvidiactl
+    # 195:255 (NVIDIA's nvidia-modprobe), so `c 195:* rwm` would let the container open every
+    # GPU of the node, not its gpu_count. UVM and the capability nodes are not per GPU.
+    gpu = devices.major("nvidia-frontend", "nvidia")
+    lines = []
+    if gpu is not None:
+        minors = [
+            n.removeprefix("/dev/nvidia") for n in nodes if re.fullmatch(r"/dev/nvidia[0-9]+", n)
+        ]
+        lines += [f"lxc.cgroup2.devices.allow: c {gpu}:{m} rwm" for m in minors]
+        lines.append(f"lxc.cgroup2.devices.allow: c {gpu}:255 rwm")
+    majors = [devices.major("nvidia-uvm")]
     if any(n.startswith("/dev/nvidia-caps/") for n in nodes):
         majors.append(devices.major("nvidia-caps"))
-    lines = [f"lxc.cgroup2.devices.allow: c {m}:* rwm" for m in majors if m is not None]
+    lines += [f"lxc.cgroup2.devices.allow: c {m}:* rwm" for m in majors if m is not None]
     for node in nodes:
         if node.startswith("/dev/nvidia-caps/"):
             continue
@@ -220,6 +231,9 @@ def plan(host_name: str, settings: Settings, kb: Knowledge, facts: PveFacts) -> 
     if not result.ok:
         return result
 
+    # Nothing else in the inventory names the container: show which one this id is.
+    note(f"container: {ctid} is hostname {facts.config.get('hostname') or '(none)'} on this node")
+
     # Devices, in the form this pve-container understands.
     nodes = wanted_nodes(s, facts.devices)
     pve = f"Proxmox VE {facts.versions.manager} (pve-container {facts.versions.container})"
@@ -230,13 +244,26 @@ def plan(host_name: str, settings: Settings, kb: Knowledge, facts: PveFacts) -> 
     else:
         result.form = "lxc"
         lines = lxc_lines(facts.devices, nodes)
-        if len([ln for ln in lines if "devices.allow" in ln]) < 2:
+        if None in (
+            facts.devices.major("nvidia-frontend", "nvidia"),
+            facts.devices.major("nvidia-uvm"),
+        ):
             err(
                 f"{host_name}: /proc/devices on the node names no major for nvidia or "
                 "nvidia-uvm; accepted: a node whose NVIDIA modules are loaded"
             )
             return result
         result.raw_lines = missing_lines(facts.config, lines)
+        gpu_major = facts.devices.major("nvidia-frontend", "nvidia")
+        wide = [
+            v for v in facts.config.values("lxc.cgroup2.devices.allow") if f"{gpu_major}:*" in v
+        ]
+        if wide:
+            note(
+                f"devices: the config allows 'c {gpu_major}:* rwm', every GPU of the node; "
+                f"remove that line from /etc/pve/lxc/{ctid}.conf (the lines added here allow "
+                "this container's GPUs only)"
+            )
         note(
             f"devices: {pve} predates devN entries (pve-container {DEV_ENTRIES_SINCE}): "
             "lxc.cgroup2.devices.allow and lxc.mount.entry lines, majors from /proc/devices"

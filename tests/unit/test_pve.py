@@ -127,19 +127,29 @@ def test_before_pve_container_5_0_7_raw_lines_with_majors_from_proc_devices() ->
         facts(pve="pveversion-7.4.txt", devices=node_devices(gpus=2, caps=True)), gpu_count=2
     )
     assert result.form == "lxc" and not [o for o in result.options if o[0].startswith("dev")]
-    assert result.raw_lines[:3] == [
-        "lxc.cgroup2.devices.allow: c 195:* rwm",
+    # Only the container's own GPUs (195:N) and nvidiactl (195:255): never c 195:* (every GPU).
+    assert result.raw_lines[:5] == [
+        "lxc.cgroup2.devices.allow: c 195:0 rwm",
+        "lxc.cgroup2.devices.allow: c 195:1 rwm",
+        "lxc.cgroup2.devices.allow: c 195:255 rwm",
         "lxc.cgroup2.devices.allow: c 510:* rwm",
         "lxc.cgroup2.devices.allow: c 235:* rwm",
     ]
+    assert not [ln for ln in result.raw_lines if "195:*" in ln]
     assert "lxc.mount.entry: /dev/nvidia1 dev/nvidia1 none bind,optional,create=file" in (
         result.raw_lines
     )
     assert result.raw_lines[-1].startswith("lxc.mount.entry: /dev/nvidia-caps dev/nvidia-caps")
     # Lines already there (inner spacing aside) are not added twice.
-    config = [*BARE, "lxc.cgroup2.devices.allow: c 195:*   rwm"]
+    config = [*BARE, "lxc.cgroup2.devices.allow: c 195:0   rwm"]
     again = planned(facts(pve="pveversion-7.4.txt", config=config), gpu_count=8)
-    assert "lxc.cgroup2.devices.allow: c 195:* rwm" not in again.raw_lines
+    assert "lxc.cgroup2.devices.allow: c 195:0 rwm" not in again.raw_lines
+    assert "lxc.cgroup2.devices.allow: c 195:7 rwm" in again.raw_lines
+    wide = planned(
+        facts(pve="pveversion-7.4.txt", config=[*config, "lxc.cgroup2.devices.allow: c 195:* rwm"])
+    )
+    assert any("allows 'c 195:* rwm', every GPU of the node" in n for n in wide.notes), wide.notes
+    assert "container: 200 is hostname ct200 on this node" in summary("ct200", wide)
 
 
 @pytest.mark.parametrize(
