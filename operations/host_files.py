@@ -50,10 +50,14 @@ import shlex
 from pathlib import Path
 from typing import Any, Literal
 
+from pyinfra import logger
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.context import host
+from pyinfra.context import state as run_state
+from pyinfra.facts.files import FileContents
+from pyinfra.operations.util.files import generate_color_diff
 
 from operations.facts.files import FileAt, PathState
 
@@ -109,6 +113,28 @@ def _write_script(dest: str, owner: str, group: str, mode: str) -> str:
     )
 
 
+def _show_diff(dest: str, data: bytes, exists: bool, secret: bool) -> None:
+    """Under `--diff`, what a write changes, as pyinfra's files.put shows it: the lines of a
+    unit, a script or a config (none holds a secret). A secret is named, never shown."""
+    verb = "modify" if exists else "create"
+    if secret:
+        logger.info(f"{host.print_prefix}Will {verb} {dest} (a secret: its content is not shown)")
+        return
+    try:
+        desired = data.decode().splitlines(keepends=True)
+    except UnicodeDecodeError:
+        logger.info(f"{host.print_prefix}Will {verb} {dest} (binary content)")
+        return
+    current: list[str] = []
+    if exists:
+        found = host.get_fact(FileContents, path=dest) or []
+        current = [line + "\n" for line in found]
+    logger.info(f"{host.print_prefix}Will {verb} {dest}")
+    for line in generate_color_diff(current, desired):
+        logger.info("  %s", line)
+    logger.info("")
+
+
 def _refuse_links(directory: str, dest: str, found_dir: PathState | None,
                   found_file: PathState | None, what_file: str) -> None:  # fmt: skip
     for what, state, kind in ((directory, found_dir, "directory"), (dest, found_file, "file")):
@@ -156,6 +182,8 @@ def put_file(
         if sha256_now == digest:
             host.noop(f"{dest} is up to date")
             return
+        if run_state.config.DIFF:
+            _show_diff(dest, data, sha256_now is not None, secret)
         yield _directory_command(directory, dir_mode, dir_group, enforce=False)
     else:
         state = host.get_fact(FileAt, path=dest)
@@ -175,6 +203,8 @@ def put_file(
             yield _directory_command(directory, dir_mode, dir_group, enforce=secret)
         if file_ok:
             return
+        if run_state.config.DIFF and not (found_file and found_file.get("sha256") == digest):
+            _show_diff(dest, data, found_file is not None, secret)
     yield StringCommand(
         "sh",
         "-c",
