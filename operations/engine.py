@@ -588,7 +588,7 @@ class EngineStep:
         return bool(self.switched.did_change())
 
 
-@deploy("Engine: the pinned SGLang for the host's CUDA lane")
+@deploy("Engine")
 def _engine_deploy(report: HostReport) -> EngineStep:
     s = report.settings
     spec = report.plan.engine
@@ -672,7 +672,7 @@ def _local_dir(state: State, host: Host, path: str) -> bool:
 
 def _fetch_lock(s: Settings, spec: EngineSpec, controller_lock: str) -> None:
     fetch_lock(
-        name=f"Engine: lock of {spec.name} -> {s.engine_lock_dir}",
+        name=f"Engine: copy the lock to {s.engine_lock_dir}",
         src=f"{_env_dir(s.engine_root, spec.name)}/{LOCK_FILE}",
         dest=controller_lock,
     )

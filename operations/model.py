@@ -277,7 +277,7 @@ def enabled_at_boot(unit: str, now: str | None) -> Any:
     yield StringCommand("systemctl", "enable", QuoteString(unit))
 
 
-@deploy("Model: stage the weights in the tmpfs")
+@deploy("Model")
 def _stage_model(report: HostReport) -> StageResult:
     s = report.settings
     source = s.source
@@ -293,7 +293,7 @@ def _stage_model(report: HostReport) -> StageResult:
         sha256_now=serving.files.get(SCRIPT_DEST),
     )
     unit = put_file(
-        name=f"Write {STAGE_UNIT} (stages the model at boot)",
+        name=f"{STAGE_UNIT} (stages at boot)",
         src=stage_unit_text(s, key),
         dest=UNIT_PATH,
         sha256_now=serving.files.get(UNIT_PATH),
@@ -328,7 +328,7 @@ def _stage_model(report: HostReport) -> StageResult:
         token = os.environ.get(TOKEN_ENV)
         if token and done != source.revision:
             put_file(
-                name="Hub token for the download (root only, removed after it)",
+                name="Hub token (root only, removed after)",
                 src=token,
                 dest=TOKEN_FILE,
                 mode="600",
@@ -347,7 +347,7 @@ def _stage_model(report: HostReport) -> StageResult:
 
     # The staged copy is readable by the servers' group only: the user exists before it.
     service_user(
-        name=f"Service user {s.service_user} (its group reads the staged weights)",
+        name=f"Service user {s.service_user} (reads the weights)",
         user=s.service_user,
         exists=serving.user_exists,
     )

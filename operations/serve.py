@@ -107,6 +107,21 @@ def router_workers(
     yield shlex.join(words)
 
 
+def ranks_label(ranks: Sequence[int]) -> str:
+    """The ranks an operation acts on, for its name: up to two by unit name, more as ranges
+    (`ranks 0-7`). pyinfra's change table is as wide as its longest operation name, and eight
+    unit names made it 254 columns."""
+    if len(ranks) <= 2:
+        return ", ".join(layout.unit_name(r) for r in ranks)
+    spans: list[list[int]] = []
+    for rank in sorted(ranks):
+        if spans and rank == spans[-1][1] + 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    return "ranks " + ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in spans)
+
+
 def _unit_path(rank: int) -> str:
     return layout.unit_path(layout.unit_name(rank))
 
@@ -310,9 +325,8 @@ class ServeStep:
         drain = self.drain
         if drain is None:
             return
-        names = ", ".join(layout.unit_name(r) for r in ranks)
         router_workers(
-            name=f"Serve: {what}: take {names} out of the router and drain",
+            name=f"Serve: {what}: take {ranks_label(ranks)} out of the router and drain",
             action="out",
             router=drain.router_url,
             api=(drain.api.list_workers, drain.api.remove_worker, drain.api.add_worker),
@@ -325,9 +339,8 @@ class ServeStep:
         drain = self.drain
         if drain is None:
             return
-        names = ", ".join(layout.unit_name(r) for r in ranks)
         router_workers(
-            name=f"Serve: {what}: put {names} back into the router",
+            name=f"Serve: {what}: put {ranks_label(ranks)} back into the router",
             action="in",
             router=drain.router_url,
             api=(drain.api.list_workers, drain.api.remove_worker, drain.api.add_worker),
@@ -340,7 +353,7 @@ class ServeStep:
         units = [layout.unit_name(r) for r in self.plan.remove]
         paths = " ".join(_unit_path(r) for r in self.plan.remove)
         server.shell(
-            name=f"Serve: stop, disable and remove {', '.join(units)} (dp_size shrank)",
+            name=f"Serve: stop and remove {ranks_label(self.plan.remove)} (dp_size shrank)",
             commands=[
                 f"systemctl disable --now {' '.join(units)}",
                 f"rm -f {paths}",
@@ -366,7 +379,7 @@ class ServeStep:
         systemd.daemon_reload(name="Serve: reload systemd")
         units = " ".join(r.unit_name for r in start)
         server.shell(
-            name=f"Serve: enable and start {', '.join(r.unit_name for r in start)}",
+            name=f"Serve: enable and start {ranks_label([r.rank for r in start])}",
             commands=[
                 f"systemctl enable {units}",
                 # A crash loop left the unit `failed` at its start limit: a deploy starts afresh.
@@ -377,7 +390,7 @@ class ServeStep:
             ],
         )
         wait_healthy(
-            name=f"Serve: wait for /health of {', '.join(r.unit_name for r in start)}",
+            name=f"Serve: wait for /health of {ranks_label([r.rank for r in start])}",
             checks=[(r.unit_name, layout.rank_health_url(s, r.rank)) for r in start],
             timeout_s=s.health_timeout_s,
             hint=(
@@ -391,6 +404,7 @@ class ServeStep:
     def _roll(self, batch: list[Rank], what: str) -> None:
         s = self.report.settings
         names = ", ".join(r.unit_name for r in batch)
+        label = ranks_label([r.rank for r in batch])
         units = " ".join(r.unit_name for r in batch)
         hint = (
             f"The roll stopped at {names}; the ranks not yet restarted still serve the previous "
@@ -403,7 +417,7 @@ class ServeStep:
         self._write_units(batch, what)
         systemd.daemon_reload(name=f"Serve: reload systemd ({what})")
         server.shell(
-            name=f"Serve: {what}: restart {names}",
+            name=f"Serve: {what}: restart {label}",
             # `|| true`: see _start; the health wait judges the batch and shows how to go back.
             commands=[
                 f"systemctl reset-failed {units} || true",
@@ -411,7 +425,7 @@ class ServeStep:
             ],
         )
         wait_healthy(
-            name=f"Serve: {what}: wait for /health of {names}",
+            name=f"Serve: {what}: wait for /health of {label}",
             checks=[(r.unit_name, layout.rank_health_url(s, r.rank)) for r in batch],
             timeout_s=s.health_timeout_s,
             hint=hint,
@@ -422,7 +436,7 @@ class ServeStep:
             from operations.smoke import smoke_requests  # smoke.py imports this module
 
             smoke_requests(
-                name=f"Serve: {what}: a chat request to {names} before it rejoins the router",
+                name=f"Serve: {what}: a chat request to {label} before it rejoins",
                 python=f"{batch[0].engine_env}/bin/python",
                 model=s.model_name,
                 timeout_s=s.smoke_timeout_s,
@@ -450,7 +464,7 @@ class ServeStep:
         )
 
 
-@deploy("Serve: SGLang ranks as systemd units")
+@deploy("Serve")
 def _serve(report: HostReport) -> ServeStep:
     serving = serving_state(report.settings)
     step = ServeStep(report, serving)

@@ -86,7 +86,7 @@ def smoke(report: HostReport, step: ServeStep) -> None:
     python = f"{(restarted or report.plan.ranks)[0].engine_env}/bin/python" if targets else ""
     smoke_requests(
         # One name on every host: pyinfra joins differing names of one operation in its output.
-        name="Smoke: chat requests to the (re)started ranks, and through the router on its host",
+        name="Smoke: chat requests (started ranks, router)",
         python=python,
         model=s.model_name,
         timeout_s=s.smoke_timeout_s,

@@ -15,6 +15,7 @@ import pytest
 
 from operations.facts.host import Model, parse_model
 from operations.resolver import resolve
+from operations.serve import ranks_label
 from tests.unit.builders import QWEN36, facts, make_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -247,3 +248,23 @@ def test_the_model_fact_reads_the_quantization_method() -> None:
     assert parse_model(lines).quantization == "fp8"
     del config["quantization_config"]
     assert parse_model(["exists", "1", "@@config.json", json.dumps(config)]).quantization is None
+
+
+# -- what the operator reads ------------------------------------------------------------------
+
+
+def test_pyinfras_change_table_fits_100_columns() -> None:
+    """Operation names stay short: a deploy starting 8 ranks, as `make demo` shows it."""
+    rc, out = deploy("--dry")
+    assert rc == 0, out
+    _, _, table = out.partition("--> Detected changes:")
+    rows = [line.rstrip() for line in table.split("\n\n", 1)[0].splitlines() if line.strip()]
+    assert any("Serve: enable and start ranks 0-7" in row for row in rows), rows
+    assert max(len(row) for row in rows) <= 100, max(rows, key=len)
+
+
+def test_ranks_in_an_operation_name() -> None:
+    assert ranks_label([3]) == "sglang@3.service"
+    assert ranks_label([2, 3]) == "sglang@2.service, sglang@3.service"
+    assert ranks_label(list(range(8))) == "ranks 0-7"
+    assert ranks_label([7, 0, 1, 2, 5]) == "ranks 0-2, 5, 7"
