@@ -268,3 +268,35 @@ def test_ranks_in_an_operation_name() -> None:
     assert ranks_label([2, 3]) == "sglang@2.service, sglang@3.service"
     assert ranks_label(list(range(8))) == "ranks 0-7"
     assert ranks_label([7, 0, 1, 2, 5]) == "ranks 0-2, 5, 7"
+
+
+# -- the docs ---------------------------------------------------------------------------------
+
+LINK = r"\]\((?!https?://|mailto:)([^)#\s]+)(?:#[^)\s]*)?\)"
+
+
+def test_every_link_inside_the_repo_resolves_and_stays_inside() -> None:
+    import re
+
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in re.findall(LINK, doc.read_text()):
+            path = (doc.parent / target).resolve()
+            assert path.is_relative_to(ROOT), f"{doc.name}: {target} leaves the repo"
+            assert path.exists(), f"{doc.name}: {target} does not exist"
+
+
+def test_every_doc_is_reachable_from_the_readme() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for doc in sorted((ROOT / "docs").glob("*.md")):
+        assert f"](docs/{doc.name}" in readme, f"docs/{doc.name} is not linked from README.md"
+
+
+def test_the_two_container_inventory_loads_with_the_router_on_ct200() -> None:
+    from operations import settings as settings_mod
+    from operations.plan import build_state
+
+    state = build_state("inventory/two.py", {})
+    loaded, problems = settings_mod.load_inventory(list(state.inventory))
+    assert problems == []
+    assert sorted(loaded) == ["ct200", "ct201"]
+    assert {s.router.host for s in loaded.values() if s.router} == {"ct200"}
