@@ -599,10 +599,18 @@ def _engine_deploy(report: HostReport) -> EngineStep:
     # A converged host stops at this one fact: the target is complete and current.
     # Relative to the deploy's directory, as pyinfra resolves local paths.
     controller_lock = os.path.join(pyinfra_state.cwd or os.getcwd(), lock_path(s, spec))
+    complete = _complete(state, spec.name)
+    if s.wheelhouse and not complete:
+        # First of all: a wheelhouse that lacks a pinned wheel changes nothing on the host.
+        require_wheels(
+            name="Engine: the wheelhouse holds every pinned wheel",
+            wheelhouse=s.wheelhouse,
+            requirements=[*spec.requirements, f"uv=={s.uv_version}"],
+        )
     # Before the install: the engine check compiles with this compiler. Outside it too: an
     # engine built before engines had a compiler gets one without being rebuilt.
     _compiler(s, spec, state)
-    if not _complete(state, spec.name):
+    if not complete:
         gpu = report.gpu
         driver = Driver(gpu.driver_version if gpu else None, gpu.cuda_version if gpu else None)
         _install(s, spec, driver, controller_lock)
@@ -681,12 +689,6 @@ def _fetch_lock(s: Settings, spec: EngineSpec, controller_lock: str) -> None:
 def _install(s: Settings, spec: EngineSpec, driver: Driver, controller_lock: str) -> None:
     root = s.engine_root
     wheelhouse_dir = f"{root}/wheelhouse" if s.wheelhouse else None
-    if s.wheelhouse:
-        require_wheels(
-            name="Engine: the wheelhouse holds every pinned wheel",
-            wheelhouse=s.wheelhouse,
-            requirements=[*spec.requirements, f"uv=={s.uv_version}"],
-        )
     files.directory(name="Engine: directories", path=f"{root}/envs", mode="755")
     if s.wheelhouse and wheelhouse_dir:
         sync_wheelhouse(name="Engine: sync the wheelhouse", src=s.wheelhouse, dest=wheelhouse_dir)

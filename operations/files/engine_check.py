@@ -5,7 +5,7 @@
 environment really is (installed versions, torch's CUDA build, each import, on each GPU its
 capability and one small CUDA operation, and a small kernel compiled for `arch` with
 CUDA_HOME's nvcc, as SGLang's and FlashInfer's JIT do, then loaded and run on each GPU
-through libcuda).
+through the CUDA driver API of the environment's own cuda-python, `cuda.bindings.driver`).
 operations/engine.py judges the result; this script only observes, so an import that fails or a
 GPU that cannot run is reported, never raised. Only the standard library and the environment's
 own packages: it runs inside the environment on the host.
@@ -20,6 +20,7 @@ import tempfile
 import traceback
 import warnings
 from importlib import import_module, metadata
+from typing import Any
 
 
 def _error(exc: BaseException) -> str:
@@ -58,47 +59,48 @@ def compile_kernel(cuda_home: str, arch: str, work: str) -> tuple[str, bytes | N
         return "ok", handle.read()
 
 
-def _cu(lib: ctypes.CDLL, name: str, *args: object) -> None:
-    result = getattr(lib, name)(*args)
-    if result != 0:
-        text = ctypes.c_char_p()
-        lib.cuGetErrorString(result, ctypes.byref(text))
-        raise RuntimeError(f"{name}: CUDA error {result} ({(text.value or b'?').decode()})")
+def _cu(driver: Any, name: str, *args: object) -> Any:
+    """One driver API call through cuda-python: (CUresult, outputs...); raises on an error,
+    naming the call, the CUresult and the driver's own text for it."""
+    result, *outputs = getattr(driver, name)(*args)
+    if int(result) != 0:
+        _, text = driver.cuGetErrorString(result)
+        label = getattr(result, "name", str(int(result)))
+        raise RuntimeError(f"{name}: CUDA error {int(result)} {label} ({(text or b'?').decode()})")
+    return outputs[0] if len(outputs) == 1 else None
 
 
 def run_kernel(cubin: bytes, index: int) -> str:
-    """Loads the cubin on GPU `index` through the driver API and doubles four floats."""
-    lib = ctypes.CDLL("libcuda.so.1")
-    lib.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
-    lib.cuMemcpyHtoD_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t]
-    lib.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
-    lib.cuMemFree_v2.argtypes = [ctypes.c_uint64]
-    lib.cuModuleLoadData.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p]
-    lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
-    _cu(lib, "cuInit", 0)
-    device, context = ctypes.c_int(), ctypes.c_void_p()
-    _cu(lib, "cuDeviceGet", ctypes.byref(device), index)
+    """Loads the cubin on GPU `index` through the CUDA driver API (cuda-python's
+    cuda.bindings.driver, a requirement of every SGLang release) and doubles four floats.
+    Pointers go in as addresses (ints), which every cuda-python release accepts."""
+    driver = import_module("cuda.bindings.driver")
+    _cu(driver, "cuInit", 0)
+    device = _cu(driver, "cuDeviceGet", index)
     # The primary context: the one torch uses on that device, so the check adds no other.
-    _cu(lib, "cuDevicePrimaryCtxRetain", ctypes.byref(context), device)
+    context = _cu(driver, "cuDevicePrimaryCtxRetain", device)
     try:
-        _cu(lib, "cuCtxSetCurrent", context)
-        module, function = ctypes.c_void_p(), ctypes.c_void_p()
-        _cu(lib, "cuModuleLoadData", ctypes.byref(module), cubin)
-        _cu(lib, "cuModuleGetFunction", ctypes.byref(function), module, b"sglang_deploy_twice")
-        data = (ctypes.c_float * 4)(1.0, 2.0, 3.0, 4.0)
-        pointer = ctypes.c_uint64()
-        _cu(lib, "cuMemAlloc_v2", ctypes.byref(pointer), 16)
+        _cu(driver, "cuCtxSetCurrent", context)
+        image = ctypes.create_string_buffer(cubin, len(cubin))
+        module = _cu(driver, "cuModuleLoadData", ctypes.addressof(image))
         try:
-            _cu(lib, "cuMemcpyHtoD_v2", pointer.value, data, 16)
-            params = (ctypes.c_void_p * 1)(ctypes.addressof(pointer))
-            _cu(lib, "cuLaunchKernel", function, 1, 1, 1, 4, 1, 1, 0, None, params, None)
-            _cu(lib, "cuCtxSynchronize")
-            _cu(lib, "cuMemcpyDtoH_v2", data, pointer.value, 16)
+            function = _cu(driver, "cuModuleGetFunction", module, b"sglang_deploy_twice")
+            data = (ctypes.c_float * 4)(1.0, 2.0, 3.0, 4.0)
+            pointer = _cu(driver, "cuMemAlloc", 16)
+            try:
+                _cu(driver, "cuMemcpyHtoD", pointer, ctypes.addressof(data), 16)
+                argument = ctypes.c_uint64(int(pointer))
+                params = (ctypes.c_void_p * 1)(ctypes.addressof(argument))
+                _cu(driver, "cuLaunchKernel", function, 1, 1, 1, 4, 1, 1, 0, 0,
+                    ctypes.addressof(params), 0)  # fmt: skip
+                _cu(driver, "cuCtxSynchronize")
+                _cu(driver, "cuMemcpyDtoH", ctypes.addressof(data), pointer, 16)
+            finally:
+                driver.cuMemFree(pointer)
         finally:
-            lib.cuMemFree_v2(pointer.value)
-            lib.cuModuleUnload(module)
+            driver.cuModuleUnload(module)
     finally:
-        lib.cuDevicePrimaryCtxRelease(device)
+        driver.cuDevicePrimaryCtxRelease(device)
     return "ok" if list(data) == [2.0, 4.0, 6.0, 8.0] else f"computed {list(data)}"
 
 

@@ -1,4 +1,5 @@
-"""TEST DOUBLES as real wheels: sglang, torch, the SGLang kernel package and flashinfer.
+"""TEST DOUBLES as real wheels: sglang, torch, the SGLang kernel package, flashinfer and
+cuda-python.
 
 Only what needs a GPU is doubled. Each wheel is a genuine, installable wheel (METADATA, WHEEL,
 RECORD with hashes, written with zipfile) whose version and dependencies are the knowledge
@@ -173,8 +174,17 @@ def flashinfer_wheel(outdir: Path, version: str) -> Path:
     return build_wheel(outdir, "flashinfer-python", version, files)
 
 
+def cuda_python_wheel(outdir: Path, version: str) -> Path:
+    """cuda-python with the CUDA driver API the engine check calls (`cuda.bindings.driver`,
+    tests/doubles/packages/cuda: the testbed's GPUs as the torch double sees them)."""
+    files = _package_files("cuda", {"VERSION": version})
+    return build_wheel(
+        outdir, "cuda-python", version, files, summary="TEST DOUBLE of cuda-python's driver API"
+    )
+
+
 def plain_wheel(outdir: Path, name: str, version: str, summary: str = "TEST DOUBLE") -> Path:
-    """A project with nothing but its version (cuda-python, an index's dev build of sglang)."""
+    """A project with nothing but its version (an index's dev build of sglang)."""
     module = dist_name(name)
     return build_wheel(outdir, name, version, {f"{module}/__init__.py": b""}, summary=summary)
 
@@ -268,7 +278,7 @@ def release_wheels(
         for o in [*pins.get("overrides", []), *pins["builds"][lane].get("overrides", [])]
     ]
     cuda_python = _pin(overrides, "cuda-python") or _pin(pins["requires"], "cuda-python")
-    out["cuda-python"] = plain_wheel(outdir, "cuda-python", cuda_python or "13.0.3")
+    out["cuda-python"] = cuda_python_wheel(outdir, cuda_python or "13.0.3")
     return out
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.doubles import cuda_redist
 from tests.doubles import wheels as doubles
 from tests.e2e.index import LocalIndex, pypi_wheel, pypi_wheels_with_deps, uv_wheel
 from tests.testbed import Container, inventory_file
@@ -28,22 +29,30 @@ MODEL_CONFIG = json.dumps(
     {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5"}
 )
 DEPLOY_TIMEOUT_S = 900
+# Under the main index's server: NVIDIA's redist tree of the lane's compiler archives (doubles).
+REDIST_PATH = "nvidia-redist"
 
 
 @dataclass
 class Indexes:
-    """The three indexes of the cu128 lane: main (sglang, flashinfer, uv), torch, kernel."""
+    """The three indexes of the cu128 lane: main (sglang, flashinfer, uv), torch, kernel; the
+    main one's server also serves the double of NVIDIA's compiler archives under REDIST_PATH."""
 
     main: LocalIndex
     torch: LocalIndex
     kernel: LocalIndex
+    redist: cuda_redist.Redist | None = None
 
     def data(self) -> dict[str, Any]:
-        return {
+        found = {
             "package_index_url": self.main.url,
             "torch_index_url": self.torch.base + "/{lane}",
             "kernel_index_url": self.kernel.base + "/{lane}",
         }
+        if self.redist is not None:
+            found["cuda_redist_url"] = f"{self.main.base}/{REDIST_PATH}"
+            found["cuda_redist_manifest"] = str(self.redist.manifest)
+        return found
 
     def all(self) -> list[LocalIndex]:
         return [self.main, self.torch, self.kernel]
@@ -98,7 +107,8 @@ def make_indexes(
     other_lanes: dict[str, dict[str, dict[str, Path]]] | None = None,
 ) -> Indexes:
     """The three indexes laid out like the real ones (see above), holding each release's
-    doubles for `lane` where the knowledge base says they come from."""
+    doubles for `lane` where the knowledge base says they come from, and the double of NVIDIA's
+    compiler archives for `lane` (tests/doubles/cuda_redist.py)."""
     indexes = Indexes(
         LocalIndex(root / "main"), LocalIndex(root / "torch"), LocalIndex(root / "kernel")
     )
@@ -121,6 +131,8 @@ def make_indexes(
     for sub in ("cu129", "cu130"):
         indexes.kernel.add(dev, sub=sub)
     indexes.main.add(pypi_wheel("typing_extensions", MAIN_TYPING_EXTENSIONS, "any"), uv_wheel())
+    if doubles.knowledge()["lanes"][lane]["compiler"]["from"] == "nvidia-redist":
+        indexes.redist = cuda_redist.build(indexes.main.root / REDIST_PATH, lane)
     if start:
         for server in indexes.all():
             server.start()

@@ -18,10 +18,11 @@ from typing import Any
 import pytest
 
 from operations import kb as kbmod
-from operations.engine_spec import engine_spec
+from operations.engine_spec import engine_spec, read_redist_manifest
 from operations.facts.engine import MARKER
 from operations.settings import Layer, load
 from tests import testbed as tb
+from tests.doubles import cuda_redist
 from tests.doubles import wheels as doubles
 from tests.e2e.deploying import (
     LANE,
@@ -96,6 +97,20 @@ def env_name(release: str, **data: Any) -> str:
     return name
 
 
+def toolkit_ops(indexes: Indexes) -> dict[str, str]:
+    """The compiler's operations of a converged run (the apt packages in the testbed image,
+    the toolkit from the double of NVIDIA's archives) -> "No changes"."""
+    data = indexes.data()
+    settings = load("t", [Layer("t", {"model_source": MODEL_DIR, **data})])
+    manifest = read_redist_manifest(data["cuda_redist_manifest"])
+    tools = engine_spec(settings, kbmod.load(), None, manifest).toolkit
+    assert tools is not None
+    return {
+        "Engine: libnuma1 and g++": "No changes",
+        f"Engine: nvcc {tools.version} -> cuda/{tools.name}": "No changes",
+    }
+
+
 def sh(container: Container, cmd: str) -> str:
     rc, out, err = container.ssh_run(cmd)
     assert rc == 0, f"{cmd}: rc={rc}\n{out}\n{err}"
@@ -165,6 +180,13 @@ def test_fresh_install_then_a_second_run_changes_nothing(
     lock = tmp_path / "locks" / f"{name}.lock"
     assert lock.read_text() == sh(target, f"cat {root}/envs/{name}/uv.lock") + "\n"
     assert first.engine_ops()[f"Engine: current -> {name}"] == "Success"
+    # The compiler: apt finds libnuma1 and g++ in the image; nvcc from the redist double, whose
+    # cubin the engine check ran on each GPU through the cuda-python double.
+    (apt, nvcc) = toolkit_ops(indexes)
+    assert first.engine_ops()[apt] == "No changes"
+    assert first.engine_ops()[nvcc] == "Success"
+    home = f"{root}/cuda/{nvcc.rpartition('/')[2]}"
+    assert "release 12.8, V12.8.93" in sh(target, f"{home}/bin/nvcc --version")
 
     before = target.snapshot([root + "/envs", root + "/current"])
     requests_before = indexes.requests()
@@ -173,6 +195,7 @@ def test_fresh_install_then_a_second_run_changes_nothing(
     ok(second)
     engine_ops = second.engine_ops()
     assert engine_ops == {
+        **toolkit_ops(indexes),
         f"Engine: current -> {name}": "No changes",
         "Engine: prune old environments": "No changes",
     }, second
@@ -202,11 +225,17 @@ def test_pin_change_switches_and_pin_back_is_instant_without_an_index(
         "package_index_url": dead + "/simple",
         "torch_index_url": dead + "/{lane}",
         "kernel_index_url": dead + "/{lane}",
+        "cuda_redist_url": dead,
+        "cuda_redist_manifest": indexes.data()["cuda_redist_manifest"],
     }
     back = deploy(target, tmp_path, {**offline, "engine_root": root, "sglang_version": OLD})
 
     ok(back)
-    assert set(back.engine_ops()) == {f"Engine: current -> {old}", "Engine: prune old environments"}
+    assert set(back.engine_ops()) == {
+        *toolkit_ops(indexes),
+        f"Engine: current -> {old}",
+        "Engine: prune old environments",
+    }
     assert back.engine_ops()[f"Engine: current -> {old}"] == "Success"
     assert current(target, root) == f"envs/{old}"
     assert installed_versions(target, root)[0] == OLD
@@ -332,6 +361,7 @@ def test_index_down_during_install_fails_and_the_running_server_is_untouched(
 
 def test_offline_install_from_the_wheelhouse(
     target: Container,
+    indexes: Indexes,
     double_wheels: dict[str, dict[str, Path]],
     tmp_path: Path,
 ) -> None:
@@ -341,9 +371,15 @@ def test_offline_install_from_the_wheelhouse(
         "package_index_url": dead + "/simple",
         "torch_index_url": dead + "/{lane}",
         "kernel_index_url": dead + "/{lane}",
+        "cuda_redist_url": dead,
+        "cuda_redist_manifest": indexes.data()["cuda_redist_manifest"],
         "engine_root": root,
         "sglang_version": OLD,
     }
+    # The compiler's archives beside both wheelhouses, as `wget` of the manifest's URLs leaves
+    # them (docs/engine.md).
+    assert indexes.redist is not None
+    redist = cuda_redist.flat(indexes.redist, tmp_path / "cuda-redist")
     partial = wheelhouse(
         tmp_path / "partial",
         [p for role, p in double_wheels[OLD].items() if role != "kernel"]
@@ -368,6 +404,10 @@ def test_offline_install_from_the_wheelhouse(
     assert installed_versions(target, root) == (OLD, "2.11.0+cu128", "12.8")
     synced = sh(target, f"ls {root}/wheelhouse").split()
     assert sorted(synced) == sorted(p.name for p in full.glob("*.whl"))
+    uploaded = sh(target, f"ls {root}/cuda-redist").split()
+    assert sorted(uploaded) == sorted(p.name for p in redist.iterdir())
+    (_, nvcc) = toolkit_ops(indexes)
+    assert run.engine_ops()[nvcc] == "Success"
 
 
 def test_a_second_host_installs_the_recorded_lock(
@@ -397,7 +437,14 @@ def test_cu130_on_a_580_driver_host_converges_from_the_indexes(
         )
     )
     root = "/opt/sglang-cu130"
-    data = {**indexes.data(), "engine_root": root, "cuda_lane": "cu130"}
+    # The cu130 compiler is PyPI's real nvcc 13.0.88 wheels, from PyPI's file host (the
+    # knowledge base's checksums): no manifest; its cubin runs on the cuda-python double.
+    data = {
+        **indexes.data(),
+        "engine_root": root,
+        "cuda_lane": "cu130",
+        "cuda_redist_manifest": None,
+    }
 
     ok(deploy(host580, tmp_path, data))
 

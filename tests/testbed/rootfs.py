@@ -22,7 +22,10 @@ SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 VARIANT = "minbase"
 # Later work installs Python packages from a loopback index and runs systemd units inside,
-# hence python3-venv, ca-certificates and curl on top of what systemd + sshd need.
+# hence python3-venv, ca-certificates and curl on top of what systemd + sshd need. libnuma1 and
+# g++ are what the engine step installs with apt beside its wheels (facts/engine.py
+# HOST_PACKAGES): in the image, so that step finds them installed as on a prepared host
+# (tests/operations/toolkit.host_packages/libnuma-missing.json shows the apt run when not).
 PACKAGES: tuple[str, ...] = (
     "systemd",
     "systemd-sysv",
@@ -36,6 +39,8 @@ PACKAGES: tuple[str, ...] = (
     "ca-certificates",
     "procps",
     "curl",
+    "libnuma1",
+    "g++",
 )
 HOST_PACKAGES: dict[str, str] = {
     # executable -> Debian package that provides it

@@ -6,8 +6,11 @@ machine, which has no GPU: compiling needs none.
 
 The wheels (~105 MB) are downloaded once into the testbed cache outside the repository
 (tests/e2e/index.py pypi_wheel) and checked against the knowledge base's sha256 before use.
-The CUDA 12 lanes' archives are NVIDIA's, not on PyPI: tests/e2e/test_engine.py proves that
-path with a double of them.
+The CUDA 12 lanes' archives are NVIDIA's, not on PyPI: here and in the e2e tests a double of
+them (tests/doubles/cuda_redist.py) takes their path. Whichever nvcc wrote it, the cubin is then
+run the way the engine check runs it on each GPU, through cuda-python's driver API, here the
+cuda-python double's (tests/doubles/packages/cuda), on CT200's GPUs as its nvidia-smi double
+shows them.
 """
 
 from __future__ import annotations
@@ -17,18 +20,22 @@ import json
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from operations import kb as kbmod
 from operations.engine import parse_probe
-from operations.engine_spec import Toolkit, toolkit
+from operations.engine_spec import Toolkit, read_redist_manifest, toolkit
 from operations.files import cuda_toolkit, engine_check
 from operations.settings import Layer, load
+from tests.doubles import cuda_redist, wheels
 from tests.e2e.index import pypi_wheel
 
 CHECK = Path(engine_check.__file__)
+TESTS = Path(__file__).resolve().parents[1]
+DOUBLES, FIXTURES = TESTS / "doubles", TESTS / "fixtures"
 ARCH = "sm_120a"  # CT200's: compute capability 12.0 with the arch-specific suffix
 
 
@@ -129,3 +136,128 @@ def test_an_archive_that_is_not_the_manifests_is_never_unpacked(
     with pytest.raises(cuda_toolkit.Refused, match="expected sha256 0000"):
         cuda_toolkit.install(args)
     assert list((tmp_path / "cuda").iterdir()) == []
+
+
+# -- the cubin on a GPU: the cuda-python double's driver API loads what the real nvcc wrote ----
+
+
+@pytest.fixture(scope="module")
+def driver_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The cuda-python double (tests/doubles/packages/cuda) unpacked: a PYTHONPATH."""
+    out = tmp_path_factory.mktemp("cuda-python")
+    with zipfile.ZipFile(wheels.cuda_python_wheel(out, "13.0.3")) as zf:
+        zf.extractall(out / "site")
+    return out / "site"
+
+
+def run_on_gpu(site: Path, cubin: bytes, tmp_path: Path, gpus: int = 1) -> str:
+    """engine_check.run_kernel in a Python with the double and a GPU host's driver (the
+    nvidia-smi double replaying CT200, `gpus` device nodes)."""
+    (tmp_path / "twice.cubin").write_bytes(cubin)
+    nodes = tmp_path / "dev"
+    nodes.mkdir(exist_ok=True)
+    for index in range(gpus):
+        (nodes / f"nvidia{index}").touch()
+    code = (
+        "import sys\nfrom cuda.bindings import driver\n"
+        f"driver.DEVICE_GLOB = {str(nodes / 'nvidia[0-9]*')!r}\n"
+        f"sys.path.insert(0, {str(CHECK.parent)!r})\nimport engine_check\n"
+        f"cubin = open({str(tmp_path / 'twice.cubin')!r}, 'rb').read()\n"
+        "try:\n    print(engine_check.run_kernel(cubin, 0))\n"
+        "except Exception as exc:\n    print(engine_check._error(exc))\n"
+    )
+    env = {**smi_driver(tmp_path), "PYTHONPATH": str(site)}
+    run = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    return run.stdout.strip()
+
+
+def smi_driver(tmp_path: Path) -> dict[str, str]:
+    """PATH with the nvidia-smi double replaying CT200 (driver 570, 8 x compute 12.0)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    shutil.copyfile(DOUBLES / "nvidia-smi", bindir / "nvidia-smi")
+    (bindir / "nvidia-smi").chmod(0o755)
+    return {
+        "PATH": f"{bindir}:/usr/bin:/bin",
+        "NVIDIA_SMI_DOUBLE_DIR": str(FIXTURES / "nvidia-smi" / "rtx-pro-6000-x8"),
+    }
+
+
+def test_the_real_sm120a_cubin_runs_on_a_12_0_gpu_of_the_driver_double(
+    cuda_home: Path, driver_site: Path, tmp_path: Path
+) -> None:
+    said, cubin = engine_check.compile_kernel(str(cuda_home), ARCH, str(tmp_path))
+    assert said == "ok" and cubin is not None
+
+    assert run_on_gpu(driver_site, cubin, tmp_path) == "ok"
+
+
+def test_a_real_cubin_for_another_gpu_is_refused_as_the_driver_refuses_it(
+    cuda_home: Path, driver_site: Path, tmp_path: Path
+) -> None:
+    said, cubin = engine_check.compile_kernel(str(cuda_home), "sm_90a", str(tmp_path))
+    assert said == "ok" and cubin is not None
+
+    assert run_on_gpu(driver_site, cubin, tmp_path) == (
+        "RuntimeError: cuModuleLoadData: CUDA error 209 CUDA_ERROR_NO_BINARY_FOR_GPU (no kernel "
+        "image is available for execution on the device)"
+    )
+
+
+# -- the CUDA 12 lanes' archives: NVIDIA's layout and manifest, the double nvcc ----------------
+
+
+@pytest.fixture(scope="module")
+def cu128_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The cu128 compiler as the deploy installs it from the double of NVIDIA's archives: the
+    toolkit from the knowledge base with the double's manifest (setting
+    cuda_redist_manifest), unpacked by the host's install script from a cuda-redist/ dir."""
+    if shutil.which("g++") is None:
+        pytest.skip("nvcc needs a host compiler (g++) on this machine")
+    out = tmp_path_factory.mktemp("cu128")
+    redist = cuda_redist.build(out / "redist", "cu128")
+    settings = load("t", [Layer("t", {"model_source": "/mnt/m", "cuda_lane": "cu128"})])
+    compiler = kbmod.load().lanes["cu128"].compiler
+    assert compiler is not None
+    manifest = read_redist_manifest(str(redist.manifest))
+    tools = toolkit(compiler, settings, manifest, str(redist.manifest))
+    assert {a.sha256 for a in tools.archives}.isdisjoint(a.sha256 for a in compiler.archives)
+    home = out / "cuda" / tools.name
+    flat = cuda_redist.flat(redist, out / "cuda-redist")
+    assert "release 12.8, V12.8.93" in cuda_toolkit.install(install_args(tools, home, flat))
+    return home
+
+
+def test_the_archive_doubles_unpack_to_a_cuda_home_like_nvidias(cu128_home: Path) -> None:
+    for path in ("bin/nvcc", "bin/ptxas", "nvvm/bin/cicc", "include/cuda_runtime.h"):
+        assert (cu128_home / path).is_file(), path
+    assert (cu128_home / "include/cub/cub.cuh").is_file()
+    assert (cu128_home / "lib/libcudart.so").resolve().name == "libcudart.so.12.8.90"
+    assert (cu128_home / "lib64").resolve() == (cu128_home / "lib").resolve()
+
+
+def test_the_double_nvccs_cubin_runs_on_the_driver_double(
+    cu128_home: Path, driver_site: Path, tmp_path: Path
+) -> None:
+    said, cubin = engine_check.compile_kernel(str(cu128_home), ARCH, str(tmp_path))
+    assert said == "ok" and cubin is not None
+
+    assert run_on_gpu(driver_site, cubin, tmp_path) == "ok"
+
+
+def test_the_double_nvcc_fails_as_nvcc_does_without_a_host_compiler_or_an_arch(
+    cu128_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    said, cubin = engine_check.compile_kernel(str(cu128_home), "sm_35", str(tmp_path))
+    assert cubin is None and "Unsupported gpu architecture 'compute_35'" in said
+
+    bindir = tmp_path / "bin"  # python3 for the double, no g++
+    bindir.mkdir()
+    (bindir / "python3").symlink_to(sys.executable)
+    monkeypatch.setenv("PATH", str(bindir))
+    said, cubin = engine_check.compile_kernel(str(cu128_home), ARCH, str(tmp_path))
+    assert cubin is None
+    assert said.endswith("nvcc fatal   : Failed to preprocess host compiler properties."), said

@@ -256,8 +256,8 @@ def test_a_compiler_that_cannot_build_for_the_gpu_fails_the_check() -> None:
 def test_a_compiled_kernel_that_does_not_run_names_the_gpu_and_driver() -> None:
     runs = ["ok"] * 8
     runs[3] = (
-        "RuntimeError: cuModuleLoadData: CUDA error 222 (the provided PTX was compiled "
-        "with an unsupported toolchain.)"
+        "RuntimeError: cuModuleLoadData: CUDA error 222 CUDA_ERROR_UNSUPPORTED_PTX_VERSION "
+        "(the provided PTX was compiled with an unsupported toolchain.)"
     )
     (problem,) = check(kernel_runs=runs)
     assert problem.startswith("GPU 3: a kernel nvcc 12.8.93 compiled for sm_120a does not run")
