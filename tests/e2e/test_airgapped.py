@@ -17,6 +17,7 @@ from operations import kb as kbmod
 from operations.engine_spec import engine_spec
 from operations.settings import Layer, load
 from tests import testbed as tb
+from tests.doubles import cuda_redist
 from tests.doubles import wheels as doubles
 from tests.e2e.deploying import LANE, MODEL_CONFIG, Indexes, make_indexes, run_deploy
 from tests.e2e.index import UV_VERSION
@@ -89,6 +90,10 @@ def test_lock_on_the_controller_fill_the_wheelhouse_then_deploy_with_every_index
     )
     assert filled.returncode == 0, filled.stderr
     assert not [w for w in house.glob("*.whl") if "-cp312-" in w.name or "-cp310-" in w.name]
+    # ... and beside it the compiler's archives, as `wget` of the manifest's URLs leaves them
+    # (the double of NVIDIA's, checked against the manifest of setting cuda_redist_manifest).
+    assert indexes.redist is not None
+    cuda_redist.flat(indexes.redist, tmp_path / "cuda-redist")
 
     # 3. Air-gapped: every index down; the deploy installs the controller's lock offline.
     for index in indexes.all():
@@ -107,3 +112,5 @@ def test_lock_on_the_controller_fill_the_wheelhouse_then_deploy_with_every_index
         "torch.__version__)'"
     )
     assert (rc, out.split()) == (0, [RELEASE, "2.11.0+cu128"]), err
+    rc, out, err = target.ssh_run(f"{ROOT}/cuda/*/bin/nvcc --version")
+    assert rc == 0 and "release 12.8, V12.8.93" in out, out + err

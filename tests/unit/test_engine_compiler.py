@@ -261,3 +261,15 @@ def test_the_double_nvcc_fails_as_nvcc_does_without_a_host_compiler_or_an_arch(
     said, cubin = engine_check.compile_kernel(str(cu128_home), ARCH, str(tmp_path))
     assert cubin is None
     assert said.endswith("nvcc fatal   : Failed to preprocess host compiler properties."), said
+
+
+def test_the_driver_double_fails_like_cuda_python_without_a_gpu(
+    cu128_home: Path, driver_site: Path, tmp_path: Path
+) -> None:
+    said, cubin = engine_check.compile_kernel(str(cu128_home), ARCH, str(tmp_path))
+    assert cubin is not None
+
+    assert run_on_gpu(driver_site, cubin, tmp_path, gpus=0) == (
+        "RuntimeError: cuInit: CUDA error 100 CUDA_ERROR_NO_DEVICE (no CUDA-capable device is "
+        "detected)"
+    )
