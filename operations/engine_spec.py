@@ -15,7 +15,7 @@ from typing import NotRequired, TypedDict
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from operations.kb import PLACEHOLDER, PYPI_FILES_URL, Compiler, Knowledge, cite
+from operations.kb import PLACEHOLDER, Compiler, Knowledge, cite
 from operations.settings import Settings
 
 HASH_LENGTH = 8
@@ -171,7 +171,9 @@ def toolkit(
     """The lane's compiler as the engine installs it. With a manifest in NVIDIA's redistrib
     format (setting cuda_redist_manifest), its relative_path, sha256 and size replace the
     knowledge base's for each archive it lists at the same version."""
-    url = settings.cuda_redist_url if compiler.origin == "nvidia-redist" else PYPI_FILES_URL
+    url = (
+        settings.cuda_redist_url if compiler.origin == "nvidia-redist" else settings.cuda_wheels_url
+    )
     archives = []
     for a in compiler.archives:
         archive = Archive(a.name, a.version, a.path, a.sha256, a.size)

@@ -96,7 +96,8 @@ class Gpu:
     source: Cites
 
 
-# Where each kind of compiler archive is published; NVIDIA's is a setting (cuda_redist_url).
+# Where each kind of compiler archive is published: settings cuda_redist_url (NVIDIA's) and
+# cuda_wheels_url (PyPI's file host, this by default).
 PYPI_FILES_URL = "https://files.pythonhosted.org/packages"
 # A sha256 starting so is not a real value: the plan refuses a lane whose compiler has one.
 PLACEHOLDER = "PLACEHOLDER"

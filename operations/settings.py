@@ -145,6 +145,7 @@ class Settings:
     torch_index_url: str
     kernel_index_url: str
     cuda_redist_url: str
+    cuda_wheels_url: str
     cuda_redist_manifest: str | None
     uv_version: str
     ram_per_rank_gb: float

@@ -10,6 +10,7 @@ sets up the state it needs and no test depends on another's order.
 from __future__ import annotations
 
 import shlex
+import shutil
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -437,13 +438,22 @@ def test_cu130_on_a_580_driver_host_converges_from_the_indexes(
         )
     )
     root = "/opt/sglang-cu130"
-    # The cu130 compiler is PyPI's real nvcc 13.0.88 wheels, from PyPI's file host (the
-    # knowledge base's checksums): no manifest; its cubin runs on the cuda-python double.
+    # The cu130 compiler is PyPI's real nvcc 13.0.88 and its four companion wheels (cached
+    # once on this machine, tests/e2e/index.py pypi_wheel), served at their PyPI file paths as
+    # cuda_wheels_url and checked against the knowledge base's sha256: no manifest. The real
+    # nvcc compiles sm_120a in the container; its cubin runs on the cuda-python double.
+    compiler = kbmod.load().lanes["cu130"].compiler
+    assert compiler is not None
+    files = indexes.main.root / "pypi-files"
+    for archive in compiler.archives:
+        (files / archive.path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(pypi_wheel(archive.name, archive.version), files / archive.path)
     data = {
         **indexes.data(),
         "engine_root": root,
         "cuda_lane": "cu130",
         "cuda_redist_manifest": None,
+        "cuda_wheels_url": f"{indexes.main.base}/pypi-files",
     }
 
     ok(deploy(host580, tmp_path, data))
