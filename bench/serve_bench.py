@@ -11,6 +11,14 @@ Then, ROUNDS times, in an order that rotates each round so noise hits every side
   full 4 hosts     the converged full deploy against all four
 Goals (issue 6): full / trivial under 2x; 4 hosts within 1.5x of one. Medians are compared.
 
+Then the roll behind the real sglang-router 0.3.2 on the first host (issue 19): each rank's
+chat request takes GENERATE_S, its load LOAD_S (a runtime drop-in the double reads). ROLL_ROUNDS
+times, alternating, a setting change rolls all 8 ranks one at a time, drained through the
+router: once with no client, once with CLIENTS clients sending chat requests through the router
+(tests/e2e/load.py). It prints the roll under load / the roll without, the drain's share of the
+roll under load (the seconds the drain script reports, summed over the 8 ranks, over the
+roll's), and the requests sent and failed (which must be 0).
+
 BENCH_ROUNDS (default 5) sets the rounds; BENCH_PROFILE=1 adds one `--debug` run of the
 converged full deploy against the first host, prints its facts and commands by count and
 keeps its output in a temporary file.
@@ -41,13 +49,19 @@ from tests.e2e.deploying import (  # noqa: E402
     Indexes,
     bench_hosts,
 )
-from tests.e2e.index import stop_process  # noqa: E402
+from tests.e2e.index import pypi_wheels_with_deps, stop_process  # noqa: E402
+from tests.e2e.load import CLIENTS, Load  # noqa: E402
 from tests.testbed import (  # noqa: E402
     Container,
     inventory_file,
 )
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
+ROLL_ROUNDS = int(os.environ.get("BENCH_ROLL_ROUNDS", "2"))
+GENERATE_S, LOAD_S = 0.3, 3
+ROUTER_PORT = 8000
+DROPIN = "/run/systemd/system/sglang@.service.d"
+_DRAINED = re.compile(r"drained sglang@\d+\.service in ([0-9.]+) s")
 PROFILE = os.environ.get("BENCH_PROFILE", "") not in ("", "0")
 HOSTS = 4
 RELEASE, MODEL_DIR = BENCH_RELEASE, BENCH_MODEL_DIR
@@ -144,6 +158,54 @@ def table(medians: dict[str, float], runs: dict[str, list[float]]) -> None:
         print(f"  {label:<29} {ratio:5.2f}x  (goal < {goal}x: {verdict})")
 
 
+def roll_bench(work: Path, host: Container, indexes: Indexes) -> None:
+    """The roll of 8 ranks behind the router, under load against without (see the docstring)."""
+    slow = (
+        f"mkdir -p {DROPIN} && printf '[Service]\\n"
+        f"Environment=SGLANG_DOUBLE_GENERATE_SECONDS={GENERATE_S}\\n"
+        f"Environment=SGLANG_DOUBLE_LOAD_SECONDS={LOAD_S}\\n' > {DROPIN}/load.conf"
+        " && systemctl daemon-reload"
+    )
+    assert host.ssh_run(slow)[0] == 0
+    # The real router and its web stack, from PyPI, served like everything else.
+    indexes.main.add(*pypi_wheels_with_deps("sglang-router==0.3.2"))
+    router = {"host": host.name, "port": ROUTER_PORT, "bind": host.address}
+    deploy_py = ROOT / "deploy.py"
+
+    def inventory(fraction: float) -> Path:
+        data = {**host_data(host, indexes), "router": router, "mem_fraction_static": fraction}
+        return inventory_file(work, {host: data}, filename=f"roll-{fraction}.py")
+
+    fractions = [0.9, 0.85]
+    pyinfra(inventory(0.9), deploy_py)  # the router, and every rank drained once: the drop-in
+    pyinfra(inventory(0.85), deploy_py)
+    runs: dict[str, list[float]] = {"roll, no load": [], "roll under load": []}
+    drain_shares: list[float] = []
+    sent = failed = 0
+    url = f"http://{host.address}:{ROUTER_PORT}"
+    for number in range(ROLL_ROUNDS * 2):
+        fraction = fractions[number % 2]
+        if number % 2 == 0:
+            runs["roll, no load"].append(pyinfra(inventory(fraction), deploy_py, "-vvv")[0])
+            continue
+        with Load(url) as load:
+            # -vvv on both sides: the drain script's own lines ("drained ... in S s").
+            seconds, output = pyinfra(inventory(fraction), deploy_py, "-vvv")
+        runs["roll under load"].append(seconds)
+        drain_shares.append(sum(float(s) for s in _DRAINED.findall(output)) / seconds)
+        sent, failed = sent + load.sent, failed + load.failed
+    medians = {name: statistics.median(times) for name, times in runs.items()}
+    print(f"serve_bench: roll of 8 ranks behind sglang-router, median of {ROLL_ROUNDS} rounds")
+    for name, value in medians.items():
+        rounds = " ".join(f"{t:.2f}" for t in runs[name])
+        print(f"  {name:<16} {value:9.2f}   {rounds}")
+    ratio = medians["roll under load"] / medians["roll, no load"]
+    print(f"  {'under load / no load':<29} {ratio:5.2f}x")
+    share = statistics.median(drain_shares)
+    print(f"  {'drain share under load':<29} {share * 100:5.1f}%")
+    print(f"  requests under load: {sent} sent by {CLIENTS} clients, {failed} failed")
+
+
 def rotated(items: Sequence[Callable[[], None]], by: int) -> list[Callable[[], None]]:
     by %= len(items)
     return [*items[by:], *items[:by]]
@@ -194,6 +256,8 @@ def bench() -> int:
                 for side in rotated(sides, number):
                     side()
             table({name: statistics.median(times) for name, times in runs.items()}, runs)
+            if ROLL_ROUNDS > 0:
+                roll_bench(work, hosts[0], indexes)
 
             if PROFILE:
                 seconds, output = pyinfra(one, deploy_py, "--debug")
