@@ -1,0 +1,112 @@
+"""Every engine the knowledge base can plan locks against the REAL index metadata, offline.
+
+The project is the one production writes (engine_spec + project_toml); the indexes are the
+snapshot of what `uv lock` read from PyPI, PyTorch's and SGLang's indexes
+(tests/fixtures/index-snapshot/, refreshed by scripts/capture_index_snapshot.py), replayed on
+loopback. Doubles carry only the requirements someone thought mattered; this carries them all,
+so a conflict like sgl-project/sglang#25069 fails here.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from packaging.version import Version
+
+from operations import kb as kb_module
+from tests.snapshot_index import (
+    NEGATIVE_CASES,
+    LockCase,
+    SnapshotIndex,
+    build_cases,
+    find_python,
+    lock,
+)
+
+KB = kb_module.load()
+CASES = build_cases(KB)
+
+# Builds that do not lock against the real metadata yet: (release, lane) -> why. Strict: each
+# must start failing the day it is fixed, and then leave this table.
+_NO_KERNEL = (
+    "sglang-kernel {pin} is not on SGLang's {lane} kernel index as captured (github.com/sgl-project/whl at "
+    "2504c0ad, 2026-07-01: newest sglang-kernel 0.4.4+{lane}); uv: 'there is no version of "
+    "sglang-kernel=={pin}'. Needs a newer whl snapshot (tests/fixtures/sglang-whl/) or another pin"
+)
+KNOWN_FAILURES: dict[tuple[str, str], str] = {
+    ("0.5.19", "cu128"): _NO_KERNEL.format(pin="0.4.6.post1+cu129", lane="cu129"),
+    ("0.5.19", "cu129"): _NO_KERNEL.format(pin="0.4.6.post1+cu129", lane="cu129"),
+    ("0.5.19", "cu130"): _NO_KERNEL.format(pin="0.4.6.post1+cu130", lane="cu130"),
+    ("0.5.23", "cu130"): _NO_KERNEL.format(pin="0.4.10+cu130", lane="cu130"),
+}
+
+
+def _param(case: LockCase) -> Any:
+    reason = KNOWN_FAILURES.get((case.release, case.lane))
+    marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
+    return pytest.param(case, id=case.id, marks=marks)
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SnapshotIndex]:
+    log = tmp_path_factory.mktemp("snapshot-index") / "http.log"
+    with SnapshotIndex(log=log) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def uv_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # One cache for the module: every lock reads the same snapshot, and a warm cache keeps
+    # each lock to a few seconds.
+    return tmp_path_factory.mktemp("uv-cache")
+
+
+def _lock(
+    case: LockCase, index: SnapshotIndex, tmp_path: Path, uv_cache: Path
+) -> subprocess.CompletedProcess[str]:
+    if find_python(case.python) is None:
+        pytest.skip(f"no Python {case.python} here: uv lock needs an interpreter of it")
+    return lock(case, index.base, tmp_path / "project", uv_cache, KB)
+
+
+def _packages(project: Path) -> dict[str, dict[str, Any]]:
+    document = tomllib.loads((project / "uv.lock").read_text())
+    return {p["name"]: p for p in document["package"]}
+
+
+def test_every_build_has_a_case() -> None:
+    builds = {(r, b.lane.name) for r, e in KB.releases.items() for b in e.builds}
+    assert {(c.release, c.lane) for c in CASES} == builds
+
+
+@pytest.mark.parametrize("case", [_param(c) for c in CASES])
+def test_build_locks_against_the_real_metadata(
+    case: LockCase, index: SnapshotIndex, tmp_path: Path, uv_cache: Path
+) -> None:
+    proc = _lock(case, index, tmp_path, uv_cache)
+    assert proc.returncode == 0, proc.stderr
+    packages = _packages(tmp_path / "project")
+    build = KB.releases[case.release].build(case.lane)
+    assert build is not None
+    torch = next(p for p in build.packages if p.name == "torch")
+    assert packages["torch"]["version"] == torch.version
+    assert packages["torch"]["source"] == {"registry": f"{index.base}/pytorch-{torch.index_lane}/"}
+    if KB.lanes[case.lane].cuda.startswith("12."):
+        bindings = packages["cuda-bindings"]["version"]
+        assert Version(bindings) < Version("13"), f"cuda-bindings {bindings} on {case.lane}"
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in NEGATIVE_CASES])
+def test_a_conflict_in_the_real_metadata_fails_the_lock(
+    case: LockCase, index: SnapshotIndex, tmp_path: Path, uv_cache: Path
+) -> None:
+    proc = _lock(case, index, tmp_path, uv_cache)
+    culprit = "cuda-bindings" if case.without_override == "cuda-python" else "outlines-core"
+    assert proc.returncode != 0, f"{case.id} locked, but must fail on {culprit}"
+    assert "No solution found" in proc.stderr
+    assert culprit in proc.stderr, proc.stderr
