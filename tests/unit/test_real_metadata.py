@@ -34,8 +34,9 @@ CASES = build_cases(KB)
 # Builds that do not lock against the real metadata yet: (release, lane) -> why. Strict: each
 # must start failing the day it is fixed, and then leave this table.
 _NO_KERNEL = (
-    "sglang-kernel {pin} is not on SGLang's {lane} kernel index as captured (github.com/sgl-project/whl at "
-    "2504c0ad, 2026-07-01: newest sglang-kernel 0.4.4+{lane}); uv: 'there is no version of "
+    "sglang-kernel {pin} is not on SGLang's {lane} kernel index as captured "
+    "(github.com/sgl-project/whl at 2504c0ad, 2026-07-01: newest sglang-kernel 0.4.4+{lane}); "
+    "uv: 'there is no version of "
     "sglang-kernel=={pin}'. Needs a newer whl snapshot (tests/fixtures/sglang-whl/) or another pin"
 )
 KNOWN_FAILURES: dict[tuple[str, str], str] = {
