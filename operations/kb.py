@@ -1094,13 +1094,15 @@ def _release_problems(kb: Knowledge, release: Release) -> list[str]:
     return problems
 
 
-def cli_table_path(package: str, release: str) -> Path:
-    return CLI_DIR / f"{package}-{release}.json"
+def cli_table_path(package: str, release: str, directory: Path = CLI_DIR) -> Path:
+    return directory / f"{package}-{release}.json"
 
 
 @cache
-def load_cli_table(package: str, release: str) -> CliTable | None:
-    path = cli_table_path(package, release)
+def load_cli_table(package: str, release: str, directory: Path = CLI_DIR) -> CliTable | None:
+    """The release's option table from `directory` (knowledge/cli/ unless a test passes
+    another); None when it has none."""
+    path = cli_table_path(package, release, directory)
     if not path.exists():
         return None
     raw = cast(RawCliTable, json.loads(path.read_text()))

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from operations import kb
-from operations.kb import KNOWLEDGE_DIR, Knowledge, KnowledgeError, Source
+from operations.kb import KNOWLEDGE_DIR, KnowledgeError, Source
 
 
 def raw() -> dict[str, Any]:
@@ -230,20 +230,55 @@ def test_every_problem_is_named_at_once() -> None:
     assert "models.Qwen/Qwen3.6-27B: unknown architecture" in str(caught.value)
 
 
-def test_the_unchanged_data_builds() -> None:
-    assert isinstance(kb.build(raw()), Knowledge)
+def test_the_unchanged_data_builds_into_what_the_yaml_says() -> None:
+    """The values below are read off knowledge/sglang.yaml by eye, not computed by kb.py."""
+    built = kb.build(raw())
+
+    assert built.supported_releases() == ["0.5.9", "0.5.11", "0.5.19", "0.5.23"]
+    release = built.releases["0.5.11"]
+    assert (release.glibc, release.python.versions) == ("2.34", ("3.11", "3.12"))
+    assert release.requires == (
+        "torch==2.11.0",
+        "torchvision",
+        "torchaudio==2.11.0",
+        "sglang-kernel==0.4.2",
+        "flashinfer_python==0.6.8.post1",
+        "cuda-python>=13.0",
+    )
+    cu128 = next(b for b in release.builds if b.lane.name == "cu128")
+    assert [(p.name, p.version, p.index, p.index_lane) for p in cu128.packages] == [
+        ("torch", "2.11.0+cu128", "torch", "cu128"),
+        ("torchvision", "0.26.0+cu128", "torch", "cu128"),
+        ("torchaudio", "2.11.0+cu128", "torch", "cu128"),
+        ("sglang-kernel", "0.4.2+cu129", "kernel", "cu129"),
+    ]
+    assert [o.requirement for o in cu128.overrides] == ["cuda-python==12.9.4"]
+    lane = built.lanes["cu128"]
+    assert (lane.cuda, lane.min_driver, lane.toolkit_driver) == ("12.8", "525", "570")
+    assert lane.compiler is not None
+    assert (lane.compiler.version, lane.compiler.origin) == ("12.8.93", "nvidia-redist")
+    gpu = built.gpus["12.0"]
+    assert (gpu.arch, gpu.min_cuda) == ("sm_120", "12.8")
+    assert [s.id for s in gpu.source] == ["nvidia-cuda-release-notes"]
+    model = built.models["Qwen/Qwen3.6-27B"]
+    assert (model.architecture.name, model.min_release, model.size_gb) == (
+        "Qwen3_5ForConditionalGeneration",
+        "0.5.10",
+        54,
+    )
+    assert model.architecture is built.architectures["Qwen3_5ForConditionalGeneration"]
+    assert model.architecture.hybrid_linear_attention
+    fa3 = built.backend_rule("fa3", "0.5.11")
+    assert fa3 is not None and fa3.runs_on == ("8.0", "8.6", "8.9", "9.0")
+    auto = built.auto_rule("12.0")
+    assert auto is not None and auto.prefer == ("flashinfer", "triton")
+    spelling = built.flags.mamba_cache_strategy.spelling("0.5.11")
+    assert spelling is not None and spelling.option == "--mamba-scheduler-strategy"
 
 
-def test_a_cli_table_whose_header_names_another_release_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_cli_table_whose_header_names_another_release_is_refused(tmp_path: Path) -> None:
     text = (kb.CLI_DIR / "sglang-0.5.11.json").read_text()
     (tmp_path / "sglang-0.5.12.json").write_text(text)
-    monkeypatch.setattr(kb, "CLI_DIR", tmp_path)
-    kb.load_cli_table.cache_clear()
-    try:
-        with pytest.raises(KnowledgeError) as caught:
-            kb.load_cli_table("sglang", "0.5.12")
-        assert "sglang-0.5.12.json: its header says sglang 0.5.11" in str(caught.value)
-    finally:
-        kb.load_cli_table.cache_clear()
+    with pytest.raises(KnowledgeError) as caught:
+        kb.load_cli_table("sglang", "0.5.12", tmp_path)
+    assert "sglang-0.5.12.json: its header says sglang 0.5.11" in str(caught.value)
