@@ -266,7 +266,7 @@ def test_the_double_nvcc_fails_as_nvcc_does_without_a_host_compiler_or_an_arch(
 def test_the_driver_double_fails_like_cuda_python_without_a_gpu(
     cu128_home: Path, driver_site: Path, tmp_path: Path
 ) -> None:
-    said, cubin = engine_check.compile_kernel(str(cu128_home), ARCH, str(tmp_path))
+    _, cubin = engine_check.compile_kernel(str(cu128_home), ARCH, str(tmp_path))
     assert cubin is not None
 
     assert run_on_gpu(driver_site, cubin, tmp_path, gpus=0) == (
