@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 MANIFEST = ".staged-manifest.json"
@@ -260,7 +261,7 @@ def freed_bytes(paths: list[str]) -> int:
     return total
 
 
-def _install(temp: str, final: str) -> None:
+def _install(temp: str, final: str, remove_path: Callable[[str], None]) -> None:
     """Rename a complete copy to its final name. When that name is taken (a damaged copy of the
     same digest, maybe served right now), the two are exchanged atomically, so the name always
     holds a complete copy; the old one is then removed."""
@@ -268,12 +269,12 @@ def _install(temp: str, final: str) -> None:
         os.rename(temp, final)
         return
     if _exchange(temp, final):
-        _remove(temp)  # now the old copy
+        remove_path(temp)  # now the old copy
         return
     aside = f"{temp}.old"
     os.rename(final, aside)
     os.rename(temp, final)
-    _remove(aside)
+    remove_path(aside)
 
 
 def _exchange(a: str, b: str) -> bool:
@@ -542,10 +543,10 @@ def _copy_file(src: tuple[str, str], dst: str, entry: dict[str, Any], progress: 
         )
 
 
-def _fits(layout: Layout, need: int) -> tuple[bool, int]:
-    st = os.statvfs(layout.models)
-    free = st.f_bavail * st.f_frsize
-    return free >= need, free
+def free_bytes(directory: str) -> int:
+    """What a copy may still use in directory's filesystem (statvfs)."""
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize
 
 
 def _own(fd: int) -> None:
@@ -569,7 +570,8 @@ def _own_dir(path: str) -> None:
         os.chmod(path, DIR_MODE)
 
 
-def _remove(path: str) -> None:
+def remove(path: str) -> None:
+    """A link or file unlinked, a directory removed with its contents."""
     if os.path.islink(path) or os.path.isfile(path):
         os.unlink(path)
     elif os.path.isdir(path):
@@ -624,7 +626,7 @@ def prune(
             path = os.path.join(layout.models, name)
             if name.startswith(f".{slug}@") and path not in layout.keep:
                 print(f"stage: removing {path} (no unit names it)", flush=True)
-                _remove(path)
+                remove(path)
                 removed.append(path)
         if os.path.islink(layout.final) and layout.current() is None:
             os.unlink(layout.final)
@@ -644,16 +646,30 @@ def stage(
     lock_timeout: float = 1800.0,
     key: str | None = None,
     keep: tuple[str, ...] = (),
+    measure_free: Callable[[str], int] = free_bytes,
+    remove_path: Callable[[str], None] = remove,
 ) -> dict[str, Any]:
     """Make SLUG point at a complete, verified copy of source, named .SLUG@KEY (key: what the
-    rank units name; the digest when None). Copies named by `keep` are not removed."""
+    rank units name; the digest when None). Copies named by `keep` are not removed.
+    measure_free (the models directory's free bytes) and remove_path (every removal) are the
+    filesystem's: a test passes its own to play a full tmpfs or watch each removal."""
     layout = Layout(stage_dir, slug, keep)
     models_fd = open_models(stage_dir, create=True)  # made or checked: ours, 0755, no link
     if models_fd is not None:
         os.close(models_fd)
     lock_fd = _lock(layout, lock_timeout)
     try:
-        return _stage_locked(layout, source, mode, verify, progress_interval, bwlimit, key)
+        return _stage_locked(
+            layout,
+            source,
+            mode,
+            verify,
+            progress_interval,
+            bwlimit,
+            key,
+            measure_free,
+            remove_path,
+        )
     finally:
         os.close(lock_fd)
 
@@ -665,13 +681,15 @@ def _stage_locked(
     verify: str,
     progress_interval: float,
     bwlimit: float | None,
-    key: str | None = None,
+    key: str | None,
+    measure_free: Callable[[str], int],
+    remove_path: Callable[[str], None],
 ) -> dict[str, Any]:
     changed = False
     # We hold the lock: any temp dir is from a run that died. Superseded versions go too.
     for path in layout.leftovers():
         print(f"stage: removing leftover {path}", flush=True)
-        _remove(path)
+        remove_path(path)
         changed = True
     if os.path.islink(layout.final) and layout.current() is None:
         os.unlink(layout.final)  # points at nothing complete: no model beats a partial one
@@ -702,22 +720,22 @@ def _stage_locked(
     reuse = _reusable(src["files"], staged)
     copy = [e for e in src["files"] if _key(e) not in reuse]
     copy_bytes = sum(e["size"] for e in copy)
-    fits, free = _fits(layout, copy_bytes)
-    if not fits and mode in ("inplace", "auto") and current:
+    free = measure_free(layout.models)
+    if free < copy_bytes and mode in ("inplace", "auto") and current:
         print(
             f"stage: {copy_bytes / 2**30:.2f} GiB to copy, {free / 2**30:.2f} GiB free beside "
             f"the current copy: replacing it in place",
             flush=True,
         )
         os.unlink(layout.final)
-        _remove(current)
+        remove_path(current)
         for kept in sorted(layout.keep):  # every rank is stopped: no unit needs them now
-            _remove(kept)
+            remove_path(kept)
         current, reuse = None, set()
         copy = src["files"]
         copy_bytes = src["bytes"]
-        fits, free = _fits(layout, copy_bytes)
-    if not fits:
+        free = measure_free(layout.models)
+    if free < copy_bytes:
         raise StageError(
             f"model needs {copy_bytes} bytes ({copy_bytes / 2**30:.2f} GiB) in "
             f"{layout.models}, {free} bytes ({free / 2**30:.2f} GiB) free; nothing was copied",
@@ -767,13 +785,13 @@ def _stage_locked(
         with open(os.path.join(temp, MANIFEST), "w") as fh:
             json.dump(manifest, fh)
         final_version = layout.version(key or src["digest"])
-        _install(temp, final_version)
+        _install(temp, final_version, remove_path)
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise
     _switch(layout, final_version)
     for path in layout.leftovers():
-        _remove(path)
+        remove_path(path)
     return {
         "changed": True,
         "digest": src["digest"],

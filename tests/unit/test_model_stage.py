@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -128,35 +130,78 @@ def test_file_changing_during_copy_switches_nothing(
     assert [p.name for p in (shm / "models").iterdir()] == [".m.lock"]
 
 
-def test_missing_and_unreadable_sources_are_refused(tmp_path: Path, shm: Path) -> None:
+def test_a_missing_source_is_refused(tmp_path: Path, shm: Path) -> None:
     with pytest.raises(sm.StageError, match="no such directory"):
         stage(tmp_path / "nope", shm)
     assert "no such directory" in sm.plan(str(tmp_path / "nope"), str(shm), "m")["error"]
-    if os.geteuid() != 0:  # root reads everything: only checkable as a user
-        src = make_model(tmp_path / "locked")
-        (src / "config.json").chmod(0)
-        with pytest.raises(sm.StageError, match="not readable"):
-            stage(src, shm)
 
 
-def test_no_room_is_refused_before_copying(
-    src: Path, shm: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(sm, "_fits", lambda layout, need: (False, 1000))
+def unprivileged() -> tuple[str, dict[str, Any]]:
+    """A python and subprocess.run arguments for a process that file permissions bind. As root
+    (CI runs the tests as root) that is nobody: root passes every local permission check, but
+    a model on a root-squashed NFS export is read as nobody. Otherwise this user, as it is."""
+    if os.geteuid() != 0:
+        return sys.executable, {}
+    nobody = pwd.getpwnam("nobody")
+    # The boot unit's interpreter: nobody cannot enter a virtualenv under /root.
+    return "/usr/bin/python3", {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []}
+
+
+def test_unreadable_sources_are_refused_by_the_script_as_a_user_bound_by_permissions() -> None:
+    # Outside pytest's 0700 tmp tree, so that nobody can reach everything but what is locked.
+    with tempfile.TemporaryDirectory(prefix="stage-unreadable-") as name:
+        top = Path(name)
+        top.chmod(0o755)
+        script = top / "stage_model.py"
+        script.write_text(SCRIPT_PATH.read_text())
+        shm = top / "shm"
+        shm.mkdir(mode=0o1777)
+        shm.chmod(0o1777)
+        file_locked = make_model(top / "file-locked")
+        (file_locked / "config.json").chmod(0)
+        dir_locked = make_model(top / "dir-locked")
+        dir_locked.chmod(0o700)
+        python, who = unprivileged()
+        cases = [
+            (file_locked, f"model source: {file_locked}/config.json is not readable"),
+            (dir_locked, f"model source {dir_locked}: not readable"),
+        ]
+        for src, said in cases:
+            argv = [python, str(script), "stage", str(src), str(shm), "m"]
+            run = subprocess.run(
+                [*argv, "--progress-interval", "0"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+                **who,
+            )
+            assert (run.returncode, run.stderr.strip()) == (
+                sm.EXIT_REFUSED,
+                f"stage: error: {said}",
+            )
+        assert sorted(p.name for p in (shm / "models").iterdir()) == [".m.lock"]
+
+
+def test_no_room_is_refused_before_copying(src: Path, shm: Path) -> None:
     with pytest.raises(sm.StageError, match=r"needs 600\d+ bytes .* 1000 bytes") as info:
-        stage(src, shm)
+        stage(src, shm, measure_free=lambda directory: 1000)
     assert info.value.code == sm.EXIT_REFUSED
     assert [p.name for p in (shm / "models").iterdir()] == [".m.lock"]
 
 
-def test_in_place_swap_when_beside_does_not_fit(
-    src: Path, shm: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_in_place_swap_when_beside_does_not_fit(src: Path, shm: Path) -> None:
     stage(src, shm)
     (src / "model-00000.safetensors").write_bytes(os.urandom(200_000))
-    answers = iter([(False, 10), (True, 10**9)])  # beside: no room; after removing: room
-    monkeypatch.setattr(sm, "_fits", lambda layout, need: next(answers))
-    result = stage(src, shm, mode="inplace")
+    free = iter([10, 10**9])  # beside: no room; after removing the current copy: room
+    measured: list[str] = []
+
+    def measure(directory: str) -> int:
+        measured.append(directory)
+        return next(free)
+
+    result = stage(src, shm, mode="inplace", measure_free=measure)
+    assert measured == [str(shm / "models")] * 2
     assert result["copied_files"] == 4
     assert same_tree(src, served(shm))
 

@@ -141,7 +141,7 @@ def test_the_plan_counts_leftovers_as_free_and_stages_beside() -> None:
 
 
 def test_full_verify_repairs_without_the_served_name_ever_missing_a_copy(
-    src: Path, shm: Path, monkeypatch: pytest.MonkeyPatch
+    src: Path, shm: Path
 ) -> None:
     stage(src, shm)
     link = shm / "models" / "m"
@@ -150,7 +150,6 @@ def test_full_verify_repairs_without_the_served_name_ever_missing_a_copy(
     want = {p.name: p.read_bytes() for p in src.iterdir()}
 
     removed: list[str] = []
-    real_remove = sm._remove
 
     def checked_remove(path: str) -> None:
         # Whenever anything is removed, the served name holds a complete, correct copy.
@@ -158,10 +157,9 @@ def test_full_verify_repairs_without_the_served_name_ever_missing_a_copy(
             want
         )
         removed.append(path)
-        real_remove(path)
+        sm.remove(path)
 
-    monkeypatch.setattr(sm, "_remove", checked_remove)
-    result = stage(src, shm, verify="full")
+    result = stage(src, shm, verify="full", remove_path=checked_remove)
     assert result["changed"] and removed
     assert {p.name: p.read_bytes() for p in link.resolve().iterdir() if p.name in want} == want
     assert not [p for p in link.parent.iterdir() if ".tmp-" in p.name or p.name.endswith(".old")]
