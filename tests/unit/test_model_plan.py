@@ -100,7 +100,21 @@ def test_boot_unit_runs_the_same_command_line() -> None:
         key="0123abcd",
         group="sglang",  # the boot copy is the servers' group's only, as the deploy's
     )
-    assert f"ExecStart={' '.join(['/usr/bin/python3', *deploy_argv[1:]])}\n" in unit
+    words = [
+        "/usr/local/lib/sglang-deploy/stage_model.py",
+        "stage",
+        "/mnt/models/Qwen3.6-27B",
+        "/dev/shm",
+        "Qwen--Qwen3.6-27B",
+        *("--mode", "auto", "--verify", "manifest", "--key", "0123abcd", "--group", "sglang"),
+        *("--bwlimit-mbps", "200"),
+    ]
+    assert deploy_argv == ["python3", *words]
+    assert (
+        "ExecStart=/usr/bin/python3 /usr/local/lib/sglang-deploy/stage_model.py stage "
+        "/mnt/models/Qwen3.6-27B /dev/shm Qwen--Qwen3.6-27B --mode auto --verify manifest "
+        "--key 0123abcd --group sglang --bwlimit-mbps 200\n"
+    ) in unit
     assert "RequiresMountsFor=/mnt/models/Qwen3.6-27B\n" in unit
 
 
