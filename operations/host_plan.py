@@ -11,7 +11,7 @@ from pyinfra.api.host import Host
 
 from operations import drain as drainmod
 from operations import kb as kbmod
-from operations import layout, preflight, resolver
+from operations import layout, monitoring, preflight, resolver
 from operations.facts.gpu import NvidiaGpus, NvidiaSmi
 from operations.facts.host import HostResources, Model, Resources
 from operations.facts.model import script_module, source_model
@@ -33,6 +33,8 @@ class HostReport:
     staging: StageDecision | None = None
     # How a restarted rank leaves and rejoins the router (None: no drain, see drain.py).
     drain: drainmod.DrainPlan | None = None
+    # The Prometheus targets file and the Grafana dashboard the serve step writes.
+    monitoring: monitoring.MonitoringPlan | None = None
 
     @property
     def errors(self) -> list[str]:
@@ -61,6 +63,8 @@ class HostReport:
         if self.router is not None:
             data["warnings"] = data["warnings"] + self.router.warnings
             data["router"] = {"argv": self.router.argv, "unit": self.router.unit}
+        if self.monitoring is not None:
+            data["monitoring"] = self.monitoring.to_json()
         return data
 
 
@@ -116,8 +120,12 @@ def plan_for_host(
     drain, drained, drain_warnings = drainmod.decide(host.name, settings, everyone, knowledge)
     plan.decisions.append(drained)
     plan.warnings.extend(drain_warnings)
+    watched, watched_decision = monitoring.decide(host.name, settings)
+    plan.decisions.append(watched_decision)
     decision = None
     if not failures:
         decision = stage_decision(settings, resources, facts.model_key)
         plan.decisions.append(resolver.Decision("model staging", decision.what, decision.plan.why))
-    return HostReport(settings, plan, failures, gpu, resources, model, router, decision, drain)
+    return HostReport(
+        settings, plan, failures, gpu, resources, model, router, decision, drain, watched
+    )

@@ -48,6 +48,13 @@ SMOKE_SCRIPT = f"{SCRIPT_DIR}/smoke.py"
 ROUTER_WORKERS_SCRIPT = f"{SCRIPT_DIR}/router_workers.py"
 ROUTER_MARKER = ".sglang-deploy-complete"
 
+# Monitoring: a Prometheus file_sd targets file and a Grafana dashboard (operations/monitoring.py).
+# Not under CONFIG_DIR: with an API key that is 750 root:SERVICE_USER, which a `prometheus` or
+# `grafana` user on the host could not read; these files hold no secret (mode 644).
+MONITORING_DIR = "/etc/sglang-monitoring"
+TARGETS_FILE = f"{MONITORING_DIR}/prometheus-targets.json"
+DASHBOARD_FILE = f"{MONITORING_DIR}/grafana-dashboard.json"
+
 # -- the engine ------------------------------------------------------------------------------
 
 

@@ -158,6 +158,19 @@ class RouterJson(TypedDict):
     unit: str
 
 
+class TargetGroupJson(TypedDict):
+    """One Prometheus file_sd target group (operations/monitoring.py)."""
+
+    targets: list[str]
+    labels: dict[str, str]
+
+
+class MonitoringJson(TypedDict):
+    targets_file: str
+    dashboard_file: str
+    targets: list[TargetGroupJson]
+
+
 class PlanJson(TypedDict):
     """One host's plan as `python -m operations.plan --json` prints it."""
 
@@ -167,6 +180,7 @@ class PlanJson(TypedDict):
     engine: EngineJson | None
     ranks: list[RankJson]
     router: NotRequired[RouterJson]
+    monitoring: NotRequired[MonitoringJson]
 
 
 def _engine_json(spec: EngineSpec | None) -> EngineJson | None:
@@ -884,6 +898,11 @@ def resolve_router(
         str(router.cb_timeout_s),
         "--worker-startup-timeout-secs",
         str(router.worker_startup_timeout_s),
+        # Its Prometheus metrics, where the targets file says (operations/monitoring.py).
+        "--prometheus-host",
+        router.bind,
+        "--prometheus-port",
+        str(router.metrics_port),
     ]
     errors: list[str] = []
     warnings: list[str] = []
@@ -898,14 +917,23 @@ def resolve_router(
         found, warned = cli_problems(argv[3:], table, "router command line")
         errors += found
         warnings += warned
+    if router.metrics_port == router.port:
+        errors.append(
+            f"router metrics_port {router.metrics_port} (set in {settings.origin('router')}) is "
+            "the router's own port; choose another"
+        )
     for name, s in all_settings:
         ports = range(s.base_port, s.base_port + s.dp_size)
-        if name == host_name and router.port in ports:
-            errors.append(
-                f"router port {router.port} (set in {settings.origin('router')}) collides with "
-                f"rank {router.port - s.base_port} of {name} (ports {ports.start}-{ports.stop - 1})"
-                "; choose a router port outside every host's rank ports"
-            )
+        for what, port in (
+            ("router port", router.port),
+            ("router metrics_port", router.metrics_port),
+        ):
+            if name == host_name and port in ports:
+                errors.append(
+                    f"{what} {port} (set in {settings.origin('router')}) collides with "
+                    f"rank {port - s.base_port} of {name} (ports {ports.start}-{ports.stop - 1})"
+                    "; choose a router port outside every host's rank ports"
+                )
         if name != host_name and s.server_host.startswith("127."):
             warnings.append(
                 f"router on {host_name} reaches {name}'s ranks at {s.server_host}, a loopback "

@@ -41,6 +41,7 @@ from operations.facts.serve import Serving, referenced_models, serving_state
 from operations.host_files import put_file, sha256
 from operations.host_plan import HostReport
 from operations.layout import ROUTER_MARKER, ROUTER_UNIT, SECRETS_FILE, TARGET
+from operations.monitoring import DASHBOARD_SOURCE
 from operations.resolver import Rank, RouterPlan
 from operations.settings import Settings
 
@@ -308,6 +309,7 @@ class ServeStep:
             dest=layout.unit_path(TARGET),
             sha256_now=self.serving.files.get(layout.unit_path(TARGET)),
         )
+        self._monitoring()
         if self.plan.remove:
             self._remove()
         if self.plan.start:
@@ -319,6 +321,24 @@ class ServeStep:
         for number, batch in enumerate(self.plan.batches, 1):
             self._roll(batch, f"restart batch {number}")
         self._prune_models()
+
+    def _monitoring(self) -> None:
+        """The Prometheus targets file and the Grafana dashboard the plan decided."""
+        watched = self.report.monitoring
+        if watched is None:
+            return
+        put_file(
+            name="Serve: Prometheus targets file",
+            src=watched.targets_text(),
+            dest=watched.targets_file,
+            sha256_now=self.serving.files.get(watched.targets_file),
+        )
+        put_file(
+            name="Serve: Grafana dashboard",
+            src=DASHBOARD_SOURCE,
+            dest=watched.dashboard_file,
+            sha256_now=self.serving.files.get(watched.dashboard_file),
+        )
 
     def _out(self, ranks: Sequence[int], what: str) -> None:
         """Ranks leave the router and finish their in-flight requests (behind a router)."""

@@ -108,6 +108,9 @@ class Router:
     cb_timeout_s: int = 10
     # How long the router waits for a worker it is given to answer /health [1800 s].
     worker_startup_timeout_s: int = 1800
+    # Where the router serves its Prometheus metrics (on `bind`) [29000 on 0.0.0.0]: written on
+    # its command line, listed in the Prometheus targets file (operations/monitoring.py).
+    metrics_port: int = 29000
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from operations import layout
-from operations.facts.serve import ROUTER_KEY, Serving, ServingState, UnitState
+from operations.facts.serve import ROUTER_KEY, RankLoad, Serving, ServingState, UnitState
 from operations.facts.smoke import Probe, ProbeAnswer, SmokeProbe
 from operations.redact import redact_data, redact_text
 from operations.settings import Settings
@@ -61,6 +61,11 @@ class RankStatus:
     restarts: int | None
     # The staged copy its unit names (its key), and the environment's path.
     model_path: str | None = None
+    # Its requests from its /metrics (sglang:num_running_reqs, sglang:num_queue_reqs), read in
+    # the same round trip; None when not read, with why in `metrics`.
+    running_reqs: int | None = None
+    queued_reqs: int | None = None
+    metrics: str | None = None
     # --probe: whether it answered a chat request right (None: not probed), how fast, tokens,
     # and why not.
     answered: bool | None = None
@@ -168,6 +173,34 @@ def router_url(settings: Settings, host_name: str) -> str | None:
     return layout.health_url(router.bind, router.port)
 
 
+def metrics_urls(settings: Settings) -> dict[str, str] | None:
+    """Each configured rank's /metrics (None: the ranks run without --enable-metrics)."""
+    if not settings.enable_metrics:
+        return None
+    return {
+        str(rank): layout.metrics_url(settings.server_host, settings.base_port + rank)
+        for rank in range(settings.dp_size)
+    }
+
+
+def _requests(settings: Settings, load: RankLoad | None) -> dict[str, Any]:
+    """running_reqs, queued_reqs and why they are missing, from the fact's /metrics answer."""
+    if not settings.enable_metrics:
+        return {"metrics": "off (enable_metrics is false)"}
+    if load is None:
+        return {"metrics": "not read"}
+    if load.error is not None:
+        return {"metrics": load.error}
+    running = None if load.running is None else round(load.running)
+    queued = None if load.queued is None else round(load.queued)
+    missing = running is None or queued is None
+    return {
+        "running_reqs": running,
+        "queued_reqs": queued,
+        "metrics": "no request gauges on /metrics" if missing else "ok",
+    }
+
+
 def fact_args(settings: Settings, host_name: str) -> dict[str, Any]:
     """The ServingState arguments for a host with these settings (probes and GPUs included)."""
     urls = {str(rank): layout.rank_health_url(settings, rank) for rank in range(settings.dp_size)}
@@ -181,6 +214,7 @@ def fact_args(settings: Settings, host_name: str) -> dict[str, Any]:
         "ranks": list(range(settings.dp_size)),
         "router": router is not None,
         "health_urls": urls,
+        "metrics_urls": metrics_urls(settings),
         "hub_marker": f"{source.target_dir}/{HUB_MARKER}" if source.kind == "hf" else None,
         "gpus": True,
         "timeout_s": PROBE_TIMEOUT_S,
@@ -273,6 +307,7 @@ def rank_rows(settings: Settings, status: Serving) -> list[RankStatus]:
                 uptime_s=_uptime(unit, status.now),
                 restarts=unit.restarts if unit is not None and unit.exists else None,
                 model_path=model_path,
+                **(_requests(settings, status.load.get(str(rank))) if rank in expected else {}),
             )
         )
     return rows
@@ -492,6 +527,8 @@ def host_table(result: HostResult) -> Any:
     table.add_column("GPU")
     table.add_column("uptime", justify="right")
     table.add_column("restarts", justify="right")
+    table.add_column("running", justify="right")
+    table.add_column("queued", justify="right")
     if result.probed:
         table.add_column("answered")
         table.add_column("latency", justify="right")
@@ -511,6 +548,8 @@ def host_table(result: HostResult) -> Any:
             _gpu_cell(r),
             _duration(r.uptime_s),
             "-" if r.restarts is None else str(r.restarts),
+            "-" if r.running_reqs is None else str(r.running_reqs),
+            "-" if r.queued_reqs is None else str(r.queued_reqs),
         ]
         if result.probed:
             cells += _probe_cells(r.answered, r.latency_s, r.tokens)

@@ -36,33 +36,60 @@ GPU_TIMEOUT_S = 10  # a wedged driver must not hang the status
 
 # argv: timeout, then KEY=URL pairs; prints "health KEY CODE" (the HTTP status) or
 # "health KEY refused|timeout|error:WHAT". Proxies are ignored: the URLs are the host's own.
+# After "--metrics", KEY=URL pairs of /metrics, read in the same pool: "metrics KEY RUNNING
+# QUEUED", each the sum of that gauge's series ("-" when the page has none), or "metrics KEY !
+# WHY" (an HTTP status, refused, timeout, error:WHAT). The gauges are SGLang's
+# sglang:num_running_reqs and sglang:num_queue_reqs (SchedulerMetricsCollector, 0.5.11:
+# sglang/srt/observability/metrics_collector.py; srt/metrics/collector.py before).
 _PROBE = """\
 import sys, socket, urllib.error, urllib.request
 from concurrent.futures import ThreadPoolExecutor
 timeout = float(sys.argv[1])
 opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-def probe(pair):
-    key, url = pair.split("=", 1)
+GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
+def get(url):
     try:
         with opener.open(url, timeout=timeout) as r:
-            return key, str(r.status)
+            return str(r.status), r.read(1 << 22).decode("utf-8", "replace")
     except urllib.error.HTTPError as e:
-        return key, str(e.code)
+        return str(e.code), None
     except urllib.error.URLError as e:
         reason = e.reason
         if isinstance(reason, ConnectionRefusedError):
-            return key, "refused"
+            return "refused", None
         if isinstance(reason, (socket.timeout, TimeoutError)):
-            return key, "timeout"
-        return key, "error:" + type(reason).__name__
+            return "timeout", None
+        return "error:" + type(reason).__name__, None
     except (socket.timeout, TimeoutError):
-        return key, "timeout"
+        return "timeout", None
     except Exception as e:
-        return key, "error:" + type(e).__name__
-pairs = sys.argv[2:]
-with ThreadPoolExecutor(max(1, len(pairs))) as pool:
+        return "error:" + type(e).__name__, None
+def probe(pair):
+    key, url = pair.split("=", 1)
+    return key, get(url)[0]
+def gauges(pair):
+    key, url = pair.split("=", 1)
+    code, text = get(url)
+    if code != "200" or text is None:
+        return key, "! " + code
+    found = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in GAUGES:
+            try:
+                found[name] = found.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                pass
+    return key, " ".join("%g" % found[g] if g in found else "-" for g in GAUGES)
+args = sys.argv[2:]
+cut = args.index("--metrics") if "--metrics" in args else len(args)
+pairs, pages = args[:cut], args[cut + 1 :]
+with ThreadPoolExecutor(max(1, len(pairs) + len(pages))) as pool:
+    scraped = pool.map(gauges, pages)
     for key, answer in pool.map(probe, pairs):
         print("health", key, answer)
+    for key, answer in scraped:
+        print("metrics", key, answer)
 """
 
 
@@ -125,6 +152,30 @@ class GpuUsage:
 
 
 @dataclass(frozen=True)
+class RankLoad:
+    """A rank's requests from its /metrics: running and queued (None: the page lacks that
+    gauge), or why the page could not be read."""
+
+    running: float | None = None
+    queued: float | None = None
+    error: str | None = None
+
+
+def _load(answer: str) -> RankLoad:
+    if answer.startswith("!"):
+        why = answer[1:].strip()
+        return RankLoad(error=f"http {why}" if why.isdigit() else why.replace("error:", "error "))
+    cells = answer.split()
+    values: list[float | None] = []
+    for cell in [*cells, "-", "-"][:2]:
+        try:
+            values.append(None if cell == "-" else float(cell))
+        except ValueError:
+            values.append(None)
+    return RankLoad(values[0], values[1])
+
+
+@dataclass(frozen=True)
 class EngineEnv:
     """A complete engine environment under ENGINE_ROOT/envs, as its marker file records it."""
 
@@ -151,6 +202,8 @@ class Serving:
     health: dict[str, str] = field(default_factory=dict)
     # Why nothing was probed (no python3); None when the probes ran or none were asked.
     health_error: str | None = None
+    # rank -> its running and queued requests from /metrics; absent: not read.
+    load: dict[str, RankLoad] = field(default_factory=dict)
     gpus: list[GpuUsage] = field(default_factory=list)
     # What nvidia-smi said when it failed; None when it answered or was not asked.
     gpu_error: str | None = None
@@ -260,6 +313,7 @@ def parse_serving(lines: list[str]) -> Serving:
     files: dict[str, str] = {}
     envs: dict[str, EngineEnv] = {}
     health: dict[str, str] = {}
+    load: dict[str, RankLoad] = {}
     gpu_lines: list[str] = []
     enabled: dict[str, str] = {}
     for line in lines:
@@ -290,6 +344,9 @@ def parse_serving(lines: list[str]) -> Serving:
         elif word == "health":
             probe, _, answer = rest.strip().partition(" ")
             health[probe] = answer.strip()
+        elif word == "metrics":
+            probe, _, answer = rest.strip().partition(" ")
+            load[probe] = _load(answer.strip())
         elif word == "gpu":
             gpu_lines.append(rest.strip())
         elif word == "enabled":
@@ -327,6 +384,7 @@ def parse_serving(lines: list[str]) -> Serving:
         model_hub_revision=values.get("model_hub_revision") or None,
         health=health,
         health_error=values.get("health_unavailable") or None,
+        load=load,
         gpus=gpus,
         gpu_error=gpu_error,
         enabled=enabled,
@@ -354,7 +412,8 @@ class ServingState(FactBase[Serving]):
             envs={"0.5.11-cu128-1a2b3c4d": EngineEnv("0.5.11", "cu128")},
             engine_current="0.5.11-cu128-1a2b3c4d",
             model_target=".Qwen--Qwen3.6-27B@52cd26977905ef55", model_hub_revision=None,
-            health={"0": "200"}, health_error=None, gpus=[], gpu_error=None,
+            health={"0": "200"}, health_error=None, load={"0": RankLoad(2.0, 0.0)},
+            gpus=[], gpu_error=None,
         )
 
     + engine_root: ENGINE_ROOT (its environments and `current` are read)
@@ -364,6 +423,7 @@ class ServingState(FactBase[Serving]):
     + ranks: ranks to show even without a unit file (status: the configured ones)
     + router: whether to read sglang-router.service
     + health_urls: rank number (or "router") -> its /health URL, as the host reaches it
+    + metrics_urls: rank number -> its /metrics URL, read in the same script (running, queued)
     + hub_marker: the hub download marker of an hf:// source, else None
     + gpus: whether to ask nvidia-smi for memory use
     + timeout_s: each /health probe's timeout
@@ -379,6 +439,7 @@ class ServingState(FactBase[Serving]):
         ranks: list[int] | None = None,
         router: bool = True,
         health_urls: dict[str, str] | None = None,
+        metrics_urls: dict[str, str] | None = None,
         hub_marker: str | None = None,
         gpus: bool = False,
         timeout_s: float = 2.0,
@@ -423,7 +484,12 @@ class ServingState(FactBase[Serving]):
             parts += ['echo "model_hub_revision $(head -n1', QuoteString(hub_marker)]
             parts += ['2>/dev/null)";']
         if health_urls:
-            probes = [QuoteString(f"{k}={url}") for k, url in sorted(health_urls.items())]
+            probes: list[str | QuoteString] = [
+                QuoteString(f"{k}={url}") for k, url in sorted(health_urls.items())
+            ]
+            if metrics_urls:
+                probes.append("--metrics")
+                probes += [QuoteString(f"{k}={url}") for k, url in sorted(metrics_urls.items())]
             parts += [
                 "if command -v python3 >/dev/null 2>&1; then python3 -c",
                 QuoteString(_PROBE),
@@ -462,6 +528,9 @@ def managed_paths(settings: Settings) -> list[str]:
         # Written by the model step: read here, they cost a converged run no round trip.
         layout.STAGE_SCRIPT,
         layout.unit_path(layout.STAGE_UNIT),
+        # The monitoring files (operations/monitoring.py).
+        layout.TARGETS_FILE,
+        layout.DASHBOARD_FILE,
     ]
     if settings.router is not None:
         paths.append(f"{layout.router_env(settings)}/{layout.ROUTER_MARKER}")
