@@ -372,18 +372,80 @@ def test_one_command_per_host(tmp_path: Path) -> None:
     assert results[0].summary() == "@fake/ct200: 8/8 ranks healthy, router healthy"
 
 
-def test_probe_adds_one_round_trip_per_host(tmp_path: Path) -> None:
+PROBES = ROOT / "tests" / "facts" / "smoke.SmokeProbe"
+REFUSED_0 = "GET /v1/models: no answer (connection failed ([Errno 111] Connection refused))"
+GARBAGE_1 = (
+    "POST /v1/chat/completions: 200 with a malformed body "
+    """'{"id": "chatcmpl-double", "object": "chat.completion", "choi'"""
+)
+NOT_DEPLOYED = "no engine environment or smoke script on the host (run the deploy)"
+# One answer: (answered, latency_s, tokens, what the row says).
+Answer = tuple[bool | None, float | None, int | None, str | None]
+
+
+@pytest.mark.parametrize(
+    ("case", "ranks", "router", "exit_status"),
+    [
+        (
+            "all-answered",
+            [(True, 0.012, 12, "ok"), (True, 0.009, 12, "ok")],
+            (True, 0.031, 12, "ok"),
+            0,
+        ),
+        (
+            "one-rank-answers-garbage",
+            [(False, None, None, REFUSED_0), (False, 0.004, None, GARBAGE_1)],
+            (True, 0.02, 12, "ok"),
+            1,
+        ),
+        (
+            "never-deployed",
+            [(False, None, None, NOT_DEPLOYED)] * 2,
+            (False, None, None, NOT_DEPLOYED),
+            1,
+        ),
+    ],
+)
+def test_the_probe_is_one_round_trip_and_reports_what_each_rank_answered(
+    tmp_path: Path, case: str, ranks: list[Answer], router: Answer, exit_status: int
+) -> None:
+    """The host answers the probe's command with the smoke script's output captured on the
+    testbed (tests/facts/smoke.SmokeProbe: ranks 0 and 1 and the router, so dp_size 2)."""
     from pyinfra.connectors.fake import FakeConnector
 
     from operations.plan import build_state
 
-    state = build_state(str(write_inventory(tmp_path)), {})
-    results = st.read_hosts(state, probe=True)
-    fake = next(h for h in state.inventory if h.name == "@fake/ct200")
-    assert isinstance(fake.connector, FakeConnector)
-    assert len(fake.connector.executed_commands) == 2
-    # The fake host runs no script: no verdict is no answer, and the exit status says so.
-    assert results[0].probed and st.exit_status(results[:1]) == 1
+    captured = json.loads((PROBES / f"{case}.json").read_text())
+    fake = {
+        "model_source": "/srv/models/qwen",
+        "server_host": "127.0.0.10",
+        "dp_size": 2,
+        "router": {**ROUTER, "host": "@fake/ct200"},
+        "fake_responses": {
+            "smoke.py --json": captured["output"],
+            "systemctl show": output("eight-ranks-and-the-router-healthy"),
+        },
+        "fake_delay": 0,
+        "fake_delay_jitter": 0,
+    }
+    path = tmp_path / "inventory.py"
+    path.write_text(f"hosts = [('@fake/ct200', {fake!r})]\n")
+    state = build_state(str(path), {})
+
+    (result,) = st.read_hosts(state, probe=True)
+
+    host = next(iter(state.inventory))
+    assert isinstance(host.connector, FakeConnector)
+    # The status read, then the probe: the command the captured output answered.
+    assert len(host.connector.executed_commands) == 2
+    assert host.connector.executed_commands[1] == captured["command"]
+    assert result.probed
+    rows = [(r.answered, r.latency_s, r.tokens, r.answer) for r in result.ranks if r.expected]
+    assert rows == ranks
+    assert result.router is not None
+    said = result.router
+    assert (said.answered, said.latency_s, said.tokens, said.answer) == router
+    assert st.exit_status([result]) == exit_status
 
 
 def test_the_cli_reports_an_unreachable_host_in_one_line(tmp_path: Path) -> None:
