@@ -139,9 +139,21 @@ def stage_decision(
 ) -> StageDecision:
     """The one staging decision of a run. `key`: the copy's key the resolver gave the rank
     units (for a controller source, the controller's manifest digest)."""
-    source = settings.source
     fact = model_staging(settings)
     kept = referenced_models(serving_state(settings))
+    return decide_stage(settings, resources, key, fact, kept)
+
+
+def decide_stage(
+    settings: Settings,
+    resources: Resources | None,
+    key: str | None,
+    fact: Staging | None,
+    kept: set[str],
+) -> StageDecision:
+    """stage_decision from facts already read: the ModelStaging fact and the staged copies
+    the host's rank units name (`kept`, paths)."""
+    source = settings.source
     staging = for_units(fact, settings, key, kept)
     cached = staging.source.digest if staging is not None and staging.source else None
     if source.kind == "controller":
