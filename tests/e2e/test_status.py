@@ -8,6 +8,7 @@ another's order.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from operations import layout, monitoring
 from operations.facts.serve import ServingState, parse_serving
 from operations.settings import Layer, load
 from operations.status import fact_args
@@ -181,3 +183,42 @@ def test_an_unreachable_host_is_one_line_and_the_others_are_still_reported(
     assert isinstance(gone["error"], str) and gone["error"]
     here = doc["hosts"][c.name]
     assert here["reachable"] is True and here["healthy"] is True and len(here["ranks"]) == 8
+
+
+def test_prometheus_targets_on_the_host_and_each_ranks_requests_in_status(
+    served: tuple[Container, dict[str, Any]], tmp_path: Path
+) -> None:
+    """The deploy wrote the file_sd targets (every rank and the router, labelled) and the
+    dashboard; every target answers Prometheus text from the host; status shows each rank's
+    running and queued requests, read from its /metrics."""
+    c, _ = served
+    rc, out, err = c.ssh_run(f"cat {layout.TARGETS_FILE}")
+    assert rc == 0, err
+    groups = json.loads(out)
+    assert [g["labels"] for g in groups] == [
+        *({"host": c.name, "rank": str(r), "version": RELEASE} for r in range(8)),
+        {"host": c.name, "rank": "router", "version": "0.3.2"},
+    ]
+    targets = [t for g in groups for t in g["targets"]]
+    assert targets == [*(f"{c.address}:{30000 + r}" for r in range(8)), f"{c.address}:29000"]
+    # Prometheus scrapes http://TARGET/metrics: the ranks' SGLang gauges, the real router's own.
+    for target in targets:
+        rc, page, err = c.ssh_run(f"curl -sf --noproxy '*' http://{target}/metrics")
+        assert rc == 0, (target, err)
+        wanted = "sglang:num_running_reqs" if not target.endswith(":29000") else "# TYPE "
+        assert wanted in page, (target, page[:300])
+    rc, out, _ = c.ssh_run(f"sha256sum {layout.DASHBOARD_FILE} {layout.TARGETS_FILE}")
+    assert rc == 0
+    dashboard = out.split()[0]
+    assert dashboard == hashlib.sha256(monitoring.DASHBOARD_SOURCE.read_bytes()).hexdigest()
+
+    path = inventory(tmp_path, served)
+    rc, doc = status_json(path)
+    assert rc == 0, doc
+    ranks = doc["hosts"][c.name]["ranks"]
+    assert [(r["running_reqs"], r["queued_reqs"], r["metrics"]) for r in ranks] == [
+        (0, 0, "ok")
+    ] * 8
+    proc = run_status(path)
+    header = next(line for line in proc.stdout.splitlines() if "restarts" in line)
+    assert "running" in header and "queued" in header, proc.stdout
