@@ -8,7 +8,6 @@ import base64
 import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -106,16 +105,63 @@ def fake_driver(tmp_path: Path, cuda: str) -> dict[str, str]:
     return {"PATH": f"{bindir}:{os.environ['PATH']}", "NVIDIA_SMI_DOUBLE_DIR": str(scenario)}
 
 
-def test_torch_double_reports_its_build(unpacked: Path) -> None:
-    code = (
-        "import json, torch; print(json.dumps([torch.__version__, torch.version.cuda, "
-        "torch.cuda.is_available(), torch.cuda.get_arch_list()]))"
-    )
-    version, cuda, available, archs = json.loads(run_python(unpacked, code))
+def captured_gpus(scenario: str) -> tuple[list[str], list[str]]:
+    """A captured host's GPU device nodes (devices.txt) and each GPU's compute capability
+    (gpus.csv), as the fixture says, not as a double computes them."""
+    host = FIXTURES / "nvidia-smi" / scenario
+    nodes = [n for n in (host / "devices.txt").read_text().split() if n[len("nvidia") :].isdigit()]
+    rows = (host / "gpus.csv").read_text().splitlines()[1:]
+    return nodes, [row.split(", ")[2] for row in rows]
 
-    assert (version, cuda) == ("2.11.0+cu128", "12.8")
-    assert available == (Path("/dev/nvidia0").exists() and shutil.which("nvidia-smi") is not None)
-    assert archs == (list(wheels.DEFAULT_ARCHS) if available else [])
+
+def test_torch_double_reports_its_build_and_the_captured_hosts_gpus(
+    unpacked: Path, tmp_path: Path
+) -> None:
+    nodes, caps = captured_gpus("rtx-pro-6000-x8")
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for node in nodes:
+        (dev / node).touch()
+    code = (
+        "import json, torch\n"
+        f"torch.cuda.DEVICE_GLOB = {str(dev / 'nvidia[0-9]*')!r}\n"
+        "n = torch.cuda.device_count()\n"
+        "print(json.dumps([torch.__version__, torch.version.cuda, torch.cuda.is_available(), "
+        "torch.cuda.get_arch_list(), n, [torch.cuda.get_device_capability(i) for i in range(n)], "
+        "(torch.ones(4, device='cuda:7') * 2).sum().item()]))"
+    )
+    version, cuda, available, archs, count, found, value = json.loads(
+        run_python(unpacked, code, fake_driver(tmp_path, "12.8"))
+    )
+
+    assert (version, cuda, available) == ("2.11.0+cu128", "12.8", True)
+    # torch 2.x cu12.8+ x86_64 builds' torch.cuda.get_arch_list(), sm_120 included.
+    assert archs == ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
+    assert (count, len(nodes)) == (8, 8)
+    assert [f"{major}.{minor}" for major, minor in found] == caps == ["12.0"] * 8
+    assert value == 8.0
+
+
+def test_torch_double_without_a_driver_sees_no_gpu(unpacked: Path, tmp_path: Path) -> None:
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    (dev / "nvidia0").touch()
+    code = (
+        "import json, warnings, torch\n"
+        f"torch.cuda.DEVICE_GLOB = {str(dev / 'nvidia[0-9]*')!r}\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    ok = torch.cuda.is_available()\n"
+        "print(json.dumps([ok, torch.cuda.get_arch_list(), [str(x.message) for x in w]]))"
+    )
+    # No nvidia-smi on PATH: no libcuda either.
+    ok, archs, said = json.loads(run_python(unpacked, code, {"PATH": "/usr/bin:/bin"}))
+
+    assert (ok, archs) == (False, [])
+    # The start of real torch's text (c10/cuda/CUDAFunctions.cpp); the double stops there.
+    assert len(said) == 1 and said[0].startswith(
+        "CUDA initialization: Found no NVIDIA driver on your system."
+    )
 
 
 @pytest.mark.parametrize(
