@@ -5,13 +5,18 @@ what to prune."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 import tomllib
+import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from operations import kb as kbmod
-from operations.engine import Driver, Probe, envs_to_prune, evaluate, parse_probe
+from operations.engine import Device, Driver, Probe, envs_to_prune, evaluate, parse_probe
 from operations.engine_spec import (
     EngineError,
     EngineSpec,
@@ -20,9 +25,14 @@ from operations.engine_spec import (
     missing_wheels,
     pip_config,
     project_toml,
+    read_redist_manifest,
+    toolkit,
 )
 from operations.facts.engine import EngineHost
+from operations.files import cuda_toolkit, engine_check
 from operations.redact import redact
+from tests.doubles import cuda_redist
+from tests.doubles import wheels as double_wheels
 from tests.unit.builders import make_settings
 
 KB = kbmod.load()
@@ -180,121 +190,275 @@ def test_missing_wheels_matches_names_and_exact_versions() -> None:
     assert missing_wheels(wanted, have) == ["torch==2.11.0+cu128"]
 
 
-# -- the engine check -----------------------------------------------------------------------
+# -- the engine check: the real host script against the double wheels ------------------------
+#
+# operations/files/engine_check.py runs as the engine step runs it (`python -c SCRIPT ARGUMENT`,
+# stdout and stderr read together) in a Python whose packages are the double wheels at the
+# knowledge base's 0.5.11/cu128 pins (tests/doubles/packages: torch, its companions, the
+# kernel, flashinfer, cuda-python's driver API), on a host replayed from a captured nvidia-smi
+# fixture (its /dev/nvidiaN nodes under a temp dir), with the cu128 compiler the deploy
+# unpacks (NVIDIA's archive doubles through operations/files/cuda_toolkit.py). Its output is
+# read with operations.engine.parse_probe and judged with evaluate.
+
+TESTS = Path(__file__).resolve().parents[1]
+CHECK_SCRIPT = Path(engine_check.__file__).read_text()
+# The doubles find GPUs by DEVICE_GLOB (/dev/nvidia[0-9]* in a container): pointed at the
+# captured host's nodes before the check imports them.
+SHIM = """import os
+glob = os.environ["ENGINE_CHECK_DEVICE_GLOB"]
+try:
+    import torch.cuda
+    torch.cuda.DEVICE_GLOB = glob
+except ImportError:
+    pass
+try:
+    from cuda.bindings import driver
+    driver.DEVICE_GLOB = glob
+except ImportError:
+    pass
+"""
 
 
-def probe_line(**values: object) -> str:
-    data: dict[str, object] = {
-        "versions": {
-            "sglang": "0.5.11",
-            "torch": "2.11.0+cu128",
-            "torchvision": "0.26.0+cu128",
-            "torchaudio": "2.11.0+cu128",
-            "sglang-kernel": "0.4.2+cu129",
-            "flashinfer-python": "0.6.8.post1",
+@dataclass(frozen=True)
+class Doubles:
+    wheels: dict[str, Path]  # the release's double wheels by role (tests/doubles/wheels.py)
+    cuda_home: Path
+    work: Path
+
+
+@pytest.fixture(scope="module")
+def doubles(tmp_path_factory: pytest.TempPathFactory) -> Doubles:
+    if shutil.which("g++") is None:
+        pytest.skip("the nvcc double preprocesses with g++, as nvcc does")
+    work = tmp_path_factory.mktemp("engine-check")
+    built = double_wheels.release_wheels(work / "wheels", "0.5.11", "cu128")
+    redist = cuda_redist.build(work / "redist", "cu128")
+    compiler = KB.lanes["cu128"].compiler
+    assert compiler is not None
+    manifest = read_redist_manifest(str(redist.manifest))
+    tools = toolkit(compiler, make_settings(), manifest, str(redist.manifest))
+    home = work / "cuda" / tools.name
+    archives = [{"path": a.path, "sha256": a.sha256, "size": a.size} for a in tools.archives]
+    said = cuda_toolkit.install(
+        {
+            "home": str(home),
+            "source": str(cuda_redist.flat(redist, work / "cuda-redist")),
+            "root": tools.root,
+            "archives": archives,
+            "marker": {"version": tools.version},
+        }
+    )
+    assert "release 12.8, V12.8.93" in said
+    (work / "shim").mkdir()
+    (work / "shim" / "sitecustomize.py").write_text(SHIM)
+    return Doubles(built, home, work)
+
+
+def run_check(
+    doubles: Doubles,
+    tmp_path: Path,
+    host: str = "rtx-pro-6000-x8",
+    gpus: int | None = None,
+    replace: dict[str, Path] | None = None,
+    tools_path: str = "/usr/bin:/bin",
+    argument: str | None = None,
+) -> str:
+    """What the engine check prints on `host` (its first `gpus` GPU nodes: all by default),
+    with the release's wheels but those in `replace` (role -> wheel)."""
+    site = tmp_path / "site"
+    for wheel in {**doubles.wheels, **(replace or {})}.values():
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extractall(site)
+    fixture = TESTS / "fixtures" / "nvidia-smi" / host
+    names = (fixture / "devices.txt").read_text().split()
+    nodes = [n for n in names if n[len("nvidia") :].isdigit()][:gpus]
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for node in nodes:
+        (dev / node).touch()
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    shutil.copyfile(TESTS / "doubles" / "nvidia-smi", bindir / "nvidia-smi")
+    (bindir / "nvidia-smi").chmod(0o755)
+    s = spec()
+    argument = argument or json.dumps(
+        {
+            "packages": s.modules(),
+            "gpu_count": s.gpu_count,
+            "cuda_home": str(doubles.cuda_home),
+            "arch": s.compile_arch,
+        }
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", CHECK_SCRIPT, argument],
+        env={
+            "PATH": f"{bindir}:{tools_path}",
+            "NVIDIA_SMI_DOUBLE_DIR": str(fixture),
+            "PYTHONPATH": f"{doubles.work / 'shim'}:{site}",
+            "ENGINE_CHECK_DEVICE_GLOB": str(dev / "nvidia[0-9]*"),
         },
-        "imports": {
-            "torch": "ok",
-            "torchvision": "ok",
-            "torchaudio": "ok",
-            "sgl_kernel": "ok",
-            "flashinfer": "ok",
-            "sglang.launch_server": "ok",
-        },
-        "torch_cuda": "12.8",
-        "cuda_available": True,
-        "device_count": 8,
-        "arch_list": ["sm_90", "sm_120"],
-        "devices": [{"index": i, "capability": "12.0", "op": "ok"} for i in range(8)],
-        "compile": "ok",
-        "kernel_runs": ["ok"] * 8,
-        **values,
-    }
-    return "some import chatter\n@@probe " + json.dumps(data) + "\n"
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return run.stdout + "\n" + run.stderr
 
 
-def check(**values: object) -> list[str]:
-    return evaluate(parse_probe(probe_line(**values)), spec(), DRIVER_570)
+def judged(text: str) -> list[str]:
+    return evaluate(parse_probe(text), spec(), DRIVER_570)
 
 
-def test_a_good_environment_passes() -> None:
-    assert check() == []
+PINS: dict[str, str | None] = {
+    "sglang": "0.5.11",
+    "torch": "2.11.0+cu128",
+    "torchvision": "0.26.0+cu128",
+    "torchaudio": "2.11.0+cu128",
+    "sglang-kernel": "0.4.2+cu129",
+    "flashinfer-python": "0.6.8.post1",
+}
+MODULES = ["torch", "torchvision", "torchaudio", "sgl_kernel", "flashinfer"]
 
 
-def test_torch_that_cannot_see_the_gpus_is_refused_naming_build_driver_and_fix() -> None:
-    warning = Path("tests/fixtures/cuda-errors/torch-driver-too-old.txt").read_text().strip()
-    problems = check(torch_cuda="13.0", cuda_available=False, cuda_warnings=[warning])
+def test_a_good_environment_on_the_captured_host_passes(doubles: Doubles, tmp_path: Path) -> None:
+    text = run_check(doubles, tmp_path)
 
-    assert problems[0].startswith("torch 2.11.0+cu128: torch.version.cuda is 13.0")
-    assert "torch.cuda.is_available() is False" in problems[1]
-    assert "driver 570.172.08" in problems[1] and "found version 12080" in problems[1]
-    assert "driver >= 525" in problems[1]
+    assert parse_probe(text) == Probe(
+        versions=PINS,
+        imports={**dict.fromkeys(MODULES, "ok"), "sglang.launch_server": "ok"},
+        torch_cuda="12.8",
+        cuda_available=True,
+        device_count=8,
+        arch_list=("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"),
+        devices=tuple(Device(i, "12.0", "ok") for i in range(8)),
+        compile="ok",
+        kernel_runs=("ok",) * 8,
+    ), text
+    assert judged(text) == []
 
 
-def test_each_gpu_must_match_and_run_the_operation() -> None:
-    devices = [{"index": 0, "capability": "12.0", "op": "ok"}]
-    devices.append({"index": 1, "capability": "12.1", "op": "RuntimeError: CUDA error"})
-    problems = check(device_count=2, devices=devices)
-    assert problems == [
+def test_torch_that_cannot_see_the_gpus_is_refused_naming_build_driver_and_fix(
+    doubles: Doubles, tmp_path: Path
+) -> None:
+    cu130 = double_wheels.torch_wheel(tmp_path / "w", "2.11.0+cu130")
+    problems = judged(run_check(doubles, tmp_path, replace={"torch": cu130}))
+
+    warning = (TESTS / "fixtures/cuda-errors/torch-driver-too-old.txt").read_text().strip()
+    assert problems[0].startswith("torch: expected the 2.11.0+cu128 build")
+    assert problems[0].endswith("found 2.11.0+cu130; the environment did not install its lock: "
+                                "rerun the deploy")  # fmt: skip
+    assert problems[1] == (
+        "torch 2.11.0+cu128: torch.version.cuda is 13.0, the cu128 lane needs CUDA 12.8: the "
+        "wheel is mislabelled or from another index"
+    )
+    assert problems[2] == (
+        "torch 2.11.0+cu128 (CUDA 13.0) cannot use the GPUs with this host's driver 570.172.08 "
+        f"(runs CUDA <= 12.8): torch.cuda.is_available() is False ({warning}); the cu128 lane "
+        "needs driver >= 525: pin a cuda_lane this driver runs, or upgrade the host driver to "
+        ">= 525"
+    )
+    assert "found version 12080" in warning
+
+
+def test_fewer_gpus_than_gpu_count_are_named(doubles: Doubles, tmp_path: Path) -> None:
+    text = run_check(doubles, tmp_path, gpus=2)
+
+    assert parse_probe(text).kernel_runs == ("ok", "ok")
+    assert judged(text) == [
         "torch 2.11.0+cu128: torch.cuda.device_count() is 2, expected gpu_count 8: check "
         "CUDA_VISIBLE_DEVICES and the container's GPUs",
-        "GPU 1: compute capability 12.1, expected 12.0 (gpu_compute_cap)",
-        "GPU 1: a small CUDA operation with torch 2.11.0+cu128 failed with the host's driver "
-        "570.172.08 (runs CUDA <= 12.8): RuntimeError: CUDA error; pin a cuda_lane this "
-        "driver runs, or upgrade the host driver to >= 525",
     ]
 
 
-def test_a_compiler_that_cannot_build_for_the_gpu_fails_the_check() -> None:
+def test_a_gpu_of_another_arch_is_named_with_the_driver_refusing_the_kernel(
+    doubles: Doubles, tmp_path: Path
+) -> None:
+    problems = judged(run_check(doubles, tmp_path, host="h200-x8", gpus=1))
+
+    assert problems == [
+        "GPU 0: a kernel nvcc 12.8.93 compiled for sm_120a does not run with the host's driver "
+        "570.172.08 (runs CUDA <= 12.8): RuntimeError: cuModuleLoadData: CUDA error 209 "
+        "CUDA_ERROR_NO_BINARY_FOR_GPU (no kernel image is available for execution on the device)",
+        "torch 2.11.0+cu128: torch.cuda.device_count() is 1, expected gpu_count 8: check "
+        "CUDA_VISIBLE_DEVICES and the container's GPUs",
+        "GPU 0: compute capability 9.0, expected 12.0 (gpu_compute_cap)",
+    ]
+
+
+def test_a_compiler_that_cannot_build_for_the_gpu_fails_the_check(
+    doubles: Doubles, tmp_path: Path
+) -> None:
+    python_only = tmp_path / "python-only"  # python3 for the doubles, no g++
+    python_only.mkdir()
+    (python_only / "python3").symlink_to(sys.executable)
+    text = run_check(doubles, tmp_path, tools_path=str(python_only))
+
+    (problem,) = judged(text)
     said = "nvcc fatal   : Failed to preprocess host compiler properties."
-    problems = check(compile=f"/opt/sglang/cuda/12.8.93-x/bin/nvcc -arch=sm_120a exited 1: {said}")
-    assert len(problems) == 1
-    assert problems[0].startswith("nvcc 12.8.93 (nvidia-redist) cannot compile for sm_120a")
-    assert said in problems[0] and "g++" in problems[0]
-
-
-def test_a_compiled_kernel_that_does_not_run_names_the_gpu_and_driver() -> None:
-    runs = ["ok"] * 8
-    runs[3] = (
-        "RuntimeError: cuModuleLoadData: CUDA error 222 CUDA_ERROR_UNSUPPORTED_PTX_VERSION "
-        "(the provided PTX was compiled with an unsupported toolchain.)"
+    assert problem.startswith(
+        f"nvcc 12.8.93 (nvidia-redist) cannot compile for sm_120a: {doubles.cuda_home}/bin/nvcc "
+        "-arch=sm_120a exited 1: "
     )
-    (problem,) = check(kernel_runs=runs)
-    assert problem.startswith("GPU 3: a kernel nvcc 12.8.93 compiled for sm_120a does not run")
-    assert "driver 570.172.08" in problem and "error 222" in problem
+    assert said in problem and "check the host compiler (g++) is installed" in problem
 
 
-def test_sm120_must_be_compiled_in() -> None:
-    problems = check(arch_list=["sm_80", "sm_90"])
-    assert len(problems) == 1 and "not compiled for sm_120" in problems[0]
+def test_sm120_must_be_compiled_in(doubles: Doubles, tmp_path: Path) -> None:
+    old = double_wheels.torch_wheel(tmp_path / "w", "2.11.0+cu128", archs=("sm_80", "sm_90"))
+    problems = judged(run_check(doubles, tmp_path, replace={"torch": old}))
+
+    assert problems == [
+        "torch 2.11.0+cu128: not compiled for sm_120 (torch.cuda.get_arch_list(): sm_80, "
+        "sm_90): a CUDA 12.8 build should carry it; check the torch index serves PyTorch's own "
+        "wheels"
+    ]
 
 
-def test_a_kernel_of_another_cuda_major_is_named_with_its_build() -> None:
-    missing = Path("tests/fixtures/cuda-errors/libcudart-13-missing.txt").read_text().strip()
-    problems = check(imports={"torch": "ok", "sgl_kernel": f"ImportError: {missing}"})
+def test_a_kernel_of_another_cuda_major_is_named_with_its_build(
+    doubles: Doubles, tmp_path: Path
+) -> None:
+    plain = double_wheels.kernel_wheel(tmp_path / "w", "sglang-kernel", "0.4.2", "13.0")
+    problems = judged(run_check(doubles, tmp_path, replace={"kernel": plain}))
 
-    kernel = [p for p in problems if p.startswith("sglang-kernel")]
-    assert kernel and "0.4.2+cu129" in kernel[0] and "libcudart.so.13" in kernel[0]
+    missing = (TESTS / "fixtures/cuda-errors/libcudart-13-missing.txt").read_text().strip()
+    assert problems[0].startswith(
+        "sglang-kernel: expected the 0.4.2+cu129 build (from the kernel index, lane cu129), "
+        "found 0.4.2;"
+    )
+    assert problems[1] == (
+        "sglang-kernel 0.4.2+cu129: import sgl_kernel failed beside torch 2.11.0+cu128 with the "
+        f"host's driver 570.172.08 (runs CUDA <= 12.8): ImportError: {missing}; its CUDA build "
+        "must match torch's CUDA major (12.8) and run on this driver: fix its build for the "
+        "cu128 lane in operations/knowledge/sglang.yaml, or pin another cuda_lane"
+    )
+    assert len(problems) == 2
 
 
-def test_wrong_installed_versions_are_named() -> None:
-    versions = json.loads(probe_line().split("@@probe ")[1])["versions"]
-    problems = check(versions={**versions, "sglang": "0.5.9", "torchvision": "0.26.0+cu130"})
+def test_wrong_installed_versions_are_named(doubles: Doubles, tmp_path: Path) -> None:
+    other = double_wheels.sglang_wheel(tmp_path / "w", "0.5.9")
+    vision = double_wheels.companion_wheel(
+        tmp_path / "w", "torchvision", "0.26.0+cu130", "13.0", "2.11.0"
+    )
+    problems = judged(
+        run_check(doubles, tmp_path, replace={"sglang": other, "torchvision": vision})
+    )
+
     assert problems[0] == "sglang: expected 0.5.11, found 0.5.9"
     assert problems[1].startswith("torchvision: expected the 0.26.0+cu128 build")
+    assert problems[1].endswith("found 0.26.0+cu130; the environment did not install its lock: "
+                                "rerun the deploy")  # fmt: skip
 
 
-def test_a_probe_that_printed_nothing_says_so() -> None:
-    probe = parse_probe("Traceback (most recent call last):\n  ...\nSyntaxError: bad")
-    assert probe == Probe(
-        {},
-        {},
-        errors=(
-            "the engine check printed no result: Traceback (most recent call "
-            "last): /   ... / SyntaxError: bad",
-        ),
+def test_a_check_that_printed_nothing_says_so(doubles: Doubles, tmp_path: Path) -> None:
+    text = run_check(doubles, tmp_path, argument="{not json")
+
+    probe = parse_probe(text)
+    assert probe.versions == {} and len(probe.errors) == 1
+    assert probe.errors[0].startswith("the engine check printed no result: ")
+    assert probe.errors[0].endswith(
+        "json.decoder.JSONDecodeError: Expecting property name enclosed in double quotes: line 1 "
+        "column 2 (char 1)"
     )
-    assert evaluate(probe, spec(), DRIVER_570)[0].startswith("the engine check printed no result")
+    assert judged(text) == list(probe.errors)
 
 
 # -- pruning --------------------------------------------------------------------------------
