@@ -3,7 +3,8 @@
 Every value that reaches a unit goes through one of the escapes below, chosen for the directive
 it lands in (systemd.service(5), systemd.exec(5), systemd.unit(5) "Specifiers" and "Quoting"):
 
-- `exec_line`: ExecStart= words: `%` -> `%%`, `$` -> `$$`, quoted (C escapes) when needed;
+- `exec_line` (operations/execstart.py, with its inverse): ExecStart= words: `%` -> `%%`,
+  `$` -> `$$`, quoted (C escapes) when needed;
 - `env_assignment`: Environment= ("KEY=value", quoted, C escapes; `$` has no meaning there);
 - `path_word`: RequiresMountsFor=/ReadWritePaths= (quoted, specifiers escaped, no escapes
   processed, so a control character is refused);
@@ -21,7 +22,7 @@ from typing import Any
 
 import jinja2
 
-from operations import layout
+from operations import execstart, layout
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 RANK_TEMPLATE = "sglang-rank.service.j2"
@@ -63,23 +64,10 @@ def render(template: str, **context: Any) -> str:
     return _environment().get_template(template).render(**context)
 
 
-def _c_escape(text: str) -> str:
-    text = text.replace("\\", "\\\\").replace('"', '\\"')
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
-
-
-def exec_word(arg: str) -> str:
-    """One ExecStart= word, passed to the program unchanged."""
-    escaped = arg.replace("%", "%%").replace("$", "$$")
-    if escaped and _SAFE_WORD.fullmatch(escaped):
-        return escaped
-    if escaped == ";":
-        return "\\;"  # a lone ';' would separate two commands
-    return f'"{_c_escape(escaped)}"'
-
-
-def exec_line(argv: list[str]) -> str:
-    return " ".join(exec_word(a) for a in argv)
+# ExecStart= words: one encoder, whose inverse the ServingState fact reads units back with.
+exec_word = execstart.encode_word
+exec_line = execstart.encode
+_c_escape = execstart.c_escape
 
 
 def env_assignment(key: str, value: str) -> str:

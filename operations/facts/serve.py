@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.facts import FactBase
 
-from operations import layout
+from operations import execstart, layout
 from operations.facts.engine import MARKER
 from operations.facts.once import gathered
 from operations.settings import Settings
@@ -119,14 +119,14 @@ class UnitState:
         return self.active in ("active", "activating", "reloading")
 
     def argv(self) -> list[str]:
-        """ExecStart= as words, specifiers and `$$` unescaped (operations/units.py writes it)."""
+        """ExecStart= as the words it runs (operations/execstart.py: the writer's inverse);
+        [] when the line cannot be split."""
         if not self.exec_start:
             return []
         try:
-            words = shlex.split(self.exec_start)
-        except ValueError:
+            return execstart.decode(self.exec_start)
+        except execstart.ExecStartError:
             return []
-        return [w.replace("%%", "%").replace("$$", "$") for w in words]
 
     def engine_env(self) -> str | None:
         """The environment directory the unit runs (ENV/bin/python -> ENV)."""
