@@ -1,0 +1,108 @@
+"""The compatibility knowledge base: knowledge/sglang.yaml and the CLI tables, loaded into frozen,
+typed objects and checked. One module per job:
+
+- model.py: the typed entries (`Knowledge`, `Release`, `Lane`, ...) and their lookups;
+- raw.py: where the files are, the shapes schema.json admits (TypedDicts), `KnowledgeError`;
+- loader.py: the schema check, the reader and the cross-checks: `build()`, `load()`;
+- cli.py: the command-line tables (`CliTable`, `load_cli_table`).
+
+Consumers import from here (`from operations.kb import Knowledge`, `kb.load()`).
+"""
+
+from __future__ import annotations
+
+from operations.kb.cli import (
+    CliOption,
+    CliTable,
+    cli_table_path,
+    load_cli_table,
+)
+from operations.kb.loader import (
+    build,
+    load,
+)
+from operations.kb.model import (
+    PLACEHOLDER,
+    PYPI_FILES_URL,
+    Architecture,
+    AttentionBackend,
+    AutoBackend,
+    Cites,
+    Compiler,
+    CompilerArchive,
+    Exclude,
+    Flag,
+    Flags,
+    Gpu,
+    GpuRule,
+    HybridBackends,
+    Knowledge,
+    KnownModel,
+    Lane,
+    LaneBuild,
+    NoBufferLimits,
+    NoBufferRule,
+    Override,
+    PackageBuild,
+    PythonSupport,
+    RankEnvironment,
+    Release,
+    RouterRelease,
+    Source,
+    Speculative,
+    Spelling,
+    Unproven,
+    cite,
+    in_range,
+    version,
+)
+from operations.kb.raw import (
+    CLI_DIR,
+    KNOWLEDGE_DIR,
+    KnowledgeError,
+)
+
+__all__ = [
+    "CLI_DIR",
+    "KNOWLEDGE_DIR",
+    "PLACEHOLDER",
+    "PYPI_FILES_URL",
+    "Architecture",
+    "AttentionBackend",
+    "AutoBackend",
+    "Cites",
+    "CliOption",
+    "CliTable",
+    "Compiler",
+    "CompilerArchive",
+    "Exclude",
+    "Flag",
+    "Flags",
+    "Gpu",
+    "GpuRule",
+    "HybridBackends",
+    "Knowledge",
+    "KnowledgeError",
+    "KnownModel",
+    "Lane",
+    "LaneBuild",
+    "NoBufferLimits",
+    "NoBufferRule",
+    "Override",
+    "PackageBuild",
+    "PythonSupport",
+    "RankEnvironment",
+    "Release",
+    "RouterRelease",
+    "Source",
+    "Speculative",
+    "Spelling",
+    "Unproven",
+    "build",
+    "cite",
+    "cli_table_path",
+    "in_range",
+    "load",
+    "load_cli_table",
+    "version",
+]

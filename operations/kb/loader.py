@@ -1,0 +1,485 @@
+"""Loads knowledge/sglang.yaml into the typed model, checked: schema.json first, then the
+cross-references a schema cannot express, every problem at once, each named by its key.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import fields
+from functools import cache
+from types import MappingProxyType
+from typing import cast
+
+import jsonschema
+import yaml
+from packaging.requirements import Requirement
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from operations.kb.cli import cli_table_path, load_cli_table
+from operations.kb.model import (
+    Architecture,
+    AttentionBackend,
+    AutoBackend,
+    Cites,
+    Compiler,
+    CompilerArchive,
+    Exclude,
+    Flag,
+    Flags,
+    Gpu,
+    GpuRule,
+    HybridBackends,
+    Knowledge,
+    KnownModel,
+    Lane,
+    LaneBuild,
+    NoBufferLimits,
+    NoBufferRule,
+    Override,
+    PackageBuild,
+    PythonSupport,
+    RankEnvironment,
+    Release,
+    RouterRelease,
+    Source,
+    Speculative,
+    Spelling,
+    Unproven,
+    in_range,
+    version,
+)
+from operations.kb.raw import (
+    KNOWLEDGE_DIR,
+    KnowledgeError,
+    RawBackend,
+    RawCites,
+    RawCompiler,
+    RawKnowledge,
+    RawLimits,
+    RawOverride,
+    RawRelease,
+)
+
+# -- the loader ------------------------------------------------------------------------------
+
+
+class _Reader:
+    """Turns schema-valid data into typed entries, noting every problem by its key."""
+
+    def __init__(self, raw: RawKnowledge) -> None:
+        self.raw = raw
+        self.problems: list[str] = []
+        self.sources = {sid: Source(sid, s["what"], s["url"]) for sid, s in raw["sources"].items()}
+        self.cited: set[str] = set()
+
+    def cites(self, where: str, raw: RawCites) -> Cites:
+        found = []
+        for sid in [raw] if isinstance(raw, str) else raw:
+            source = self.sources.get(sid)
+            if source is None:
+                self.problems.append(f"{where}: unknown source {sid!r}")
+            else:
+                self.cited.add(sid)
+                found.append(source)
+        return tuple(found)
+
+    def releases(self, where: str, specifier: str, key: str = "releases") -> str:
+        try:
+            SpecifierSet(specifier)
+        except InvalidSpecifier:
+            self.problems.append(f"{where}.{key}: {specifier!r} is not a version range")
+            return "<0"  # matches no release: the load fails on the problem above anyway
+        return specifier
+
+    def compiler(self, lane: str, raw: RawCompiler) -> Compiler:
+        return Compiler(
+            raw["version"],
+            raw["from"],
+            raw.get("release"),
+            raw["root"],
+            tuple(
+                CompilerArchive(name, a["version"], a["path"], a["sha256"], a["size"])
+                for name, a in raw["archives"].items()
+            ),
+            raw["why"],
+            self.cites(f"lanes.{lane}.compiler", raw["source"]),
+        )
+
+    def read(self) -> Knowledge:
+        raw = self.raw
+        gpus = {
+            cap: Gpu(
+                cap, g["arch"], g["family"], g["min_cuda"], self.cites(f"gpus.{cap}", g["source"])
+            )
+            for cap, g in raw["gpus"].items()
+        }
+        lanes = {
+            name: Lane(
+                name,
+                lane["cuda"],
+                lane["min_driver"],
+                lane["toolkit_driver"],
+                self.cites(f"lanes.{name}", lane["source"]),
+                self.compiler(name, lane["compiler"]),
+            )
+            for name, lane in raw["lanes"].items()
+        }
+        releases = {
+            number: self.release(number, entry, lanes) for number, entry in raw["releases"].items()
+        }
+        architectures = {
+            name: Architecture(
+                name,
+                a["first_release"],
+                a["hybrid_linear_attention"],
+                self.cites(f"architectures.{name}", a["source"]),
+            )
+            for name, a in raw["architectures"].items()
+        }
+        models = {}
+        for name, m in raw["models"].items():
+            arch = architectures.get(m["architecture"])
+            if arch is None:
+                self.problems.append(f"models.{name}: unknown architecture {m['architecture']!r}")
+                continue
+            models[name] = KnownModel(
+                name,
+                arch,
+                m.get("min_release"),
+                m.get("size_gb"),
+                self.cites(f"models.{name}", m["source"]),
+                m.get("quantization"),
+            )
+        backends = {name: self.backend(name, b) for name, b in raw["attention_backends"].items()}
+        hybrid = tuple(
+            HybridBackends(
+                self.releases(f"hybrid_attention_backends[{i}]", h["releases"]),
+                tuple(h["backends"]),
+                h.get("reason"),
+                self.cites(f"hybrid_attention_backends[{i}]", h["source"]),
+            )
+            for i, h in enumerate(raw["hybrid_attention_backends"])
+        )
+        auto = tuple(
+            AutoBackend(
+                tuple(a["compute_caps"]),
+                tuple(a["prefer"]),
+                a["why"],
+                self.cites(f"auto_attention_backend[{i}]", a["source"]),
+            )
+            for i, a in enumerate(raw["auto_attention_backend"])
+        )
+        flags = Flags(**{f.name: self.flag(f.name) for f in fields(Flags)})
+        s = raw["speculative"]
+        speculative = Speculative(
+            s["hybrid_requires_mamba_strategy"],
+            s["hybrid_reason"],
+            s["flashinfer_newer_than"],
+            s["flashinfer_reason"],
+            self.cites("speculative", s["source"]),
+        )
+        no_buffer = tuple(
+            NoBufferRule(
+                self.releases(f"mamba_no_buffer[{i}]", r["releases"]),
+                _limits(r.get("refuses", {})),
+                _limits(r.get("warns", {})),
+                r["reason"],
+                self.cites(f"mamba_no_buffer[{i}]", r["source"]),
+            )
+            for i, r in enumerate(raw["mamba_no_buffer"])
+        )
+        environment = tuple(
+            RankEnvironment(
+                e["variable"],
+                e["value"],
+                self.releases(f"rank_environment[{i}]", e["flashinfer"], "flashinfer"),
+                tuple(e["compute_caps"]),
+                self.releases(f"rank_environment[{i}]", e["compiler"], "compiler"),
+                e["why"],
+                self.cites(f"rank_environment[{i}]", e["source"]),
+                e.get("driver_below"),
+            )
+            for i, e in enumerate(raw["rank_environment"])
+        )
+        routers = {
+            number: RouterRelease(
+                number,
+                r["list_workers"],
+                r["remove_worker"],
+                r["add_worker"],
+                r["why"],
+                self.cites(f"routers.{number}", r["source"]),
+            )
+            for number, r in raw.get("routers", {}).items()
+        }
+        self.problems += [
+            f"sources.{sid}: cited by nothing" for sid in self.sources if sid not in self.cited
+        ]
+        return Knowledge(
+            sources=MappingProxyType(self.sources),
+            gpus=MappingProxyType(gpus),
+            lanes=MappingProxyType(lanes),
+            releases=MappingProxyType(releases),
+            architectures=MappingProxyType(architectures),
+            models=MappingProxyType(models),
+            attention_backends=MappingProxyType(backends),
+            hybrid_attention_backends=hybrid,
+            auto_attention_backend=auto,
+            flags=flags,
+            speculative=speculative,
+            mamba_no_buffer=no_buffer,
+            rank_environment=environment,
+            routers=MappingProxyType(routers),
+        )
+
+    def release(self, number: str, raw: RawRelease, lanes: Mapping[str, Lane]) -> Release:
+        where = f"releases.{number}"
+        shared = tuple(
+            self.override(f"{where}.overrides[{i}]", o)
+            for i, o in enumerate(raw.get("overrides", []))
+        )
+        builds = []
+        for lane_name, build in raw["builds"].items():
+            at = f"{where}.builds.{lane_name}"
+            lane = lanes.get(lane_name)
+            if lane is None:
+                self.problems.append(f"{at}: unknown lane {lane_name!r}")
+                continue
+            packages = tuple(
+                PackageBuild(
+                    name=canonicalize_name(name),
+                    version=p["version"],
+                    index=p["index"],
+                    index_lane=p.get("index_lane", lane_name),
+                    source=self.cites(f"{at}.packages.{name}", p["source"]),
+                )
+                for name, p in build["packages"].items()
+            )
+            own = tuple(
+                self.override(f"{at}.overrides[{i}]", o)
+                for i, o in enumerate(build.get("overrides", []))
+            )
+            unproven = tuple(
+                Unproven(u["what"], self.cites(f"{at}.unproven[{i}]", u["source"]))
+                for i, u in enumerate(build.get("unproven", []))
+            )
+            excludes = tuple(
+                Exclude(
+                    canonicalize_name(x["package"]),
+                    x["replaces"],
+                    self.cites(f"{at}.excludes[{i}]", x["source"]),
+                )
+                for i, x in enumerate(build.get("excludes", []))
+            )
+            builds.append(LaneBuild(lane, packages, shared + own, unproven, excludes))
+        return Release(
+            version=number,
+            glibc=raw["glibc"],
+            python=PythonSupport(
+                versions=tuple(raw["python"]["versions"]),
+                why=raw["python"]["why"],
+                source=self.cites(f"{where}.python", raw["python"]["source"]),
+            ),
+            requires=tuple(raw["requires"]),
+            builds=tuple(builds),
+            source=self.cites(where, raw["source"]),
+        )
+
+    def override(self, where: str, raw: RawOverride) -> Override:
+        return Override(raw["requirement"], raw["replaces"], self.cites(where, raw["source"]))
+
+    def backend(self, name: str, raw: RawBackend) -> AttentionBackend:
+        where = f"attention_backends.{name}"
+        runs_on = raw.get("runs_on")
+        chips = GpuRule(
+            runs_on=tuple(runs_on) if runs_on is not None else None,
+            refused_on=tuple(raw.get("refused_on", [])),
+            reason=raw.get("reason", ""),
+            source=self.cites(where, raw["source"]),
+        )
+        by_release = tuple(
+            GpuRule(
+                runs_on=tuple(r["runs_on"]),
+                refused_on=(),
+                reason=r["reason"],
+                source=self.cites(f"{where}.by_release[{i}]", r["source"]),
+                releases=self.releases(f"{where}.by_release[{i}]", r["releases"]),
+            )
+            for i, r in enumerate(raw.get("by_release", []))
+        )
+        return AttentionBackend(name, chips, by_release)
+
+    def flag(self, setting: str) -> Flag:
+        where = f"flags.{setting}"
+        return Flag(
+            setting,
+            tuple(
+                Spelling(
+                    self.releases(f"{where}[{i}]", s["releases"]),
+                    s["option"],
+                    s.get("note"),
+                    self.cites(f"{where}[{i}]", s["source"]),
+                )
+                for i, s in enumerate(self.raw["flags"][setting])
+            ),
+        )
+
+
+def _limits(raw: RawLimits) -> NoBufferLimits:
+    return NoBufferLimits(
+        tuple(raw.get("attention_backends", [])), raw.get("page_size_other_than_1", False)
+    )
+
+
+def _cross_problems(kb: Knowledge) -> Iterator[str]:
+    """Cross-references a schema cannot express: names that must exist, ranges that must
+    cover every release once, spellings and backends the release's own parser must accept."""
+    for number, release in kb.releases.items():
+        yield from (f"releases.{number}: {p}" for p in _release_problems(kb, release))
+    tables = {number: load_cli_table("sglang", number) for number in kb.releases}
+    for number, table in tables.items():
+        if table is None:
+            yield f"releases.{number}: no CLI table {cli_table_path('sglang', number)}"
+
+    def caps(where: str, listed: tuple[str, ...] | None) -> Iterator[str]:
+        for cap in listed or ():
+            if cap not in kb.gpus:
+                yield f"{where}: unknown compute capability {cap!r}"
+
+    def backends(where: str, listed: tuple[str, ...]) -> Iterator[str]:
+        for backend in listed:
+            if backend not in kb.attention_backends:
+                yield f"{where}: unknown backend {backend!r}"
+
+    def choices(number: str, option: str) -> tuple[str, ...] | None:
+        table = tables[number]
+        entry = table.get(option) if table is not None else None
+        return entry.choices if entry is not None else None
+
+    for name, entry in kb.attention_backends.items():
+        for rule in (entry.chips, *entry.by_release):
+            yield from caps(f"attention_backends.{name}", rule.runs_on)
+            yield from caps(f"attention_backends.{name}", rule.refused_on)
+    for i, hybrid in enumerate(kb.hybrid_attention_backends):
+        where = f"hybrid_attention_backends[{i}]"
+        yield from backends(where, hybrid.backends)
+        for number in kb.releases:
+            accepted = choices(number, "--attention-backend")
+            if in_range(number, hybrid.releases) and accepted is not None:
+                for backend in hybrid.backends:
+                    if backend not in accepted:
+                        yield f"{where}: sglang {number}'s --attention-backend has no {backend!r}"
+    for i, auto in enumerate(kb.auto_attention_backend):
+        yield from caps(f"auto_attention_backend[{i}]", auto.compute_caps)
+        yield from backends(f"auto_attention_backend[{i}]", auto.prefer)
+    for i, no_buffer in enumerate(kb.mamba_no_buffer):
+        for limits in (no_buffer.refuses, no_buffer.warns):
+            yield from backends(f"mamba_no_buffer[{i}]", limits.attention_backends)
+    for flag in kb.flags.all():
+        for number in kb.releases:
+            covering = [i for i, s in enumerate(flag.spellings) if in_range(number, s.releases)]
+            if len(covering) != 1:
+                yield (
+                    f"flags.{flag.setting}: sglang {number} falls in {len(covering)} of its "
+                    "ranges; every release must fall in exactly one"
+                )
+                continue
+            option = flag.spellings[covering[0]].option
+            table = tables[number]
+            if option is None or table is None:
+                continue
+            spelled = table.get(option)
+            if spelled is None or spelled.deprecated:
+                found = "no" if spelled is None else "only a deprecated"
+                yield (
+                    f"flags.{flag.setting}[{covering[0]}]: sglang {number} has {found} option "
+                    f"{option} (its CLI table)"
+                )
+    for i, env in enumerate(kb.rank_environment):
+        yield from caps(f"rank_environment[{i}]", env.compute_caps)
+    for name, lane in kb.lanes.items():
+        compiler = lane.compiler
+        if compiler is None:
+            continue
+        # The compiler builds for the lane's CUDA: a 12.9 nvcc in the 12.8 lane would emit
+        # PTX the lane's oldest driver cannot load.
+        if version(compiler.version).release[:2] != version(lane.cuda).release[:2]:
+            yield (
+                f"lanes.{name}.compiler: version {compiler.version} is not CUDA {lane.cuda}'s "
+                "compiler"
+            )
+        if not any(a.name in ("cuda_nvcc", "nvidia-cuda-nvcc") for a in compiler.archives):
+            yield f"lanes.{name}.compiler: no nvcc archive (cuda_nvcc or nvidia-cuda-nvcc)"
+    strategy = kb.speculative.hybrid_requires_mamba_strategy
+    for number in kb.releases:
+        spelling = kb.flags.mamba_cache_strategy.spelling(number)
+        accepted = choices(number, spelling.option) if spelling and spelling.option else None
+        if accepted is not None and strategy not in accepted:
+            yield (
+                f"speculative.hybrid_requires_mamba_strategy: sglang {number} does not accept "
+                f"{strategy!r} (accepted: {', '.join(accepted)})"
+            )
+
+
+def _release_problems(kb: Knowledge, release: Release) -> list[str]:
+    """A release's builds must be what the release asks for, with one CUDA build of torch and
+    its companions per lane, from indexes and lanes that exist."""
+    problems: list[str] = []
+    asked: dict[str, Requirement] = {
+        canonicalize_name(Requirement(r).name): Requirement(r) for r in release.requires
+    }
+    for build in release.builds:
+        where = f"builds.{build.lane.name}"
+        for package in build.packages:
+            req = asked.get(package.name)
+            if req is None:
+                problems.append(f"{where}: {package.name} is not among the release's requires")
+            elif not req.specifier.contains(Version(package.version), prereleases=True):
+                problems.append(f"{where}: {package.requirement} does not satisfy {req}")
+            if package.index_lane not in kb.lanes:
+                problems.append(f"{where}: {package.name} reads unknown lane {package.index_lane}")
+        # torchvision/torchaudio refuse to load beside a torch of another CUDA build.
+        tags = {
+            p.name: Version(p.version).local
+            for p in build.packages
+            if p.name in ("torch", "torchvision", "torchaudio")
+        }
+        if set(tags.values()) != {build.lane.name}:
+            problems.append(
+                f"{where}: torch and its companions must all be +{build.lane.name}: {tags}"
+            )
+        for override in build.overrides:
+            if override.replaces not in release.requires:
+                problems.append(f"{where}: override replaces {override.replaces!r}, not required")
+        for exclude in build.excludes:
+            if exclude.replaces not in release.requires:
+                problems.append(f"{where}: exclude replaces {exclude.replaces!r}, not required")
+            elif canonicalize_name(Requirement(exclude.replaces).name) != exclude.package:
+                problems.append(f"{where}: exclude {exclude.package} replaces {exclude.replaces!r}")
+    return problems
+
+
+def build(data: object) -> Knowledge:
+    """Typed knowledge from the data of knowledge/sglang.yaml, checked against schema.json and
+    its cross-references; KnowledgeError names every broken key."""
+    schema = json.loads((KNOWLEDGE_DIR / "schema.json").read_text())
+    errors = sorted(
+        jsonschema.Draft202012Validator(schema).iter_errors(data), key=lambda e: list(e.path)
+    )
+    if errors:
+        lines = [f"{'.'.join(map(str, e.path)) or '<top>'}: {e.message}" for e in errors]
+        raise KnowledgeError("knowledge/sglang.yaml is invalid:\n  " + "\n  ".join(lines))
+    reader = _Reader(cast(RawKnowledge, data))  # the schema has checked this shape
+    kb = reader.read()
+    problems = reader.problems + list(_cross_problems(kb))
+    if problems:
+        raise KnowledgeError("knowledge/sglang.yaml is inconsistent:\n  " + "\n  ".join(problems))
+    return kb
+
+
+@cache
+def load() -> Knowledge:
+    return build(yaml.safe_load((KNOWLEDGE_DIR / "sglang.yaml").read_text()))

@@ -1,0 +1,229 @@
+"""The knowledge base as it lies on disk: where its files are (knowledge/sglang.yaml, schema.json,
+cli/*.json), the shapes schema.json admits (TypedDicts, as the loader reads them), and the error
+for data that is broken.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NotRequired, TypedDict
+
+KNOWLEDGE_DIR = Path(__file__).parent.parent / "knowledge"
+CLI_DIR = KNOWLEDGE_DIR / "cli"
+
+
+class KnowledgeError(Exception):
+    """The knowledge base itself is broken (a bug in our data, not a user mistake)."""
+
+
+# -- raw shapes: what schema.json admits, as the loader reads them ---------------------------
+
+RawCites = str | list[str]
+
+
+class RawSource(TypedDict):
+    what: str
+    url: str
+
+
+class RawGpu(TypedDict):
+    arch: str
+    family: str
+    min_cuda: str
+    source: RawCites
+
+
+class RawArchive(TypedDict):
+    version: str
+    path: str
+    sha256: str
+    size: int
+
+
+RawCompiler = TypedDict(
+    "RawCompiler",
+    {
+        "version": str,
+        "from": str,
+        "release": NotRequired[str],
+        "root": str,
+        "archives": dict[str, RawArchive],
+        "why": str,
+        "source": RawCites,
+    },
+)
+
+
+class RawLane(TypedDict):
+    cuda: str
+    min_driver: str
+    toolkit_driver: str
+    source: RawCites
+    compiler: RawCompiler
+
+
+class RawOverride(TypedDict):
+    requirement: str
+    replaces: str
+    source: RawCites
+
+
+class RawUnproven(TypedDict):
+    what: str
+    source: RawCites
+
+
+class RawPackage(TypedDict):
+    version: str
+    index: str
+    index_lane: NotRequired[str]
+    source: RawCites
+
+
+class RawExclude(TypedDict):
+    package: str
+    replaces: str
+    source: RawCites
+
+
+class RawBuild(TypedDict):
+    packages: dict[str, RawPackage]
+    overrides: NotRequired[list[RawOverride]]
+    excludes: NotRequired[list[RawExclude]]
+    unproven: NotRequired[list[RawUnproven]]
+
+
+class RawPython(TypedDict):
+    versions: list[str]
+    why: str
+    source: RawCites
+
+
+class RawRelease(TypedDict):
+    glibc: str
+    python: RawPython
+    requires: list[str]
+    overrides: NotRequired[list[RawOverride]]
+    builds: dict[str, RawBuild]
+    source: RawCites
+
+
+class RawArchitecture(TypedDict):
+    first_release: str
+    hybrid_linear_attention: bool
+    source: RawCites
+
+
+class RawModel(TypedDict):
+    architecture: str
+    min_release: NotRequired[str]
+    size_gb: NotRequired[float]
+    quantization: NotRequired[str]
+    source: RawCites
+
+
+class RawByRelease(TypedDict):
+    releases: str
+    runs_on: list[str]
+    reason: str
+    source: RawCites
+
+
+class RawBackend(TypedDict):
+    runs_on: NotRequired[list[str]]
+    refused_on: NotRequired[list[str]]
+    reason: NotRequired[str]
+    source: RawCites
+    by_release: NotRequired[list[RawByRelease]]
+
+
+class RawHybrid(TypedDict):
+    releases: str
+    backends: list[str]
+    reason: NotRequired[str]
+    source: RawCites
+
+
+class RawAuto(TypedDict):
+    compute_caps: list[str]
+    prefer: list[str]
+    why: str
+    source: RawCites
+
+
+class RawSpelling(TypedDict):
+    releases: str
+    option: str | None
+    note: NotRequired[str]
+    source: RawCites
+
+
+class RawLimits(TypedDict, total=False):
+    attention_backends: list[str]
+    page_size_other_than_1: bool
+
+
+class RawNoBuffer(TypedDict):
+    releases: str
+    refuses: NotRequired[RawLimits]
+    warns: NotRequired[RawLimits]
+    reason: str
+    source: RawCites
+
+
+class RawSpeculative(TypedDict):
+    hybrid_requires_mamba_strategy: str
+    hybrid_reason: str
+    flashinfer_newer_than: str
+    flashinfer_reason: str
+    source: RawCites
+
+
+class RawRankEnvironment(TypedDict):
+    variable: str
+    value: str
+    flashinfer: str
+    compute_caps: list[str]
+    compiler: str
+    driver_below: NotRequired[str]
+    why: str
+    source: RawCites
+
+
+class RawRouter(TypedDict):
+    list_workers: str
+    remove_worker: str
+    add_worker: str
+    why: str
+    source: RawCites
+
+
+class RawKnowledge(TypedDict):
+    sources: dict[str, RawSource]
+    gpus: dict[str, RawGpu]
+    lanes: dict[str, RawLane]
+    releases: dict[str, RawRelease]
+    architectures: dict[str, RawArchitecture]
+    models: dict[str, RawModel]
+    attention_backends: dict[str, RawBackend]
+    hybrid_attention_backends: list[RawHybrid]
+    auto_attention_backend: list[RawAuto]
+    flags: dict[str, list[RawSpelling]]
+    speculative: RawSpeculative
+    mamba_no_buffer: list[RawNoBuffer]
+    rank_environment: list[RawRankEnvironment]
+    routers: NotRequired[dict[str, RawRouter]]
+
+
+class RawCliOption(TypedDict):
+    dest: str
+    takes_value: bool
+    nargs: int | str | None
+    choices: list[str] | None
+    deprecated: bool
+
+
+class RawCliTable(TypedDict):
+    package: str
+    version: str
+    options: dict[str, RawCliOption]
