@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from operations import kb as kbmod
-from operations.engine import parse_probe
+from operations.engine_probe import parse_probe
 from operations.engine_spec import Toolkit, read_redist_manifest, toolkit
 from operations.files import cuda_toolkit, engine_check
 from operations.settings import Layer, load

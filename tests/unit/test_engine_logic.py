@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from operations import kb as kbmod
-from operations.engine import Device, Driver, Probe, envs_to_prune, evaluate, parse_probe
+from operations.engine import envs_to_prune
+from operations.engine_probe import Device, Driver, Probe, evaluate, parse_probe
 from operations.engine_spec import (
     EngineError,
     EngineSpec,
@@ -198,7 +199,7 @@ def test_missing_wheels_matches_names_and_exact_versions() -> None:
 # kernel, flashinfer, cuda-python's driver API), on a host replayed from a captured nvidia-smi
 # fixture (its /dev/nvidiaN nodes under a temp dir), with the cu128 compiler the deploy
 # unpacks (NVIDIA's archive doubles through operations/files/cuda_toolkit.py). Its output is
-# read with operations.engine.parse_probe and judged with evaluate.
+# read with operations.engine_probe.parse_probe and judged with evaluate.
 
 TESTS = Path(__file__).resolve().parents[1]
 CHECK_SCRIPT = Path(engine_check.__file__).read_text()
