@@ -66,9 +66,10 @@ from operations.engine_spec import (
     project_toml,
 )
 from operations.facts.engine import MARKER, EngineHost, EngineState, WheelhouseFiles
-from operations.facts.serve import referenced_env_names, serving_state
+from operations.facts.serve import referenced_env_names
 from operations.host_files import put_file
 from operations.host_plan import HostReport
+from operations.layout import EngineTree, env_python
 from operations.redact import redact
 from operations.settings import Settings
 from operations.toolkit import REDIST_DIR, host_packages, install_toolkit, redist_dir, sync_archives
@@ -104,11 +105,11 @@ def _q(text: str) -> str:
 
 
 def _env_dir(engine_root: str, name: str) -> str:
-    return f"{engine_root}/envs/{name}"
+    return EngineTree(engine_root).env(name)
 
 
 def _project_dir(engine_root: str, name: str) -> str:
-    return f"{engine_root}/projects/{name}"
+    return EngineTree(engine_root).project(name)
 
 
 def _state(engine_root: str) -> EngineHost:
@@ -176,34 +177,35 @@ def _local_wheels(directory: str) -> list[str]:
 
 
 @operation()
-def bootstrap_uv(engine_root: str, version: str) -> Any:
+def bootstrap_uv(engine_root: str, version: str, state: Mapping[str, Any] | None = None) -> Any:
     """
     Install uv (exactly `version`) under ENGINE_ROOT/tools with the system Python's venv and
     pip, which read ENGINE_ROOT/pip.conf when there is one (a main index or the wheelhouse).
 
     + engine_root: the engine root on the host
     + version: the uv release
+    + state: the EngineState the plan read (ServingState.engine); read here when omitted
     """
-    found = _state(engine_root)["uv"]
+    found = (_state(engine_root) if state is None else cast(EngineHost, state))["uv"]
     if found == version:
         host.noop(f"uv {version} is installed")
         return
-    tools = f"{engine_root}/tools"
-    conf = f"{engine_root}/pip.conf"
+    tree = EngineTree(engine_root)
+    tools, conf = tree.tools, tree.pip_config
     yield (
         f"rm -rf {_q(tools)} && python3 -m venv {_q(tools)} && "
         f"if [ -f {_q(conf)} ]; then export PIP_CONFIG_FILE={_q(conf)}; fi && "
-        f"{_q(tools + '/bin/pip')} install "
+        f"{_q(tree.tools_pip)} install "
         f"--disable-pip-version-check --no-input --quiet {_q('uv==' + version)}"
     )
 
 
 def _uv(engine_root: str) -> str:
-    return _q(f"{engine_root}/tools/bin/uv")
+    return _q(EngineTree(engine_root).uv)
 
 
 def _cache(engine_root: str) -> str:
-    return f"--cache-dir {_q(engine_root + '/cache')}"
+    return f"--cache-dir {_q(EngineTree(engine_root).cache)}"
 
 
 @operation()
@@ -233,7 +235,13 @@ def lock_env(engine_root: str, env_name: str, controller_lock: str) -> Any:
 
 
 @operation()
-def build_env(engine_root: str, env_name: str, python: str, offline: bool) -> Any:
+def build_env(
+    engine_root: str,
+    env_name: str,
+    python: str,
+    offline: bool,
+    state: Mapping[str, Any] | None = None,
+) -> Any:
     """
     Create ENGINE_ROOT/envs/ENV_NAME and install exactly the project's lock into it; a partial
     environment of the same name (an earlier run cut short) is removed first.
@@ -243,8 +251,9 @@ def build_env(engine_root: str, env_name: str, python: str, offline: bool) -> An
     + python: the CPython minor the engine is locked for ("3.11"): the host's own, which uv
       must find (it never downloads one)
     + offline: install the exported lock from the wheelhouse (hashes checked), not the indexes
+    + state: the EngineState the plan read (ServingState.engine); read here when omitted
     """
-    state = _state(engine_root)
+    state = _state(engine_root) if state is None else cast(EngineHost, state)
     env = _env_dir(engine_root, env_name)
     if _complete(state, env_name):
         host.noop(f"{env_name} is installed")
@@ -265,8 +274,8 @@ def build_env(engine_root: str, env_name: str, python: str, offline: bool) -> An
         )
         yield (
             f"{uv} pip install {cache} --no-progress --no-config --offline --no-index "
-            f"--find-links {_q(engine_root + '/wheelhouse')} --no-deps "
-            f"--python {_q(env + '/bin/python')} -r {_q(requirements)}"
+            f"--find-links {_q(EngineTree(engine_root).wheelhouse)} --no-deps "
+            f"--python {_q(env_python(env))} -r {_q(requirements)}"
         )
     else:
         yield (
@@ -296,7 +305,7 @@ def _verify(
         }
     )
     status, output = host.run_shell_command(
-        StringCommand(_q(f"{env}/bin/python"), "-c", _q(CHECK_SCRIPT), _q(argument))
+        StringCommand(_q(env_python(env)), "-c", _q(CHECK_SCRIPT), _q(argument))
     )
     probe = parse_probe(output.stdout + "\n" + output.stderr)
     problems = evaluate(probe, spec, Driver(*driver))
@@ -320,6 +329,7 @@ def verify_env(
     spec: EngineSpec | Mapping[str, object],
     driver_version: str | None = None,
     driver_cuda: str | None = None,
+    state: Mapping[str, Any] | None = None,
 ) -> Any:
     """
     The engine check, before anything points at the new environment: the installed builds are
@@ -331,10 +341,12 @@ def verify_env(
     + spec: what the environment must hold (an EngineSpec or its to_json())
     + driver_version/driver_cuda: the host's driver as preflight's nvidia-smi read it, for the
       advice in a failure
+    + state: the EngineState the plan read (ServingState.engine); read here when omitted
     """
     if not isinstance(spec, EngineSpec):
         spec = EngineSpec.from_json(spec)
-    if _complete(_state(engine_root), spec.name):
+    found = _state(engine_root) if state is None else cast(EngineHost, state)
+    if _complete(found, spec.name):
         host.noop(f"{spec.name} passed its check when it was installed")
         return
     env = _env_dir(engine_root, spec.name)
@@ -363,11 +375,12 @@ def switch(engine_root: str, env_name: str, state: Mapping[str, Any] | None = No
     if state["current"] == env_name:
         host.noop(f"current is {env_name}")
         return
+    tree = EngineTree(engine_root)
     yield (
-        f"tmp=$(mktemp -u {_q(engine_root + '/.current.XXXXXXXX')}) && "
-        f'ln -s {_q("envs/" + env_name)} "$tmp" && '
-        f'mv -T "$tmp" {_q(engine_root + "/current")} && '
-        f"touch {_q(_env_dir(engine_root, env_name) + '/' + MARKER)}"
+        f"tmp=$(mktemp -u {_q(tree.current_temp_pattern)}) && "
+        f'ln -s {_q(tree.current_target(env_name))} "$tmp" && '
+        f'mv -T "$tmp" {_q(tree.current)} && '
+        f"touch {_q(tree.env(env_name) + '/' + MARKER)}"
     )
 
 
@@ -425,8 +438,14 @@ def _engine_deploy(report: HostReport) -> EngineStep:
     if spec is None:
         raise EngineError("the resolver planned no engine for a host it accepted (a bug)")
     root = s.engine_root
-    state = _state(root)
-    # A converged host stops at this one fact: the target is complete and current.
+    # The engine's state as the plan read it (the ServingState fact's `engine` lines): a
+    # converged host stops here, the target complete and current, with no fact of its own.
+    serving = report.serving
+    state: EngineHost = (
+        serving.engine
+        if serving is not None and serving.engine is not None
+        else {"current": None, "envs": {}, "uv": None}
+    )
     # Relative to the deploy's directory, as pyinfra resolves local paths.
     controller_lock = os.path.join(pyinfra_state.cwd or os.getcwd(), lock_path(s, spec))
     complete = _complete(state, spec.name)
@@ -443,7 +462,7 @@ def _engine_deploy(report: HostReport) -> EngineStep:
     if not complete:
         gpu = report.gpu
         driver = Driver(gpu.driver_version if gpu else None, gpu.cuda_version if gpu else None)
-        _install(s, spec, driver, controller_lock)
+        _install(s, spec, driver, controller_lock, state)
     elif not os.path.isfile(controller_lock):
         _fetch_lock(s, spec, controller_lock)
     # The fact read above, passed on: read again, it would cost a round trip per operation
@@ -457,11 +476,18 @@ def _engine_deploy(report: HostReport) -> EngineStep:
         env_name=spec.name,
         keep=s.engine_keep,
         serving=sorted(
-            {n for n in (state["current"], *referenced_env_names(serving_state(s), root)) if n}
+            {
+                n
+                for n in (
+                    state["current"],
+                    *(referenced_env_names(serving, root) if serving is not None else ()),
+                )
+                if n
+            }
         ),
         state=state,
     )
-    return EngineStep(spec, f"{root}/current", switched)
+    return EngineStep(spec, EngineTree(root).current, switched)
 
 
 # @deploy types every call as returning OperationMeta; this step returns an EngineStep.
@@ -516,10 +542,12 @@ def _fetch_lock(s: Settings, spec: EngineSpec, controller_lock: str) -> None:
     )
 
 
-def _install(s: Settings, spec: EngineSpec, driver: Driver, controller_lock: str) -> None:
+def _install(
+    s: Settings, spec: EngineSpec, driver: Driver, controller_lock: str, state: EngineHost
+) -> None:
     root = s.engine_root
-    wheelhouse_dir = f"{root}/wheelhouse" if s.wheelhouse else None
-    files.directory(name="Engine: directories", path=f"{root}/envs", mode="755")
+    wheelhouse_dir = EngineTree(root).wheelhouse if s.wheelhouse else None
+    files.directory(name="Engine: directories", path=EngineTree(root).envs, mode="755")
     if s.wheelhouse and wheelhouse_dir:
         sync_wheelhouse(name="Engine: sync the wheelhouse", src=s.wheelhouse, dest=wheelhouse_dir)
     else:
@@ -531,12 +559,14 @@ def _install(s: Settings, spec: EngineSpec, driver: Driver, controller_lock: str
         put_file(
             name="Engine: pip.conf",
             src=conf,
-            dest=f"{root}/pip.conf",
+            dest=EngineTree(root).pip_config,
             mode="600",
             dir_mode="755",
             secret=True,
         )
-    bootstrap_uv(name=f"Engine: uv {s.uv_version}", engine_root=root, version=s.uv_version)
+    bootstrap_uv(
+        name=f"Engine: uv {s.uv_version}", engine_root=root, version=s.uv_version, state=state
+    )
     # Root-only: index URLs may carry credentials; they never appear on a command line.
     put_file(
         name=f"Engine: project {spec.name}",
@@ -558,6 +588,7 @@ def _install(s: Settings, spec: EngineSpec, driver: Driver, controller_lock: str
         env_name=spec.name,
         python=spec.python,
         offline=bool(s.wheelhouse),
+        state=state,
     )
     verify_env(
         name=f"Engine: check {spec.name}",
@@ -565,6 +596,7 @@ def _install(s: Settings, spec: EngineSpec, driver: Driver, controller_lock: str
         spec=spec,
         driver_version=driver.version,
         driver_cuda=driver.cuda,
+        state=state,
     )
     if not os.path.isfile(controller_lock):
         _fetch_lock(s, spec, controller_lock)

@@ -1,6 +1,10 @@
-"""One host, from settings to plan: gather the facts, run preflight, resolve, decide the staging.
+"""One host, from settings to plan: gather the facts, run preflight, resolve, and decide
+everything the deploy's steps act on (the staging, the roll, the smoke requests).
 
-The plan command and deploy.py both call `plan_for_host`, so the plan shown is the deploy run.
+`plan_for_host` gathers the facts (three round trips: PreflightFacts, ModelStaging,
+ServingState) and calls `decide`, a pure function of settings and facts. The plan command and
+deploy.py both call `plan_for_host`, so the plan shown is the deploy run; the steps read the
+HostReport and decide nothing again.
 """
 
 from __future__ import annotations
@@ -11,12 +15,15 @@ from pyinfra.api.host import Host
 
 from operations import drain as drainmod
 from operations import kb as kbmod
-from operations import layout, monitoring, preflight, resolver
-from operations.facts.gpu import NvidiaGpus, NvidiaSmi
-from operations.facts.host import HostResources, Model, Resources
-from operations.facts.model import script_module, source_model
+from operations import layout, monitoring, preflight, resolver, roll
+from operations.facts.gpu import NvidiaSmi
+from operations.facts.host import Model, Resources
+from operations.facts.model import Staging, local_model, script_module
+from operations.facts.once import gathered
+from operations.facts.preflight import HostFacts, PreflightFacts
+from operations.facts.serve import Serving, referenced_models, serving_state
 from operations.settings import Settings
-from operations.staging import StageDecision, model_staging, stage_decision
+from operations.staging import StageDecision, decide_stage, model_staging
 
 
 @dataclass
@@ -35,6 +42,12 @@ class HostReport:
     drain: drainmod.DrainPlan | None = None
     # The Prometheus targets file and the Grafana dashboard the serve step writes.
     monitoring: monitoring.MonitoringPlan | None = None
+    # The key of the staged copy the rank units name (None: not known; they name the link).
+    model_key: str | None = None
+    # The ServingState fact as the plan read it (the steps' `sha256_now`s; never shown).
+    serving: Serving | None = None
+    # What the serve and smoke steps do (operations/roll.py); None while preflight refuses.
+    serve: roll.ServePlan | None = None
 
     @property
     def errors(self) -> list[str]:
@@ -65,26 +78,67 @@ class HostReport:
             data["router"] = {"argv": self.router.argv, "unit": self.router.unit}
         if self.monitoring is not None:
             data["monitoring"] = self.monitoring.to_json()
+        data["model_key"] = self.model_key
+        if self.staging is not None:
+            data["staging"] = {
+                "mode": self.staging.plan.mode,
+                "what": self.staging.what,
+                "why": self.staging.plan.why,
+                "key": self.staging.key,
+                "keep": self.staging.keep_keys,
+                "source_pending": self.staging.source_pending,
+            }
+        if self.serve is not None:
+            data["serve"] = self.serve.to_json()
         return data
 
 
-def gather(host: Host, settings: Settings) -> tuple[NvidiaSmi, Resources, Model]:
-    gpu = host.get_fact(NvidiaGpus)
-    resources = host.get_fact(
-        HostResources,
+@dataclass(frozen=True)
+class Gathered:
+    """Every fact the plan reads of one host (`gather`), as `decide` takes them."""
+
+    host: HostFacts
+    # The ServingState fact (rank units, managed files, the engine's environments).
+    serving: Serving
+    # The ModelStaging fact of the source (None: python3 is missing on the host).
+    staging: Staging | None
+    # The model the deploy stages, read where it is now (controller or target).
+    model: Model
+    # The staged copy's key (model_key); None while the source cannot be read.
+    model_key: str | None
+
+
+def gather(host: Host, settings: Settings) -> Gathered:
+    """The facts of one host, in three round trips, each asked once per run (once.gathered)."""
+    source = settings.source
+    on_target = not (source.kind == "controller" and source.controller_dir is not None)
+    found: HostFacts = gathered(
+        PreflightFacts,
         stage_dir=settings.model_stage_dir,
         engine_root=settings.engine_root,
         roots=[path for _, path in preflight.root_paths(settings)],
+        model_path=source.target_dir if on_target else None,
     )
-    model = source_model(host, settings)
-    return gpu, resources, model
+    if on_target:
+        model = found.model if found.model is not None else Model(exists=False)
+    else:
+        assert source.controller_dir is not None
+        model = local_model(source.controller_dir)
+    staging = model_staging(settings)
+    return Gathered(
+        host=found,
+        serving=serving_state(settings),
+        staging=staging,
+        model=model,
+        model_key=model_key(settings, staging),
+    )
 
 
-def model_key(settings: Settings) -> str | None:
+def model_key(settings: Settings, staging: Staging | None) -> str | None:
     """The key the staged copy of this model's source gets (STAGE_DIR/models/.SLUG@KEY), known
     before it is staged so a rank unit can name it: a hub source's pinned revision, else the
-    source's manifest digest (the controller's copy, or the target's directory as the model step
-    reads it). None while the source cannot be read."""
+    source's manifest digest (the controller's copy, or the target's directory as the
+    ModelStaging fact read it). None while the source cannot be read."""
     source = settings.source
     if source.kind == "hf" and source.revision:
         return layout.hub_key(source.revision)
@@ -93,7 +147,6 @@ def model_key(settings: Settings) -> str | None:
             return str(script_module().scan(source.controller_dir)["digest"])
         except (OSError, script_module().StageError):
             return None
-    staging = model_staging(settings)
     return staging.source.digest if staging is not None and staging.source else None
 
 
@@ -101,31 +154,55 @@ def plan_for_host(
     host: Host, settings: Settings, inventory_settings: list[tuple[str, Settings]] | None = None
 ) -> HostReport:
     """`inventory_settings`: every host's settings, by name, for the router's worker list."""
-    knowledge = kbmod.load()
-    gpu, resources, model = gather(host, settings)
+    return decide(host.name, settings, gather(host, settings), kbmod.load(), inventory_settings)
+
+
+def decide(
+    host_name: str,
+    settings: Settings,
+    facts: Gathered,
+    knowledge: kbmod.Knowledge,
+    inventory_settings: list[tuple[str, Settings]] | None = None,
+) -> HostReport:
+    """The host's report from its settings and facts: pure (tests/unit/test_host_report.py)."""
+    gpu, resources, model = facts.host.gpu, facts.host.resources, facts.model
     failures = preflight.check(settings, knowledge, gpu, resources, model)
-    facts = resolver.Facts(
+    resolver_facts = resolver.Facts(
         gpu=gpu,
         model=model,
-        model_key=model_key(settings),
+        model_key=facts.model_key,
         device_nodes=tuple(resources.device_nodes) if resources is not None else None,
         python=resources.python if resources is not None else None,
     )
-    plan = resolver.resolve(settings, facts, knowledge)
+    plan = resolver.resolve(settings, resolver_facts, knowledge)
+    everyone = inventory_settings or [(host_name, settings)]
     router = None
-    if settings.router is not None and settings.router.host == host.name:
-        everyone = inventory_settings or [(host.name, settings)]
-        router = resolver.resolve_router(settings, host.name, everyone)
-    everyone = inventory_settings or [(host.name, settings)]
-    drain, drained, drain_warnings = drainmod.decide(host.name, settings, everyone, knowledge)
+    if settings.router is not None and settings.router.host == host_name:
+        router = resolver.resolve_router(settings, host_name, everyone)
+    drain, drained, drain_warnings = drainmod.decide(host_name, settings, everyone, knowledge)
     plan.decisions.append(drained)
     plan.warnings.extend(drain_warnings)
-    watched, watched_decision = monitoring.decide(host.name, settings)
+    watched, watched_decision = monitoring.decide(host_name, settings)
     plan.decisions.append(watched_decision)
     decision = None
+    serve = None
     if not failures:
-        decision = stage_decision(settings, resources, facts.model_key)
+        kept = referenced_models(facts.serving)
+        decision = decide_stage(settings, resources, facts.model_key, facts.staging, kept)
         plan.decisions.append(resolver.Decision("model staging", decision.what, decision.plan.why))
+        serve = roll.serve_plan(settings, plan.ranks, facts.serving, router, drain)
     return HostReport(
-        settings, plan, failures, gpu, resources, model, router, decision, drain, watched
+        settings,
+        plan,
+        failures,
+        gpu,
+        resources,
+        model,
+        router,
+        decision,
+        drain,
+        watched,
+        model_key=facts.model_key,
+        serving=facts.serving,
+        serve=serve,
     )

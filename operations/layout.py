@@ -8,6 +8,7 @@ spelled once. See docs/architecture.md.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from operations.settings import Settings
 
@@ -35,6 +36,11 @@ def unit_path(unit: str) -> str:
     return f"{UNIT_DIR}/{unit}"
 
 
+def service_home(user: str) -> str:
+    """The service user's home (JIT caches; a rank unit's ReadWritePaths=)."""
+    return f"/var/lib/{user}"
+
+
 # -- files the deploy owns -------------------------------------------------------------------
 
 CONFIG_DIR = "/etc/sglang"
@@ -54,43 +60,196 @@ ROUTER_MARKER = ".sglang-deploy-complete"
 MONITORING_DIR = "/etc/sglang-monitoring"
 TARGETS_FILE = f"{MONITORING_DIR}/prometheus-targets.json"
 DASHBOARD_FILE = f"{MONITORING_DIR}/grafana-dashboard.json"
+# On a Proxmox node (pve.py): NVIDIA's installers, downloaded once.
+PVE_DRIVER_CACHE = "/var/cache/sglang-deploy/driver"
 
 # -- the engine ------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class EngineTree:
+    """ENGINE_ROOT on a host: every path the engine, router and serve steps, the facts and the
+    status command use under it.
+
+      envs/<name>/            one environment per EngineSpec.name (bin/python, the marker)
+      projects/<name>/        its uv project (pyproject.toml, uv.lock)
+      current -> envs/<name>  for people and tools; no unit reads it
+      tools/bin/uv, cache/    uv and its cache; uv.toml and pip.conf: the package sources
+      wheelhouse/             the controller's wheels (setting wheelhouse)
+      cuda/<name>/            a lane's CUDA compiler; cuda-redist/ its archives, offline
+      router/sglang-router-V/ the router's environment
+    """
+
+    root: str
+
+    @property
+    def envs(self) -> str:
+        return f"{self.root}/envs"
+
+    def env(self, name: str) -> str:
+        """An engine environment: ENGINE_ROOT/envs/<EngineSpec.name>."""
+        return f"{self.envs}/{name}"
+
+    def python(self, name: str) -> str:
+        """The interpreter a rank unit runs: its own environment's, never the `current` link."""
+        return env_python(self.env(name))
+
+    def name_of(self, env: str) -> str | None:
+        """The name of an environment path under this root; None for any other path."""
+        prefix = f"{self.envs}/"
+        name = env[len(prefix) :] if env.startswith(prefix) else ""
+        return name if name and "/" not in name else None
+
+    def project(self, name: str) -> str:
+        return f"{self.root}/projects/{name}"
+
+    @property
+    def current(self) -> str:
+        return f"{self.root}/current"
+
+    @property
+    def current_temp_pattern(self) -> str:
+        """mktemp's template of the link renamed over `current`."""
+        return f"{self.root}/.current.XXXXXXXX"
+
+    @staticmethod
+    def current_target(name: str) -> str:
+        """What `current` points at (relative, so the root may move)."""
+        return f"envs/{name}"
+
+    @property
+    def tools(self) -> str:
+        return f"{self.root}/tools"
+
+    @property
+    def uv(self) -> str:
+        return f"{self.tools}/bin/uv"
+
+    @property
+    def tools_pip(self) -> str:
+        return f"{self.tools}/bin/pip"
+
+    @property
+    def cache(self) -> str:
+        return f"{self.root}/cache"
+
+    @property
+    def wheelhouse(self) -> str:
+        return f"{self.root}/wheelhouse"
+
+    @property
+    def uv_config(self) -> str:
+        return f"{self.root}/uv.toml"
+
+    @property
+    def pip_config(self) -> str:
+        return f"{self.root}/pip.conf"
+
+    @property
+    def cuda(self) -> str:
+        return f"{self.root}/cuda"
+
+    def toolkit(self, name: str) -> str:
+        """A lane's CUDA compiler: ENGINE_ROOT/cuda/<name> (its CUDA_HOME)."""
+        return f"{self.cuda}/{name}"
+
+    def toolkit_args(self, name: str) -> str:
+        return f"{self.cuda}/.{name}.json"
+
+    def redist(self, directory: str) -> str:
+        return f"{self.root}/{directory}"
+
+    def router_env(self, version: str) -> str:
+        return f"{self.root}/router/sglang-router-{version}"
+
+
+def env_python(env: str) -> str:
+    """An environment's interpreter."""
+    return f"{env}/bin/python"
+
+
+def env_of_python(python: str) -> str | None:
+    """The environment an interpreter path belongs to (ENV/bin/python -> ENV); None else."""
+    suffix = env_python("")
+    return python[: -len(suffix)] if python.endswith(suffix) and python != suffix else None
+
+
+def engine_tree(settings: Settings) -> EngineTree:
+    return EngineTree(settings.engine_root)
+
+
 def engine_env(engine_root: str, name: str) -> str:
     """An engine environment: ENGINE_ROOT/envs/<EngineSpec.name>."""
-    return f"{engine_root}/envs/{name}"
+    return EngineTree(engine_root).env(name)
 
 
 def engine_python(engine_root: str, name: str) -> str:
     """The interpreter a rank unit runs: its own environment's, never the `current` link."""
-    return f"{engine_env(engine_root, name)}/bin/python"
+    return EngineTree(engine_root).python(name)
 
 
 def engine_current(engine_root: str) -> str:
-    return f"{engine_root}/current"
+    return EngineTree(engine_root).current
 
 
 def router_env(settings: Settings) -> str:
     version = settings.router.version if settings.router else "none"
-    return f"{settings.engine_root}/router/sglang-router-{version}"
+    return engine_tree(settings).router_env(version)
 
 
 # -- the staged model ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StageTree:
+    """STAGE_DIR/models on a host (the staging script, files/stage_model.py, makes it):
+
+    models/SLUG -> .SLUG@KEY   the newest complete copy (for people and status)
+    models/.SLUG@KEY/          one complete copy: what a rank unit names
+    """
+
+    stage_dir: str
+    slug: str
+
+    @property
+    def models(self) -> str:
+        return f"{self.stage_dir}/models"
+
+    @property
+    def link(self) -> str:
+        return f"{self.models}/{self.slug}"
+
+    def copy(self, key: str) -> str:
+        return f"{self.models}/.{self.slug}@{key}"
+
+    def key_of(self, path: str) -> str | None:
+        """The key of a staged copy path of this model; None for any other path."""
+        prefix = self.copy("")
+        if not path.startswith(prefix):
+            return None
+        key = path[len(prefix) :]
+        return key if key and "/" not in key else None
+
+    def entry(self, name: str) -> str:
+        """A name under models/ (the link's target, `.SLUG@KEY`) as a path."""
+        return f"{self.models}/{name}"
 
 
 def model_slug(settings: Settings) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "--", settings.model_name)
 
 
+def stage_tree(settings: Settings) -> StageTree:
+    return StageTree(settings.model_stage_dir, model_slug(settings))
+
+
 def models_dir(settings: Settings) -> str:
-    return f"{settings.model_stage_dir}/models"
+    return stage_tree(settings).models
 
 
 def staged_model_link(settings: Settings) -> str:
     """STAGE_DIR/models/SLUG: the link to the newest complete copy (for people and status)."""
-    return f"{models_dir(settings)}/{model_slug(settings)}"
+    return stage_tree(settings).link
 
 
 def hub_key(revision: str) -> str:
@@ -100,16 +259,41 @@ def hub_key(revision: str) -> str:
 
 def staged_copy(settings: Settings, key: str) -> str:
     """One complete staged copy, STAGE_DIR/models/.SLUG@KEY: what a rank unit names."""
-    return f"{models_dir(settings)}/.{model_slug(settings)}@{key}"
+    return stage_tree(settings).copy(key)
 
 
 def copy_key(settings: Settings, path: str) -> str | None:
     """The key of a staged copy path of this model; None for any other path."""
-    prefix = f"{models_dir(settings)}/.{model_slug(settings)}@"
-    if not path.startswith(prefix):
-        return None
-    key = path[len(prefix) :]
-    return key if key and "/" not in key else None
+    return stage_tree(settings).key_of(path)
+
+
+# -- GPU device nodes --------------------------------------------------------------------------
+# One list for the units (DeviceAllow=), preflight (what a container must have) and pve.py
+# (what a container is given). CUDA opens its GPU's /dev/nvidiaN, the control node and UVM;
+# nvidia-uvm-tools (profilers) when the host has it; MIG capabilities under /dev/nvidia-caps.
+# /dev/nvidia-modeset (display mode setting) is not a compute node: nvidia-container-toolkit's
+# compute device list (ctl, uvm, uvm-tools) does not have it, so neither does this one.
+
+GPU_NODE_PREFIX = "/dev/nvidia"
+GPU_NODE_GLOB = "/dev/nvidia*"
+_GPU_NODE = re.compile(r"^/dev/nvidia([0-9]+)$")
+CUDA_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm")
+CUDA_OPTIONAL_NODES = ("/dev/nvidia-uvm-tools",)
+CAPS_DIR = "/dev/nvidia-caps"
+
+
+def gpu_node(index: int) -> str:
+    return f"{GPU_NODE_PREFIX}{index}"
+
+
+def gpu_index(node: str) -> int | None:
+    """N of a GPU node /dev/nvidiaN; None for any other node."""
+    match = _GPU_NODE.match(node)
+    return int(match.group(1)) if match else None
+
+
+def is_caps_node(node: str) -> bool:
+    return node == CAPS_DIR or node.startswith(f"{CAPS_DIR}/")
 
 
 # -- URLs ------------------------------------------------------------------------------------

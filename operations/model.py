@@ -31,7 +31,6 @@ from pyinfra.operations import files, systemd
 
 from operations import layout, units
 from operations.facts.model import SCRIPT_PATH, script_module
-from operations.facts.serve import serving_state
 from operations.host_files import put_file
 from operations.host_plan import HostReport
 from operations.layout import CONFIG_DIR, STAGE_UNIT
@@ -235,13 +234,6 @@ def slug_of(settings: Settings) -> str:
     return layout.model_slug(settings)
 
 
-def copy_key(report: HostReport) -> str | None:
-    """The key of the copy the rank units name (the resolver decided it), None if unknown."""
-    paths = {r.model_path for r in report.plan.ranks}
-    keys = {layout.copy_key(report.settings, p) for p in paths}
-    return keys.pop() if len(keys) == 1 else None
-
-
 def stage_unit_text(settings: Settings, key: str | None) -> str:
     argv = stage_command(
         settings.source.target_dir,
@@ -282,9 +274,11 @@ def _stage_model(report: HostReport) -> StageResult:
     s = report.settings
     source = s.source
     slug = slug_of(s)
-    key = copy_key(report)
-
-    serving = serving_state(s)
+    # Decided in the plan (host_plan): the copy's key the rank units name, and the fact read.
+    key = report.model_key
+    serving = report.serving
+    if serving is None:
+        raise OperationError("the model step needs the plan's ServingState fact (host_plan)")
     put_file(
         name="Install the staging script",
         src=SCRIPT_PATH,
@@ -310,7 +304,7 @@ def _stage_model(report: HostReport) -> StageResult:
     decision = report.staging
     if decision is None or decision.refused:
         raise OperationError("the model step needs an accepted staging decision (host_plan)")
-    staging, kept = decision.staging, decision.kept
+    staging = decision.staging
     if source.kind == "controller" and source.controller_dir is not None:
         local = script_module().scan(source.controller_dir)
         cached = staging.source.digest if staging is not None and staging.source else None
@@ -363,7 +357,7 @@ def _stage_model(report: HostReport) -> StageResult:
         verify=s.model_verify,
         bwlimit_mbps=s.model_stage_bwlimit_mbps,
         key=key,
-        keep=sorted(k for p in kept if (k := layout.copy_key(s, p)) is not None and k != key),
+        keep=decision.keep_keys,
         group=s.service_user,
     )
     return StageResult(op)

@@ -28,7 +28,7 @@ MISMATCH_FIX = (
 )
 NO_DRIVER_FIX = (
     "pass the GPUs into the container (lxc.cgroup2.devices.allow c 195:* rwm and bind-mount "
-    "/dev/nvidia*) and check that the node's driver is loaded (nvidia-smi on the node)"
+    f"{layout.GPU_NODE_GLOB}) and check that the node's driver is loaded (nvidia-smi on the node)"
 )
 
 
@@ -226,16 +226,15 @@ def check(
             + (f", or set {key} to a directory only root writes to" if "_" in key else ""),
         )
 
-    expected_nodes = ["/dev/nvidiactl", "/dev/nvidia-uvm"] + [
-        f"/dev/nvidia{i}" for i in range(s.gpu_count)
-    ]
+    expected_nodes = [*layout.CUDA_NODES, *(layout.gpu_node(i) for i in range(s.gpu_count))]
     missing = [n for n in expected_nodes if n not in resources.device_nodes]
     if missing:
         fail(
             "GPU device nodes",
             ", ".join(expected_nodes),
             f"missing {', '.join(missing)}",
-            "add the nodes to the container's config (lxc.mount.entry: /dev/nvidiaN ... bind), "
+            f"add the nodes to the container's config (lxc.mount.entry: {layout.GPU_NODE_PREFIX}N "
+            "... bind), "
             "nvidia-uvm included: CUDA needs it",
         )
 

@@ -35,7 +35,7 @@ from pyinfra.api.operation import operation
 from pyinfra.api.state import State
 from pyinfra.context import host
 
-from operations import gate, preflight
+from operations import gate, layout, preflight
 from operations import kb as kbmod
 from operations.facts.pve import (
     CtConfig,
@@ -63,7 +63,7 @@ MAX_DEVICES = 256
 CONFIG_LOCK = "/run/lock/lxc/pve-config-{ctid}.lock"
 CONFIG_PATH = "/etc/pve/lxc/{ctid}.conf"
 # Inside the container: a root-only directory, never /tmp.
-DRIVER_CACHE = "/var/cache/sglang-deploy/driver"
+DRIVER_CACHE = layout.PVE_DRIVER_CACHE
 
 
 @dataclass(frozen=True)
@@ -113,9 +113,9 @@ class PvePlan:
 def wanted_nodes(settings: Settings, devices: NvidiaDevices) -> list[str]:
     """The node's device nodes the container gets: the first gpu_count GPUs, then the control,
     UVM and capability nodes the node has."""
-    gpus = [f"/dev/nvidia{i}" for i in range(settings.gpu_count)]
-    extra = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
-    caps = [n for n in devices.nodes if n.startswith("/dev/nvidia-caps/")]
+    gpus = [layout.gpu_node(i) for i in range(settings.gpu_count)]
+    extra = [*layout.CUDA_NODES, *layout.CUDA_OPTIONAL_NODES]
+    caps = [n for n in devices.nodes if layout.is_caps_node(n)]
     return gpus + [n for n in extra if n in devices.nodes] + caps
 
 
@@ -146,23 +146,22 @@ def lxc_lines(devices: NvidiaDevices, nodes: list[str]) -> list[str]:
     gpu = devices.major("nvidia-frontend", "nvidia")
     lines = []
     if gpu is not None:
-        minors = [
-            n.removeprefix("/dev/nvidia") for n in nodes if re.fullmatch(r"/dev/nvidia[0-9]+", n)
-        ]
+        minors = [str(i) for n in nodes if (i := layout.gpu_index(n)) is not None]
         lines += [f"lxc.cgroup2.devices.allow: c {gpu}:{m} rwm" for m in minors]
         lines.append(f"lxc.cgroup2.devices.allow: c {gpu}:255 rwm")
     majors = [devices.major("nvidia-uvm")]
-    if any(n.startswith("/dev/nvidia-caps/") for n in nodes):
+    if any(layout.is_caps_node(n) for n in nodes):
         majors.append(devices.major("nvidia-caps"))
     lines += [f"lxc.cgroup2.devices.allow: c {m}:* rwm" for m in majors if m is not None]
     for node in nodes:
-        if node.startswith("/dev/nvidia-caps/"):
+        if layout.is_caps_node(node):
             continue
         name = node.removeprefix("/")
         lines.append(f"lxc.mount.entry: {node} {name} none bind,optional,create=file")
-    if any(n.startswith("/dev/nvidia-caps/") for n in nodes):
+    if any(layout.is_caps_node(n) for n in nodes):
+        caps = layout.CAPS_DIR
         lines.append(
-            "lxc.mount.entry: /dev/nvidia-caps dev/nvidia-caps none bind,optional,create=dir"
+            f"lxc.mount.entry: {caps} {caps.removeprefix('/')} none bind,optional,create=dir"
         )
     return lines
 
@@ -222,7 +221,7 @@ def plan(host_name: str, settings: Settings, kb: Knowledge, facts: PveFacts) -> 
             f"node has {len(gpus)} GPU device node(s) ({', '.join(gpus) or 'none'}); missing "
             f"{', '.join(missing)}; accepted: gpu_count at most the node's GPUs"
         )
-    for required in ("/dev/nvidiactl", "/dev/nvidia-uvm"):
+    for required in layout.CUDA_NODES:
         if facts.module is not None and required not in facts.devices.nodes:
             err(
                 f"{host_name}: the node has no {required} (CUDA needs it); accepted: a node "

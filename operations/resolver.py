@@ -8,7 +8,7 @@ gathered by pyinfra, and so what the plan shows is exactly what a deploy writes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NotRequired, TypedDict
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from operations import kb as kbmod
 from operations import layout, units
@@ -25,6 +25,9 @@ from operations.facts.host import Model
 from operations.kb import Architecture, Cites, Flag, Gpu, Knowledge, Lane, cite, version
 from operations.redact import redact
 from operations.settings import Settings
+
+if TYPE_CHECKING:
+    from operations.roll import ServeJson
 
 # Options the resolver writes from settings; extra_server_args may not set them again. Every
 # spelling of a renamed setting (the knowledge base's `flags`) is managed too: managed_options.
@@ -181,6 +184,20 @@ class PlanJson(TypedDict):
     ranks: list[RankJson]
     router: NotRequired[RouterJson]
     monitoring: NotRequired[MonitoringJson]
+    # The HostReport's decisions on the host's state (host_plan.py): the staged copy's key,
+    # how it is staged, and what the serve and smoke steps do (operations/roll.py).
+    model_key: NotRequired[str | None]
+    staging: NotRequired[StagingJson]
+    serve: NotRequired[ServeJson]
+
+
+class StagingJson(TypedDict):
+    mode: str
+    what: str
+    why: str
+    key: str | None
+    keep: list[str]
+    source_pending: bool
 
 
 def _engine_json(spec: EngineSpec | None) -> EngineJson | None:

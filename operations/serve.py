@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 from pyinfra import logger
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.deploy import deploy
+from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 from pyinfra.operations import server, systemd
@@ -37,13 +37,13 @@ from pyinfra.operations import server, systemd
 from operations import layout
 from operations.drain import DrainPlan
 from operations.engine_spec import tools_uv_config
-from operations.facts.serve import Serving, referenced_models, serving_state
-from operations.host_files import put_file, sha256
+from operations.facts.serve import Serving
+from operations.host_files import put_file
 from operations.host_plan import HostReport
 from operations.layout import ROUTER_MARKER, ROUTER_UNIT, SECRETS_FILE, TARGET
 from operations.monitoring import DASHBOARD_SOURCE
 from operations.resolver import Rank, RouterPlan
-from operations.settings import Settings
+from operations.roll import ServePlan, SmokeRequests
 
 WAIT_SCRIPT = layout.WAIT_SCRIPT
 _WAIT_SOURCE = Path(__file__).parent / "files" / "wait_healthy.py"
@@ -59,17 +59,6 @@ Wants=network-online.target
 [Install]
 WantedBy=multi-user.target
 """
-
-
-def secrets_text(settings: Settings) -> str | None:
-    """The options file that carries the API key; None when no key is configured."""
-    if not settings.api_key_file:
-        return None
-    key = Path(settings.api_key_file).expanduser().read_text().strip()
-    # JSON string syntax is valid YAML and escapes whatever the key holds.
-    import json
-
-    return f"api-key: {json.dumps(key)}\n"
 
 
 @operation(is_idempotent=False)
@@ -127,53 +116,6 @@ def _unit_path(rank: int) -> str:
     return layout.unit_path(layout.unit_name(rank))
 
 
-def batches(ranks: Sequence[Rank], size: int) -> list[list[Rank]]:
-    return [list(ranks[i : i + size]) for i in range(0, len(ranks), size)]
-
-
-@dataclass(frozen=True)
-class RollPlan:
-    """What the serve step does to the ranks, decided from the fact alone."""
-
-    # Not serving now: their (new) units are written and they start together.
-    start: list[Rank] = field(default_factory=list)
-    # Serving, and their unit changed: rewritten and restarted, one batch at a time.
-    batches: list[list[Rank]] = field(default_factory=list)
-    # Beyond dp_size: stopped, disabled, removed.
-    remove: list[int] = field(default_factory=list)
-    # Serving and unchanged: not touched.
-    unchanged: list[Rank] = field(default_factory=list)
-
-    @property
-    def rolled(self) -> list[Rank]:
-        return [rank for batch in self.batches for rank in batch]
-
-
-def roll_plan(
-    ranks: Sequence[Rank], serving: Serving, batch_size: int, secret_changed: bool = False
-) -> RollPlan:
-    """Which ranks start, which restart in which batches, which go.
-
-    A rank's unit file names its engine environment and model copy, so "what it runs changed"
-    is "its unit text changed": nothing is inferred from links or times. After a roll that
-    stopped at a failed batch (or a reboot in the middle of one) the fact shows the rolled
-    ranks' files already new and the others old, so a re-run rolls exactly the rest.
-    `secret_changed`: the API key file the ranks read with --config changed: all restart.
-    """
-    plan = RollPlan(remove=sorted(set(serving.rank_files()) - {r.rank for r in ranks}))
-    restart: list[Rank] = []
-    for rank in ranks:
-        now = serving.ranks.get(rank.rank)
-        if now is None or not now.running:
-            plan.start.append(rank)
-        elif now.unit_sha256 != sha256(rank.unit) or secret_changed:
-            restart.append(rank)
-        else:
-            plan.unchanged.append(rank)
-    plan.batches.extend(batches(restart, max(1, batch_size)))
-    return plan
-
-
 @operation()
 def service_user(user: str, exists: bool) -> Any:
     """
@@ -193,7 +135,7 @@ def service_user(user: str, exists: bool) -> Any:
         "--user-group",
         "--create-home",
         "--home-dir",
-        QuoteString(f"/var/lib/{user}"),
+        QuoteString(layout.service_home(user)),
         "--shell",
         "/usr/sbin/nologin",
         QuoteString(user),
@@ -220,43 +162,22 @@ def pruned_model_copies(stage_dir: str, slug: str, keep: list[str], doomed: list
 
 
 class ServeStep:
-    """Which ranks this run starts, restarts (and in what batches) and removes: the plan's
-    'what changes' part, and the operations that do it."""
+    """Carries out the plan's ServePlan (operations/roll.py): which ranks start, restart (in what
+    batches) and go, the API key file, the staged copies no unit names."""
 
-    def __init__(self, report: HostReport, serving: Serving) -> None:
-        s = report.settings
+    def __init__(self, report: HostReport) -> None:
+        if report.serve is None or report.serving is None:
+            raise OperationError("the serve step needs the plan's ServePlan (host_plan)")
         self.report = report
-        self.serving = serving
-        secret = secrets_text(s)
-        secret_changed = (secret is not None) and serving.files.get(SECRETS_FILE) != sha256(secret)
-        self.secret = secret
-        self.plan = roll_plan(report.plan.ranks, serving, s.restart_batch_size, secret_changed)
+        self.serving: Serving = report.serving
+        self.decided: ServePlan = report.serve
+        self.secret = self.decided.secret
+        self.plan = self.decided.roll
         self.drain: DrainPlan | None = report.drain
-        # Ranks whose chat request this step already sent (a drained batch, before it rejoins):
-        # the smoke step does not ask them again.
-        self.smoked: set[int] = set()
 
     def summary(self) -> str:
         """What this run does to the ranks, for the plan printed before any change."""
-
-        def names(ranks: Sequence[Rank]) -> str:
-            return ", ".join(str(r.rank) for r in ranks)
-
-        plan = self.plan
-        parts = []
-        if plan.start:
-            parts.append(f"start rank(s) {names(plan.start)} together")
-        if plan.batches:
-            order = " then ".join(f"[{names(b)}]" for b in plan.batches)
-            drained = (
-                f", each drained through the router first (up to {self.drain.timeout_s}s)"
-                if self.drain is not None
-                else " (not drain-protected: no router)"
-            )
-            parts.append(f"restart (unit changed) in batches {order}{drained}")
-        if plan.remove:
-            parts.append(f"stop and remove rank(s) {', '.join(map(str, plan.remove))}")
-        return "; ".join(parts) or "every rank runs what the plan says: nothing to restart"
+        return self.decided.summary()
 
     def run(self) -> None:
         s = self.report.settings
@@ -284,7 +205,7 @@ class ServeStep:
                 dir_group=s.service_user,
                 secret=True,
             )
-        elif SECRETS_FILE in self.serving.files:
+        elif self.decided.remove_secret:
             server.shell(name="Serve: remove the API key file", commands=[f"rm -f {SECRETS_FILE}"])
         if self.drain is not None:
             put_file(
@@ -294,7 +215,7 @@ class ServeStep:
                 mode="755",
                 sha256_now=self.serving.files.get(layout.ROUTER_WORKERS_SCRIPT),
             )
-            if self.plan.batches and s.smoke_requests:
+            if any(self.decided.batch_smoke):
                 # Each drained batch answers a chat request before it rejoins the router.
                 put_file(
                     name="Smoke: request script",
@@ -318,8 +239,10 @@ class ServeStep:
             systemd.daemon_reload(name="Serve: reload systemd")
         if target.will_change:
             systemd.service(name=f"Serve: enable {TARGET}", service=TARGET, enabled=True)
-        for number, batch in enumerate(self.plan.batches, 1):
-            self._roll(batch, f"restart batch {number}")
+        for number, (batch, asked) in enumerate(
+            zip(self.plan.batches, self.decided.batch_smoke, strict=True), 1
+        ):
+            self._roll(batch, f"restart batch {number}", asked)
         self._prune_models()
 
     def _monitoring(self) -> None:
@@ -421,7 +344,7 @@ class ServeStep:
         # A rank a failed roll left out of the router, started again: back in (when not listed).
         self._in([r.rank for r in start], "start")
 
-    def _roll(self, batch: list[Rank], what: str) -> None:
+    def _roll(self, batch: list[Rank], what: str, asked: SmokeRequests | None) -> None:
         s = self.report.settings
         names = ", ".join(r.unit_name for r in batch)
         label = ranks_label([r.rank for r in batch])
@@ -452,46 +375,38 @@ class ServeStep:
         )
         if self.drain is None:
             return
-        if s.smoke_requests:
+        if asked is not None:
             from operations.smoke import smoke_requests  # smoke.py imports this module
 
             smoke_requests(
                 name=f"Serve: {what}: a chat request to {label} before it rejoins",
-                python=f"{batch[0].engine_env}/bin/python",
+                python=asked.python,
                 model=s.model_name,
                 timeout_s=s.smoke_timeout_s,
-                targets=[f"{r.unit_name}={layout.rank_api_base(s, r.rank)}" for r in batch],
+                targets=asked.targets,
             )
-            self.smoked.update(r.rank for r in batch)
         self._in([r.rank for r in batch], what)
 
     def _prune_models(self) -> None:
-        s = self.report.settings
-        keep = {r.model_path for r in self.report.plan.ranks}
-        keys = sorted(k for p in keep if (k := layout.copy_key(s, p)) is not None)
-        if not keys:
+        if not self.decided.prune_keep:
             return  # the ranks read the link (copy not known): nothing is named, nothing goes
-        present = referenced_models(self.serving)
-        if self.serving.model_target:
-            present.add(f"{layout.models_dir(s)}/{self.serving.model_target}")
-        doomed = sorted(p for p in present - keep if layout.copy_key(s, p) is not None)
+        s = self.report.settings
         pruned_model_copies(
             name="Serve: remove staged model copies no unit names",
             stage_dir=s.model_stage_dir,
             slug=layout.model_slug(s),
-            keep=keys,
-            doomed=doomed,
+            keep=self.decided.prune_keep,
+            doomed=self.decided.prune_doomed,
         )
 
 
 @deploy("Serve")
 def _serve(report: HostReport) -> ServeStep:
-    serving = serving_state(report.settings)
-    step = ServeStep(report, serving)
+    step = ServeStep(report)
     host.log(f"ranks: {step.summary()}", logger.info)
     step.run()
     if report.router is not None:
-        _route(report, serving, report.router)
+        _route(report, step.serving, report.router, step.decided.router_restart)
     return step
 
 
@@ -512,16 +427,17 @@ def router_env(engine_root: str, env_dir: str, version: str, installed: bool) ->
     if installed:
         host.noop(f"sglang-router {version} is installed")
         return
-    uv = QuoteString(f"{engine_root}/tools/bin/uv")
+    tree = layout.EngineTree(engine_root)
+    uv = QuoteString(tree.uv)
     common = [
         "--config-file",
-        QuoteString(f"{engine_root}/uv.toml"),
+        QuoteString(tree.uv_config),
         "--cache-dir",
-        QuoteString(f"{engine_root}/cache"),
+        QuoteString(tree.cache),
         "--no-progress",
     ]
     env = QuoteString(env_dir)
-    python = QuoteString(f"{env_dir}/bin/python")
+    python = QuoteString(layout.env_python(env_dir))
     yield StringCommand("rm", "-rf", env)
     yield StringCommand(
         uv,
@@ -547,26 +463,17 @@ def router_env(engine_root: str, env_dir: str, version: str, installed: bool) ->
     )
 
 
-def router_restarts(serving: Serving, plan: RouterPlan) -> bool:
-    """Whether the serve step (re)starts the router this run: its environment is not installed,
-    its unit text is new, or it is not active. The one decision: _route acts on it, the smoke
-    step asks the router when it is true."""
-    unit = serving.files.get(layout.unit_path(layout.ROUTER_UNIT))
-    router = serving.router
-    installed = f"{plan.env_dir}/{layout.ROUTER_MARKER}" in serving.files
-    return unit != sha256(plan.unit) or router is None or router.active != "active" or not installed
-
-
-def _route(report: HostReport, serving: Serving, plan: RouterPlan) -> None:
+def _route(report: HostReport, serving: Serving, plan: RouterPlan, restart: bool) -> None:
     s = report.settings
+    tree = layout.engine_tree(s)
     installed = f"{plan.env_dir}/{ROUTER_MARKER}" in serving.files
     if not installed:
         # Root-only: the main index URL may carry credentials.
-        wheelhouse_dir = f"{s.engine_root}/wheelhouse" if s.wheelhouse else None
+        wheelhouse_dir = tree.wheelhouse if s.wheelhouse else None
         put_file(
             name="Router: package sources (uv.toml)",
             src=tools_uv_config(s, wheelhouse_dir),
-            dest=f"{s.engine_root}/uv.toml",
+            dest=tree.uv_config,
             mode="600",
             dir_mode="755",
             secret=True,
@@ -584,7 +491,7 @@ def _route(report: HostReport, serving: Serving, plan: RouterPlan) -> None:
         dest=layout.unit_path(ROUTER_UNIT),
         sha256_now=serving.files.get(layout.unit_path(ROUTER_UNIT)),
     )
-    if router_restarts(serving, plan):
+    if restart:
         systemd.daemon_reload(name="Router: reload systemd")
         server.shell(
             name=f"Router: (re)start {ROUTER_UNIT}",

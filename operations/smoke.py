@@ -14,7 +14,6 @@ changes nothing. `smoke_requests: false` turns it off; the script is shipped eit
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,26 +23,10 @@ from pyinfra.context import host
 from operations import layout
 from operations.host_files import put_file
 from operations.host_plan import HostReport
-from operations.resolver import Rank, RouterPlan
-from operations.serve import ServeStep, router_restarts
-from operations.settings import Settings
+from operations.serve import ServeStep
 
 SMOKE_SCRIPT = layout.SMOKE_SCRIPT
 _SOURCE = Path(__file__).parent / "files" / "smoke.py"
-ROUTER_TARGET = "router"  # files/smoke.py ROUTER: judged by its chat answers alone
-
-
-def smoke_targets(
-    settings: Settings, ranks: Sequence[Rank], router: RouterPlan | None, router_too: bool
-) -> list[str]:
-    """The script's NAME=URL[*COUNT] arguments: each (re)started rank once, then the router
-    `smoke_router_requests` times when it is asked too."""
-    targets = [f"{r.unit_name}={layout.rank_api_base(settings, r.rank)}" for r in ranks]
-    base = layout.router_api_base(settings)
-    count = settings.smoke_router_requests
-    if router is not None and router_too and base is not None and count > 0:
-        targets.append(f"{ROUTER_TARGET}={base}*{count}")
-    return targets
 
 
 @operation(is_idempotent=False)
@@ -66,7 +49,7 @@ def smoke_requests(python: str, model: str, timeout_s: int, targets: list[str]) 
 
 
 def smoke(report: HostReport, step: ServeStep) -> None:
-    """Ship the script; ask what this run (re)started (see the module's docstring)."""
+    """Ship the script; ask what the plan says this run (re)started (ServePlan.smoke)."""
     s = report.settings
     put_file(
         name="Smoke: request script",
@@ -77,18 +60,12 @@ def smoke(report: HostReport, step: ServeStep) -> None:
     )
     if not s.smoke_requests:
         return
-    # A drained batch already answered before it rejoined the router (serve.py).
-    restarted = [r for r in (*step.plan.start, *step.plan.rolled) if r.rank not in step.smoked]
-    rolled = bool(step.plan.start or step.plan.rolled)
-    router = report.router
-    router_too = router is not None and (rolled or router_restarts(step.serving, router))
-    targets = smoke_targets(s, restarted, router, router_too)
-    python = f"{(restarted or report.plan.ranks)[0].engine_env}/bin/python" if targets else ""
+    asked = step.decided.smoke
     smoke_requests(
         # One name on every host: pyinfra joins differing names of one operation in its output.
         name="Smoke: chat requests (started ranks, router)",
-        python=python,
+        python=asked.python,
         model=s.model_name,
         timeout_s=s.smoke_timeout_s,
-        targets=targets,
+        targets=asked.targets,
     )

@@ -105,6 +105,10 @@ class StageDecision:
     kept: frozenset[str]
     # The source changes in this run (a sync from the controller, a hub download).
     source_pending: bool
+    # The copy's key, as the rank units name it (None: its digest), and the keys of the other
+    # copies a unit names: the stage run keeps them (--key, --keep).
+    key: str | None = None
+    keep_keys: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def refused(self) -> bool:
@@ -163,4 +167,5 @@ def decide_stage(
     else:
         pending = False
     plan = decide(settings, resources, staging, pending)
-    return StageDecision(plan, staging, frozenset(kept), pending)
+    keys = {k for p in kept if (k := layout.copy_key(settings, p)) is not None and k != key}
+    return StageDecision(plan, staging, frozenset(kept), pending, key, sorted(keys))

@@ -37,9 +37,6 @@ STOP_MARGIN_S = 30
 START_LIMIT_BURST = 5
 START_LIMIT_INTERVAL_S = 600
 LIMIT_NOFILE = 65536
-# Device nodes CUDA opens besides the GPU's own /dev/nvidiaN (nvidia-container-toolkit's list).
-CUDA_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm")
-CUDA_OPTIONAL_NODES = ("/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 
 _SAFE_WORD = re.compile(r"[A-Za-z0-9_./:=,+@-]+")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -96,10 +93,10 @@ def device_allow(gpu: int, device_nodes: tuple[str, ...] | None) -> list[str]:
     """DeviceAllow= lines for one rank: its own GPU and the nodes CUDA needs. Optional nodes
     only when the host has them (`device_nodes` from HostResources; None: not gathered)."""
     present = set(device_nodes or ())
-    nodes = [f"/dev/nvidia{gpu}", *CUDA_NODES]
-    nodes += [n for n in CUDA_OPTIONAL_NODES if n in present]
+    nodes = [layout.gpu_node(gpu), *layout.CUDA_NODES]
+    nodes += [n for n in layout.CUDA_OPTIONAL_NODES if n in present]
     lines = [f"{path_word(n)} rw" for n in nodes]
-    if any(n.startswith("/dev/nvidia-caps") for n in present):
+    if any(layout.is_caps_node(n) for n in present):
         lines.append("char-nvidia-caps rw")  # MIG capabilities: their major, by name
     return lines
 
@@ -120,7 +117,7 @@ def rank_unit(
         RANK_TEMPLATE,
         description=text(f"SGLang rank {rank}: {model_name} on GPU {gpu}, port {port}"),
         user=user,
-        home=path_word(f"/var/lib/{user}"),
+        home=path_word(layout.service_home(user)),
         environment=[env_assignment(k, v) for k, v in env.items()],
         exec_start=exec_line(argv),
         stage_unit=layout.STAGE_UNIT,

@@ -5,10 +5,13 @@ trip; operations/engine.py changes what these facts read.
 
 from __future__ import annotations
 
+import shlex
 from typing import NotRequired, TypedDict
 
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.facts import FactBase
+
+from operations.layout import EngineTree
 
 # Written into an environment only after it passed its checks: an environment without it is
 # partial (a cut download, a full disk, a failed check) and is removed by the next run.
@@ -86,30 +89,30 @@ class EngineState(FactBase[EngineHost]):
     """
 
     def command(self, engine_root: str) -> StringCommand:
-        return StringCommand(
-            "root=",
-            QuoteString(engine_root),
-            "; " + _STATE_SCRIPT,
-            _separator="",
-        )
+        return StringCommand(state_script(engine_root))
 
     def process(self, output: list[str]) -> EngineHost:
         return parse_engine_state(output)
 
 
-_STATE_SCRIPT = " ".join(
-    (
-        'for d in "$root"/envs/*/; do [ -d "$d" ] || continue; n=$(basename "$d");',
-        f'if [ -f "${{d}}{MARKER}" ]; then echo "env=$n $(stat -c %Y "${{d}}{MARKER}")";',
-        'else echo "partial=$n"; fi; done;',
-        'echo "current=$(readlink "$root/current" 2>/dev/null)";',
-        'echo "uv=$("$root/tools/bin/uv" --version 2>/dev/null)";',
-        f'for d in "$root"/cuda/*/; do [ -f "${{d}}{TOOLKIT_MARKER}" ] &&',
-        'echo "toolkit=$(basename "$d")"; done;',
-        "dpkg-query -W -f='package=${Package} ${db:Status-Status}\\n'",
-        f"{' '.join(HOST_PACKAGES)} 2>/dev/null; true",
+def state_script(engine_root: str) -> str:
+    """The shell that reads it (EngineState, and the ServingState fact's `engine` lines): every
+    path from layout.EngineTree, quoted."""
+    tree = EngineTree(engine_root)
+    envs, cuda = shlex.quote(tree.envs), shlex.quote(tree.cuda)
+    return " ".join(
+        (
+            f'for d in {envs}/*/; do [ -d "$d" ] || continue; n=$(basename "$d");',
+            f'if [ -f "${{d}}{MARKER}" ]; then echo "env=$n $(stat -c %Y "${{d}}{MARKER}")";',
+            'else echo "partial=$n"; fi; done;',
+            f'echo "current=$(readlink {shlex.quote(tree.current)} 2>/dev/null)";',
+            f'echo "uv=$({shlex.quote(tree.uv)} --version 2>/dev/null)";',
+            f'for d in {cuda}/*/; do [ -f "${{d}}{TOOLKIT_MARKER}" ] &&',
+            'echo "toolkit=$(basename "$d")"; done;',
+            "dpkg-query -W -f='package=${Package} ${db:Status-Status}\\n'",
+            f"{' '.join(HOST_PACKAGES)} 2>/dev/null; true",
+        )
     )
-)
 
 
 class WheelhouseFiles(FactBase[dict[str, int]]):

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.facts import FactBase
 
+from operations import layout
+
 
 @dataclass(frozen=True)
 class PathStat:
@@ -167,7 +169,7 @@ _RESOURCES_SCRIPT = " ".join(
         '2>/dev/null)";',
         'echo "systemd=$(systemctl --version 2>/dev/null | head -n1)";',
         '[ -e /opt/rocm ] && echo "rocm=1";',
-        'for n in /dev/nvidia*; do [ -e "$n" ] && echo "dev=$n"; done; true',
+        f'for n in {layout.GPU_NODE_GLOB}; do [ -e "$n" ] && echo "dev=$n"; done; true',
     )
 )
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.facts import FactBase
 
+from operations import layout
+
 # ----------------------------------------------------------------------------- PVE version
 
 
@@ -120,8 +122,8 @@ class NvidiaDevices:
     @property
     def gpus(self) -> list[str]:
         """GPU nodes /dev/nvidiaN, by N."""
-        gpu = [n for n in self.nodes if re.fullmatch(r"/dev/nvidia[0-9]+", n)]
-        return sorted(gpu, key=lambda n: int(n.removeprefix("/dev/nvidia")))
+        gpu = {i: n for n in self.nodes if (i := layout.gpu_index(n)) is not None}
+        return [gpu[i] for i in sorted(gpu)]
 
     def major(self, *names: str) -> int | None:
         """The first of names that /proc/devices lists (nvidia-frontend is the newer name of
@@ -168,7 +170,7 @@ class NvidiaDeviceNodes(FactBase[NvidiaDevices]):
 
     def command(self) -> str:
         return (
-            "for n in /dev/nvidia* /dev/nvidia-caps/*; do "
+            f"for n in {layout.GPU_NODE_GLOB} {layout.CAPS_DIR}/*; do "
             f'[ -c "$n" ] && echo "{NODE_MARKER}$n"; done; '
             "cat /proc/devices 2>/dev/null; true"
         )

@@ -16,7 +16,7 @@ from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.facts import FactBase
 
 from operations import execstart, layout
-from operations.facts.engine import MARKER
+from operations.facts.engine import MARKER, EngineHost, parse_engine_state, state_script
 from operations.facts.once import gathered
 from operations.settings import Settings
 
@@ -131,9 +131,7 @@ class UnitState:
     def engine_env(self) -> str | None:
         """The environment directory the unit runs (ENV/bin/python -> ENV)."""
         words = self.argv()
-        if not words or not words[0].endswith("/bin/python"):
-            return None
-        return words[0][: -len("/bin/python")]
+        return layout.env_of_python(words[0]) if words else None
 
     def model_path(self) -> str | None:
         words = self.argv()
@@ -210,6 +208,8 @@ class Serving:
     # Unit -> `systemctl is-enabled` ("enabled", "disabled", "" when unknown), for the units
     # asked with `enabled=` (the stage unit: a converged run needs no SystemdStatus fact).
     enabled: dict[str, str] = field(default_factory=dict)
+    # What the EngineState fact reads, when asked with `engine=True` (a deploy); else None.
+    engine: EngineHost | None = None
 
     def rank_files(self) -> dict[int, UnitState]:
         """Ranks that have a unit file: what a crash-restart or a reboot runs."""
@@ -225,8 +225,8 @@ def referenced_envs(serving: Serving) -> set[str]:
 def referenced_env_names(serving: Serving, engine_root: str) -> set[str]:
     """The names (ENGINE_ROOT/envs/<name>) of the environments the rank unit files name now:
     what the engine's prune must keep besides its own choice."""
-    prefix = layout.engine_env(engine_root, "")
-    return {env[len(prefix) :] for env in referenced_envs(serving) if env.startswith(prefix)}
+    tree = layout.EngineTree(engine_root)
+    return {name for env in referenced_envs(serving) if (name := tree.name_of(env)) is not None}
 
 
 def referenced_models(serving: Serving) -> set[str]:
@@ -316,6 +316,7 @@ def parse_serving(lines: list[str]) -> Serving:
     load: dict[str, RankLoad] = {}
     gpu_lines: list[str] = []
     enabled: dict[str, str] = {}
+    engine_lines: list[str] = []
     for line in lines:
         key, eq, value = line.partition("=")
         if eq and " " not in key and key[:1].isupper():
@@ -352,6 +353,8 @@ def parse_serving(lines: list[str]) -> Serving:
         elif word == "enabled":
             unit, _, answer = rest.partition(" ")
             enabled[unit] = answer.strip()
+        elif word == "engine":
+            engine_lines.append(rest)
         elif word:
             values[word] = rest.strip()
     if block:
@@ -388,6 +391,9 @@ def parse_serving(lines: list[str]) -> Serving:
         gpus=gpus,
         gpu_error=gpu_error,
         enabled=enabled,
+        # The engine lines end with dpkg's, which the deploy's host always prints (or nothing:
+        # then the engine was not asked).
+        engine=parse_engine_state(engine_lines) if engine_lines else None,
     )
 
 
@@ -428,6 +434,8 @@ class ServingState(FactBase[Serving]):
     + gpus: whether to ask nvidia-smi for memory use
     + timeout_s: each /health probe's timeout
     + enabled: units whose `systemctl is-enabled` answer to read
+    + engine: also read what the EngineState fact reads (`Serving.engine`): the engine step's
+      environments, uv, compilers and host packages, in the same round trip
     """
 
     def command(
@@ -444,6 +452,7 @@ class ServingState(FactBase[Serving]):
         gpus: bool = False,
         timeout_s: float = 2.0,
         enabled: list[str] | None = None,
+        engine: bool = False,
     ) -> StringCommand:
         wanted: list[str | QuoteString] = [layout.unit_name(r) for r in ranks or []]
         if router:
@@ -467,14 +476,14 @@ class ServingState(FactBase[Serving]):
         ]
         if user:
             parts += ['echo "user $(id -u', QuoteString(user), '>/dev/null 2>&1 && echo yes)";']
-        envs = f"{engine_root}/envs"
+        tree = layout.EngineTree(engine_root)
         parts += [
             # One word: the quoted root and its glob must not be split by the join's spaces.
-            f"for m in {shlex.quote(envs)}/*/{MARKER};",
+            f"for m in {shlex.quote(tree.envs)}/*/{MARKER};",
             'do [ -f "$m" ] || continue; d=${m%/*};',
             'echo "env ${d##*/} $(head -c 4096 "$m" | tr -d \'\\n\')"; done;',
             'echo "engine_current $(readlink',
-            QuoteString(layout.engine_current(engine_root)),
+            QuoteString(tree.current),
             '2>/dev/null)";',
             'echo "model_target $(readlink',
             QuoteString(model_link),
@@ -506,6 +515,9 @@ class ServingState(FactBase[Serving]):
         for unit in enabled or []:
             parts += ['echo "enabled', QuoteString(unit), "$(systemctl is-enabled"]
             parts += [QuoteString(unit), '2>/dev/null)";']
+        if engine:
+            # The EngineState fact's own script, its lines prefixed: one round trip for both.
+            parts += ["(", state_script(engine_root), ") | sed 's/^/engine /';"]
         parts.append("true")
         return StringCommand(*parts)
 
@@ -547,4 +559,5 @@ def serving_state(settings: Settings) -> Serving:
         paths=managed_paths(settings),
         user=settings.service_user,
         enabled=[layout.STAGE_UNIT],
+        engine=True,
     )

@@ -16,6 +16,7 @@ from typing import Any
 
 from operations.facts.gpu import NvidiaGpus
 from operations.facts.host import CONFIG_MARKER
+from operations.facts.preflight import SECTION
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
@@ -60,12 +61,20 @@ def fake_responses(
         "mismatched": [],
         "up_to_date": False,
     }
+    model = ["exists", str(model_bytes), CONFIG_MARKER, *config]
+    gpus = nvidia_smi_output(scenario)
     return {
+        # PreflightFacts (operations/facts/preflight.py): the three parts, each after its line.
+        SECTION: [
+            *(f"{SECTION}gpu", *gpus),
+            *(f"{SECTION}resources", *resources),
+            *(f"{SECTION}model", *model),
+        ],
         # The staging script's plan (operations/facts/model.py): nothing staged yet.
         "Stage a model directory into a tmpfs": [json.dumps(never_staged)],
-        "--query-gpu=": nvidia_smi_output(scenario),
+        "--query-gpu=": gpus,
         # pyinfra's own facts that the deploy's built-in operations read.
         "uname -s": ["Linux"],
         "GNU_LIBC_VERSION": resources,
-        CONFIG_MARKER: ["exists", str(model_bytes), CONFIG_MARKER, *config],
+        CONFIG_MARKER: model,
     }

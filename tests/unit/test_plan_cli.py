@@ -207,9 +207,9 @@ def test_bad_settings_are_one_line_each_without_traceback() -> None:
 def test_the_plan_command_only_reads_facts(tmp_path: Path) -> None:
     out, commands = recorded(tmp_path, "plan", "inventory/demo.py")
     assert "ready" in out and "sglang@7.service" in out, out
-    asked = {fact for fact, _ in commands}
-    assert {"NvidiaGpus", "HostResources", "ModelStaging"} <= asked, commands
-    assert [cmd for fact, cmd in commands if fact is None] == []
+    asked = [str(fact) for fact, _ in commands]  # "None": an operation's command
+    # Three round trips, each once: the preflight facts, the staging plan, what serves now.
+    assert sorted(asked) == ["ModelStaging", "PreflightFacts", "ServingState"], commands
 
 
 def test_dry_deploy_shows_the_plan_and_changes_nothing(tmp_path: Path) -> None:
@@ -217,7 +217,7 @@ def test_dry_deploy_shows_the_plan_and_changes_nothing(tmp_path: Path) -> None:
     out, commands = recorded(tmp_path, "pyinfra", "inventory/demo.py", "deploy.py", "--dry", "-y")
     assert "--attention-backend flashinfer" in out
     assert all(f"sglang@{rank}.service" in out for rank in range(8)) and "30007" in out
-    assert {"NvidiaGpus", "HostResources", "ModelStaging"} <= {f for f, _ in commands}
+    assert {"PreflightFacts", "ModelStaging", "ServingState"} <= {f for f, _ in commands}
     # Facts only, no operation's command and no upload reached the host.
     assert [cmd for fact, cmd in commands if fact is None] == []
 

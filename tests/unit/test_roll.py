@@ -16,7 +16,7 @@ from operations.facts.serve import (
 )
 from operations.host_files import sha256
 from operations.resolver import Rank
-from operations.serve import roll_plan
+from operations.roll import roll_plan
 from tests.unit.builders import facts, make_settings
 
 KEY_OLD, KEY_NEW = "1111aaaa2222bbbb", "3333cccc4444dddd"

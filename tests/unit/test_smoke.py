@@ -15,11 +15,10 @@ from typing import Any
 import pytest
 
 from operations import layout
-from operations import smoke as op
 from operations.facts.serve import Serving, UnitState
 from operations.host_files import sha256
 from operations.resolver import Rank, RouterPlan
-from operations.serve import router_restarts
+from operations.roll import router_restarts, smoke_targets
 from tests.unit.builders import make_settings
 
 MODEL = "Qwen/Qwen3.6-27B"
@@ -181,19 +180,19 @@ def router_plan(unit: str = "[Unit]\n") -> RouterPlan:
 
 def test_each_restarted_rank_once_and_the_router_a_few_times() -> None:
     s = make_settings(server_host="127.0.0.10", router=ROUTER, smoke_router_requests=3)
-    targets = op.smoke_targets(s, [rank(0), rank(5)], router_plan(), router_too=True)
+    targets = smoke_targets(s, [rank(0), rank(5)], router_plan(), router_too=True)
     assert targets == [
         "sglang@0.service=http://127.0.0.10:30000/v1",
         "sglang@5.service=http://127.0.0.10:30005/v1",
         # bound to every address: the host reaches it on loopback
         "router=http://127.0.0.1:8000/v1*3",
     ]
-    assert op.smoke_targets(s, [rank(1)], router_plan(), router_too=False) == [
+    assert smoke_targets(s, [rank(1)], router_plan(), router_too=False) == [
         "sglang@1.service=http://127.0.0.10:30001/v1"
     ]
-    assert op.smoke_targets(s, [], None, router_too=False) == []
+    assert smoke_targets(s, [], None, router_too=False) == []
     none = make_settings(router=ROUTER, smoke_router_requests=0)
-    assert op.smoke_targets(none, [], router_plan(), router_too=True) == []
+    assert smoke_targets(none, [], router_plan(), router_too=True) == []
 
 
 def test_the_router_is_asked_when_it_restarts() -> None:

@@ -1,0 +1,96 @@
+"""What preflight reads of a host, in one round trip: the GPUs (NvidiaGpus), the container's
+resources (HostResources) and, for a source on the target, the model directory (ModelSource).
+
+Each part is the other fact's own command, run in a subshell after a section line, and parsed by
+that fact's own `process` (or its `default` when the part printed nothing), so the plan reads
+exactly what the three facts would, for one SSH round trip instead of three.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyinfra.api.command import StringCommand
+from pyinfra.api.facts import FactBase
+
+from operations.facts.gpu import NvidiaGpus, NvidiaSmi
+from operations.facts.host import HostResources, Model, ModelSource, Resources
+
+SECTION = "@@preflight "
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    gpu: NvidiaSmi
+    resources: Resources
+    # The model directory on the target; None when it was not asked (a controller source).
+    model: Model | None = None
+
+
+def _part(fact: type[FactBase[Any]], lines: list[str] | None) -> Any:
+    if lines is None:
+        return None
+    instance = fact()
+    if not lines:
+        default = getattr(instance, "default", None)
+        return default() if default is not None else None
+    return instance.process(lines)
+
+
+def parse_host_facts(lines: list[str]) -> HostFacts:
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in lines:
+        if line.startswith(SECTION):
+            current = sections.setdefault(line[len(SECTION) :].strip(), [])
+        elif current is not None:
+            current.append(line)
+    gpu = _part(NvidiaGpus, sections.get("gpu", []))
+    resources = _part(HostResources, sections.get("resources", []))
+    model = _part(ModelSource, sections.get("model"))
+    return HostFacts(gpu=gpu, resources=resources, model=model)
+
+
+class PreflightFacts(FactBase[HostFacts]):
+    """
+    Returns the GPUs, the host's resources and (with `model_path`) the model directory, as the
+    NvidiaGpus, HostResources and ModelSource facts read them, in one round trip.
+
+    .. code:: python
+
+        HostFacts(gpu=NvidiaSmi(ok=True, gpus=[...], driver_version="570.172.08",
+                                cuda_version="12.8"),
+                  resources=Resources(stage_total_bytes=..., device_nodes=[...], ...),
+                  model=Model(exists=True, size_bytes=..., architecture="Qwen3ForCausalLM"))
+
+    + stage_dir, engine_root, roots: as HostResources
+    + model_path: the model directory on the target (ModelSource), None to skip it
+    """
+
+    def command(
+        self,
+        stage_dir: str,
+        engine_root: str,
+        roots: Sequence[str] = (),
+        model_path: str | None = None,
+    ) -> StringCommand:
+        parts: list[str | StringCommand] = [
+            f"echo '{SECTION}gpu'; (",
+            StringCommand(NvidiaGpus().command()),
+            f"); echo '{SECTION}resources'; (",
+            HostResources().command(stage_dir=stage_dir, engine_root=engine_root, roots=roots),
+            ");",
+        ]
+        if model_path is not None:
+            parts += [f"echo '{SECTION}model'; (", ModelSource().command(path=model_path), ");"]
+        parts.append("true")
+        return StringCommand(*parts)
+
+    @staticmethod
+    def default() -> HostFacts:
+        return parse_host_facts([])
+
+    def process(self, output: list[str]) -> HostFacts:
+        return parse_host_facts(output)

@@ -1,0 +1,265 @@
+"""What the serve and smoke steps do, decided in the plan from the ServingState fact.
+
+host_plan.decide calls `serve_plan` once per host; the HostReport carries the ServePlan, the
+plan command shows it (`python -m operations.plan --json`: "serve"), and operations/serve.py and
+operations/smoke.py carry it out without deciding again:
+
+- ranks that are not serving start together (`RollPlan.start`);
+- a serving rank restarts when and only when its own unit file changes, or the API key file
+  the ranks read changes (`secret_changed`): in batches of `restart_batch_size`;
+- ranks beyond `dp_size` are removed;
+- the router (re)starts when its environment is not installed, its unit changed or it is not
+  active (`router_restart`);
+- a chat request goes to each rank this run (re)starts and, when anything (re)started, through
+  the router: behind a router each rolled batch is asked before it rejoins (`batch_smoke`), the
+  rest after the serve step (`smoke`);
+- once every batch is healthy, staged copies no unit names any more go (`prune_doomed`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypedDict
+
+from operations import layout
+from operations.drain import DrainPlan
+from operations.facts.serve import Serving, referenced_models
+from operations.host_files import sha256
+from operations.resolver import Rank, RouterPlan
+from operations.settings import Settings
+
+ROUTER_TARGET = "router"  # files/smoke.py ROUTER: judged by its chat answers alone
+
+
+def batches(ranks: Sequence[Rank], size: int) -> list[list[Rank]]:
+    return [list(ranks[i : i + size]) for i in range(0, len(ranks), size)]
+
+
+@dataclass(frozen=True)
+class RollPlan:
+    """What the serve step does to the ranks, decided from the fact alone."""
+
+    # Not serving now: their (new) units are written and they start together.
+    start: list[Rank] = field(default_factory=list)
+    # Serving, and their unit changed: rewritten and restarted, one batch at a time.
+    batches: list[list[Rank]] = field(default_factory=list)
+    # Beyond dp_size: stopped, disabled, removed.
+    remove: list[int] = field(default_factory=list)
+    # Serving and unchanged: not touched.
+    unchanged: list[Rank] = field(default_factory=list)
+
+    @property
+    def rolled(self) -> list[Rank]:
+        return [rank for batch in self.batches for rank in batch]
+
+
+def roll_plan(
+    ranks: Sequence[Rank], serving: Serving, batch_size: int, secret_changed: bool = False
+) -> RollPlan:
+    """Which ranks start, which restart in which batches, which go.
+
+    A rank's unit file names its engine environment and model copy, so "what it runs changed"
+    is "its unit text changed": nothing is inferred from links or times. After a roll that
+    stopped at a failed batch (or a reboot in the middle of one) the fact shows the rolled
+    ranks' files already new and the others old, so a re-run rolls exactly the rest.
+    `secret_changed`: the API key file the ranks read with --config changed: all restart.
+    """
+    plan = RollPlan(remove=sorted(set(serving.rank_files()) - {r.rank for r in ranks}))
+    restart: list[Rank] = []
+    for rank in ranks:
+        now = serving.ranks.get(rank.rank)
+        if now is None or not now.running:
+            plan.start.append(rank)
+        elif now.unit_sha256 != sha256(rank.unit) or secret_changed:
+            restart.append(rank)
+        else:
+            plan.unchanged.append(rank)
+    plan.batches.extend(batches(restart, max(1, batch_size)))
+    return plan
+
+
+def secrets_text(settings: Settings) -> str | None:
+    """The options file that carries the API key; None when no key is configured."""
+    if not settings.api_key_file:
+        return None
+    key = Path(settings.api_key_file).expanduser().read_text().strip()
+    # JSON string syntax is valid YAML and escapes whatever the key holds.
+    return f"api-key: {json.dumps(key)}\n"
+
+
+def router_restarts(serving: Serving, plan: RouterPlan) -> bool:
+    """Whether the serve step (re)starts the router this run: its environment is not installed,
+    its unit text is new, or it is not active."""
+    unit = serving.files.get(layout.unit_path(layout.ROUTER_UNIT))
+    router = serving.router
+    installed = f"{plan.env_dir}/{layout.ROUTER_MARKER}" in serving.files
+    return unit != sha256(plan.unit) or router is None or router.active != "active" or not installed
+
+
+def smoke_targets(
+    settings: Settings, ranks: Sequence[Rank], router: RouterPlan | None, router_too: bool
+) -> list[str]:
+    """The script's NAME=URL[*COUNT] arguments: each (re)started rank once, then the router
+    `smoke_router_requests` times when it is asked too."""
+    targets = [f"{r.unit_name}={layout.rank_api_base(settings, r.rank)}" for r in ranks]
+    base = layout.router_api_base(settings)
+    count = settings.smoke_router_requests
+    if router is not None and router_too and base is not None and count > 0:
+        targets.append(f"{ROUTER_TARGET}={base}*{count}")
+    return targets
+
+
+@dataclass(frozen=True)
+class SmokeRequests:
+    """One run of files/smoke.py: the interpreter it runs with (an engine environment's, for
+    httpx) and its NAME=URL[*COUNT] targets; no targets: nothing is asked."""
+
+    python: str = ""
+    targets: list[str] = field(default_factory=list)
+
+
+class SmokeJson(TypedDict):
+    python: str
+    targets: list[str]
+
+
+class ServeJson(TypedDict):
+    start: list[int]
+    batches: list[list[int]]
+    remove: list[int]
+    unchanged: list[int]
+    secret_changed: bool
+    remove_secret: bool
+    router_restart: bool
+    batch_smoke: list[SmokeJson | None]
+    smoke: SmokeJson
+    prune_keep: list[str]
+    prune_doomed: list[str]
+    summary: str
+
+
+def _smoke_json(smoke: SmokeRequests) -> SmokeJson:
+    return {"python": smoke.python, "targets": smoke.targets}
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    """Everything the serve and smoke steps act on (see the module's docstring)."""
+
+    roll: RollPlan
+    # The API key file's text (never shown); None: no key configured.
+    secret: str | None = None
+    secret_changed: bool = False
+    # No key configured, and the host has a key file: it goes.
+    remove_secret: bool = False
+    router_restart: bool = False
+    # Behind a router, with smoke requests on: one per rolled batch, asked before it rejoins.
+    batch_smoke: list[SmokeRequests | None] = field(default_factory=list)
+    # What the smoke step asks after the serve step.
+    smoke: SmokeRequests = field(default_factory=SmokeRequests)
+    # Keys of the staged copies the units name, and the copies (paths) that go after the roll.
+    prune_keep: list[str] = field(default_factory=list)
+    prune_doomed: list[str] = field(default_factory=list)
+    # How a batch leaves and rejoins the router (None: not drain-protected).
+    drain: DrainPlan | None = None
+
+    def summary(self) -> str:
+        """What this run does to the ranks, for the plan printed before any change."""
+
+        def names(ranks: Sequence[Rank]) -> str:
+            return ", ".join(str(r.rank) for r in ranks)
+
+        plan = self.roll
+        parts = []
+        if plan.start:
+            parts.append(f"start rank(s) {names(plan.start)} together")
+        if plan.batches:
+            order = " then ".join(f"[{names(b)}]" for b in plan.batches)
+            drained = (
+                f", each drained through the router first (up to {self.drain.timeout_s}s)"
+                if self.drain is not None
+                else " (not drain-protected: no router)"
+            )
+            parts.append(f"restart (unit changed) in batches {order}{drained}")
+        if plan.remove:
+            parts.append(f"stop and remove rank(s) {', '.join(map(str, plan.remove))}")
+        return "; ".join(parts) or "every rank runs what the plan says: nothing to restart"
+
+    def to_json(self) -> ServeJson:
+        def numbers(ranks: Sequence[Rank]) -> list[int]:
+            return [r.rank for r in ranks]
+
+        return {
+            "start": numbers(self.roll.start),
+            "batches": [numbers(b) for b in self.roll.batches],
+            "remove": self.roll.remove,
+            "unchanged": numbers(self.roll.unchanged),
+            "secret_changed": self.secret_changed,
+            "remove_secret": self.remove_secret,
+            "router_restart": self.router_restart,
+            "batch_smoke": [_smoke_json(b) if b else None for b in self.batch_smoke],
+            "smoke": _smoke_json(self.smoke),
+            "prune_keep": self.prune_keep,
+            "prune_doomed": self.prune_doomed,
+            "summary": self.summary(),
+        }
+
+
+def serve_plan(
+    settings: Settings,
+    ranks: Sequence[Rank],
+    serving: Serving,
+    router: RouterPlan | None,
+    drain: DrainPlan | None,
+) -> ServePlan:
+    """The serve and smoke steps' decisions for this host (router: set on the router's host)."""
+    s = settings
+    secret = secrets_text(s)
+    secret_changed = secret is not None and serving.files.get(layout.SECRETS_FILE) != sha256(secret)
+    roll = roll_plan(ranks, serving, s.restart_batch_size, secret_changed)
+    router_restart = router is not None and router_restarts(serving, router)
+
+    batch_smoke: list[SmokeRequests | None] = []
+    for batch in roll.batches:
+        if drain is not None and s.smoke_requests:
+            targets = smoke_targets(s, batch, None, router_too=False)
+            batch_smoke.append(SmokeRequests(layout.env_python(batch[0].engine_env), targets))
+        else:
+            batch_smoke.append(None)
+    smoke = SmokeRequests()
+    if s.smoke_requests:
+        # A drained batch already answered before it rejoined the router.
+        asked = [r for r in (*roll.start, *roll.rolled) if not _asked_in_roll(r, roll, drain, s)]
+        router_too = router is not None and (bool(roll.start or roll.rolled) or router_restart)
+        targets = smoke_targets(s, asked, router, router_too)
+        if targets:
+            python = layout.env_python((asked or list(ranks))[0].engine_env)
+            smoke = SmokeRequests(python, targets)
+
+    keep = {r.model_path for r in ranks}
+    keys = sorted(k for p in keep if (k := layout.copy_key(s, p)) is not None)
+    doomed: list[str] = []
+    if keys:  # the ranks read the link (copy not known): nothing is named, nothing goes
+        present = referenced_models(serving)
+        if serving.model_target:
+            present.add(layout.stage_tree(s).entry(serving.model_target))
+        doomed = sorted(p for p in present - keep if layout.copy_key(s, p) is not None)
+    return ServePlan(
+        roll=roll,
+        secret=secret,
+        secret_changed=secret_changed,
+        remove_secret=secret is None and layout.SECRETS_FILE in serving.files,
+        router_restart=router_restart,
+        batch_smoke=batch_smoke,
+        smoke=smoke,
+        prune_keep=keys,
+        prune_doomed=doomed,
+        drain=drain,
+    )
+
+
+def _asked_in_roll(rank: Rank, roll: RollPlan, drain: DrainPlan | None, s: Settings) -> bool:
+    return drain is not None and s.smoke_requests and rank in roll.rolled
