@@ -116,7 +116,10 @@ def make_indexes(
     for each_lane, by_release in {lane: wheels, **(other_lanes or {})}.items():
         for release, built in by_release.items():
             for role, (index, index_lane) in doubles.placement(release, each_lane).items():
-                by_name[index].add(built[role], sub=index_lane)
+                if index == "main":  # a plain PyPI build (the cu130 kernel from 0.5.19)
+                    indexes.main.add(built[role])
+                else:
+                    by_name[index].add(built[role], sub=index_lane)
             for role in ("sglang", "flashinfer", "cuda-python"):
                 indexes.main.add(built[role])
             indexes.main.add(*client_wheels(release))

@@ -42,8 +42,6 @@ _NO_KERNEL = (
 KNOWN_FAILURES: dict[tuple[str, str], str] = {
     ("0.5.19", "cu128"): _NO_KERNEL.format(pin="0.4.6.post1+cu129", lane="cu129"),
     ("0.5.19", "cu129"): _NO_KERNEL.format(pin="0.4.6.post1+cu129", lane="cu129"),
-    ("0.5.19", "cu130"): _NO_KERNEL.format(pin="0.4.6.post1+cu130", lane="cu130"),
-    ("0.5.23", "cu130"): _NO_KERNEL.format(pin="0.4.10+cu130", lane="cu130"),
 }
 
 
