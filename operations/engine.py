@@ -504,7 +504,7 @@ def _compiler(s: Settings, spec: EngineSpec, state: EngineHost) -> None:
         sync_archives(
             name=f"Engine: sync nvcc {tools.version}'s archives",
             src=redist_dir(s.wheelhouse),
-            dest=f"{s.engine_root}/{REDIST_DIR}",
+            dest=EngineTree(s.engine_root).redist(REDIST_DIR),
             tools=tools,
         )
     install_toolkit(

@@ -16,6 +16,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
 from operations.kb import PLACEHOLDER, Compiler, Knowledge, cite
+from operations.layout import EngineTree
 from operations.settings import Settings
 
 HASH_LENGTH = 8
@@ -98,7 +99,7 @@ class Toolkit:
         return f"{self.version}-{hashlib.sha256(canonical.encode()).hexdigest()[:HASH_LENGTH]}"
 
     def home(self, engine_root: str) -> str:
-        return f"{engine_root}/cuda/{self.name}"
+        return EngineTree(engine_root).toolkit(self.name)
 
     @property
     def placeholder(self) -> bool:

@@ -60,6 +60,11 @@ ROUTER_MARKER = ".sglang-deploy-complete"
 MONITORING_DIR = "/etc/sglang-monitoring"
 TARGETS_FILE = f"{MONITORING_DIR}/prometheus-targets.json"
 DASHBOARD_FILE = f"{MONITORING_DIR}/grafana-dashboard.json"
+# Under an hf:// source's directory: the revision the hub download completed
+# (operations/files/stage_model.py HUB_MARKER, which the host script spells on its own).
+HUB_MARKER = ".cache/sglang-hub-complete"
+# The stage unit's interpreter: the host's own, present before any engine is installed.
+SYSTEM_PYTHON = "/usr/bin/python3"
 # On a Proxmox node (pve.py): NVIDIA's installers, downloaded once.
 PVE_DRIVER_CACHE = "/var/cache/sglang-deploy/driver"
 

@@ -242,7 +242,7 @@ def stage_unit_text(settings: Settings, key: str | None) -> str:
         "auto",  # at boot no rank runs yet: in place is safe when beside does not fit
         "manifest",
         settings.model_stage_bwlimit_mbps,
-        python="/usr/bin/python3",
+        python=layout.SYSTEM_PYTHON,
         key=key,
         group=settings.service_user,
     )

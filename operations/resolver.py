@@ -734,7 +734,7 @@ class _Resolution:
             self.error(f"base_port {s.base_port} {self.where('base_port')}: ranks run past 65535")
             return
         env = layout.engine_env(s.engine_root, self.engine_name())
-        python = f"{env}/bin/python"
+        python = layout.env_python(env)
         model_path = self.model_path()
         for rank in range(s.dp_size):
             port = s.base_port + rank
@@ -887,7 +887,7 @@ def resolve_router(
     env_dir = layout.router_env(settings)
     workers = worker_urls(all_settings)
     argv = [
-        f"{env_dir}/bin/python",
+        layout.env_python(env_dir),
         "-m",
         "sglang_router.launch_router",
         "--worker-urls",

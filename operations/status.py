@@ -32,7 +32,7 @@ from operations.redact import redact_data, redact_text
 from operations.settings import Settings
 
 EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_ERROR = 0, 1, 2
-HUB_MARKER = ".cache/sglang-hub-complete"  # operations/files/stage_model.py HUB_MARKER
+HUB_MARKER = layout.HUB_MARKER
 PROBE_TIMEOUT_S = 2.0
 
 
@@ -351,7 +351,7 @@ def probe_args(settings: Settings, host_name: str, status: Serving) -> dict[str,
     envs = [env for unit in status.ranks.values() if (env := unit.engine_env()) is not None]
     env = envs[0] if envs else layout.engine_current(settings.engine_root)
     return {
-        "python": f"{env}/bin/python",
+        "python": layout.env_python(env),
         "model": settings.model_name,
         "targets": targets,
         "timeout_s": float(settings.smoke_timeout_s),

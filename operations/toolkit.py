@@ -29,6 +29,7 @@ from pyinfra.context import host
 from operations.engine_spec import Toolkit
 from operations.facts.engine import HOST_PACKAGES
 from operations.host_files import put_file
+from operations.layout import EngineTree
 
 INSTALL_SCRIPT = (Path(__file__).parent / "files" / "cuda_toolkit.py").read_text()
 # Beside the wheelhouse on the controller; on the host, under ENGINE_ROOT.
@@ -127,13 +128,13 @@ def install_toolkit(
         return
     arguments = {
         "home": home,
-        "source": f"{engine_root}/{REDIST_DIR}" if offline else tools.url,
+        "source": EngineTree(engine_root).redist(REDIST_DIR) if offline else tools.url,
         "root": tools.root,
         "archives": [{"path": a.path, "sha256": a.sha256, "size": a.size} for a in tools.archives],
         "marker": {"version": tools.version, "archives": [a.file_name for a in tools.archives]},
     }
     # Root-only, never on a command line: a mirror's URL may carry a token.
-    args_file = f"{engine_root}/cuda/.{tools.name}.json"
+    args_file = EngineTree(engine_root).toolkit_args(tools.name)
     yield from put_file._inner(
         src=json.dumps(arguments, indent=1) + "\n",
         dest=args_file,
