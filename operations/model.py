@@ -34,6 +34,7 @@ from operations.facts.model import SCRIPT_PATH, script_module
 from operations.host_files import put_file
 from operations.host_plan import HostReport
 from operations.layout import CONFIG_DIR, STAGE_UNIT
+from operations.preflight import STAGE_HEADROOM
 from operations.serve import service_user
 from operations.settings import Settings
 
@@ -77,9 +78,11 @@ def stage_command(
     key: str | None = None,
     keep: tuple[str, ...] = (),
     group: str | None = None,
+    headroom: float = STAGE_HEADROOM,
 ) -> list[str]:
     """The one command line of a staging run: the deploy and the boot unit both use it.
-    key: the copy's name the rank units use; keep: copies units still name (not removed)."""
+    key: the copy's name the rank units use; keep: copies units still name (not removed);
+    headroom: the capacity rule's (preflight.STAGE_HEADROOM), which the script applies."""
     argv = [python, script, "stage", source_dir, stage_dir, slug, "--mode", mode]
     argv += ["--verify", verify]
     if key is not None:
@@ -90,6 +93,7 @@ def stage_command(
         argv += ["--group", group]  # root:GROUP 0750/0640: the servers read it, nobody else
     if bwlimit_mbps:
         argv += ["--bwlimit-mbps", f"{bwlimit_mbps:g}"]
+    argv += ["--headroom", f"{headroom:g}"]
     return argv
 
 

@@ -648,9 +648,13 @@ def stage(
     keep: tuple[str, ...] = (),
     measure_free: Callable[[str], int] = free_bytes,
     remove_path: Callable[[str], None] = remove,
+    headroom: float = 1.0,
 ) -> dict[str, Any]:
     """Make SLUG point at a complete, verified copy of source, named .SLUG@KEY (key: what the
     rank units name; the digest when None). Copies named by `keep` are not removed.
+    headroom: the free bytes a copied byte needs, the deploy's capacity rule
+    (operations/preflight.py STAGE_HEADROOM, passed as --headroom): this script applies it,
+    it does not decide its own.
     measure_free (the models directory's free bytes) and remove_path (every removal) are the
     filesystem's: a test passes its own to play a full tmpfs or watch each removal."""
     layout = Layout(stage_dir, slug, keep)
@@ -669,6 +673,7 @@ def stage(
             key,
             measure_free,
             remove_path,
+            headroom,
         )
     finally:
         os.close(lock_fd)
@@ -684,6 +689,7 @@ def _stage_locked(
     key: str | None,
     measure_free: Callable[[str], int],
     remove_path: Callable[[str], None],
+    headroom: float = 1.0,
 ) -> dict[str, Any]:
     changed = False
     # We hold the lock: any temp dir is from a run that died. Superseded versions go too.
@@ -721,7 +727,7 @@ def _stage_locked(
     copy = [e for e in src["files"] if _key(e) not in reuse]
     copy_bytes = sum(e["size"] for e in copy)
     free = measure_free(layout.models)
-    if free < copy_bytes and mode in ("inplace", "auto") and current:
+    if free < int(copy_bytes * headroom) and mode in ("inplace", "auto") and current:
         print(
             f"stage: {copy_bytes / 2**30:.2f} GiB to copy, {free / 2**30:.2f} GiB free beside "
             f"the current copy: replacing it in place",
@@ -735,9 +741,10 @@ def _stage_locked(
         copy = src["files"]
         copy_bytes = src["bytes"]
         free = measure_free(layout.models)
-    if free < copy_bytes:
+    need = int(copy_bytes * headroom)
+    if free < need:
         raise StageError(
-            f"model needs {copy_bytes} bytes ({copy_bytes / 2**30:.2f} GiB) in "
+            f"model needs {need} bytes ({need / 2**30:.2f} GiB) in "
             f"{layout.models}, {free} bytes ({free / 2**30:.2f} GiB) free; nothing was copied",
             EXIT_REFUSED,
         )
@@ -871,6 +878,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--progress-interval", type=float, default=2.0)
     p.add_argument("--bwlimit-mbps", type=float, default=None)
     p.add_argument("--lock-timeout", type=float, default=1800.0)
+    p.add_argument(
+        "--headroom", type=float, default=1.0, help="free bytes a copied byte needs (the plan's)"
+    )
     p.add_argument("--group", help="the servers' group: copies are root:GROUP 0750/0640")
     p.add_argument("--key", help="the copy's name, .SLUG@KEY (default: its digest)")
     p.add_argument("--keep", action="append", default=[], help="a copy's key a unit names")
@@ -929,6 +939,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.lock_timeout,
                 args.key,
                 tuple(args.keep),
+                headroom=args.headroom,
             )
         elif args.cmd == "prune":
             out = prune(args.stage_dir, args.slug, tuple(args.keep))

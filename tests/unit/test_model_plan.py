@@ -107,13 +107,13 @@ def test_boot_unit_runs_the_same_command_line() -> None:
         "/dev/shm",
         "Qwen--Qwen3.6-27B",
         *("--mode", "auto", "--verify", "manifest", "--key", "0123abcd", "--group", "sglang"),
-        *("--bwlimit-mbps", "200"),
+        *("--bwlimit-mbps", "200", "--headroom", "1.02"),
     ]
     assert deploy_argv == ["python3", *words]
     assert (
         "ExecStart=/usr/bin/python3 /usr/local/lib/sglang-deploy/stage_model.py stage "
         "/mnt/models/Qwen3.6-27B /dev/shm Qwen--Qwen3.6-27B --mode auto --verify manifest "
-        "--key 0123abcd --group sglang --bwlimit-mbps 200\n"
+        "--key 0123abcd --group sglang --bwlimit-mbps 200 --headroom 1.02\n"
     ) in unit
     assert "RequiresMountsFor=/mnt/models/Qwen3.6-27B\n" in unit
 
