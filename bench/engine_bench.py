@@ -41,8 +41,8 @@ from operations import kb as kbmod  # noqa: E402
 from operations.engine_spec import engine_spec  # noqa: E402
 from operations.settings import Layer, load  # noqa: E402
 from tests.doubles import wheels  # noqa: E402
-from tests.e2e.deploying import MAIN_TYPING_EXTENSIONS, client_wheels  # noqa: E402
-from tests.e2e.index import pypi_wheel, uv_wheel  # noqa: E402
+from tests.e2e.deploying import support_wheels  # noqa: E402
+from tests.e2e.index import uv_wheel  # noqa: E402
 from tests.testbed import ContainerSpec, Testbed, ensure_testbed, inventory_file  # noqa: E402
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
@@ -78,8 +78,7 @@ def main() -> int:
     try:
         wheelhouse = work / "wheelhouse"
         built = wheels.release_wheels(wheelhouse, RELEASE, LANE, TORCH_MB * 2**20)
-        extras = [uv_wheel(), pypi_wheel("typing_extensions", MAIN_TYPING_EXTENSIONS, "any")]
-        for extra in [*extras, *client_wheels(RELEASE)]:
+        for extra in [uv_wheel(), *support_wheels(work / "graph", RELEASE)]:
             shutil.copyfile(extra, wheelhouse / extra.name)
         config = json.dumps({"architectures": ["Qwen3_5ForConditionalGeneration"]})
         (c,) = bed.boot(ContainerSpec(extra_files={f"{MODEL_DIR}/config.json": config}))

@@ -1,15 +1,33 @@
-"""TEST DOUBLES as real wheels: sglang, torch, the SGLang kernel package, flashinfer and
-cuda-python.
+"""TEST DOUBLES as real wheels, each carrying its package's whole captured METADATA.
 
-Only what needs a GPU is doubled. Each wheel is a genuine, installable wheel (METADATA, WHEEL,
-RECORD with hashes, written with zipfile) whose version and dependencies are the knowledge
-base's pins, so uv and pip resolve and install them exactly as they would the real ones. The
-Python sources live in tests/doubles/packages/; the values of one build (version, CUDA build,
-architectures) are written into a generated `_double_build.py`, and the sglang wheel embeds the
-release's real option table from operations/knowledge/cli/ for its launch_server double.
+Every double is a genuine, installable wheel (METADATA, WHEEL, RECORD with hashes, written with
+zipfile), named and versioned as the real one (py3-none-any), whose METADATA is the one the
+index snapshot holds for that project and version (tests/fixtures/index-snapshot/: PyPI's own,
+or the capture's cited reconstruction for PyTorch's +lane builds and SGLang's kernel index; see
+tests/doubles/snapshot_graph.py): every Requires-Dist and Requires-Python line, so uv meets the
+graph tests/unit/test_real_metadata.py meets. Only the Summary changes: it says TEST DOUBLE and
+names the snapshot file the METADATA copies.
 
-    paths = release_wheels(outdir, "0.5.11", "cu128")   # sglang + torch + kernel + flashinfer
-    torch_wheel(outdir, "2.11.0", "cu130", cuda="13.0")  # a wrong-lane torch
+Three kinds of wheel stand in the e2e indexes (tests/e2e/deploying.py make_indexes):
+
+- GPU doubles, with double code: what the engine check (operations/files/engine_check.py) or the
+  server double imports and what needs a GPU: torch, torchvision, torchaudio, the SGLang kernel
+  package, flashinfer, cuda-python (its `cuda.bindings.driver` double; the real one ships it in
+  cuda-bindings, which is an index double here) and sglang (its launch_server double). The
+  sources live in tests/doubles/packages/; the values of one build (version, CUDA build,
+  architectures) go into a generated `_double_build.py`, and the sglang wheel embeds the
+  release's real option table from operations/knowledge/cli/.
+- REAL wheels from PyPI (tests/e2e/index.py pypi_wheel), for what the doubles or the deploy
+  really import on the host: the OpenAI client and its closure in the lock (httpx, which
+  operations/files/smoke.py imports, anyio, pydantic, ...). REAL names the roots.
+- Index doubles (`index_double`): everything else the lock pulls in (the nvidia-*-cu12 and
+  cuda-toolkit libraries, triton, transformers, outlines, ...): the captured METADATA and an
+  empty package (nothing but its .dist-info). Nothing imports them: they are GPU libraries or
+  code the doubles never execute, and the real ones cost gigabytes per container.
+
+    paths = release_wheels(outdir, "0.5.11", "cu128")   # the GPU doubles of one build
+    torch_wheel(outdir, "2.11.0+cu130", cuda="13.0")     # a wrong-lane torch
+    index_double(outdir, captured("triton", "3.7.1"))    # a package no double imports
 """
 
 from __future__ import annotations
@@ -20,10 +38,20 @@ import json
 import random
 import re
 import zipfile
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from tests.doubles.snapshot_graph import (
+    Captured,
+    double_metadata,
+    metadata_fields,
+    newest,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = Path(__file__).resolve().parent / "packages"
@@ -52,22 +80,29 @@ def build_wheel(
     requires: list[str] | None = None,
     requires_python: str | None = None,
     summary: str = "TEST DOUBLE",
+    metadata: Captured | None = None,
 ) -> Path:
-    """Write `name-version-py3-none-any.whl` holding `files` (archive path -> bytes)."""
+    """Write `name-version-py3-none-any.whl` holding `files` (archive path -> bytes). With
+    `metadata`, its METADATA is that captured file's, whole, its Summary replaced by
+    `summary` and the file it copies; else one of `requires` and `requires_python` alone."""
     outdir.mkdir(parents=True, exist_ok=True)
     base = f"{dist_name(name)}-{version}"
     info = f"{base}.dist-info"
-    metadata = [
-        "Metadata-Version: 2.1",
-        f"Name: {name}",
-        f"Version: {version}",
-        f"Summary: {summary}",
-    ]
-    if requires_python:
-        metadata.append(f"Requires-Python: {requires_python}")
-    metadata += [f"Requires-Dist: {r}" for r in requires or []]
+    if metadata is not None:
+        text = _copied_metadata(metadata, summary)
+    else:
+        lines = [
+            "Metadata-Version: 2.1",
+            f"Name: {name}",
+            f"Version: {version}",
+            f"Summary: {summary}",
+        ]
+        if requires_python:
+            lines.append(f"Requires-Python: {requires_python}")
+        lines += [f"Requires-Dist: {r}" for r in requires or []]
+        text = "\n".join(lines) + "\n"
     entries = dict(sorted(files.items()))
-    entries[f"{info}/METADATA"] = ("\n".join(metadata) + "\n").encode()
+    entries[f"{info}/METADATA"] = text.encode()
     entries[f"{info}/WHEEL"] = (
         b"Wheel-Version: 1.0\nGenerator: sglang-deploy tests/doubles/wheels.py\n"
         b"Root-Is-Purelib: true\nTag: py3-none-any\n"
@@ -83,6 +118,36 @@ def build_wheel(
             zinfo.compress_type = zipfile.ZIP_DEFLATED
             zf.writestr(zinfo, data)
     return path
+
+
+def _copied_metadata(metadata: Captured, summary: str) -> str:
+    """The captured METADATA with its Summary saying TEST DOUBLE and naming what it copies."""
+    head, sep, body = metadata.metadata.partition("\n\n")
+    lines = head.split("\n")
+    said = f"Summary: {summary}; METADATA copied from {metadata.source}"
+    at = next((i for i, line in enumerate(lines) if line.startswith("Summary:")), None)
+    if at is None:
+        at = next(i for i, line in enumerate(lines) if line.startswith("Version:"))
+        lines.insert(at + 1, said)
+    else:
+        # A folded Summary continues on lines that start with whitespace.
+        end = at + 1
+        while end < len(lines) and lines[end][:1] in (" ", "\t"):
+            end += 1
+        lines[at:end] = [said]
+    return "\n".join(lines) + sep + body
+
+
+def index_double(outdir: Path, metadata: Captured) -> Path:
+    """A package no double imports: its captured METADATA and nothing else."""
+    return build_wheel(
+        outdir,
+        metadata.name,
+        metadata.version,
+        {},
+        summary="TEST DOUBLE (empty)",
+        metadata=metadata,
+    )
 
 
 def _package_files(
@@ -101,7 +166,9 @@ def _package_files(
     return files
 
 
+@cache
 def knowledge() -> dict[str, Any]:
+    """The knowledge base as YAML, read once (callers only read it)."""
     data: dict[str, Any] = yaml.safe_load((KNOWLEDGE / "sglang.yaml").read_text())
     return data
 
@@ -134,9 +201,8 @@ def torch_wheel(
     padding_bytes: int = 0,
 ) -> Path:
     """torch `version` (its build tag included, "2.11.0+cu128"); `cuda` is what
-    torch.version.cuda says (default: the tag's lane). It requires what real torch's METADATA
-    asks of the main index that matters here: typing-extensions>=4.10.0
-    (tests/fixtures/metadata/torch-2.11.0.txt).
+    torch.version.cuda says (default: the tag's lane). Its METADATA is the snapshot's for that
+    build (the +cu128 build's `cuda-bindings<13,>=12.9.4` included).
 
     padding_bytes adds an incompressible blob (as the real wheel's CUDA libraries are), for
     benchmarks that should move bytes; it is seeded, so the wheel stays reproducible."""
@@ -150,103 +216,91 @@ def torch_wheel(
             rng.randbytes(min(2**20, padding_bytes - i)) for i in range(0, padding_bytes, 2**20)
         ]
         files["torch/lib/_double_padding.bin"] = b"".join(chunks)
-    return build_wheel(outdir, "torch", version, files, requires=["typing-extensions>=4.10.0"])
+    return build_wheel(
+        outdir,
+        "torch",
+        version,
+        files,
+        summary=f"TEST DOUBLE of torch (CUDA {cuda} as torch.version.cuda)",
+        metadata=double_metadata("torch", version),
+    )
 
 
-def companion_wheel(outdir: Path, name: str, version: str, cuda: str, torch: str) -> Path:
-    """torchvision or torchaudio of one CUDA build. torchvision requires torch==X as its
-    METADATA does (tests/fixtures/metadata/torchvision-*.txt); torchaudio 2.11.0 requires
-    nothing (tests/fixtures/metadata/torchaudio-2.11.0.txt)."""
+def companion_wheel(outdir: Path, name: str, version: str, cuda: str) -> Path:
+    """torchvision or torchaudio of one CUDA build, with its captured METADATA (torchvision
+    names torch without a local tag, as PyTorch's own builds do)."""
     files = _package_files(name, {"VERSION": version, "CUDA": cuda})
-    public = torch.partition("+")[0]
-    requires = [f"torch=={public}"] if name == "torchvision" else []
-    return build_wheel(outdir, name, version, files, requires=requires)
+    return build_wheel(
+        outdir, name, version, files, summary=f"TEST DOUBLE of {name}",
+        metadata=double_metadata(name, version),
+    )  # fmt: skip
 
 
-def kernel_wheel(outdir: Path, package: str, version: str, cuda: str) -> Path:
-    """The SGLang kernel package (sgl-kernel or sglang-kernel) of one CUDA build."""
+def kernel_wheel(
+    outdir: Path, package: str, version: str, cuda: str, *, captured_metadata: bool = True
+) -> Path:
+    """The SGLang kernel package (sgl-kernel or sglang-kernel) of one CUDA build, with its
+    captured METADATA; `captured_metadata=False` for an index entry the snapshot does not hold
+    and the engine must never read (its requirements are then none)."""
     files = _package_files("sgl_kernel", {"VERSION": version, "CUDA": cuda})
-    return build_wheel(outdir, package, version, files)
+    if not captured_metadata:
+        summary = "TEST DOUBLE of an index entry no lock may read (no captured METADATA)"
+        return build_wheel(outdir, package, version, files, summary=summary)
+    return build_wheel(
+        outdir, package, version, files, summary=f"TEST DOUBLE of {package} (CUDA {cuda})",
+        metadata=double_metadata(package, version),
+    )  # fmt: skip
 
 
 def flashinfer_wheel(outdir: Path, version: str) -> Path:
     files = _package_files("flashinfer", {"VERSION": version})
-    return build_wheel(outdir, "flashinfer-python", version, files)
+    return build_wheel(
+        outdir, "flashinfer-python", version, files, summary="TEST DOUBLE of flashinfer",
+        metadata=double_metadata("flashinfer-python", version),
+    )  # fmt: skip
 
 
 def cuda_python_wheel(outdir: Path, version: str) -> Path:
     """cuda-python with the CUDA driver API the engine check calls (`cuda.bindings.driver`,
-    tests/doubles/packages/cuda: the testbed's GPUs as the torch double sees them)."""
+    tests/doubles/packages/cuda: the testbed's GPUs as the torch double sees them). The real
+    cuda-python is a metapackage whose cuda-bindings ships that module; here cuda-bindings is
+    an index double (its METADATA, no files), so the module is this wheel's alone."""
     files = _package_files("cuda", {"VERSION": version})
     return build_wheel(
-        outdir, "cuda-python", version, files, summary="TEST DOUBLE of cuda-python's driver API"
-    )
+        outdir, "cuda-python", version, files, summary="TEST DOUBLE of cuda-python's driver API",
+        metadata=double_metadata("cuda-python", version),
+    )  # fmt: skip
 
 
 def plain_wheel(outdir: Path, name: str, version: str, summary: str = "TEST DOUBLE") -> Path:
-    """A project with nothing but its version (an index's dev build of sglang)."""
+    """A project with nothing but its version (an index's dev build of sglang, which the
+    snapshot does not hold: no lock may read it)."""
     module = dist_name(name)
     return build_wheel(outdir, name, version, {f"{module}/__init__.py": b""}, summary=summary)
 
 
-# The release requirements the doubles stand in for; the rest of a release's ~60 requirements
-# are ordinary packages a double sglang does not need.
-DOUBLED = ("torch", "torchvision", "torchaudio", "sgl-kernel", "sglang-kernel",
+# The roots of what the doubles or the deploy really import on the host, served as the REAL
+# wheels from PyPI with everything they need in the lock: the OpenAI client (the real sglang
+# requires it; operations/files/smoke.py sends through its transport, httpx).
+REAL = ("openai", "httpx")
+# The packages with double code (release_wheels' roles by project); every other package of a
+# lock is REAL or an index double.
+DOUBLED = ("sglang", "torch", "torchvision", "torchaudio", "sgl-kernel", "sglang-kernel",
            "flashinfer-python", "cuda-python")  # fmt: skip
 
 
-def _doubled(requirement: str) -> str | None:
-    name = re.split(r"[\[=<>!~ ]", requirement, maxsplit=1)[0]
-    if re.sub(r"[-_.]+", "-", name).lower() not in DOUBLED:
-        return None
-    return re.sub(r"\[[^]]*\]", "", requirement).replace("flashinfer_python", "flashinfer-python")
-
-
-METADATA = ROOT / "tests" / "fixtures" / "metadata"
-# Real packages the double sglang requires as the release does, installed from the real index:
-# the OpenAI client, whose transport (httpx) sends a deploy's smoke request
-# (operations/files/smoke.py).
-REAL = ("openai",)
-
-
-def real_requirements(release: str) -> list[str]:
-    """The release's own pins of the REAL packages, from its captured METADATA
-    (tests/fixtures/metadata/sglang-<release>.txt: `Requires-Dist: openai==2.6.1`)."""
-    found = []
-    for line in (METADATA / f"sglang-{release}.txt").read_text().splitlines():
-        key, _, requirement = line.partition(": ")
-        name = re.split(r"[\[=<>!~ ;]", requirement, maxsplit=1)[0]
-        if key == "Requires-Dist" and name in REAL and ";" not in requirement:
-            found.append(requirement.strip())
-    return found
-
-
-def _metadata_field(release: str, key: str) -> str | None:
-    """One field of the release's captured METADATA (Requires-Python: ">=3.10")."""
-    for line in (METADATA / f"sglang-{release}.txt").read_text().splitlines():
-        found, _, value = line.partition(": ")
-        if found == key:
-            return value.strip()
-    return None
-
-
 def sglang_wheel(outdir: Path, release: str) -> Path:
-    """sglang `release` requiring the CUDA-bearing pins of its real METADATA (the knowledge
-    base's `requires`, checked against tests/fixtures/metadata/sglang-<release>.txt), and its
-    real pin of the OpenAI client (REAL), which the e2e indexes serve from PyPI."""
-    pins = knowledge()["releases"][release]
+    """sglang `release` with its captured METADATA (every requirement of PyPI's wheel) and a
+    launch_server double."""
     files = _package_files("sglang", {"VERSION": release})
     files["sglang/_cli_table.json"] = cli_table(release)
-    requires = [r for r in (_doubled(q) for q in pins["requires"]) if r]
-    requires += real_requirements(release)
     return build_wheel(
         outdir,
         "sglang",
         release,
         files,
-        requires=requires,
-        requires_python=_metadata_field(release, "Requires-Python"),
         summary="TEST DOUBLE of SGLang (launch_server is a stdlib HTTP double)",
+        metadata=double_metadata("sglang", release),
     )
 
 
@@ -263,23 +317,35 @@ def release_wheels(
     out: dict[str, Path] = {
         "sglang": sglang_wheel(outdir, release),
         "torch": torch_wheel(outdir, torch, padding_bytes=torch_padding_bytes),
-        "flashinfer": flashinfer_wheel(outdir, _pin(pins["requires"], "flashinfer")),
     }
     for name in ("torchvision", "torchaudio"):
-        out[name] = companion_wheel(outdir, name, build[name]["version"], cuda, torch)
+        out[name] = companion_wheel(outdir, name, build[name]["version"], cuda)
     kernel = next(n for n in build if n in ("sgl-kernel", "sglang-kernel"))
     entry = build[kernel]
     kernel_cuda = lane_cuda(_tag(entry["version"]) or entry.get("index_lane", lane))
     out["kernel"] = kernel_wheel(outdir, kernel, entry["version"], kernel_cuda)
-    # The version a lane's override takes (cuda-python==12.9.4 on CUDA 12 lanes), else the
-    # release's own pin, else the first CUDA 13 release cuda-python>=13.0 admits.
+    # The version a lane's override takes (cuda-python==12.9.4 on CUDA 12 lanes,
+    # flashinfer-python==0.6.18 for 0.5.19's), else the release's own pin, else the newest the
+    # snapshot holds that the release's requirement admits (cuda-python>=13.0: what uv picks).
     overrides = [
         o["requirement"]
         for o in [*pins.get("overrides", []), *pins["builds"][lane].get("overrides", [])]
     ]
-    cuda_python = _pin(overrides, "cuda-python") or _pin(pins["requires"], "cuda-python")
-    out["cuda-python"] = cuda_python_wheel(outdir, cuda_python or "13.0.3")
+    for role, project in (("flashinfer", "flashinfer-python"), ("cuda-python", "cuda-python")):
+        version = _pin(overrides, project) or _pin(pins["requires"], project)
+        if not version:
+            version = newest(project, _specifier(pins["requires"], project))
+        maker = flashinfer_wheel if role == "flashinfer" else cuda_python_wheel
+        out[role] = maker(outdir, version)
     return out
+
+
+def _specifier(requires: list[str], project: str) -> str:
+    for requirement in requires:
+        parsed = Requirement(requirement)
+        if canonicalize_name(parsed.name) == canonicalize_name(project):
+            return str(parsed.specifier)
+    raise LookupError(f"the release does not require {project}")
 
 
 def placement(release: str, lane: str) -> dict[str, tuple[str, str]]:
@@ -300,15 +366,10 @@ def _pin(requires: list[str], prefix: str) -> str:
 
 
 def metadata_of(wheel: Path) -> dict[str, list[str]]:
-    """METADATA fields of a wheel (for tests): field -> values."""
+    """METADATA header fields of a wheel (for tests): field -> values, in order."""
     with zipfile.ZipFile(wheel) as zf:
         name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
-        text = zf.read(name).decode()
-    fields: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        key, _, value = line.partition(": ")
-        fields.setdefault(key, []).append(value)
-    return fields
+        return metadata_fields(zf.read(name).decode())
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Running the real deploy in end-to-end tests and benches: the cu128 lane's package indexes on
-loopback (the double wheels and uv), `pyinfra -y INVENTORY deploy.py` as a subprocess (the one
-way every e2e module runs a deploy file: deploy.py, pve.py or a test's own), and its
-per-operation results read back from pyinfra's log.
+loopback (every package the engine's lock against the index snapshot holds, as double-code,
+REAL or index-double wheels, tests/doubles/wheels.py, and uv), `pyinfra -y INVENTORY
+deploy.py` as a subprocess (the one way every e2e module runs a deploy file: deploy.py, pve.py
+or a test's own), and its per-operation results read back from pyinfra's log.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.doubles import cuda_redist
+from packaging.utils import parse_wheel_filename
+
+from tests.doubles import cuda_redist, snapshot_graph
 from tests.doubles import wheels as doubles
-from tests.e2e.index import LocalIndex, pypi_wheel, pypi_wheels_with_deps, uv_wheel
+from tests.e2e.index import LocalIndex, pypi_release_wheel, pypi_wheel, uv_wheel
 from tests.testbed import Container, inventory_file
 
 PYINFRA = Path(sys.executable).parent / "pyinfra"
@@ -71,31 +74,53 @@ class Indexes:
 # sglang-kernel on cu128 but an older sgl-kernel, and dev builds of sglang on cu129 and cu130
 # (tests/fixtures/sglang-whl/); PyTorch's indexes mirror typing-extensions at a lagging version
 # (../shared/reference/package-indexes.md). With uv's first-index rule, either would shadow
-# the main index; the engine's explicit indexes must never read them.
+# the main index; the engine's explicit indexes must never read them. The index snapshot holds
+# none of them (no lock reads them), so their doubles carry no captured METADATA.
 KERNEL_CU128_ONLY = "0.3.14.post1+cu128"  # tests/fixtures/sglang-whl/cu128/sgl-kernel.txt
 SGLANG_DEV = "0.5.15.dev20260701+ga7390b17f8"  # tests/fixtures/sglang-whl/cu130/sglang.txt
 MIRRORED_TYPING_EXTENSIONS = "4.12.2"
-# Not older: the OpenAI client's pydantic (client_wheels) needs typing-extensions>=4.16.0.
+# What the snapshot's locks resolve on the main index (the OpenAI client's pydantic needs
+# typing-extensions>=4.16.0): the one the engine installs, never PyTorch's mirror.
 MAIN_TYPING_EXTENSIONS = "4.16.0"
-# The containers' Python (Debian 12): an engine is locked for the host's Python alone
-# (requires-python ==3.11.*), so the indexes, like a wheelhouse fetched for that Python, hold
-# only its wheels of the OpenAI client's compiled dependencies (jiter, pydantic-core).
-LOCK_PYTHONS = ("3.11",)
 
 
-def client_wheels(release: str) -> list[Path]:
-    """The real packages the double sglang requires as the release does (the OpenAI client,
-    tests/doubles/wheels.py REAL) and what they need on every Python of the engine's lock, from
-    PyPI. typing-extensions is left out: the main index's own pin (MAIN_TYPING_EXTENSIONS)
-    satisfies them and stays the one the engine installs."""
-    found: list[Path] = []
-    for requirement in doubles.real_requirements(release):
-        found += [
-            wheel
-            for wheel in pypi_wheels_with_deps(requirement, LOCK_PYTHONS)
-            if not wheel.name.startswith("typing_extensions-")
-        ]
+def graph_wheels(outdir: Path, release: str, lane: str = LANE) -> list[tuple[str, Path]]:
+    """(snapshot index, wheel) of every package the build's lock against the index snapshot
+    holds (tests/doubles/snapshot_graph.py) but the double-code ones (doubles.DOUBLED, from
+    release_wheels): the REAL closure from PyPI, an index double with its captured METADATA
+    for the rest (tests/doubles/wheels.py says which and why)."""
+    build = snapshot_graph.e2e_graph().build(release, lane)
+    real = build.closure(doubles.REAL)
+    found: list[tuple[str, Path]] = []
+    for pin in build.pins:
+        if pin.name in doubles.DOUBLED:
+            continue
+        if pin.name in real:
+            wheel = pypi_release_wheel(pin.name, pin.version)
+        else:
+            metadata = snapshot_graph.captured(pin.name, pin.version, pin.index)
+            wheel = doubles.index_double(outdir / pin.index, metadata)
+        found.append((pin.index, wheel))
     return found
+
+
+def support_wheels(outdir: Path, release: str, lane: str = LANE) -> list[Path]:
+    """graph_wheels' wheels alone (a wheelhouse's share beside the double-code ones)."""
+    return [wheel for _, wheel in graph_wheels(outdir, release, lane)]
+
+
+def _check_versions(release: str, lane: str, built: dict[str, Path]) -> None:
+    """The double-code wheels are the versions the snapshot's lock chose (else the e2e lock
+    would meet another graph than tests/unit/test_real_metadata.py's)."""
+    build = snapshot_graph.e2e_graph().build(release, lane)
+    for role, wheel in built.items():
+        name, version, _, _ = parse_wheel_filename(wheel.name)
+        locked = build.pin(name).version
+        if str(version) != locked:
+            raise AssertionError(
+                f"{release} on {lane}: the {role} double is {name} {version}, but the lock "
+                f"against the index snapshot chose {locked}"
+            )
 
 
 def make_indexes(
@@ -106,15 +131,19 @@ def make_indexes(
     start: bool = True,
     other_lanes: dict[str, dict[str, dict[str, Path]]] | None = None,
 ) -> Indexes:
-    """The three indexes laid out like the real ones (see above), holding each release's
-    doubles for `lane` where the knowledge base says they come from, and the double of NVIDIA's
-    compiler archives for `lane` (tests/doubles/cuda_redist.py)."""
+    """The three indexes laid out like the real ones (see above), holding, for each release
+    and lane, every package its lock against the index snapshot holds where that lock found
+    it: the double-code wheels `wheels` (placed where the knowledge base says), the REAL ones
+    and the index doubles (graph_wheels); and the double of NVIDIA's compiler archives for
+    `lane` (tests/doubles/cuda_redist.py)."""
     indexes = Indexes(
         LocalIndex(root / "main"), LocalIndex(root / "torch"), LocalIndex(root / "kernel")
     )
     by_name = {"torch": indexes.torch, "kernel": indexes.kernel}
+    graph_dir = root / "graph-wheels"
     for each_lane, by_release in {lane: wheels, **(other_lanes or {})}.items():
         for release, built in by_release.items():
+            _check_versions(release, each_lane, built)
             for role, (index, index_lane) in doubles.placement(release, each_lane).items():
                 if index == "main":  # a plain PyPI build (the cu130 kernel from 0.5.19)
                     indexes.main.add(built[role])
@@ -122,18 +151,26 @@ def make_indexes(
                     by_name[index].add(built[role], sub=index_lane)
             for role in ("sglang", "flashinfer", "cuda-python"):
                 indexes.main.add(built[role])
-            indexes.main.add(*client_wheels(release))
+            graph = graph_wheels(graph_dir, release, each_lane)
+            indexes.main.add(*(w for index, w in graph if index == "main"))
+            for index, wheel in graph:
+                if index != "main":  # pytorch-<lane>, sglang-<lane>: none today
+                    kind, _, sub = index.partition("-")
+                    by_name["torch" if kind == "pytorch" else "kernel"].add(wheel, sub=sub)
     extras = root / "extras"
     mirrored = pypi_wheel("typing_extensions", MIRRORED_TYPING_EXTENSIONS, "any")
     for sub in ("cu128", "cu129", "cu130"):
         indexes.torch.add(mirrored, sub=sub)
     indexes.kernel.add(
-        doubles.kernel_wheel(extras, "sgl-kernel", KERNEL_CU128_ONLY, "12.8"), sub="cu128"
+        doubles.kernel_wheel(
+            extras, "sgl-kernel", KERNEL_CU128_ONLY, "12.8", captured_metadata=False
+        ),
+        sub="cu128",
     )
     dev = doubles.plain_wheel(extras, "sglang", SGLANG_DEV, summary="TEST DOUBLE: a dev build")
     for sub in ("cu129", "cu130"):
         indexes.kernel.add(dev, sub=sub)
-    indexes.main.add(pypi_wheel("typing_extensions", MAIN_TYPING_EXTENSIONS, "any"), uv_wheel())
+    indexes.main.add(uv_wheel())
     if doubles.knowledge()["lanes"][lane]["compiler"]["from"] == "nvidia-redist":
         indexes.redist = cuda_redist.build(indexes.main.root / REDIST_PATH, lane)
     if start:

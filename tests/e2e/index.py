@@ -26,7 +26,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from packaging import tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import Version
 
 from tests.testbed.rootfs import CACHE_DIR
 
@@ -223,6 +225,39 @@ def pypi_wheel(name: str, version: str, platform: str = "x86_64") -> Path:
     if not sorted(cache.glob(pattern)):
         _pip_download(f"{name}=={version}", cache, deps=False)
     return sorted(cache.glob(pattern))[0]
+
+
+# What the containers install: CPython 3.11 on Linux x86_64, glibc 2.36 (Debian 12).
+CONTAINER_TAGS = frozenset(
+    [
+        *tags.cpython_tags(
+            (3, 11),
+            abis=["cp311", "abi3", "none"],
+            platforms=[f"manylinux_2_{m}_x86_64" for m in range(36, 4, -1)]
+            + ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"],
+        ),
+        *tags.compatible_tags((3, 11), "cp311", ["manylinux_2_17_x86_64", "linux_x86_64"]),
+    ]
+)
+
+
+def pypi_release_wheel(name: str, version: str) -> Path:
+    """The real wheel of `name==version` for the containers' Python, from PyPI: one already in
+    the cache (e.g. fetched with its dependencies by pypi_wheels_with_deps), else downloaded
+    once into it."""
+    project, wanted = canonicalize_name(name), Version(version)
+
+    def fits(wheel: Path) -> bool:
+        found, found_version, _, wheel_tags = parse_wheel_filename(wheel.name)
+        return found == project and found_version == wanted and bool(wheel_tags & CONTAINER_TAGS)
+
+    cache = CACHE_DIR / "wheels"
+    for wheel in sorted(cache.rglob("*.whl")):
+        if fits(wheel):
+            return wheel
+    target = cache / "pypi" / f"{project}-{version}"
+    _pip_download(f"{name}=={version}", target, deps=False)
+    return next(w for w in sorted(target.glob("*.whl")) if fits(w))
 
 
 def pypi_wheels_with_deps(requirement: str, pythons: tuple[str, ...] = ("3.11",)) -> list[Path]:

@@ -31,9 +31,9 @@ from tests.e2e.deploying import (
     MODEL_CONFIG,
     Indexes,
     Run,
-    client_wheels,
     make_indexes,
     run_deploy,
+    support_wheels,
 )
 from tests.e2e.index import LocalIndex, free_port, pypi_wheel, uv_wheel, wait_for, wheelhouse
 from tests.testbed import Container, ContainerSpec
@@ -384,7 +384,7 @@ def test_offline_install_from_the_wheelhouse(
     partial = wheelhouse(
         tmp_path / "partial",
         [p for role, p in double_wheels[OLD].items() if role != "kernel"]
-        + [uv_wheel(), *client_wheels(OLD)],
+        + [uv_wheel(), *support_wheels(tmp_path / "graph", OLD)],
     )
 
     refused = deploy(target, tmp_path, {**offline, "wheelhouse": str(partial)})
@@ -393,10 +393,9 @@ def test_offline_install_from_the_wheelhouse(
     assert "no wheel for sglang-kernel==0.4.2+cu129" in refused.output, str(refused)
     assert target.ssh_run(f"test -e {root}")[0] == 1, "a refused wheelhouse changes nothing"
 
-    typing_extensions = pypi_wheel("typing_extensions", MAIN_TYPING_EXTENSIONS, "any")
     full = wheelhouse(
         tmp_path / "full",
-        [*double_wheels[OLD].values(), uv_wheel(), typing_extensions, *client_wheels(OLD)],
+        [*double_wheels[OLD].values(), uv_wheel(), *support_wheels(tmp_path / "graph", OLD)],
     )
     run = deploy(target, tmp_path, {**offline, "wheelhouse": str(full)})
 

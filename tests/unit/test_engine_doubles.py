@@ -18,9 +18,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from packaging.utils import parse_wheel_filename
 
-from tests.doubles import wheels
+from tests.doubles import snapshot_graph, wheels
+from tests.doubles.snapshot_graph import Captured
 from tests.e2e.index import free_port, wait_for
+from tests.snapshot_index import find_python
 
 RELEASE = "0.5.11"
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -62,14 +65,8 @@ def test_wheels_carry_valid_records_and_the_knowledge_base_pins(tmp_path: Path) 
         "torchaudio-2.11.0+cu128-py3-none-any.whl",
         "torchvision-0.26.0+cu128-py3-none-any.whl",
     ]
-    # The real METADATA's CUDA-bearing requirements, as captured.
-    real = (FIXTURES / "metadata" / "sglang-0.5.11.txt").read_text().splitlines()
-    for requirement in wheels.metadata_of(built["sglang"])["Requires-Dist"]:
-        assert any(
-            line.replace("flashinfer_python", "flashinfer-python").endswith(requirement)
-            for line in real
-        ), requirement
-    assert wheels.metadata_of(built["torchvision"])["Requires-Dist"] == ["torch==2.11.0"]
+    # Each carries its whole captured METADATA (test_every_double_carries_...).
+    assert carried(built["torch"], snapshot_graph.captured("torch", "2.11.0+cu128")) == []
     for wheel in built.values():
         with zipfile.ZipFile(wheel) as zf:
             record = next(n for n in zf.namelist() if n.endswith("RECORD"))
@@ -80,6 +77,82 @@ def test_wheels_carry_valid_records_and_the_knowledge_base_pins(tmp_path: Path) 
                 data = zf.read(path)
                 b64 = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
                 assert digest == "sha256=" + b64.decode() and int(size) == len(data), path
+
+
+def carried(wheel: Path, captured: Captured) -> list[str]:
+    """What the wheel's METADATA says differently from the captured file it stands for: each
+    Requires-Dist line dropped or added, a changed Requires-Python, a Summary that does not say
+    TEST DOUBLE and name the file (empty: it carries the captured METADATA whole)."""
+    fields = wheels.metadata_of(wheel)
+    own = fields.get("Requires-Dist", [])
+    found = [f"dropped Requires-Dist: {line}" for line in captured.requires_dist if line not in own]
+    found += [f"added Requires-Dist: {line}" for line in own if line not in captured.requires_dist]
+    if not found and own != captured.requires_dist:
+        found.append("Requires-Dist reordered")
+    if fields.get("Requires-Python", [None])[0] != captured.requires_python:
+        found.append(f"Requires-Python {fields.get('Requires-Python')}")
+    summary = fields["Summary"][0]
+    if not summary.startswith("TEST DOUBLE") or captured.source not in summary:
+        found.append(f"Summary {summary!r}")
+    for key in ("Name", "Version"):
+        if fields[key] != captured.fields(key):
+            found.append(f"{key} {fields[key]} != {captured.fields(key)}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def graph() -> snapshot_graph.Graph:
+    if find_python(snapshot_graph.E2E_PYTHON) is None:
+        pytest.skip(f"no Python {snapshot_graph.E2E_PYTHON} here: uv lock needs one")
+    return snapshot_graph.e2e_graph()
+
+
+@pytest.mark.parametrize(("release", "lane"), snapshot_graph.E2E_BUILDS)
+def test_every_double_carries_the_snapshots_whole_metadata(
+    graph: snapshot_graph.Graph, release: str, lane: str, tmp_path: Path
+) -> None:
+    """Every wheel the e2e indexes serve for a build that is not a REAL one from PyPI (the
+    double-code wheels and the index doubles) has the Requires-Dist, Requires-Python, Name and
+    Version of the snapshot file of the same project and version, and there is one for every
+    package the build's lock against the snapshot holds."""
+    build = graph.build(release, lane)
+    real = build.closure(wheels.REAL)
+    made: dict[Path, Captured] = {}
+    for pin in build.pins:
+        if pin.name not in real and pin.name not in wheels.DOUBLED:
+            entry = snapshot_graph.captured(pin.name, pin.version, pin.index)
+            made[wheels.index_double(tmp_path / "graph", entry)] = entry
+    for wheel in wheels.release_wheels(tmp_path / "doubles", release, lane).values():
+        name, version, _, _ = parse_wheel_filename(wheel.name)
+        made[wheel] = snapshot_graph.captured(name, str(version))
+
+    problems = {wheel.name: carried(wheel, entry) for wheel, entry in made.items()}
+    assert {name: found for name, found in problems.items() if found} == {}
+    # One wheel per package of the lock: the REAL ones come from PyPI.
+    doubled = {(entry.name, entry.version) for entry in made.values()}
+    locked = {(p.name, p.version) for p in build.pins if p.name not in real}
+    assert doubled == locked
+    assert real >= {"openai", "httpx", "pydantic-core"}
+
+
+def test_a_dropped_requirement_fails_the_check(tmp_path: Path) -> None:
+    """The check above is not blind: the torch double of 0.5.11/cu128 built without its
+    `cuda-bindings<13,>=12.9.4` line (the line whose absence let an unsolvable cu128 lane
+    pass) is named."""
+    real = snapshot_graph.captured("torch", "2.11.0+cu128")
+    line = next(r for r in real.requires_dist if r.startswith("cuda-bindings"))
+    assert line == 'cuda-bindings<13,>=12.9.4; platform_system == "Linux"'
+    dropped = Captured(
+        real.index,
+        real.filename,
+        real.metadata.replace(f"Requires-Dist: {line}\n", ""),
+        real.source,
+    )
+    wheel = wheels.build_wheel(
+        tmp_path, "torch", real.version, {}, summary="TEST DOUBLE", metadata=dropped
+    )
+
+    assert carried(wheel, real) == [f"dropped Requires-Dist: {line}"]
 
 
 def test_rebuilding_a_wheel_gives_the_same_bytes(tmp_path: Path) -> None:
@@ -204,8 +277,8 @@ def test_companions_and_the_kernel_refuse_another_cuda_build_like_the_real_ones(
     site = tmp_path / "site"
     for wheel in (
         wheels.torch_wheel(tmp_path, "2.11.0+cu128"),
-        wheels.companion_wheel(tmp_path, "torchvision", "0.26.0+cu130", "13.0", "2.11.0"),
-        wheels.companion_wheel(tmp_path, "torchaudio", "2.11.0+cu129", "12.9", "2.11.0"),
+        wheels.companion_wheel(tmp_path, "torchvision", "0.26.0+cu130", "13.0"),
+        wheels.companion_wheel(tmp_path, "torchaudio", "2.11.0+cu129", "12.9"),
         wheels.kernel_wheel(tmp_path, "sglang-kernel", "0.4.2", "13.0"),
         wheels.kernel_wheel(tmp_path / "k", "sglang-kernel", "0.4.2+cu129", "12.9"),
     ):

@@ -436,9 +436,7 @@ def test_a_kernel_of_another_cuda_major_is_named_with_its_build(
 
 def test_wrong_installed_versions_are_named(doubles: Doubles, tmp_path: Path) -> None:
     other = double_wheels.sglang_wheel(tmp_path / "w", "0.5.9")
-    vision = double_wheels.companion_wheel(
-        tmp_path / "w", "torchvision", "0.26.0+cu130", "13.0", "2.11.0"
-    )
+    vision = double_wheels.companion_wheel(tmp_path / "w", "torchvision", "0.26.0+cu130", "13.0")
     problems = judged(
         run_check(doubles, tmp_path, replace={"sglang": other, "torchvision": vision})
     )
