@@ -12,14 +12,21 @@ builds and SGLang's kernel index, tests/fixtures/index-snapshot/SOURCE.md and ci
 
 The e2e tests' pin-change target, 0.5.19 on cu128, does not lock against the snapshot as
 captured (tests/unit/test_real_metadata.py KNOWN_FAILURES: its kernel pin 0.4.6.post1+cu129 is
-not in the captured kernel index, and so uv never asked for its torch 2.13.0+cu128 or
-torchvision 0.28.0+cu128). RECONSTRUCTED adds those three files the way the capture script
-makes every other file of those indexes, each cited: the kernel's METADATA is its PyPI twin's
-(0.4.6.post1) with the Version set to the index's; torchvision's is the captured +cu130 build's
-(PyPI's, torchvision names torch without a local tag) with the Version set; torch's is the
-captured 2.13.0+cu130 (PyPI's own) with the CUDA lines replaced by the capture script's
-TORCH_CUDA entry for 2.13.0 on CUDA 12.8 (INFERRED there, and said so). The lock runs against a
-copy of the snapshot with those three files added (`overlay`), never against the fixture.
+not in the captured kernel index, so uv never asked the capture for its torch 2.13.0+cu128, its
+torchvision 0.28.0+cu128, or what that torch names). What we chose: the e2e locks it against a
+copy of the snapshot (`overlay`, never the fixture itself) with the RECONSTRUCTED files added,
+each made the way the capture script makes every file it does not read, and each cited:
+
+- the kernel: its PyPI twin's METADATA (0.4.6.post1), Version set to the index's;
+- torchvision: the captured +cu130 build's (PyPI's own), Version set;
+- torch: the captured 2.13.0+cu130 (PyPI's own), Version set, its CUDA lines replaced by the
+  capture script's TORCH_CUDA[('2.13.0', '12.8')] (INFERRED there);
+- nvidia-cudnn-cu12 9.20.0.48 and nvidia-nccl-cu12 2.29.7, which that torch names: INFERRED
+  from the captured 9.19.0.56 and 2.28.9, Version set (their -cu13 twins at both versions name
+  the same requirements).
+
+So the 0.5.19/cu128 graph is the real one everywhere but those five files; the day the snapshot
+holds them (a newer sgl-project/whl capture), RECONSTRUCTED goes, as KNOWN_FAILURES does.
 """
 
 from __future__ import annotations
