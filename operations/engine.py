@@ -152,8 +152,10 @@ def _fail(state: State, host: Host, message: str) -> bool:
 def sync_wheelhouse(src: str, dest: str) -> Any:
     """
     Copy the controller's wheels to the host: only files missing there or of another size
-    (wheels are immutable by name, so a different size means a cut upload). Each file is
-    uploaded under a temporary name and renamed, so a cut transfer never looks complete.
+    (wheels are immutable by name, so a different size means a cut upload). Every file is
+    uploaded under .partial/ and they are all renamed into place by one command once every
+    upload finished, so a cut transfer never looks complete (and a wheelhouse of a few hundred
+    wheels costs one remote command, not one per wheel).
 
     + src: the wheelhouse on the controller
     + dest: its copy on the host
@@ -166,14 +168,16 @@ def sync_wheelhouse(src: str, dest: str) -> Any:
         return
     yield StringCommand("mkdir", "-p", _q(f"{dest}/.partial"))
     for file_name in todo:
-        partial = f"{dest}/.partial/{file_name}"
-        yield FileUploadCommand(os.path.join(src, file_name), partial)
-        yield StringCommand("mv", "-f", _q(partial), _q(f"{dest}/{file_name}"))
+        yield FileUploadCommand(os.path.join(src, file_name), f"{dest}/.partial/{file_name}")
+    names = " ".join(_q(n) for n in todo)
+    yield StringCommand(f"cd {_q(dest + '/.partial')} && mv -f -- {names} ..")
 
 
 def _local_wheels(directory: str) -> list[str]:
-    # os.* rather than pathlib: pyinfra-testing fakes local files through os and os.path.
-    return sorted(n for n in os.listdir(directory) if n.endswith(".whl"))
+    # os.walk and os.path rather than pathlib or listdir: pyinfra-testing fakes local files
+    # through those (local_files in an operation fixture).
+    _, _, names = next(os.walk(directory), ("", [], []))
+    return sorted(n for n in names if n.endswith(".whl"))
 
 
 @operation()
