@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from pyinfra import logger
+from pyinfra.api.arguments import ConnectorArguments
 from pyinfra.api.command import (
     FileDownloadCommand,
     FileUploadCommand,
@@ -67,6 +68,7 @@ from operations.engine_spec import (
 )
 from operations.facts.engine import MARKER, EngineHost, EngineState, WheelhouseFiles
 from operations.facts.serve import referenced_env_names
+from operations.host_call import HostCall, run
 from operations.host_files import put_file
 from operations.host_plan import HostReport
 from operations.layout import EngineTree, env_python
@@ -168,7 +170,13 @@ def sync_wheelhouse(src: str, dest: str) -> Any:
         return
     yield StringCommand("mkdir", "-p", _q(f"{dest}/.partial"))
     for file_name in todo:
-        yield FileUploadCommand(os.path.join(src, file_name), f"{dest}/.partial/{file_name}")
+        # Under `_sudo` pyinfra uploads through a temp file in the host's /tmp, by default
+        # /tmp/pyinfra-<sha1 of dest>, which a local user could create first: a random name.
+        yield FileUploadCommand(
+            os.path.join(src, file_name),
+            f"{dest}/.partial/{file_name}",
+            remote_temp_filename=host.get_temp_filename(),
+        )
     names = " ".join(_q(n) for n in todo)
     yield StringCommand(f"cd {_q(dest + '/.partial')} && mv -f -- {names} ..")
 
@@ -293,6 +301,7 @@ def build_env(
 def _verify(
     state: State,
     host: Host,
+    arguments: ConnectorArguments,
     env: str,
     wanted: Mapping[str, object],
     driver: list[str | None],
@@ -308,8 +317,9 @@ def _verify(
             "arch": spec.compile_arch,
         }
     )
-    status, output = host.run_shell_command(
-        StringCommand(_q(env_python(env)), "-c", _q(CHECK_SCRIPT), _q(argument))
+    # As the operation's commands run: as root through sudo when the host says `_sudo`.
+    status, output = run(
+        host, arguments, StringCommand(_q(env_python(env)), "-c", _q(CHECK_SCRIPT), _q(argument))
     )
     probe = parse_probe(output.stdout + "\n" + output.stderr)
     problems = evaluate(probe, spec, Driver(*driver))
@@ -354,9 +364,7 @@ def verify_env(
         host.noop(f"{spec.name} passed its check when it was installed")
         return
     env = _env_dir(engine_root, spec.name)
-    yield FunctionCommand(
-        _verify, (env, spec.to_json(), [driver_version, driver_cuda], engine_root), {}
-    )
+    yield HostCall(_verify, (env, spec.to_json(), [driver_version, driver_cuda], engine_root), {})
     marker = json.dumps(spec.marker(), sort_keys=True)
     yield (
         f"printf '%s\\n' {_q(marker)} > {_q(env + '/' + MARKER + '.tmp')} && "
@@ -530,7 +538,8 @@ def fetch_lock(src: str, dest: str) -> Any:
     + dest: the lock's path on the controller
     """
     yield FunctionCommand(_local_dir, (os.path.dirname(dest),), {})
-    yield FileDownloadCommand(src, dest, remote_temp_filename=host.get_temp_filename(dest))
+    # A random temp name for the `_sudo` copy pyinfra downloads (not one derived from dest).
+    yield FileDownloadCommand(src, dest, remote_temp_filename=host.get_temp_filename())
 
 
 def _local_dir(state: State, host: Host, path: str) -> bool:

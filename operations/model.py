@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from pyinfra import logger
-from pyinfra.api.command import FunctionCommand, QuoteString, StringCommand
+from pyinfra.api.arguments import ConnectorArguments
+from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
@@ -31,6 +32,7 @@ from pyinfra.operations import files, systemd
 
 from operations import layout, units
 from operations.facts.model import SCRIPT_PATH, script_module
+from operations.host_call import HostCall, run
 from operations.host_files import put_file
 from operations.host_plan import HostReport
 from operations.layout import CONFIG_DIR, STAGE_UNIT
@@ -57,9 +59,12 @@ def _gib(n: int | None) -> str:
 # ------------------------------------------------------------------------------ operations
 
 
-def _run_live(state: Any, host: Any, command: str, what: str) -> bool:
-    """Run on the target and print its output as it comes (the copy's progress lines)."""
-    ok, output = host.run_shell_command(command, print_output=True)
+def _run_live(
+    state: Any, host: Any, arguments: ConnectorArguments, command: str, what: str
+) -> bool:
+    """Run on the target and print its output as it comes (the copy's progress lines), with
+    the operation's connector arguments: through sudo when the host says `_sudo`."""
+    ok, output = run(host, arguments, command, print_output=True)
     if not ok:
         last = output.stderr_lines[-1] if output.stderr_lines else "no message"
         logger.error(f"{host.print_prefix}{what} failed: {last}")
@@ -139,7 +144,7 @@ def staged(
         keep=tuple(keep or ()),
         group=group,
     )
-    yield FunctionCommand(_run_live, (shlex.join(argv), "staging the model"), {})
+    yield HostCall(_run_live, (shlex.join(argv), "staging the model"), {})
 
 
 @operation(is_idempotent=False)
@@ -218,7 +223,7 @@ def fetched_from_hub(
     wrapped = (
         f"{command}; rc=$?; rm -f {shlex.quote(token_file)}; exit $rc" if token_file else command
     )
-    yield FunctionCommand(_run_live, (wrapped, "downloading from the hub"), {})
+    yield HostCall(_run_live, (wrapped, "downloading from the hub"), {})
 
 
 # ------------------------------------------------------------------------------ the step

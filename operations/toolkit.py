@@ -100,7 +100,11 @@ def sync_archives(src: str, dest: str, tools: Toolkit | Mapping[str, object]) ->
     yield StringCommand("mkdir", "-p", _q(f"{dest}/.partial"))
     for archive in tools.archives:
         partial = f"{dest}/.partial/{archive.file_name}"
-        yield FileUploadCommand(f"{src}/{archive.file_name}", partial)
+        # A random temp name for pyinfra's `_sudo` upload (its default, /tmp/pyinfra-<sha1 of
+        # dest>, is a name a local user could create first).
+        yield FileUploadCommand(
+            f"{src}/{archive.file_name}", partial, remote_temp_filename=host.get_temp_filename()
+        )
         yield StringCommand("mv", "-f", _q(partial), _q(f"{dest}/{archive.file_name}"))
 
 
