@@ -13,6 +13,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -80,6 +81,8 @@ class ContainerSpec:
     devices: names of the /dev nodes to create; None means the scenario's devices.txt.
     missing_devices: names removed from that list (e.g. {"nvidia-uvm"}).
     extra_files: absolute path inside the container -> content, or (content, mode).
+    sudo_user: a non-root user, made at boot, who has the testbed's key and passwordless sudo;
+        host_data() then connects as that user with `_sudo: True` (ssh_run stays root's).
     """
 
     scenario: str | Path | None = "rtx-pro-6000-x8"
@@ -89,6 +92,7 @@ class ContainerSpec:
     # Read-only binds "SRC:DEST" inside the container (systemd-nspawn --bind-ro); for a DEST under
     # /proc, nspawn resolves SRC inside the container, so ship it with extra_files.
     binds: Sequence[str] = ()
+    sudo_user: str | None = None
 
     def device_nodes(self) -> list[str]:
         nodes = list(self.devices) if self.devices is not None else scenario_devices(self.scenario)
@@ -337,15 +341,33 @@ class Container:
         return result
 
     def host_data(self) -> dict[str, Any]:
-        """pyinfra host data that reaches this container over SSH."""
+        """pyinfra host data that reaches this container over SSH (as spec.sudo_user with
+        `_sudo: True` when there is one, else as root)."""
+        user = self.spec.sudo_user
         return {
             "ssh_hostname": self.address,
             "ssh_port": SSH_PORT,
-            "ssh_user": "root",
+            "ssh_user": user or "root",
             "ssh_key": str(self.key_path),
             "ssh_known_hosts_file": "/dev/null",
             "ssh_strict_host_key_checking": "no",
+            **({"_sudo": True} if user else {}),
         }
+
+    def add_sudo_user(self, user: str) -> None:
+        """A login user with the testbed's key and passwordless sudo (the image has sudo)."""
+        if not re.fullmatch(r"[a-z][a-z0-9-]{0,30}", user) or user == "root":
+            raise ValueError(f"sudo_user must be a plain non-root user name, got {user!r}")
+        rc, out, err = self.ssh_run(
+            f"id -u {user} >/dev/null 2>&1 || useradd --create-home --shell /bin/bash {user}; "
+            f"install -d -m 700 -o {user} -g {user} /home/{user}/.ssh && "
+            f"install -m 600 -o {user} -g {user} /root/.ssh/authorized_keys /home/{user}/.ssh/ && "
+            f"printf '%s\\n' '{user} ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/{user} && "
+            f"chmod 440 /etc/sudoers.d/{user} && visudo -cq && "
+            f"runuser -u {user} -- sudo -n true"
+        )
+        if rc != 0:
+            raise TestbedSetupError(f"{self.name}: sudo user {user}: rc {rc}\n{out}\n{err}")
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -426,6 +448,8 @@ class Testbed:
                 container.start()
             for container in started:
                 container.wait_ready(timeout)
+                if container.spec.sudo_user:
+                    container.add_sudo_user(container.spec.sudo_user)
         except BaseException:
             for container in started:
                 self.destroy(container)

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import ast
 import json
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-import pytest
 from pyinfra.api.arguments import ConnectorArguments
 from pyinfra.api.config import Config
 from pyinfra.api.connect import connect_all
@@ -28,7 +26,8 @@ from pyinfra.api.operations import run_ops
 from pyinfra.api.state import State
 from pyinfra.api.util import sha1_hash
 from pyinfra.connectors.fake import FakeConnector
-from pyinfra.connectors.util import CommandOutput, OutputLine
+from pyinfra.connectors.util import CommandOutput
+from typing_extensions import override
 
 from operations import engine, model, toolkit
 from operations.host_call import HostCall, run
@@ -50,91 +49,98 @@ def case(name: str) -> tuple[list[Any], dict[str, Any]]:
     return list(data.get("args", [])), dict(data.get("kwargs", {}))
 
 
-@dataclass
-class Seen:
-    commands: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    uploads: list[tuple[str, str | None, dict[str, Any]]] = field(default_factory=list)
-    downloads: list[tuple[str, str | None, dict[str, Any]]] = field(default_factory=list)
+class Recording(FakeConnector):
+    """pyinfra's @fake transport, keeping what reaches the host with the arguments it came
+    with (the Host's connector_cls: injected, not patched)."""
 
+    commands: list[tuple[str, dict[str, Any]]]
+    uploads: list[tuple[str, str | None, dict[str, Any]]]
+    downloads: list[tuple[str, str | None, dict[str, Any]]]
 
-@pytest.fixture
-def seen(monkeypatch: pytest.MonkeyPatch) -> Iterator[Seen]:
-    record = Seen()
+    def __init__(self, state: State, host: Any) -> None:
+        super().__init__(state, host)
+        self.commands, self.uploads, self.downloads = [], [], []
 
-    def command(self: FakeConnector, cmd: Any, *_: Any, **arguments: Any) -> Any:
-        text = cmd if isinstance(cmd, str) else cmd.get_raw_value()
-        record.commands.append((text, {k: arguments.get(k) for k in SUDO}))
-        if "stage_model.py" in text or "-c" in text:  # an operation's, not a fact's
-            return True, CommandOutput([OutputLine("stdout", "ok")])
-        return True, CommandOutput([])
+    @override
+    def run_shell_command(
+        self, command: Any, print_output: bool = False, print_input: bool = False, **arguments: Any
+    ) -> tuple[bool, CommandOutput]:
+        text = command if isinstance(command, str) else command.get_raw_value()
+        self.commands.append((text, {k: arguments.get(k) for k in SUDO}))
+        return super().run_shell_command(command, print_output, print_input)
 
-    def upload(self: FakeConnector, src: Any, dest: str, **kwargs: Any) -> bool:
-        temp = kwargs.pop("remote_temp_filename", None)
-        record.uploads.append((dest, temp, {k: kwargs.get(k) for k in SUDO}))
+    @override
+    def put_file(  # type: ignore[override]
+        self, src: Any, dest: str, remote_temp_filename: str | None = None, **arguments: Any
+    ) -> bool:
+        self.uploads.append((dest, remote_temp_filename, {k: arguments.get(k) for k in SUDO}))
         return True
 
-    def download(self: FakeConnector, src: str, dest: Any, **kwargs: Any) -> bool:
-        temp = kwargs.pop("remote_temp_filename", None)
-        record.downloads.append((src, temp, {k: kwargs.get(k) for k in SUDO}))
+    @override
+    def get_file(  # type: ignore[override]
+        self, src: str, dest: Any, remote_temp_filename: str | None = None, **arguments: Any
+    ) -> bool:
+        self.downloads.append((src, remote_temp_filename, {k: arguments.get(k) for k in SUDO}))
         return True
 
-    monkeypatch.setattr(FakeConnector, "run_shell_command", command)
-    monkeypatch.setattr(FakeConnector, "put_file", upload)
-    monkeypatch.setattr(FakeConnector, "get_file", download)
-    yield record
 
-
-def deploy(add: Callable[[State], None], **data: Any) -> State:
-    """The ops `add` adds, run by pyinfra on one @fake host with `data` as its host data."""
-    inventory = Inventory((["@fake/gpu-1"], {"fake_delay": 0, **data}))
+def deploy(add: Callable[[State], None], **data: Any) -> Recording:
+    """The ops `add` adds, run by pyinfra on one recorded @fake host with `data` as its host
+    data; what reached the host."""
+    inventory = Inventory((["@fake/gpu-1"], {"fake_delay": 0, "fake_delay_jitter": 0, **data}))
+    for host in inventory:
+        host.connector_cls = Recording
     state = State(inventory, Config())
     connect_all(state)
     add(state)
     run_ops(state)
-    return state
+    (host,) = inventory
+    return cast(Recording, host.connector)
 
 
-def ops_of(seen: Seen, needle: str) -> list[dict[str, Any]]:
+def ops_of(seen: Recording, needle: str) -> list[dict[str, Any]]:
     found = [arguments for text, arguments in seen.commands if needle in text]
     assert found, f"no command with {needle!r} reached the host: {seen.commands}"
     return found
 
 
-def test_the_staging_run_goes_through_sudo(seen: Seen) -> None:
+def test_the_staging_run_goes_through_sudo() -> None:
     args, kwargs = case("model.staged/beside")
-    deploy(lambda s: add_op(s, model.staged, *args, **kwargs), **SUDO)
+    seen = deploy(lambda s: add_op(s, model.staged, *args, **kwargs), **SUDO)
     assert ops_of(seen, "stage_model.py stage") == [SUDO]
 
 
-def test_the_hub_download_and_the_token_removal_go_through_sudo(seen: Seen) -> None:
+def test_the_hub_download_and_the_token_removal_go_through_sudo() -> None:
     args, _ = case("model.fetched_from_hub/first-download-public-repo")
     args[-1:] = [None, model.TOKEN_FILE]  # not downloaded yet; a private repository
-    deploy(lambda s: add_op(s, model.fetched_from_hub, *args), **SUDO)
+    seen = deploy(lambda s: add_op(s, model.fetched_from_hub, *args), **SUDO)
     # One command: the download, then `rm -f TOKEN` whatever its outcome, all as root.
     (arguments,) = ops_of(seen, f"rm -f {model.TOKEN_FILE}")
     assert arguments == SUDO
     assert ops_of(seen, "fetch-hub") == [SUDO]
 
 
-def test_the_engine_check_goes_through_sudo(seen: Seen) -> None:
+def test_the_engine_check_goes_through_sudo() -> None:
     args, kwargs = case("engine.verify_env/fresh")
     # The fake host's answer is no probe: the check fails (and says so), after running as root.
-    deploy(lambda s: add_op(s, engine.verify_env, *args, _ignore_errors=True, **kwargs), **SUDO)
+    seen = deploy(
+        lambda s: add_op(s, engine.verify_env, *args, _ignore_errors=True, **kwargs), **SUDO
+    )
     check = [a for text, a in seen.commands if "/bin/python -c" in text]
     assert check == [SUDO], seen.commands
 
 
-def test_an_operations_own_global_arguments_win(seen: Seen) -> None:
+def test_an_operations_own_global_arguments_win() -> None:
     """An op's `_sudo_user=` reaches its callback as it reaches its StringCommands."""
     args, kwargs = case("model.staged/inplace-stops-the-ranks")
-    deploy(lambda s: add_op(s, model.staged, *args, _sudo_user="admin", **kwargs), **SUDO)
+    seen = deploy(lambda s: add_op(s, model.staged, *args, _sudo_user="admin", **kwargs), **SUDO)
     stop, stage = ops_of(seen, "systemctl stop")[0], ops_of(seen, "stage_model.py stage")[0]
     assert stop == stage == {**SUDO, "_sudo_user": "admin"}
 
 
-def test_without_sudo_nothing_asks_for_it(seen: Seen) -> None:
+def test_without_sudo_nothing_asks_for_it() -> None:
     args, kwargs = case("model.staged/beside")
-    deploy(lambda s: add_op(s, model.staged, *args, **kwargs))
+    seen = deploy(lambda s: add_op(s, model.staged, *args, **kwargs))
     assert ops_of(seen, "stage_model.py stage")[0]["_sudo"] is False
 
 
@@ -183,7 +189,7 @@ def test_no_callback_runs_host_commands_behind_pyinfras_back() -> None:
 # ------------------------------------------------------------------------ temp file names
 
 
-def test_sudo_uploads_use_random_temp_names(seen: Seen, tmp_path: Path) -> None:
+def test_sudo_uploads_use_random_temp_names(tmp_path: Path) -> None:
     for name in ("a-1.0-py3-none-any.whl", "b-2.0-py3-none-any.whl"):
         (tmp_path / name).write_bytes(b"wheel")
     dest = "/opt/sglang/wheelhouse"
@@ -191,10 +197,8 @@ def test_sudo_uploads_use_random_temp_names(seen: Seen, tmp_path: Path) -> None:
     def add(state: State) -> None:
         add_op(state, engine.sync_wheelhouse, src=str(tmp_path), dest=dest)
 
-    deploy(add, **SUDO)
-    first = seen.uploads[:]
-    deploy(add, **SUDO)
-    temps = [temp for _, temp, _ in first + seen.uploads[len(first) :]]
+    first, second = deploy(add, **SUDO).uploads, deploy(add, **SUDO).uploads
+    temps = [temp for _, temp, _ in first + second]
     assert len(first) == 2 and len(temps) == 4
     assert all(t and t.startswith("/tmp/pyinfra-") for t in temps), temps
     assert len(set(temps)) == 4  # a new name per file and per run: nothing to predict
@@ -203,26 +207,25 @@ def test_sudo_uploads_use_random_temp_names(seen: Seen, tmp_path: Path) -> None:
         assert temp != f"/tmp/pyinfra-{_sha1(dest_path)}"  # pyinfra's default name
 
 
-def test_sudo_archive_uploads_use_random_temp_names(seen: Seen, tmp_path: Path) -> None:
+def test_sudo_archive_uploads_use_random_temp_names(tmp_path: Path) -> None:
     tools = case("engine.verify_env/fresh")[1]["spec"]["toolkit"]
     for archive in tools["archives"]:
         (tmp_path / Path(archive["path"]).name).write_bytes(b"xz")
     kwargs = {"src": str(tmp_path), "dest": "/opt/sglang/cuda-redist", "tools": tools}
-    deploy(lambda s: add_op(s, toolkit.sync_archives, **kwargs), **SUDO)
+    seen = deploy(lambda s: add_op(s, toolkit.sync_archives, **kwargs), **SUDO)
     temps = [temp for _, temp, _ in seen.uploads]
     assert len(temps) == 3 and len(set(temps)) == 3, seen.uploads
     assert not {f"/tmp/pyinfra-{_sha1(dest)}" for dest, _, _ in seen.uploads} & set(temps)
 
 
-def test_the_lock_download_uses_a_random_temp_name(seen: Seen, tmp_path: Path) -> None:
+def test_the_lock_download_uses_a_random_temp_name(tmp_path: Path) -> None:
     src, dest = "/opt/sglang/envs/e/sglang-deploy.lock", str(tmp_path / "locks/e.lock")
 
     def add(state: State) -> None:
         add_op(state, engine.fetch_lock, src=src, dest=dest)
 
-    deploy(add, **SUDO)
-    deploy(add, **SUDO)
-    (_, one, arguments), (_, two, _) = seen.downloads
+    ((_, one, arguments),) = deploy(add, **SUDO).downloads
+    ((_, two, _),) = deploy(add, **SUDO).downloads
     assert arguments == SUDO
     assert one and two and one != two
     assert one.startswith("/tmp/pyinfra-") and f"/tmp/pyinfra-{_sha1(dest)}" != one
