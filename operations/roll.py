@@ -112,18 +112,31 @@ def smoke_targets(
     return targets
 
 
+def router_workers(settings: Settings) -> list[str]:
+    """The script's --router-worker UNIT=URL arguments: every rank of this host, as the host
+    reaches it. A request through the router carries the key on to a rank, so each one that
+    listens is checked as the router is (files/smoke.py)."""
+    return [
+        f"{layout.unit_name(rank)}={layout.rank_api_base(settings, rank)}"
+        for rank in range(settings.dp_size)
+    ]
+
+
 @dataclass(frozen=True)
 class SmokeRequests:
     """One run of files/smoke.py: the interpreter it runs with (an engine environment's, for
-    httpx) and its NAME=URL[*COUNT] targets; no targets: nothing is asked."""
+    httpx), its NAME=URL[*COUNT] targets (no targets: nothing is asked), and when the router
+    is asked, this host's ranks it forwards to."""
 
     python: str = ""
     targets: list[str] = field(default_factory=list)
+    router_workers: list[str] = field(default_factory=list)
 
 
 class SmokeJson(TypedDict):
     python: str
     targets: list[str]
+    router_workers: list[str]
 
 
 class ServeJson(TypedDict):
@@ -142,7 +155,11 @@ class ServeJson(TypedDict):
 
 
 def _smoke_json(smoke: SmokeRequests) -> SmokeJson:
-    return {"python": smoke.python, "targets": smoke.targets}
+    return {
+        "python": smoke.python,
+        "targets": smoke.targets,
+        "router_workers": smoke.router_workers,
+    }
 
 
 @dataclass(frozen=True)
@@ -237,7 +254,8 @@ def serve_plan(
         targets = smoke_targets(s, asked, router, router_too)
         if targets:
             python = layout.env_python((asked or list(ranks))[0].engine_env)
-            smoke = SmokeRequests(python, targets)
+            through = any(t.startswith(f"{ROUTER_TARGET}=") for t in targets)
+            smoke = SmokeRequests(python, targets, router_workers(s) if through else [])
 
     keep = {r.model_path for r in ranks}
     keys = sorted(k for p in keep if (k := layout.copy_key(s, p)) is not None)

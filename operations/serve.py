@@ -62,15 +62,18 @@ WantedBy=multi-user.target
 
 
 @operation(is_idempotent=False)
-def wait_healthy(checks: list[tuple[str, str]], timeout_s: int, hint: str = "") -> Any:
+def wait_healthy(
+    checks: list[tuple[str, str]], timeout_s: int, service_user: str, hint: str = ""
+) -> Any:
     """
     Wait until every unit answers 200 on its /health URL; fail with the unit's journal.
 
     + checks: (unit, health URL) pairs
     + timeout_s: the deadline
+    + service_user: a 200 counts only from its listener; another user's fails the wait
     + hint: printed on failure (how to go back)
     """
-    words = ["python3", WAIT_SCRIPT, "--timeout", str(timeout_s)]
+    words = ["python3", WAIT_SCRIPT, "--timeout", str(timeout_s), "--service-user", service_user]
     if hint:
         words += ["--hint", hint]
     words += [f"{unit}={url}" for unit, url in checks]
@@ -336,6 +339,7 @@ class ServeStep:
             name=f"Serve: wait for /health of {ranks_label([r.rank for r in start])}",
             checks=[(r.unit_name, layout.rank_health_url(s, r.rank)) for r in start],
             timeout_s=s.health_timeout_s,
+            service_user=s.service_user,
             hint=(
                 "The ranks that were serving before this run were not touched: the deploy stops "
                 "here, before any restart."
@@ -371,6 +375,7 @@ class ServeStep:
             name=f"Serve: {what}: wait for /health of {label}",
             checks=[(r.unit_name, layout.rank_health_url(s, r.rank)) for r in batch],
             timeout_s=s.health_timeout_s,
+            service_user=s.service_user,
             hint=hint,
         )
         if self.drain is None:
@@ -384,6 +389,7 @@ class ServeStep:
                 model=s.model_name,
                 timeout_s=s.smoke_timeout_s,
                 targets=asked.targets,
+                service_user=s.service_user,
             )
         self._in([r.rank for r in batch], what)
 
@@ -505,4 +511,5 @@ def _route(report: HostReport, serving: Serving, plan: RouterPlan, restart: bool
             name="Router: wait for /health",
             checks=[(ROUTER_UNIT, plan.health_url)],
             timeout_s=s.health_timeout_s,
+            service_user=s.service_user,
         )

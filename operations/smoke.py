@@ -9,6 +9,10 @@ answer (an empty or malformed body, another model's name, an error status, no an
 deploy, naming the rank with its journal tail. A run that restarted nothing asks nothing and
 changes nothing. `smoke_requests: false` turns it off; the script is shipped either way, for
 `python -m operations.status --probe`.
+
+Nothing is sent to a listener that is not the service user's or whose unit is not active (the
+script checks each before every request, files/smoke.py): the step fails naming the port and its
+owner.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pyinfra.context import host
 from operations import layout
 from operations.host_files import put_file
 from operations.host_plan import HostReport
+from operations.roll import ROUTER_TARGET
 from operations.serve import ServeStep
 
 SMOKE_SCRIPT = layout.SMOKE_SCRIPT
@@ -30,7 +35,14 @@ _SOURCE = Path(__file__).parent / "files" / "smoke.py"
 
 
 @operation(is_idempotent=False)
-def smoke_requests(python: str, model: str, timeout_s: int, targets: list[str]) -> Any:
+def smoke_requests(
+    python: str,
+    model: str,
+    timeout_s: int,
+    targets: list[str],
+    service_user: str,
+    router_workers: list[str] | None = None,
+) -> Any:
     """
     Ask each target a chat question as a client does; fail with the rank's journal tail.
 
@@ -38,13 +50,20 @@ def smoke_requests(python: str, model: str, timeout_s: int, targets: list[str]) 
     + model: the served model name
     + timeout_s: each request's timeout
     + targets: NAME=URL[*COUNT] (see operations/files/smoke.py); none: nothing to ask
+    + service_user: only its listeners, of active units, are asked (and sent the key)
+    + router_workers: UNIT=URL of this host's ranks the router forwards the key to
     """
     if not targets:
         host.noop("no rank or router (re)started in this run: nothing to ask")
         return
     words = [python, SMOKE_SCRIPT, "--model", model, "--timeout", str(timeout_s)]
     # The script reads the key from the file (root-only); it never passes through argv.
-    words += ["--key-file", layout.SECRETS_FILE, "--journal", *targets]
+    words += ["--key-file", layout.SECRETS_FILE, "--service-user", service_user]
+    if any(t.startswith(f"{ROUTER_TARGET}=") for t in targets):
+        words += ["--unit", f"{ROUTER_TARGET}={layout.ROUTER_UNIT}"]
+        for worker in router_workers or []:
+            words += ["--router-worker", worker]
+    words += ["--journal", *targets]
     yield shlex.join(words)
 
 
@@ -68,4 +87,6 @@ def smoke(report: HostReport, step: ServeStep) -> None:
         model=s.model_name,
         timeout_s=s.smoke_timeout_s,
         targets=asked.targets,
+        service_user=s.service_user,
+        router_workers=asked.router_workers,
     )

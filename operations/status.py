@@ -13,6 +13,8 @@ the command itself could not run (no such inventory, bad arguments).
 --probe also sends each rank (and the router) one chat request as a client does, on the host,
 with the deploy's smoke script (operations/facts/smoke.py: a second round trip per host), and
 adds whether it answered, its latency and its tokens; a rank that does not answer is exit 1.
+A rank whose port another user holds, or whose unit is not active (a stopped rank), is asked
+nothing and the API key is not sent: its row names the port and the owner.
 Without it, status sends no request and changes nothing.
 """
 
@@ -29,6 +31,7 @@ from operations import layout
 from operations.facts.serve import ROUTER_KEY, RankLoad, Serving, ServingState, UnitState
 from operations.facts.smoke import Probe, ProbeAnswer, SmokeProbe
 from operations.redact import redact_data, redact_text
+from operations.roll import router_workers
 from operations.settings import Settings
 
 EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_ERROR = 0, 1, 2
@@ -345,9 +348,11 @@ def probe_args(settings: Settings, host_name: str, status: Serving) -> dict[str,
     """The SmokeProbe arguments: every configured rank and this host's router, asked with the
     python of the environment a rank's unit runs (it has httpx, through openai)."""
     targets = {str(rank): layout.rank_api_base(settings, rank) for rank in range(settings.dp_size)}
+    units = {str(rank): layout.unit_name(rank) for rank in range(settings.dp_size)}
     router = layout.router_api_base(settings) if router_url(settings, host_name) else None
     if router is not None:
         targets[ROUTER_KEY] = router
+        units[ROUTER_KEY] = layout.ROUTER_UNIT
     envs = [env for unit in status.ranks.values() if (env := unit.engine_env()) is not None]
     env = envs[0] if envs else layout.engine_current(settings.engine_root)
     return {
@@ -355,6 +360,10 @@ def probe_args(settings: Settings, host_name: str, status: Serving) -> dict[str,
         "model": settings.model_name,
         "targets": targets,
         "timeout_s": float(settings.smoke_timeout_s),
+        # The script sends nothing to a listener of another user, or of a unit not active.
+        "service_user": settings.service_user,
+        "units": units,
+        "router_workers": router_workers(settings) if router is not None else [],
     }
 
 

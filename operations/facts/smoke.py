@@ -71,6 +71,8 @@ class SmokeProbe(FactBase[Probe]):
     """
     Returns each target's answer to GET /v1/models and one POST /v1/chat/completions with the
     served model name and the API key from the host's secrets file (never on a command line).
+    A target whose listener is not the service user's, or whose unit is not active, is asked
+    nothing: its verdict names the port and the owner.
 
     .. code:: python
 
@@ -82,11 +84,26 @@ class SmokeProbe(FactBase[Probe]):
     + model: the served model name
     + targets: name -> OpenAI base URL as the host reaches it
     + timeout_s: each request's timeout
+    + service_user: only its listeners, of active units, are asked (and sent the key)
+    + units: target name -> its systemd unit (a stopped rank's unit is not active: not asked)
+    + router_workers: UNIT=URL of this host's ranks the router forwards the key to
     """
 
     def command(
-        self, python: str, model: str, targets: dict[str, str], timeout_s: float
+        self,
+        python: str,
+        model: str,
+        targets: dict[str, str],
+        timeout_s: float,
+        service_user: str,
+        units: dict[str, str],
+        router_workers: list[str] | None = None,
     ) -> StringCommand:
+        checks: list[str | QuoteString] = ["--service-user", QuoteString(service_user)]
+        for name, unit in sorted(units.items()):
+            checks += ["--unit", QuoteString(f"{name}={unit}")]
+        for worker in router_workers or []:
+            checks += ["--router-worker", QuoteString(worker)]
         words: list[str | QuoteString] = [
             "if [ -x",
             QuoteString(python),
@@ -101,6 +118,7 @@ class SmokeProbe(FactBase[Probe]):
             str(timeout_s),
             "--key-file",
             QuoteString(layout.SECRETS_FILE),
+            *checks,
             *(QuoteString(f"{name}={url}") for name, url in sorted(targets.items())),
             '2>&1; else echo "smoke_unavailable no engine environment or smoke script on the',
             'host (run the deploy)"; fi; true',

@@ -13,7 +13,8 @@ GET /v1/models (the served name must be listed) and then COUNT times POST /v1/ch
 another model's name, or no answer at all fails that target. The deploy's smoke step and
 `python -m operations.status --probe` both run it.
 
-    smoke.py --model NAME --timeout S [--key-file FILE] [--json] [--journal] NAME=URL[*COUNT]...
+    smoke.py --model NAME --timeout S --service-user USER [--key-file FILE] [--json] [--journal]
+        [--unit NAME=UNIT]... [--router-worker UNIT=URL]... NAME=URL[*COUNT]...
 
 NAME is a unit (`sglang@3.service`) or `router` (its /v1/models is its own, not a rank's: only
 its chat answers are judged); URL is the OpenAI base URL
@@ -21,20 +22,32 @@ its chat answers are judged); URL is the OpenAI base URL
 never from the command line, and never printed. --json prints one `smoke {...}` line per target
 (status); --journal prints a failed unit's journal tail (the deploy). Exit status 1 when any
 target did not answer right.
+
+Before every request, nothing is sent (neither the key nor the question) unless the TCP listener
+on the target's address and port belongs to USER (its uid in /proc/net/tcp or tcp6, the name
+resolved here) and the target's unit (--unit NAME=UNIT; a NAME that is a unit names itself) is
+active; through the router, also each --router-worker of this host that listens. Otherwise the
+target fails naming the port and its owner (docs/security.md, "Who is sent the API key").
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import ipaddress
 import json
+import pwd
 import re
+import socket
+import struct
 import subprocess
 import sys
 import time
+import urllib.parse
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, replace
+from typing import Any, NamedTuple
 
 JOURNAL_LINES = 40
 
@@ -89,6 +102,136 @@ def mask_journal(text: str, secrets: tuple[str, ...] = ()) -> str:
 
 
 # ---- end of the copied block ----
+# ---- listener owners: one block in smoke.py and wait_healthy.py (test_listeners.py pins it) ----
+# Who may be sent the API key, or believed healthy: the TCP listener on the target's address and
+# port must belong to the service user, and the target's unit must be active. Anyone may bind a
+# free port above 1024 (a stopped rank's, or a restarting one's); only its uid tells them apart.
+# /proc/net/tcp and tcp6 (net/ipv4/tcp_ipv4.c get_tcp4_sock, net/ipv6/tcp_ipv6.c get_tcp6_sock):
+# `sl local_address rem_address st ... uid timeout inode`, addresses as hex words of 32 bits in
+# host byte order and ports as 4 hex digits; st 0A is TCP_LISTEN (include/net/tcp_states.h).
+PROC_NET_TCP = ("/proc/net/tcp", "/proc/net/tcp6")
+TCP_LISTEN = "0A"
+
+
+class Listener(NamedTuple):
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address
+    port: int
+    uid: int
+
+
+def _hex_address(field: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]:
+    addr, _, port = field.partition(":")
+    words = [int(addr[i : i + 8], 16) for i in range(0, len(addr), 8)]
+    packed = b"".join(struct.pack("=I", word) for word in words)
+    return ipaddress.ip_address(packed), int(port, 16)
+
+
+def parse_listeners(text: str) -> list[Listener]:
+    """The listening sockets in one /proc/net/tcp or tcp6 text (its header line skipped)."""
+    found = []
+    for line in text.splitlines()[1:]:
+        cols = line.split()
+        if len(cols) > 7 and cols[3] == TCP_LISTEN:
+            address, port = _hex_address(cols[1])
+            found.append(Listener(address, port, int(cols[7])))
+    return found
+
+
+def read_listeners() -> list[Listener]:
+    found: list[Listener] = []
+    for path in PROC_NET_TCP:
+        try:
+            with open(path, encoding="ascii") as fh:
+                found += parse_listeners(fh.read())
+        except FileNotFoundError:  # no IPv6 in this kernel
+            continue
+    return found
+
+
+def _takes(listener: Listener, target: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether a connection to `target` may reach `listener` (same port): its own address, the
+    wildcard of its family, or an IPv6 wildcard or mapped address for an IPv4 target (dual-stack
+    unless IPV6_V6ONLY, which /proc does not show: counted as reaching it)."""
+    address = listener.address
+    if address == target or (address.version == target.version and address.is_unspecified):
+        return True
+    if target.version == 4 and address.version == 6:
+        return address.is_unspecified or address == ipaddress.ip_address(f"::ffff:{target}")
+    return False
+
+
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return "no such user"
+
+
+def listening(url: str, listeners: list[Listener] | None = None) -> tuple[str, list[Listener]]:
+    """(ADDRESS:PORT of `url`, every listener a connection to it may reach)."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        targets = {ipaddress.ip_address(host)}
+    except ValueError:
+        infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
+        targets = {ipaddress.ip_address(info[4][0]) for info in infos}
+    if listeners is None:
+        listeners = read_listeners()
+    reaching = [
+        item
+        for item in listeners
+        if item.port == port and any(_takes(item, target) for target in targets)
+    ]
+    return where, reaching
+
+
+def owner_problem(where: str, reaching: list[Listener], service_user: str) -> str | None:
+    """Why the listeners on `where` are not the service user's (its uid resolved here, on the
+    host); None when one listens and every one is."""
+    try:
+        uid = pwd.getpwnam(service_user).pw_uid
+    except KeyError:
+        return f"the service user {service_user!r} does not exist on this host"
+    if not reaching:
+        return f"nothing listens on {where}"
+    for item in reaching:
+        if item.uid != uid:
+            return (
+                f"{where} is held by uid {item.uid} ({user_name(item.uid)}), not by the "
+                f"service user {service_user} (uid {uid})"
+            )
+    return None
+
+
+def unit_active(unit: str) -> str:
+    """The unit's ActiveState as systemd says it ("active", "inactive", "failed", ...)."""
+    out = subprocess.run(
+        ["systemctl", "show", unit, "-p", "ActiveState"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    states = [line[12:] for line in out.splitlines() if line.startswith("ActiveState=")]
+    return states[0].strip() if states and states[0].strip() else "unknown"
+
+
+def refusal(url: str, unit: str, service_user: str) -> str | None:
+    """Why nothing may be sent to `url` (its listener is not the service user's, or `unit` is
+    not active); None when it may."""
+    where, reaching = listening(url)
+    why = owner_problem(where, reaching, service_user)
+    if why is not None:
+        return why
+    state = unit_active(unit)
+    if state != "active":
+        return f"{unit} is {state}: whoever listens on {where} is not it"
+    return None
+
+
+# ---- end of the listener block ----
 # The router answers GET /v1/models itself, not from a worker (sglang-router 0.3.2 lists
 # "unknown": seen in tests/e2e/test_smoke.py), so through it only the chat answers are judged.
 ROUTER = "router"
@@ -224,9 +367,34 @@ def _raw(call: Any) -> tuple[int | None, str]:
         return None, f"connection failed ({error})"
 
 
-def ask(name: str, base: str, count: int, model: str, key: str | None, timeout: float) -> Verdict:
-    client = _client(key, timeout)
+def _no_guard() -> str | None:
+    return None
+
+
+def ask(
+    name: str,
+    base: str,
+    count: int,
+    model: str,
+    key: str | None,
+    timeout: float,
+    guard: Callable[[], str | None] = _no_guard,
+) -> Verdict:
+    """`guard` runs before every request: a reason from it ends the target's turn, and nothing
+    (no key, no question) is sent to it."""
+
+    def refused() -> Verdict | None:
+        why = guard()
+        if why is None:
+            return None
+        return Verdict(name, False, why=f"nothing sent (the API key stays here): {why}")
+
+    if (stop := refused()) is not None:
+        return stop
+    client = _client(key, timeout)  # made once the listener is known to be the service user's
+    first = True
     if name != ROUTER:
+        first = False
         status, body = _raw(lambda: client.get(f"{base}/models"))
         why = judge_models(status, body, model)
         if status is None:
@@ -239,8 +407,12 @@ def ask(name: str, base: str, count: int, model: str, key: str | None, timeout: 
         "max_tokens": MAX_TOKENS,
         "temperature": 0,
     }
-    latencies, tokens = [], 0
+    latencies: list[float] = []
+    tokens = 0
     for _ in range(count):
+        if not first and (stop := refused()) is not None:
+            return replace(stop, requests=len(latencies))
+        first = False
         started = time.monotonic()
         status, body = _raw(lambda: client.post(f"{base}/chat/completions", json=request))
         latencies.append(time.monotonic() - started)
@@ -273,11 +445,42 @@ def describe(v: Verdict) -> str:
     return f"{v.target}: did NOT answer as a client expects: {v.why}"
 
 
+def guard_for(name: str, base: str, args: argparse.Namespace) -> Callable[[], str | None]:
+    """The check made before each request to a target: its listener is the service user's and
+    its unit (`--unit NAME=UNIT`, or NAME itself when it is a unit) is active. Through the
+    router, the key reaches its workers too: every rank of this host it may forward to
+    (`--router-worker UNIT=URL`) is, when something listens there, the service user's and
+    active. (Workers on other hosts are checked by their own host's deploy.)"""
+    units = dict(word.split("=", 1) for word in args.unit)
+    unit = units.get(name, name if name.endswith(".service") else "")
+    workers = [word.split("=", 1) for word in args.router_worker] if name == ROUTER else []
+
+    def check() -> str | None:
+        if not unit:
+            return f"no unit named for {name!r} (--unit NAME=UNIT)"
+        why = refusal(base, unit, args.service_user)
+        if why is not None:
+            return why
+        for worker_unit, url in workers:
+            where, reaching = listening(url)
+            if reaching:
+                why = refusal(url, worker_unit, args.service_user)
+                if why is not None:
+                    return f"the router forwards to {where}: {why}"
+        return None
+
+    return check
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
     parser.add_argument("--timeout", type=float, required=True)
     parser.add_argument("--key-file")
+    # Whose listeners may be asked (and sent the key): a name, resolved to a uid here.
+    parser.add_argument("--service-user", required=True)
+    parser.add_argument("--unit", action="append", default=[], metavar="NAME=UNIT")
+    parser.add_argument("--router-worker", action="append", default=[], metavar="UNIT=URL")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--journal", action="store_true")
     parser.add_argument("targets", nargs="+", metavar="NAME=URL[*COUNT]")
@@ -288,7 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     def one(target: tuple[str, str, int]) -> Verdict:
         name, base, count = target
         try:
-            return ask(name, base, count, args.model, key, args.timeout)
+            guard = guard_for(name, base, args)
+            return ask(name, base, count, args.model, key, args.timeout, guard)
         except Exception as error:  # one target's failure is its verdict, not a traceback
             return Verdict(name, False, why=f"{type(error).__name__}: {error}")
 

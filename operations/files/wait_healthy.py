@@ -5,18 +5,29 @@ Shipped to the host by operations/serve.py and run there (the servers may listen
 only). Fails fast when a unit dies or systemd restarts it, and then prints that unit's journal so
 the deploy's output shows why. Usage:
 
-    wait_healthy.py --timeout SECONDS [--hint TEXT] UNIT=URL [UNIT=URL ...]
+    wait_healthy.py --timeout SECONDS --service-user USER [--hint TEXT] UNIT=URL [UNIT=URL ...]
+
+A 200 counts only from a listener of USER (its uid in /proc/net/tcp or tcp6) while the unit is
+active: another user who holds the port (bound while the rank was stopped or restarting) would
+otherwise pass for the rank. Such a listener fails the wait at once, naming the port and its
+owner (docs/security.md, "Who is sent the API key").
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import pwd
 import re
+import socket
+import struct
 import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+from typing import NamedTuple
 
 POLL_S = 1.0
 
@@ -71,6 +82,136 @@ def mask_journal(text: str, secrets: tuple[str, ...] = ()) -> str:
 
 
 # ---- end of the copied block ----
+# ---- listener owners: one block in smoke.py and wait_healthy.py (test_listeners.py pins it) ----
+# Who may be sent the API key, or believed healthy: the TCP listener on the target's address and
+# port must belong to the service user, and the target's unit must be active. Anyone may bind a
+# free port above 1024 (a stopped rank's, or a restarting one's); only its uid tells them apart.
+# /proc/net/tcp and tcp6 (net/ipv4/tcp_ipv4.c get_tcp4_sock, net/ipv6/tcp_ipv6.c get_tcp6_sock):
+# `sl local_address rem_address st ... uid timeout inode`, addresses as hex words of 32 bits in
+# host byte order and ports as 4 hex digits; st 0A is TCP_LISTEN (include/net/tcp_states.h).
+PROC_NET_TCP = ("/proc/net/tcp", "/proc/net/tcp6")
+TCP_LISTEN = "0A"
+
+
+class Listener(NamedTuple):
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address
+    port: int
+    uid: int
+
+
+def _hex_address(field: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]:
+    addr, _, port = field.partition(":")
+    words = [int(addr[i : i + 8], 16) for i in range(0, len(addr), 8)]
+    packed = b"".join(struct.pack("=I", word) for word in words)
+    return ipaddress.ip_address(packed), int(port, 16)
+
+
+def parse_listeners(text: str) -> list[Listener]:
+    """The listening sockets in one /proc/net/tcp or tcp6 text (its header line skipped)."""
+    found = []
+    for line in text.splitlines()[1:]:
+        cols = line.split()
+        if len(cols) > 7 and cols[3] == TCP_LISTEN:
+            address, port = _hex_address(cols[1])
+            found.append(Listener(address, port, int(cols[7])))
+    return found
+
+
+def read_listeners() -> list[Listener]:
+    found: list[Listener] = []
+    for path in PROC_NET_TCP:
+        try:
+            with open(path, encoding="ascii") as fh:
+                found += parse_listeners(fh.read())
+        except FileNotFoundError:  # no IPv6 in this kernel
+            continue
+    return found
+
+
+def _takes(listener: Listener, target: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether a connection to `target` may reach `listener` (same port): its own address, the
+    wildcard of its family, or an IPv6 wildcard or mapped address for an IPv4 target (dual-stack
+    unless IPV6_V6ONLY, which /proc does not show: counted as reaching it)."""
+    address = listener.address
+    if address == target or (address.version == target.version and address.is_unspecified):
+        return True
+    if target.version == 4 and address.version == 6:
+        return address.is_unspecified or address == ipaddress.ip_address(f"::ffff:{target}")
+    return False
+
+
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return "no such user"
+
+
+def listening(url: str, listeners: list[Listener] | None = None) -> tuple[str, list[Listener]]:
+    """(ADDRESS:PORT of `url`, every listener a connection to it may reach)."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        targets = {ipaddress.ip_address(host)}
+    except ValueError:
+        infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
+        targets = {ipaddress.ip_address(info[4][0]) for info in infos}
+    if listeners is None:
+        listeners = read_listeners()
+    reaching = [
+        item
+        for item in listeners
+        if item.port == port and any(_takes(item, target) for target in targets)
+    ]
+    return where, reaching
+
+
+def owner_problem(where: str, reaching: list[Listener], service_user: str) -> str | None:
+    """Why the listeners on `where` are not the service user's (its uid resolved here, on the
+    host); None when one listens and every one is."""
+    try:
+        uid = pwd.getpwnam(service_user).pw_uid
+    except KeyError:
+        return f"the service user {service_user!r} does not exist on this host"
+    if not reaching:
+        return f"nothing listens on {where}"
+    for item in reaching:
+        if item.uid != uid:
+            return (
+                f"{where} is held by uid {item.uid} ({user_name(item.uid)}), not by the "
+                f"service user {service_user} (uid {uid})"
+            )
+    return None
+
+
+def unit_active(unit: str) -> str:
+    """The unit's ActiveState as systemd says it ("active", "inactive", "failed", ...)."""
+    out = subprocess.run(
+        ["systemctl", "show", unit, "-p", "ActiveState"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    states = [line[12:] for line in out.splitlines() if line.startswith("ActiveState=")]
+    return states[0].strip() if states and states[0].strip() else "unknown"
+
+
+def refusal(url: str, unit: str, service_user: str) -> str | None:
+    """Why nothing may be sent to `url` (its listener is not the service user's, or `unit` is
+    not active); None when it may."""
+    where, reaching = listening(url)
+    why = owner_problem(where, reaching, service_user)
+    if why is not None:
+        return why
+    state = unit_active(unit)
+    if state != "active":
+        return f"{unit} is {state}: whoever listens on {where} is not it"
+    return None
+
+
+# ---- end of the listener block ----
 JOURNAL_LINES = 40
 
 
@@ -120,6 +261,7 @@ def fail(unit: str, why: str, hint: str) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--timeout", type=float, required=True)
+    parser.add_argument("--service-user", required=True)
     parser.add_argument("--hint", default="")
     parser.add_argument("checks", nargs="+", metavar="UNIT=URL")
     args = parser.parse_args()
@@ -130,11 +272,17 @@ def main() -> int:
     deadline = start + args.timeout
     while pending:
         for unit, url in list(pending.items()):
-            if healthy(url):
-                print(f"{unit}: healthy after {time.monotonic() - start:.0f}s", flush=True)
-                del pending[unit]
-                continue
             state = unit_state(unit)
+            where, reaching = listening(url)
+            if reaching:
+                # Someone listens: it must be the service user, or it is not the rank.
+                why = owner_problem(where, reaching, args.service_user)
+                if why is not None:
+                    return fail(unit, f"{why}: its answers are not {unit}'s", args.hint)
+                if state.get("ActiveState") == "active" and healthy(url):
+                    print(f"{unit}: healthy after {time.monotonic() - start:.0f}s", flush=True)
+                    del pending[unit]
+                    continue
             if state.get("ActiveState") == "failed" or state.get("SubState") == "auto-restart":
                 return fail(
                     unit, f"{state.get('ActiveState')} ({state.get('SubState')})", args.hint

@@ -20,9 +20,16 @@ ROOT = Path(__file__).resolve().parents[2]
 KEY = "sk-live-7f3a9c2e1b"
 TOKEN = "tok3nS3cr3t"
 RANK_ARGS = ("--api-key", KEY, "--port", "30000", "--model-path")
-SMOKE_ARGS: tuple[str, ...] = ("--model", "m", "--timeout", "5", "--journal")
+SMOKE_ARGS: tuple[str, ...] = ("--model", "m", "--timeout", "5", "--service-user", "nobody")
+SMOKE_ARGS += ("--journal",)
 SMOKE_ARGS += ("sglang@0.service=http://127.0.0.1:9", "--key-file")
-WAIT_ARGS = ("--timeout", "30", "sglang@0.service=http://127.0.0.1:9/health")
+WAIT_ARGS = (
+    "--timeout",
+    "30",
+    "--service-user",
+    "nobody",
+    "sglang@0.service=http://127.0.0.1:9/health",
+)
 
 
 @pytest.mark.parametrize(
