@@ -72,6 +72,8 @@ from operations.host_call import HostCall, run
 from operations.host_files import put_file
 from operations.host_plan import HostReport
 from operations.layout import EngineTree, env_python
+from operations.lock_check import LockSources, check_lock, lock_sources
+from operations.pins import PinError, uv_requirement
 from operations.redact import redact
 from operations.settings import Settings
 from operations.toolkit import REDIST_DIR, host_packages, install_toolkit, redist_dir, sync_archives
@@ -192,7 +194,9 @@ def _local_wheels(directory: str) -> list[str]:
 def bootstrap_uv(engine_root: str, version: str, state: Mapping[str, Any] | None = None) -> Any:
     """
     Install uv (exactly `version`) under ENGINE_ROOT/tools with the system Python's venv and
-    pip, which read ENGINE_ROOT/pip.conf when there is one (a main index or the wheelhouse).
+    pip, which read ENGINE_ROOT/pip.conf when there is one (a main index or the wheelhouse):
+    only the wheel whose sha256 operations/pins/uv.txt pins (`--require-hashes --only-binary
+    :all:`), whatever the index serves.
 
     + engine_root: the engine root on the host
     + version: the uv release
@@ -202,13 +206,18 @@ def bootstrap_uv(engine_root: str, version: str, state: Mapping[str, Any] | None
     if found == version:
         host.noop(f"uv {version} is installed")
         return
+    pinned = uv_requirement(version)
+    if pinned is None:
+        raise PinError(f"uv {version}: no pinned hash in operations/pins/uv.txt")
     tree = EngineTree(engine_root)
     tools, conf = tree.tools, tree.pip_config
+    requirements = f"{tools}/requirements.txt"
     yield (
         f"rm -rf {_q(tools)} && python3 -m venv {_q(tools)} && "
+        f"printf '%s\\n' {_q(pinned)} > {_q(requirements)} && "
         f"if [ -f {_q(conf)} ]; then export PIP_CONFIG_FILE={_q(conf)}; fi && "
-        f"{_q(tree.tools_pip)} install "
-        f"--disable-pip-version-check --no-input --quiet {_q('uv==' + version)}"
+        f"{_q(tree.tools_pip)} install --disable-pip-version-check --no-input --quiet "
+        f"--require-hashes --only-binary :all: --no-deps -r {_q(requirements)}"
     )
 
 
@@ -221,17 +230,34 @@ def _cache(engine_root: str) -> str:
 
 
 @operation()
-def lock_env(engine_root: str, env_name: str, controller_lock: str) -> Any:
+def lock_env(
+    engine_root: str,
+    env_name: str,
+    controller_lock: str,
+    registries: list[str] | None = None,
+    wheelhouse: str | None = None,
+    wheelhouse_files: list[str] | None = None,
+) -> Any:
     """
     Give the engine's project its lock: the controller's copy when it has one (the identical
-    set every host of this engine installs), else a fresh `uv lock` against the indexes.
+    set every host of this engine installs) and it passes the lock check, else a fresh
+    `uv lock` against the indexes.
 
     + engine_root: the engine root on the host
     + env_name: the environment's name (release-lane-hash)
     + controller_lock: where the lock lives on the controller
+    + registries/wheelhouse/wheelhouse_files: where its packages may come from
+      (lock_check.LockSources); no check when registries is None
     """
     project = _project_dir(engine_root, env_name)
     if os.path.isfile(controller_lock):
+        if registries is not None:
+            sources = LockSources.from_args(registries, wheelhouse, wheelhouse_files)
+            with open(controller_lock) as lock:
+                problems = check_lock(lock.read(), sources)
+            if problems:
+                yield FunctionCommand(_fail, (_refused(controller_lock, problems, False),), {})
+                return
         # The project directory exists (its pyproject.toml was written just before).
         yield from put_file._inner(
             src=Path(controller_lock),
@@ -529,17 +555,56 @@ def _compiler(s: Settings, spec: EngineSpec, state: EngineHost) -> None:
 
 
 @operation(is_idempotent=False)
-def fetch_lock(src: str, dest: str) -> Any:
+def fetch_lock(
+    src: str,
+    dest: str,
+    registries: list[str],
+    wheelhouse: str | None = None,
+    wheelhouse_files: list[str] | None = None,
+) -> Any:
     """
     Copy an engine's lock from the host to the controller, so every later build of that engine
-    installs exactly it.
+    installs exactly it: downloaded beside DEST, kept (renamed to DEST) only if it passes the
+    lock check (operations/lock_check.py), else deleted and the step fails naming each package
+    and what is wrong.
 
     + src: the lock in the environment on the host
     + dest: the lock's path on the controller
+    + registries/wheelhouse/wheelhouse_files: where its packages may come from
+      (lock_check.LockSources)
     """
+    partial = dest + ".partial"
     yield FunctionCommand(_local_dir, (os.path.dirname(dest),), {})
     # A random temp name for the `_sudo` copy pyinfra downloads (not one derived from dest).
-    yield FileDownloadCommand(src, dest, remote_temp_filename=host.get_temp_filename())
+    yield FileDownloadCommand(src, partial, remote_temp_filename=host.get_temp_filename())
+    yield FunctionCommand(_keep_lock, (partial, dest, registries, wheelhouse, wheelhouse_files), {})
+
+
+def _refused(lock: str, problems: list[str], deleted: bool) -> str:
+    what = "deleted, not kept" if deleted else "not uploaded"
+    return f"the lock {lock} fails the lock check ({what}):" + "".join(
+        f"\n    {p}" for p in problems
+    )
+
+
+def _keep_lock(
+    state: State,
+    host: Host,
+    partial: str,
+    dest: str,
+    registries: list[str],
+    wheelhouse: str | None,
+    wheelhouse_files: list[str] | None,
+) -> bool:
+    """Keep the downloaded lock as DEST if it passes the lock check, else delete it."""
+    sources = LockSources.from_args(registries, wheelhouse, wheelhouse_files)
+    with open(partial) as lock:
+        problems = check_lock(lock.read(), sources)
+    if problems:
+        os.remove(partial)
+        return _fail(state, host, _refused(dest, problems, True))
+    os.replace(partial, dest)
+    return True
 
 
 def _local_dir(state: State, host: Host, path: str) -> bool:
@@ -547,11 +612,20 @@ def _local_dir(state: State, host: Host, path: str) -> bool:
     return True
 
 
+def _sources(s: Settings, spec: EngineSpec) -> dict[str, Any]:
+    """Where a lock of `spec` may take its packages from, as operation arguments."""
+    wheelhouse = EngineTree(s.engine_root).wheelhouse if s.wheelhouse else None
+    files = _local_wheels(s.wheelhouse) if s.wheelhouse else None
+    registries, wheelhouse_arg, files_arg = lock_sources(s, spec, wheelhouse, files).to_args()
+    return {"registries": registries, "wheelhouse": wheelhouse_arg, "wheelhouse_files": files_arg}
+
+
 def _fetch_lock(s: Settings, spec: EngineSpec, controller_lock: str) -> None:
     fetch_lock(
         name=f"Engine: copy the lock to {s.engine_lock_dir}",
         src=f"{_env_dir(s.engine_root, spec.name)}/{LOCK_FILE}",
         dest=controller_lock,
+        **_sources(s, spec),
     )
 
 
@@ -594,6 +668,7 @@ def _install(
         engine_root=root,
         env_name=spec.name,
         controller_lock=controller_lock,
+        **_sources(s, spec),
     )
     build_env(
         name=f"Engine: install {spec.name}",

@@ -24,6 +24,7 @@ from pathlib import Path
 from operations import kb as kbmod
 from operations import settings as settings_mod
 from operations.engine_spec import EngineError, EngineSpec, engine_spec, lock_path, project_toml
+from operations.lock_check import check_lock, lock_sources
 from operations.plan import build_state, parse_data
 from operations.redact import redact
 from operations.settings import Settings
@@ -47,7 +48,9 @@ def uv_binary() -> str:
 def lock_engine(settings: Settings, spec: EngineSpec, dest: Path, uv: str) -> None:
     """Resolve `spec`'s project with uv against the settings' indexes and write its lock to
     `dest`. The project file may hold index credentials: it lives in a private temporary
-    directory, is mode 600 before its first byte, and never reaches a command line."""
+    directory, is mode 600 before its first byte, and never reaches a command line. The lock
+    passes the same check as a host's (operations/lock_check.py) before it is written: a lock
+    that fails is not kept."""
     with tempfile.TemporaryDirectory(prefix="sglang-lock-") as work:
         project = Path(work) / "pyproject.toml"
         fd = os.open(project, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -63,9 +66,16 @@ def lock_engine(settings: Settings, spec: EngineSpec, dest: Path, uv: str) -> No
         if proc.returncode != 0:
             said = redact(proc.stderr.strip())[-2000:]
             raise LockError(f"uv could not lock {spec.name}:\n{said}")
+        text = (Path(work) / "uv.lock").read_text()
+        problems = check_lock(text, lock_sources(settings, spec))
+        if problems:
+            raise LockError(
+                f"the lock of {spec.name} fails the lock check (not written):"
+                + "".join(f"\n    {p}" for p in problems)
+            )
         dest.parent.mkdir(parents=True, exist_ok=True)
         partial = dest.with_name(dest.name + ".partial")
-        shutil.copyfile(Path(work) / "uv.lock", partial)
+        partial.write_text(text)
         os.replace(partial, dest)
 
 

@@ -36,6 +36,7 @@ from operations.host_call import HostCall, run
 from operations.host_files import put_file
 from operations.host_plan import HostReport
 from operations.layout import CONFIG_DIR, STAGE_UNIT
+from operations.pins import hub_requirements
 from operations.preflight import STAGE_HEADROOM
 from operations.serve import service_user
 from operations.settings import Settings
@@ -50,6 +51,13 @@ HUB_REQUIREMENT = "huggingface_hub>=0.34,<2"  # 0.34 introduced the `hf` command
 STAGE_TIMEOUT_S = 3600
 # Ranks the in-place swap stops; the serve step starts them again (the model changed).
 RANK_UNITS = (layout.TARGET, layout.RANK_UNIT_GLOB)
+
+
+def _python(report: HostReport) -> str:
+    """The host's python3 minor, as the plan read it (the engine is locked for it)."""
+    if report.plan.engine is None:
+        raise OperationError("the model step needs the plan's engine (host_plan)")
+    return report.plan.engine.python
 
 
 def _gib(n: int | None) -> str:
@@ -176,19 +184,32 @@ def synced_from_controller(
 
 
 @operation(is_idempotent=False)
-def hub_cli(cli: str) -> Any:
+def hub_cli(cli: str, requirements: str) -> Any:
     """
-    The Hugging Face CLI at `cli`, installed into its own venv when missing.
+    The Hugging Face CLI at `cli`, installed into its own venv when missing: exactly the
+    pinned wheels, hashes checked (`--require-hashes --only-binary :all:`), kept beside it as
+    VENV/requirements.txt.
 
     + cli: the path of the `hf` command (model_hub_cli)
+    + requirements: the pinned requirements with hashes (operations/pins hub_requirements)
     """
     if host.get_fact(File, path=cli):
         host.noop(f"{cli} is installed")
         return
     venv = os.path.dirname(os.path.dirname(cli))
+    pinned = f"{venv}/requirements.txt"
     yield StringCommand("python3", "-m", "venv", QuoteString(venv))
+    yield from put_file._inner(src=requirements, dest=pinned, sha256_now=None)
     yield StringCommand(
-        QuoteString(f"{venv}/bin/pip"), "install", "-q", QuoteString(HUB_REQUIREMENT)
+        QuoteString(f"{venv}/bin/pip"),
+        "install",
+        "-q",
+        "--disable-pip-version-check",
+        "--require-hashes",
+        "--only-binary",
+        ":all:",
+        "-r",
+        QuoteString(pinned),
     )
 
 
@@ -327,7 +348,11 @@ def _stage_model(report: HostReport) -> StageResult:
     elif source.kind == "hf" and source.repo and source.revision:
         done = staging.hub_revision if staging is not None else None
         if done != source.revision:
-            hub_cli(name="Install the Hugging Face CLI", cli=s.model_hub_cli)
+            hub_cli(
+                name="Install the Hugging Face CLI",
+                cli=s.model_hub_cli,
+                requirements=hub_requirements(_python(report)),
+            )
         token = os.environ.get(TOKEN_ENV)
         if token and done != source.revision:
             put_file(

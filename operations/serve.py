@@ -42,6 +42,7 @@ from operations.host_files import put_file
 from operations.host_plan import HostReport
 from operations.layout import ROUTER_MARKER, ROUTER_UNIT, SECRETS_FILE, TARGET
 from operations.monitoring import DASHBOARD_SOURCE
+from operations.pins import router_requirements
 from operations.resolver import Rank, RouterPlan
 from operations.roll import ServePlan, SmokeRequests
 
@@ -421,14 +422,19 @@ serve = cast(Callable[..., ServeStep], _serve)
 
 
 @operation()
-def router_env(engine_root: str, env_dir: str, version: str, installed: bool) -> Any:
+def router_env(
+    engine_root: str, env_dir: str, version: str, installed: bool, requirements: str
+) -> Any:
     """
-    sglang-router in its own environment, with the engine's uv and package sources.
+    sglang-router in its own environment, with the engine's uv and package sources: exactly
+    the pinned wheels, hashes checked (`--require-hashes --only-binary :all:`), kept in the
+    environment as requirements.txt.
 
     + engine_root: ENGINE_ROOT (uv and its config live there)
     + env_dir: the router's environment
     + version: the sglang-router release
     + installed: whether env_dir holds a checked install (from the ServingState fact)
+    + requirements: sglang-router==VERSION and its dependencies with hashes (operations/pins)
     """
     if installed:
         host.noop(f"sglang-router {version} is installed")
@@ -456,8 +462,20 @@ def router_env(engine_root: str, env_dir: str, version: str, installed: bool) ->
         "python3",
         env,
     )
+    pinned = f"{env_dir}/requirements.txt"
+    yield from put_file._inner(src=requirements, dest=pinned, sha256_now=None)
     yield StringCommand(
-        uv, "pip", "install", *common, "--python", python, QuoteString(f"sglang-router=={version}")
+        uv,
+        "pip",
+        "install",
+        *common,
+        "--python",
+        python,
+        "--require-hashes",
+        "--only-binary",
+        ":all:",
+        "-r",
+        QuoteString(pinned),
     )
     yield StringCommand(
         python,
@@ -467,6 +485,13 @@ def router_env(engine_root: str, env_dir: str, version: str, installed: bool) ->
         "touch",
         QuoteString(f"{env_dir}/{ROUTER_MARKER}"),
     )
+
+
+def _python(report: HostReport) -> str:
+    """The host's python3 minor, as the plan read it: the router's environment runs it."""
+    if report.plan.engine is None:
+        raise OperationError("the router needs the plan's engine (host_plan)")
+    return report.plan.engine.python
 
 
 def _route(report: HostReport, serving: Serving, plan: RouterPlan, restart: bool) -> None:
@@ -490,6 +515,7 @@ def _route(report: HostReport, serving: Serving, plan: RouterPlan, restart: bool
         env_dir=plan.env_dir,
         version=plan.version,
         installed=installed,
+        requirements=router_requirements(plan.version, _python(report)),
     )
     put_file(
         name=f"Router: {ROUTER_UNIT}",

@@ -452,10 +452,24 @@ def _wheelhouse_problems(host_name: str, settings: Settings) -> list[str]:
     ]
 
 
+def _pin_problems(host_name: str, settings: Settings) -> list[str]:
+    """uv is installed only as a wheel whose sha256 operations/pins/uv.txt pins."""
+    from operations.pins import uv_requirement
+
+    if uv_requirement(settings.uv_version) is not None:
+        return []
+    return [
+        f"{host_name}: uv_version = {settings.uv_version!r} (set in "
+        f"{settings.origin('uv_version')}) has no pinned wheel hash in operations/pins/uv.txt; "
+        "add it with `python scripts/pin_installs.py --uv VERSION` (every pinned version "
+        "again), or use a pinned one"
+    ]
+
+
 def controller_problems(host_name: str, settings: Settings) -> list[str]:
     """Checks of files on the controller (the API key, the wheelhouse): part of every
     inventory load."""
-    problems = _wheelhouse_problems(host_name, settings)
+    problems = _wheelhouse_problems(host_name, settings) + _pin_problems(host_name, settings)
     if not settings.api_key_file:
         return problems
     path = Path(settings.api_key_file).expanduser()

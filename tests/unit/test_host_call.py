@@ -220,9 +220,15 @@ def test_sudo_archive_uploads_use_random_temp_names(tmp_path: Path) -> None:
 
 def test_the_lock_download_uses_a_random_temp_name(tmp_path: Path) -> None:
     src, dest = "/opt/sglang/envs/e/sglang-deploy.lock", str(tmp_path / "locks/e.lock")
+    # What the fake transport "downloads": a lock that passes the lock check (just the project).
+    partial = tmp_path / "locks/e.lock.partial"
+    lock = 'version = 1\n\n[[package]]\nname = "sglang-engine"\nversion = "0"\n'
+    lock += 'source = { virtual = "." }\n'
 
     def add(state: State) -> None:
-        add_op(state, engine.fetch_lock, src=src, dest=dest)
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(lock)
+        add_op(state, engine.fetch_lock, src=src, dest=dest, registries=[])
 
     ((_, one, arguments),) = deploy(add, **SUDO).downloads
     ((_, two, _),) = deploy(add, **SUDO).downloads
