@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -564,16 +565,18 @@ def fetch_lock(
 ) -> Any:
     """
     Copy an engine's lock from the host to the controller, so every later build of that engine
-    installs exactly it: downloaded beside DEST, kept (renamed to DEST) only if it passes the
-    lock check (operations/lock_check.py), else deleted and the step fails naming each package
-    and what is wrong.
+    installs exactly it: downloaded beside DEST (DEST.HOST.partial), kept (renamed to DEST;
+    the last host's when several fetch at once) only if it passes the lock check
+    (operations/lock_check.py), else deleted and the step fails naming each package and what
+    is wrong.
 
     + src: the lock in the environment on the host
     + dest: the lock's path on the controller
     + registries/wheelhouse/wheelhouse_files: where its packages may come from
       (lock_check.LockSources)
     """
-    partial = dest + ".partial"
+    # One name per host: the first hosts of an engine may all fetch at once.
+    partial = f"{dest}.{re.sub(r'[^A-Za-z0-9_.-]', '_', host.name)}.partial"
     yield FunctionCommand(_local_dir, (os.path.dirname(dest),), {})
     # A random temp name for the `_sudo` copy pyinfra downloads (not one derived from dest).
     yield FileDownloadCommand(src, partial, remote_temp_filename=host.get_temp_filename())

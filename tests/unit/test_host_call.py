@@ -221,7 +221,7 @@ def test_sudo_archive_uploads_use_random_temp_names(tmp_path: Path) -> None:
 def test_the_lock_download_uses_a_random_temp_name(tmp_path: Path) -> None:
     src, dest = "/opt/sglang/envs/e/sglang-deploy.lock", str(tmp_path / "locks/e.lock")
     # What the fake transport "downloads": a lock that passes the lock check (just the project).
-    partial = tmp_path / "locks/e.lock.partial"
+    partial = tmp_path / "locks/e.lock._fake_gpu-1.partial"
     lock = 'version = 1\n\n[[package]]\nname = "sglang-engine"\nversion = "0"\n'
     lock += 'source = { virtual = "." }\n'
 
