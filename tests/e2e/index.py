@@ -197,6 +197,7 @@ def _pip_download(
             "--only-binary",
             ":all:",
             *([] if deps else ["--no-deps"]),
+            *(["--require-hashes"] if requirement.startswith("--requirement=") else []),
             *(arg for platform in platforms for arg in ("--platform", platform)),
             "--python-version",
             python_version,
@@ -275,6 +276,26 @@ def pypi_wheels_with_deps(requirement: str, pythons: tuple[str, ...] = ("3.11",)
             _pip_download(requirement, cache, deps=True, python_version=python_version)
         done.touch()
     return sorted(cache.glob("*.whl"))
+
+
+def pinned_wheels(requirements: Path, python_version: str = "3.11") -> list[Path]:
+    """The wheels of a pinned requirements file (operations/pins/), for the containers'
+    Python: downloaded once by pip with `--require-hashes`, so each matches the pinned sha256
+    the deploy installs it against (the same check again here: a cached wheel that does not
+    match fails the test, not the deploy)."""
+    cache = CACHE_DIR / "wheels" / f"pinned-{requirements.stem}"
+    done = cache / ".complete"
+    if not done.exists():
+        _pip_download(
+            f"--requirement={requirements}", cache, deps=False, python_version=python_version
+        )
+        done.touch()
+    pinned = set(re.findall(r"--hash=sha256:([0-9a-f]{64})", requirements.read_text()))
+    wheels = sorted(cache.glob("*.whl"))
+    for wheel in wheels:
+        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        assert digest in pinned, f"{wheel.name}: sha256 {digest} is not pinned in {requirements}"
+    return wheels
 
 
 def wheelhouse(target: Path, wheels: Iterable[Path]) -> Path:

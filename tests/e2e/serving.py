@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from operations.pins import router_file
 from tests.doubles import wheels as doubles
 from tests.e2e.deploying import (
     LANE,
@@ -28,7 +29,7 @@ from tests.e2e.deploying import (
     make_indexes,
     run_deploy,
 )
-from tests.e2e.index import pypi_wheels_with_deps
+from tests.e2e.index import pinned_wheels
 from tests.testbed import Container, ContainerSpec
 
 RELEASE = "0.5.11"
@@ -43,8 +44,9 @@ def serving_indexes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Indexe
         tmp_path_factory.mktemp("serve-index"),
         {RELEASE: doubles.release_wheels(out, RELEASE, LANE)},
     )
-    # The real router and its web stack, from PyPI, served like everything else.
-    made.main.add(*pypi_wheels_with_deps("sglang-router==0.3.2"))
+    # The real router and its web stack, from PyPI, served like everything else: exactly the
+    # pinned set (operations/pins), which the deploy installs with --require-hashes.
+    made.main.add(*pinned_wheels(router_file("0.3.2", "3.11")))
     yield made
     for index in made.all():
         index.stop()
