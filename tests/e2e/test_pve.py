@@ -11,6 +11,7 @@ the container configs it starts from.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import pytest
 
 from tests import testbed as tb
 from tests.e2e.deploying import REPO, Run, run_deploy
+from tests.e2e.https_server import HttpsFiles
 from tests.testbed import Container, ContainerSpec
 
 pytestmark = pytest.mark.e2e
@@ -74,6 +76,7 @@ def unrelated(ctid: int) -> list[str]:
 def node(testbed: tb.Testbed) -> Iterator[Container]:
     files: dict[str, Any] = {
         "/usr/local/sbin/pct": ((DOUBLES / "pct").read_text(), 0o755),
+        "/usr/local/bin/lxc-info": ((DOUBLES / "lxc-info").read_text(), 0o755),
         "/usr/local/bin/pveversion": ((DOUBLES / "pveversion").read_text(), 0o755),
         "/etc/pve-double/pveversion.txt": (FIXTURES / "pveversion-8.1.txt").read_text(),
         "/srv/pve-double/driver/nvidia/version": (
@@ -188,15 +191,19 @@ def test_before_pve_8_1_raw_lxc_lines_with_the_node_majors(node: Container, tmp_
         main, _, section = text.partition("\n[before-gpus]\n")
         kept = [ln for ln in main.splitlines() if ln in unrelated(201)]
         assert kept == unrelated(201), text
-        # nvidia-frontend and nvidia-uvm majors of the captured /proc/devices.
+        # nvidia-frontend and nvidia-uvm majors of the captured /proc/devices: the GPUs one minor
+        # each (195:N) and nvidiactl (195:255), never c 195:*, which would allow every GPU of
+        # the node.
         for line in (
-            "lxc.cgroup2.devices.allow: c 195:* rwm",
+            *(f"lxc.cgroup2.devices.allow: c 195:{n} rwm" for n in range(len(GPUS))),
+            "lxc.cgroup2.devices.allow: c 195:255 rwm",
             "lxc.cgroup2.devices.allow: c 510:* rwm",
             "lxc.mount.entry: /dev/nvidia3 dev/nvidia3 none bind,optional,create=file",
             "lxc.mount.entry: /dev/nvidia-uvm dev/nvidia-uvm none bind,optional,create=file",
         ):
             assert line in main.splitlines(), text
         assert "dev0:" not in text
+        assert "lxc.cgroup2.devices.allow: c 195:* rwm" not in text
         assert "[before-gpus]\n" + section == SNAPSHOT_SECTION.format(ctid=201)
         converged = node.snapshot(SNAPSHOT)
         again = pve(tmp_path, node, {"pve_ctid": 201})
@@ -238,15 +245,32 @@ def test_driver_user_space_installed_only_with_opt_in(node: Container, tmp_path:
     write_config(node, 200, bare(200))
     lib = f"/usr/lib/x86_64-linux-gnu/libcuda.so.{MODULE}"
     ssh(node, f"rm -f {lib}")
-    data = {"pve_driver_url": f"file://{DRIVER_DIR}/NVIDIA-Linux-x86_64-{{version}}.run"}
-    told = pve(tmp_path, node, data)
-    assert told.rc == 0 and f"needs NVIDIA user space {MODULE} exactly" in told.output, told.output
-    assert not (node.root / lib.lstrip("/")).exists()
+    installer = (DOUBLES / "nvidia-installer.run").read_bytes()
+    name = f"NVIDIA-Linux-x86_64-{MODULE}.run"
+    # https only: the installer is served over TLS by a CA the node (where curl runs) trusts.
+    with HttpsFiles(tmp_path / "https", {name: installer}) as files:
+        (node.root / "usr/local/share/ca-certificates/sglang-deploy-test.crt").write_text(
+            files.ca_pem
+        )
+        ssh(node, "update-ca-certificates >/dev/null")
+        data: dict[str, Any] = {
+            "pve_driver_url": files.url("NVIDIA-Linux-x86_64-{version}.run"),
+            "pve_driver_hashes": {MODULE: hashlib.sha256(installer).hexdigest()},
+        }
+        told = pve(tmp_path, node, data)
+        assert told.rc == 0, told.output
+        assert f"needs NVIDIA user space {MODULE} exactly" in told.output, told.output
+        assert not (node.root / lib.lstrip("/")).exists()
 
-    run = pve(tmp_path, node, {**data, "pve_install_driver": True})
-    assert run.rc == 0, run.output
-    assert (node.root / lib.lstrip("/")).read_text().strip() == f"libcuda double {MODULE}"
-    again = pve(tmp_path, node, {**data, "pve_install_driver": True})
-    assert again.rc == 0, again.output
-    assert f"user space is {MODULE}, the node module's version" in again.output
-    assert again.status("NVIDIA user space") == "not run", again.output
+        wrong = {**data, "pve_driver_hashes": {MODULE: "0" * 64}, "pve_install_driver": True}
+        refused = pve(tmp_path, node, wrong)
+        assert refused.rc != 0, refused.output
+        assert not (node.root / lib.lstrip("/")).exists(), "an installer of another sha256 ran"
+
+        run = pve(tmp_path, node, {**data, "pve_install_driver": True})
+        assert run.rc == 0, run.output
+        assert (node.root / lib.lstrip("/")).read_text().strip() == f"libcuda double {MODULE}"
+        again = pve(tmp_path, node, {**data, "pve_install_driver": True})
+        assert again.rc == 0, again.output
+        assert f"user space is {MODULE}, the node module's version" in again.output
+        assert again.status("NVIDIA user space") == "not run", again.output
