@@ -1,0 +1,127 @@
+"""The terminal view of status: one table per host and the verdict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from operations.redact import redact_text
+from operations.status.rows import HostResult, RankStatus
+
+# -- the terminal view ----------------------------------------------------------------------
+
+
+def _duration(seconds: int | None) -> str:
+    if seconds is None:
+        return "-"
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def _gpu_cell(r: RankStatus) -> str:
+    if r.gpu is None:
+        return "-"
+    if r.gpu_name is None:
+        return f"{r.gpu}"
+    used = f"{(r.gpu_memory_used_mib or 0) / 1024:.1f}"
+    total = f"{(r.gpu_memory_total_mib or 0) / 1024:.0f}"
+    return f"{r.gpu} {r.gpu_name}, {used}/{total} GiB"
+
+
+def _probe_cells(answered: bool | None, latency_s: float | None, tokens: int | None) -> list[str]:
+    if answered is None:
+        return ["-", "-", "-"]
+    said = "[green]yes[/]" if answered else "[red]no[/]"
+    latency = "-" if latency_s is None else f"{latency_s * 1000:.0f} ms"
+    return [said, latency, "-" if tokens is None else str(tokens)]
+
+
+def host_table(result: HostResult) -> Any:
+    from rich.table import Table
+
+    table = Table()
+    table.add_column("rank", justify="right")
+    for column in ("unit", "health", "sglang", "model"):
+        table.add_column(column)
+    table.add_column("port", justify="right")
+    table.add_column("GPU")
+    table.add_column("uptime", justify="right")
+    table.add_column("restarts", justify="right")
+    table.add_column("running", justify="right")
+    table.add_column("queued", justify="right")
+    if result.probed:
+        table.add_column("answered")
+        table.add_column("latency", justify="right")
+        table.add_column("tokens", justify="right")
+    for r in result.ranks:
+        version = f"{r.sglang_version or '?'} {r.lane or ''}".strip() if r.engine else "-"
+        model = f"{r.model}@{r.model_revision}" if r.model_revision else f"{r.model} (not staged)"
+        health_style = "green" if r.healthy else ("dim" if not r.expected else "red")
+        rank = str(r.rank) if r.expected else f"{r.rank} (extra)"
+        cells = [
+            rank,
+            r.state,
+            f"[{health_style}]{r.health}[/]",
+            version,
+            model,
+            str(r.port),
+            _gpu_cell(r),
+            _duration(r.uptime_s),
+            "-" if r.restarts is None else str(r.restarts),
+            "-" if r.running_reqs is None else str(r.running_reqs),
+            "-" if r.queued_reqs is None else str(r.queued_reqs),
+        ]
+        if result.probed:
+            cells += _probe_cells(r.answered, r.latency_s, r.tokens)
+        table.add_row(*cells)
+    return table
+
+
+def print_results(results: list[HostResult], console: Any = None) -> None:
+    from rich.console import Console
+    from rich.text import Text
+
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            # cron mail and log files: wide enough that rows do not wrap.
+            console = Console(width=200)
+    for result in results:
+        if not result.reachable or result.error is not None:
+            console.print(Text(redact_text(result.summary()), style="bold red"))
+            continue
+        console.print(Text(result.name, style="bold"))
+        console.print(host_table(result))
+        style = "bold green" if result.healthy else "bold red"
+        console.print(Text(result.summary(), style=style))
+        if result.router is not None:
+            router = result.router
+            answered = ""
+            if result.probed:
+                latency = "-" if router.latency_s is None else f"{router.latency_s * 1000:.0f} ms"
+                answered = (
+                    f", answered ({latency}, {router.tokens} tokens)"
+                    if router.answered
+                    else f", did NOT answer: {router.answer}"
+                )
+            console.print(
+                Text(
+                    f"  router {router.url}: {router.state}, {router.health}, "
+                    f"up {_duration(router.uptime_s)}, restarts {router.restarts}{answered}",
+                    style="green" if router.healthy else "red",
+                )
+            )
+    healthy = all(r.healthy for r in results) and bool(results)
+    bad = [r.name for r in results if not r.healthy]
+    console.print(
+        Text("all healthy", style="bold green")
+        if healthy
+        else Text(f"NOT healthy: {', '.join(bad) or 'no hosts'}", style="bold red")
+    )
