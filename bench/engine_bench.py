@@ -4,7 +4,8 @@
 The wheels are the test doubles of sglang 0.5.11 / cu128 (tests/doubles/wheels.py), with an
 incompressible blob of BENCH_TORCH_MB in torch so that installing moves bytes as a real torch
 (about 900 MB of CUDA libraries) does; plus the real uv wheel. Measured, ROUNDS times each:
-  pip fresh        inside the container: python3 -m venv + pip install --no-index (the baseline)
+  pip fresh        inside the container: python3 -m venv + pip install --no-index --no-deps of
+                   the lock's exact set (the baseline; the same packages the engine installs)
   pip again        the same pip install into that venv once more (already satisfied)
   engine fresh     `pyinfra -y INVENTORY engine-only deploy` with `wheelhouse` set, a new
                    engine_root and an empty engine_lock_dir each round: gate facts, wheelhouse
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,7 +88,6 @@ def main() -> int:
         shutil.copytree(wheelhouse, c.root / "root/wheelhouse")
         settings = load("bench", [Layer("bench", {"model_source": MODEL_DIR})])
         spec = engine_spec(settings, kbmod.load())
-        requirements = spec.requirements
         deploy_file = work / "engine_deploy.py"
         deploy_file.write_text(ENGINE_DEPLOY)
 
@@ -124,20 +125,28 @@ def main() -> int:
                 raise RuntimeError(f"engine deploy failed:\n{proc.stdout[-3000:]}{proc.stderr}")
             return elapsed
 
-        reqs = " ".join(shlex.quote(r) for r in requirements)
         pip_fresh, pip_again, fresh, from_lock, converged, reinstall = [], [], [], [], [], []
         for i in range(ROUNDS):
-            venv = f"/root/pip-bench-{i}"
-            install = (
-                f"{venv}/bin/pip install --disable-pip-version-check --no-index "
-                f"--find-links /root/wheelhouse {reqs}"
-            )
-            pip_fresh.append(timed_inside(f"python3 -m venv {venv} && {install}"))
-            pip_again.append(timed_inside(install))
             locks = work / f"locks-{i}"
             fresh.append(engine_run(f"/opt/bench-{i}", locks))
             if not any(locks.glob("*.lock")):
                 raise RuntimeError(f"the first run recorded no lock under {locks}")
+            # pip installs the same set: the lock's packages, exact versions, --no-deps (pip
+            # has no overrides, so sglang's own cuda-python>=13.0 would otherwise refuse the
+            # CUDA 12 lane's 12.9.4; the engine's resolve is measured in `engine fresh`).
+            locked = tomllib.loads(next(locks.glob("*.lock")).read_text())
+            reqs = " ".join(
+                shlex.quote(f"{p['name']}=={p['version']}")
+                for p in locked["package"]
+                if "wheels" in p
+            )
+            venv = f"/root/pip-bench-{i}"
+            install = (
+                f"{venv}/bin/pip install --disable-pip-version-check --no-index --no-deps "
+                f"--find-links /root/wheelhouse {reqs}"
+            )
+            pip_fresh.append(timed_inside(f"python3 -m venv {venv} && {install}"))
+            pip_again.append(timed_inside(install))
             from_lock.append(engine_run(f"/opt/bench-{i}-lock", locks))
             converged.append(engine_run(f"/opt/bench-{i}", locks))
             sh(f"rm -rf /opt/bench-{i}/envs/{spec.name}")
