@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from operations import kb as kbmod  # noqa: E402
 from operations.engine_spec import engine_spec  # noqa: E402
 from operations.settings import Layer, load  # noqa: E402
-from tests.doubles import wheels  # noqa: E402
+from tests.doubles import cuda_redist, wheels  # noqa: E402
 from tests.e2e.deploying import support_wheels  # noqa: E402
 from tests.e2e.index import uv_wheel  # noqa: E402
 from tests.testbed import ContainerSpec, Testbed, ensure_testbed, inventory_file  # noqa: E402
@@ -82,6 +82,9 @@ def main() -> int:
         built = wheels.release_wheels(wheelhouse, RELEASE, LANE, TORCH_MB * 2**20)
         for extra in [uv_wheel(), *support_wheels(work / "graph", RELEASE)]:
             shutil.copyfile(extra, wheelhouse / extra.name)
+        # The lane's compiler archives (the double of NVIDIA's), offline beside the wheelhouse.
+        redist = cuda_redist.build(work / "nvidia-redist", LANE)
+        cuda_redist.flat(redist, work / "cuda-redist")
         config = json.dumps({"architectures": ["Qwen3_5ForConditionalGeneration"]})
         (c,) = bed.boot(ContainerSpec(extra_files={f"{MODEL_DIR}/config.json": config}))
         # The baseline's copy of the wheels goes straight onto the container's disk.
@@ -107,6 +110,7 @@ def main() -> int:
                 "engine_root": engine_root,
                 "engine_lock_dir": str(lock_dir),
                 "wheelhouse": str(wheelhouse),
+                "cuda_redist_manifest": str(redist.manifest),
                 "sglang_version": RELEASE,
             }
             inventory = inventory_file(work, {c: data})
