@@ -6,7 +6,8 @@ come from the settings' own sources alone:
 
 - every `[[package]]` comes from a registry the settings name: the main index
   (`package_index_url`, else PyPI's https://pypi.org/simple), one of the engine's explicit
-  indexes (engine_spec.indexes), or, offline, the host's copy of the wheelhouse; the project
+  indexes (engine_spec.indexes), or, offline, a wheelhouse directory (any host's: the path
+  is where the lock was resolved, the install reads this host's own wheelhouse); the project
   itself is the one virtual package (`sglang-engine`, source `virtual = "."`). A git, URL, path
   or editable source, or any other registry, is refused. uv never writes credentials into a
   lock, so the settings' URLs are compared without them, and a lock URL that holds some is
@@ -131,7 +132,11 @@ def _package_problems(
         return [f"{who}: a virtual source {where!r}; only the project {PROJECT} may be one"]
     if kind != "registry" or not isinstance(where, str):
         return [f"{who}: from {kind} {redact(str(where))}; only the configured indexes may be used"]
-    local = wheelhouse is not None and where.rstrip("/") == wheelhouse
+    # Offline, uv records the find-links directory it resolved from: the wheelhouse of the host
+    # that made the lock, whose engine_root may differ from this host's. The install never
+    # reads that path (it exports the lock and installs from this host's wheelhouse, --no-index),
+    # so any local directory passes here and each wheel must be one the controller holds.
+    local = wheelhouse is not None and "://" not in where and where.startswith("/")
     if not local and (_has_credentials(where) or _plain(where) not in allowed):
         return [f"{who}: from {redact(where)}, not one of the configured indexes ({shown})"]
     problems = []
@@ -160,9 +165,7 @@ def _file_problems(
         return [f"{who}: {what} {entry!r} is not a table"]
     if local and "path" in entry:
         path = str(entry["path"])
-        directory, _, file_name = path.rpartition("/")
-        if directory.rstrip("/") != wheelhouse:
-            return [f"{who}: {what} {path} is not in the wheelhouse {wheelhouse}"]
+        file_name = path.rpartition("/")[2]
         if sources.wheelhouse_files is not None and file_name not in sources.wheelhouse_files:
             return [f"{who}: {what} {file_name} is not in the controller's wheelhouse"]
         return []
