@@ -156,7 +156,8 @@ def test_an_offline_lock_names_the_controllers_wheels_without_hashes() -> None:
     ]
     # Made offline on a host whose engine_root differs (its wheelhouse at another path): the
     # install reads this host's wheelhouse only, so the wheels' names are what count.
-    elsewhere = LockSources(("https://pypi.org/simple",), "/opt/b/wheelhouse", frozenset([UV_WHEEL]))
+    pypi = ("https://pypi.org/simple",)
+    elsewhere = LockSources(pypi, "/opt/b/wheelhouse", frozenset([UV_WHEEL]))
     assert check_lock(OFFLINE, elsewhere) == []
     # Online, the same lock names a directory that is no configured index.
     (problem,) = check_lock(OFFLINE, LockSources(("https://pypi.org/simple",)))
