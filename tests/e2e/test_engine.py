@@ -453,6 +453,10 @@ def test_cu130_on_a_580_driver_host_converges_from_the_indexes(
         "cuda_lane": "cu130",
         "cuda_redist_manifest": None,
         "cuda_wheels_url": f"{indexes.main.base}/pypi-files",
+        # Its own address: the testbed's containers share this machine's network namespace,
+        # and the module's other container serves rank 0 on 127.0.0.1:30000 (with a listener
+        # another unit holds, the health wait now refuses, as it must).
+        "server_host": host580.address,
     }
 
     ok(deploy(host580, tmp_path, data))
