@@ -15,7 +15,7 @@ from typing import NotRequired, TypedDict
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from operations.kb import PLACEHOLDER, Compiler, Knowledge, cite
+from operations.kb import PLACEHOLDER, Compiler, CompilerArchive, Knowledge, cite
 from operations.layout import EngineTree
 from operations.settings import Settings
 
@@ -60,22 +60,6 @@ class ToolkitJson(TypedDict):
 
 
 @dataclass(frozen=True)
-class Archive:
-    """One compiler archive as the install fetches it: its path under the toolkit's URL (or
-    its file name in the offline cuda-redist/ directory), and what it must hash to."""
-
-    name: str
-    version: str
-    path: str
-    sha256: str
-    size: int
-
-    @property
-    def file_name(self) -> str:
-        return self.path.rsplit("/", 1)[-1]
-
-
-@dataclass(frozen=True)
 class Toolkit:
     """The CUDA compiler of an engine: archives unpacked into ENGINE_ROOT/cuda/<name>, shared by
     every engine of the same compiler, and the CUDA_HOME its ranks and its check use."""
@@ -85,11 +69,13 @@ class Toolkit:
     release: str | None  # NVIDIA's redistrib_<release>.json
     root: str  # the folder of each archive that becomes CUDA_HOME; "*": its one top folder
     url: str  # where `path`s are found online
-    archives: tuple[Archive, ...]
+    archives: tuple[CompilerArchive, ...]
     checksums: str  # where the sha256 values come from, for the plan
 
     def __post_init__(self) -> None:
-        archives = tuple(a if isinstance(a, Archive) else Archive(**a) for a in self.archives)
+        archives = tuple(
+            a if isinstance(a, CompilerArchive) else CompilerArchive(**a) for a in self.archives
+        )
         object.__setattr__(self, "archives", archives)
 
     @property
@@ -138,7 +124,7 @@ class Toolkit:
             root=_text(data, "root"),
             url=_text(data, "url"),
             archives=tuple(
-                Archive(
+                CompilerArchive(
                     _text(a, "name"),
                     _text(a, "version"),
                     _text(a, "path"),
@@ -177,7 +163,7 @@ def toolkit(
     )
     archives = []
     for a in compiler.archives:
-        archive = Archive(a.name, a.version, a.path, a.sha256, a.size)
+        archive = a
         entry = manifest.get(a.name) if manifest is not None else None
         if manifest is not None:
             if not isinstance(entry, Mapping) or entry.get("version") != a.version:
@@ -191,7 +177,7 @@ def toolkit(
                     f"cuda_redist_manifest {manifest_path}: {a.name} has no linux-x86_64 archive"
                 )
             size = files.get("size")
-            archive = Archive(
+            archive = CompilerArchive(
                 a.name,
                 a.version,
                 _text(files, "relative_path"),
