@@ -26,7 +26,7 @@ from types import TracebackType
 from operations.engine_spec import EngineSpec, engine_spec, project_toml
 from operations.kb import Knowledge
 from operations.settings import Settings
-from tests.e2e.index import START_TIMEOUT_S, _listening, free_port, stop_process, wait_for
+from tests.e2e.index import free_port, serve_directory, stop_process
 from tests.unit.builders import make_settings
 
 SNAPSHOT = Path(__file__).resolve().parent / "fixtures" / "index-snapshot"
@@ -195,23 +195,7 @@ class SnapshotIndex:
             return
         self.port = free_port()
         stderr = self.log.open("ab") if self.log is not None else subprocess.DEVNULL
-        self._proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "http.server",
-                "--bind",
-                "127.0.0.1",
-                str(self.port),
-                "--directory",
-                str(self.root),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-        )
-        port = self.port
-        wait_for(lambda: _listening(port), START_TIMEOUT_S, f"snapshot index on {port}", self._proc)
+        self._proc = serve_directory(self.root, self.port, stderr, "snapshot index")
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None

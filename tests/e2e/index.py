@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from packaging import tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
@@ -138,29 +138,29 @@ class LocalIndex:
         if self.pid is not None:
             return
         self.port = self.port or free_port()
-        self._proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "http.server",
-                "--bind",
-                "127.0.0.1",
-                str(self.port),
-                "--directory",
-                str(self.root),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=(self.root.parent / f"{self.root.name}.http.log").open("ab"),
-        )
-        port = self.port
-        wait_for(lambda: _listening(port), START_TIMEOUT_S, f"index on port {port}", self._proc)
+        log = (self.root.parent / f"{self.root.name}.http.log").open("ab")
+        self._proc = serve_directory(self.root, self.port, log, "index")
 
     def stop(self) -> None:
         proc = self._proc
         self._proc = None
         if proc is not None:
             stop_process(proc)
+
+
+def serve_directory(
+    root: Path, port: int, stderr: IO[bytes] | int, what: str
+) -> subprocess.Popen[bytes]:
+    """`python3 -m http.server` on 127.0.0.1:PORT over `root`, listening when this returns."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port),
+         "--directory", str(root)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+    )  # fmt: skip
+    wait_for(lambda: _listening(port), START_TIMEOUT_S, f"{what} on port {port}", proc)
+    return proc
 
 
 def stop_process(proc: subprocess.Popen[Any]) -> None:
