@@ -32,6 +32,7 @@ from operations.files import cuda_toolkit, engine_check
 from operations.settings import Layer, load
 from tests.doubles import cuda_redist, wheels
 from tests.e2e.index import pypi_wheel
+from tests.needs import missing
 
 CHECK = Path(engine_check.__file__)
 TESTS = Path(__file__).resolve().parents[1]
@@ -50,7 +51,7 @@ def cu130_toolkit() -> Toolkit:
 def redist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The offline cuda-redist/ directory: the real wheels, by file name."""
     if shutil.which("g++") is None:
-        pytest.skip("nvcc needs a host compiler (g++) on this machine")
+        missing("nvcc needs a host compiler (g++) on this machine")
     out = tmp_path_factory.mktemp("cuda-redist")
     for archive in cu130_toolkit().archives:
         wheel = pypi_wheel(archive.name, archive.version)
@@ -216,7 +217,7 @@ def cu128_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     toolkit from the knowledge base with the double's manifest (setting
     cuda_redist_manifest), unpacked by the host's install script from a cuda-redist/ dir."""
     if shutil.which("g++") is None:
-        pytest.skip("nvcc needs a host compiler (g++) on this machine")
+        missing("nvcc needs a host compiler (g++) on this machine")
     out = tmp_path_factory.mktemp("cu128")
     redist = cuda_redist.build(out / "redist", "cu128")
     settings = load("t", [Layer("t", {"model_source": "/mnt/m", "cuda_lane": "cu128"})])

@@ -23,6 +23,7 @@ from packaging.utils import parse_wheel_filename
 from tests.doubles import snapshot_graph, wheels
 from tests.doubles.snapshot_graph import Captured
 from tests.e2e.index import free_port, wait_for
+from tests.needs import missing
 from tests.snapshot_index import find_python
 
 RELEASE = "0.5.11"
@@ -103,7 +104,7 @@ def carried(wheel: Path, captured: Captured) -> list[str]:
 @pytest.fixture(scope="module")
 def graph() -> snapshot_graph.Graph:
     if find_python(snapshot_graph.E2E_PYTHON) is None:
-        pytest.skip(f"no Python {snapshot_graph.E2E_PYTHON} here: uv lock needs one")
+        missing(f"no Python {snapshot_graph.E2E_PYTHON} here: uv lock needs one")
     return snapshot_graph.e2e_graph()
 
 

@@ -34,6 +34,7 @@ from operations.files import cuda_toolkit, engine_check
 from operations.redact import redact
 from tests.doubles import cuda_redist
 from tests.doubles import wheels as double_wheels
+from tests.needs import missing
 from tests.unit.builders import make_settings
 
 KB = kbmod.load()
@@ -230,7 +231,7 @@ class Doubles:
 @pytest.fixture(scope="module")
 def doubles(tmp_path_factory: pytest.TempPathFactory) -> Doubles:
     if shutil.which("g++") is None:
-        pytest.skip("the nvcc double preprocesses with g++, as nvcc does")
+        missing("the nvcc double preprocesses with g++, as nvcc does")
     work = tmp_path_factory.mktemp("engine-check")
     built = double_wheels.release_wheels(work / "wheels", "0.5.11", "cu128")
     redist = cuda_redist.build(work / "redist", "cu128")
