@@ -4,6 +4,7 @@ connector): real pyinfra inventory loading, real fact commands, canned real outp
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -243,3 +244,30 @@ def test_dry_deploy_with_bad_settings_stops_before_any_host_work() -> None:
     assert result.returncode != 0
     assert "dp_size = 0" in out and "from 1 to 64" in out
     assert "Traceback" not in out
+
+
+@pytest.mark.parametrize("dont_write", ["", "1"])
+def test_a_deploy_caches_this_package_bytecode_unless_told_not_to(
+    tmp_path: Path, dont_write: str
+) -> None:
+    """pyinfra's CLI sets sys.dont_write_bytecode for its process; operations/__init__.py
+    gives our own modules Python's usual cache back, and PYTHONDONTWRITEBYTECODE still wins.
+    The cache goes to a temporary PYTHONPYCACHEPREFIX, not into the checkout."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    if dont_write:
+        env["PYTHONDONTWRITEBYTECODE"] = dont_write
+    env["PYTHONPYCACHEPREFIX"] = str(tmp_path)
+    result = subprocess.run(
+        [str(PYINFRA), "inventory/demo.py", "deploy.py", "--dry", "-y"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
+    assert "--attention-backend flashinfer" in result.stdout + result.stderr, result.stderr
+    cached = {p.name.split(".")[0] for p in tmp_path.rglob("operations/*.pyc")}
+    if dont_write:
+        assert cached == set()
+    else:
+        assert {"layout", "host_plan", "serve"} <= cached, cached
