@@ -23,7 +23,7 @@ from operations.facts.once import gathered
 from operations.facts.preflight import HostFacts, PreflightFacts
 from operations.facts.serve import Serving, referenced_models, serving_state
 from operations.settings import Settings
-from operations.staging import StageDecision, decide_stage, model_staging
+from operations.staging import StageDecision, decide_stage, keep_keys, model_staging
 
 
 @dataclass
@@ -124,13 +124,18 @@ def gather(host: Host, settings: Settings) -> Gathered:
     else:
         assert source.controller_dir is not None
         model = local_model(source.controller_dir)
-    staging = model_staging(settings)
+    # What serves first: the staging fact is asked with the copies the rank units name kept
+    # (--keep) and the copy's key where it is known before it (--key), as the stage run is.
+    serving = serving_state(settings)
+    key = model_key(settings, None)
+    keep = keep_keys(settings, referenced_models(serving), key)
+    staging = model_staging(settings, key, keep)
     return Gathered(
         host=found,
-        serving=serving_state(settings),
+        serving=serving,
         staging=staging,
         model=model,
-        model_key=model_key(settings, staging),
+        model_key=key if key is not None else model_key(settings, staging),
     )
 
 
@@ -138,7 +143,8 @@ def model_key(settings: Settings, staging: Staging | None) -> str | None:
     """The key the staged copy of this model's source gets (STAGE_DIR/models/.SLUG@KEY), known
     before it is staged so a rank unit can name it: a hub source's pinned revision, else the
     source's manifest digest (the controller's copy, or the target's directory as the
-    ModelStaging fact read it). None while the source cannot be read."""
+    ModelStaging fact read it: with `staging` None, the key known before that fact). None
+    while the source cannot be read."""
     source = settings.source
     if source.kind == "hf" and source.revision:
         return layout.hub_key(source.revision)

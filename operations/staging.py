@@ -3,7 +3,9 @@ by the model step (operations/model.py), which decides nothing again.
 
   manifest -> the ModelStaging fact compares the source with the staged copy: unchanged is a
               no-op that never reads the weights
-  units    -> copies a rank unit names are kept (a rank not rolled yet still reads its own)
+  units    -> copies a rank unit names are kept (a rank not rolled yet still reads its own):
+              the fact is asked with the copy's key and those copies' keys (--key, --keep),
+              so its leftovers and up_to_date are already the stage run's
   pending  -> a source that changes in this run (rsync from the controller, a hub download)
               makes what the fact saw stale: stage beside after it
   capacity -> preflight.stage_room: beside the current copy, in place with the servers
@@ -20,7 +22,6 @@ from operations import layout
 from operations.facts.host import Resources
 from operations.facts.model import ModelStaging, Staging
 from operations.facts.once import gathered
-from operations.facts.serve import referenced_models, serving_state
 from operations.preflight import stage_room
 from operations.settings import Settings
 
@@ -79,27 +80,12 @@ def decide(
     return StagePlan(room.mode, f"{what}; {room.why}")
 
 
-def for_units(
-    staging: Staging | None, settings: Settings, key: str | None, keep: set[str]
-) -> Staging | None:
-    """The fact as the rank units see it: copies a unit names (`keep`, paths) are no leftovers,
-    and a copy under another name than `key` is not up to date."""
-    if staging is None or staging.source is None:
-        return staging
-    wanted = layout.staged_copy(settings, key) if key is not None else None
-    leftovers = [p for p in staging.leftovers if p not in keep and p != wanted]
-    same = staging.staged is not None and staging.staged.digest == staging.source.digest
-    named = wanted is None or staging.current == wanted
-    fresh = same and named and not staging.mismatched and not leftovers
-    return dataclasses.replace(staging, leftovers=leftovers, up_to_date=fresh)
-
-
 @dataclass(frozen=True)
 class StageDecision:
     """Everything the model step needs, decided from the facts before any change."""
 
     plan: StagePlan
-    # The ModelStaging fact as the rank units see it (None: python3 is missing).
+    # The ModelStaging fact, asked with `key` and the kept keys (None: python3 is missing).
     staging: Staging | None
     # Staged copies (paths) a rank unit names now: never removed by this run.
     kept: frozenset[str]
@@ -126,39 +112,40 @@ class StageDecision:
         return self.plan.mode
 
 
-def model_staging(settings: Settings) -> Staging | None:
-    """The ModelStaging fact of this host's source, as every step asks it (gathered once)."""
+def keep_keys(settings: Settings, kept: set[str], key: str | None) -> list[str]:
+    """The keys of the staged copies a rank unit names (`kept`, paths) but `key`'s: what the
+    ModelStaging fact and the stage run are given as --keep."""
+    keys = {k for p in kept if (k := layout.copy_key(settings, p)) is not None and k != key}
+    return sorted(keys)
+
+
+def model_staging(settings: Settings, key: str | None, keep: list[str]) -> Staging | None:
+    """The ModelStaging fact of this host's source (gathered once): `key`, the copy's key when
+    known before the fact (a hub revision's, the controller's digest; None: the target
+    directory's digest, the script's default), and `keep`, the kept copies' keys."""
     staging: Staging | None = gathered(
         ModelStaging,
         source=settings.source.target_dir,
         stage_dir=settings.model_stage_dir,
         slug=layout.model_slug(settings),
         verify=settings.model_verify,
+        key=key,
+        keep=keep,
     )
     return staging
-
-
-def stage_decision(
-    settings: Settings, resources: Resources | None, key: str | None
-) -> StageDecision:
-    """The one staging decision of a run. `key`: the copy's key the resolver gave the rank
-    units (for a controller source, the controller's manifest digest)."""
-    fact = model_staging(settings)
-    kept = referenced_models(serving_state(settings))
-    return decide_stage(settings, resources, key, fact, kept)
 
 
 def decide_stage(
     settings: Settings,
     resources: Resources | None,
     key: str | None,
-    fact: Staging | None,
+    staging: Staging | None,
     kept: set[str],
 ) -> StageDecision:
-    """stage_decision from facts already read: the ModelStaging fact and the staged copies
-    the host's rank units name (`kept`, paths)."""
+    """The one staging decision of a run, from facts already read: the ModelStaging fact
+    (asked with `key` and keep_keys(kept)) and the staged copies the host's rank units name
+    (`kept`, paths). `key`: the copy's key the resolver gave the rank units."""
     source = settings.source
-    staging = for_units(fact, settings, key, kept)
     cached = staging.source.digest if staging is not None and staging.source else None
     if source.kind == "controller":
         pending = key is None or cached != key
@@ -167,5 +154,6 @@ def decide_stage(
     else:
         pending = False
     plan = decide(settings, resources, staging, pending)
-    keys = {k for p in kept if (k := layout.copy_key(settings, p)) is not None and k != key}
-    return StageDecision(plan, staging, frozenset(kept), pending, key, sorted(keys))
+    return StageDecision(
+        plan, staging, frozenset(kept), pending, key, keep_keys(settings, kept, key)
+    )

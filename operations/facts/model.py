@@ -1,8 +1,9 @@
 """What the target holds of the model: the source's manifest against the staged copy's.
 
 Both are read by the staging script itself (operations/files/stage_model.py `plan`), sent inline
-so the fact works before the deploy has installed anything; the same code decides "unchanged"
-here and in the copy, so the plan and the run never disagree.
+so the fact works before the deploy has installed anything. It is asked with the copy's key and
+the kept keys the stage run gets, and the same code decides "unchanged" and the leftovers here
+and in the copy, so the plan and the run never disagree.
 """
 
 from __future__ import annotations
@@ -143,25 +144,34 @@ class ModelStaging(FactBase[Staging]):
     + stage_dir: the tmpfs (models go under STAGE_DIR/models)
     + slug: the staged directory's name
     + verify: "manifest" (stat only) or "full" (re-hash the staged copy)
+    + key: the copy's key the rank units will name (None: the source's digest, the script's
+      default)
+    + keep: keys of the copies a rank unit names now
+
+    The stage run gets the same key and keep: the script's leftovers and up_to_date are what
+    that run removes and whether it changes nothing (one rule in the script, `survey`).
     """
 
     def requires_command(self, *args: Any, **kwargs: Any) -> str:
         return "python3"
 
     def command(
-        self, source: str, stage_dir: str, slug: str, verify: str = "manifest"
+        self,
+        source: str,
+        stage_dir: str,
+        slug: str,
+        verify: str = "manifest",
+        key: str | None = None,
+        keep: list[str] | None = None,
     ) -> StringCommand:
-        return StringCommand(
-            "python3",
-            "-c",
-            QuoteString(script_text()),
-            "plan",
-            QuoteString(source),
-            QuoteString(stage_dir),
-            QuoteString(slug),
-            "--verify",
-            QuoteString(verify),
-        )
+        words: list[Any] = ["python3", "-c", QuoteString(script_text()), "plan"]
+        words += [QuoteString(source), QuoteString(stage_dir), QuoteString(slug)]
+        words += ["--verify", QuoteString(verify)]
+        if key is not None:
+            words += ["--key", QuoteString(key)]
+        for kept in keep or ():
+            words += ["--keep", QuoteString(kept)]
+        return StringCommand(*words)
 
     def process(self, output: list[str]) -> Staging:
         return parse_staging(output)

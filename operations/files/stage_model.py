@@ -14,7 +14,9 @@ Layout under STAGE_DIR/models (SLUG is the served name made path-safe):
 
 Subcommands (output is JSON on the last stdout line; progress lines go before it):
   scan SOURCE                               the source's manifest summary
-  plan SOURCE STAGE_DIR SLUG [--verify V]   what a stage run would do (read only; a pyinfra fact)
+  plan SOURCE STAGE_DIR SLUG [--verify V] [--key K] [--keep KEY ...]
+                                            what a stage run with that key and keep would do
+                                            (read only; the ModelStaging fact)
   stage SOURCE STAGE_DIR SLUG [...]         copy what changed, verify, switch, clean up
   prune STAGE_DIR SLUG [--keep KEY ...]     remove the copies no rank unit names any more
   fetch-hub --cli HF --repo R --revision V --dest DIR [--token-file F]
@@ -38,7 +40,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 MANIFEST = ".staged-manifest.json"
 # The hub's --local-dir metadata and our download marker live in .cache; never served.
@@ -315,8 +317,9 @@ class Layout:
         path = os.path.join(self.models, target)
         return path if os.path.isfile(os.path.join(path, MANIFEST)) else None
 
-    def leftovers(self) -> list[str]:
-        """Interrupted copies and superseded versions: ours to delete."""
+    def leftovers(self, spare: str | None = None) -> list[str]:
+        """Interrupted copies and superseded versions: ours to delete. Never the current copy,
+        one a rank unit names (keep), or `spare` (see survey)."""
         try:
             names = os.listdir(self.models)
         except OSError:
@@ -326,10 +329,41 @@ class Layout:
         for name in names:
             path = os.path.join(self.models, name)
             if name.startswith(f".{self.slug}.tmp-") or (
-                name.startswith(f".{self.slug}@") and path != current and path not in self.keep
+                name.startswith(f".{self.slug}@")
+                and path not in (current, spare)
+                and path not in self.keep
             ):
                 out.append(path)
         return sorted(out)
+
+
+class Survey(NamedTuple):
+    """What the stage tree holds against the source: the one rule `plan` reports and `stage`
+    acts on (both call survey)."""
+
+    # The copy SLUG points at and its manifest (None: none complete).
+    current: str | None
+    staged: dict[str, Any] | None
+    # The copy the rank units name: .SLUG@KEY (--key, else the source's digest), and its
+    # manifest when it holds the source (then it is no leftover: a stage run switches to it).
+    wanted: str
+    named: dict[str, Any] | None
+    leftovers: list[str]
+
+    @property
+    def fresh(self) -> bool:
+        """The current copy is the wanted one and holds the source's manifest."""
+        return self.named is not None and self.current == self.wanted
+
+
+def survey(layout: Layout, key: str | None, src: dict[str, Any]) -> Survey:
+    current = layout.current()
+    wanted = layout.version(key or src["digest"])
+    named = read_manifest(wanted)
+    if named is not None and named.get("digest") != src["digest"]:
+        named = None  # a stale copy under the wanted name: a leftover, replaced by the copy
+    spare = wanted if named is not None else None
+    return Survey(current, read_manifest(current), wanted, named, layout.leftovers(spare))
 
 
 def read_manifest(version_dir: str | None) -> dict[str, Any] | None:
@@ -388,7 +422,8 @@ def plan(
     key: str | None = None,
     keep: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """What `stage` would do, without changing anything."""
+    """What `stage` would do with the same key and keep, without changing anything: its
+    leftovers, and up_to_date when it would change nothing (survey: the same rule)."""
     layout = Layout(stage_dir, slug, keep)
     result: dict[str, Any] = {"source": None, "error": None}
     try:
@@ -404,16 +439,19 @@ def plan(
         if staged
         else None
     )
-    result["leftovers"] = layout.leftovers()
-    # Space the stage run frees before it copies: the plan must not count it as used.
-    result["leftover_bytes"] = freed_bytes(result["leftovers"])
     result["current"] = current
     result["hub_revision"] = _read_text(source, HUB_MARKER)
     try:
         src = scan(source)
     except (StageError, OSError) as exc:
         result["error"] = str(exc)
+        result["leftovers"] = layout.leftovers()
+        result["leftover_bytes"] = freed_bytes(result["leftovers"])
         return result
+    seen = survey(layout, key, src)
+    result["leftovers"] = seen.leftovers
+    # Space the stage run frees before it copies: the plan must not count it as used.
+    result["leftover_bytes"] = freed_bytes(seen.leftovers)
     result["source"] = {"digest": src["digest"], "bytes": src["bytes"], "files": len(src["files"])}
     reuse = _reusable(src["files"], staged)
     result["copy_bytes"] = sum(e["size"] for e in src["files"] if _key(e) not in reuse)
@@ -421,13 +459,7 @@ def plan(
     result["mismatched"] = []
     if staged and current and staged["digest"] == src["digest"] and verify == "full":
         result["mismatched"] = verify_full(source, current, src["files"])
-    result["up_to_date"] = bool(
-        staged
-        and staged["digest"] == src["digest"]
-        and (key is None or current == layout.version(key))
-        and not result["mismatched"]
-        and not result["leftovers"]
-    )
+    result["up_to_date"] = seen.fresh and not result["mismatched"] and not seen.leftovers
     return result
 
 
@@ -692,31 +724,25 @@ def _stage_locked(
     headroom: float = 1.0,
 ) -> dict[str, Any]:
     changed = False
-    # We hold the lock: any temp dir is from a run that died. Superseded versions go too.
-    for path in layout.leftovers():
-        print(f"stage: removing leftover {path}", flush=True)
-        remove_path(path)
-        changed = True
     if os.path.islink(layout.final) and layout.current() is None:
         os.unlink(layout.final)  # points at nothing complete: no model beats a partial one
         changed = True
-
     src = scan(source)
-    current = layout.current()
-    staged = read_manifest(current)
-    named = read_manifest(layout.version(key)) if key is not None else None
-    if key is not None and named is not None and named["digest"] == src["digest"]:
-        if current != layout.version(key):
-            # A kept copy (a rank still serves it) is this source: switch back, copy nothing.
-            _switch(layout, layout.version(key))
-            changed = True
-        current, staged = layout.version(key), named
-    if (
-        staged
-        and current
-        and staged["digest"] == src["digest"]
-        and (key is None or current == layout.version(key))
-    ):
+    seen = survey(layout, key, src)
+    # We hold the lock: any temp dir is from a run that died. Superseded versions go too.
+    for path in seen.leftovers:
+        print(f"stage: removing leftover {path}", flush=True)
+        remove_path(path)
+        changed = True
+
+    current, staged = seen.current, seen.staged
+    if seen.named is not None and current != seen.wanted:
+        # The copy the units name (a rank may still serve it) is this source: switch to it.
+        _switch(layout, seen.wanted)
+        changed = True
+        current, staged = seen.wanted, seen.named
+        seen = seen._replace(current=current, staged=staged)
+    if seen.fresh and current is not None:
         bad = verify_full(source, current, src["files"]) if verify == "full" else []
         if not bad:
             return {"changed": changed, "digest": src["digest"], "bytes": src["bytes"]}
@@ -791,7 +817,7 @@ def _stage_locked(
         manifest = {"source": source, "staged_at": time.time(), **src}
         with open(os.path.join(temp, MANIFEST), "w") as fh:
             json.dump(manifest, fh)
-        final_version = layout.version(key or src["digest"])
+        final_version = seen.wanted
         _install(temp, final_version, remove_path)
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)

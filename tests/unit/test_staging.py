@@ -1,8 +1,10 @@
 """The one staging decision (operations/staging.py), from facts alone: the ModelStaging fact,
 the copies the rank units name and the host's room in, every outcome the plan shows out.
 
-decide_stage is stage_decision without the fact reads: for_units (the fact as the rank units
-see it), whether the source changes in this run, and decide (the capacity rule)."""
+decide_stage takes the fact as the script answered it, asked with the copy's key and the kept
+copies' keys (its leftovers and up_to_date are the stage run's: that rule is the script's,
+tests/unit/test_staging_rule.py), and adds whether the source changes in this run and decide
+(the capacity rule)."""
 
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ def copy_of(key: str) -> str:
 
 
 def fact(**values: Any) -> Staging:
-    """The fact on a host whose copy .SLUG@k1 (the link's) is the source's, unless told."""
+    """The fact on a host whose copy .SLUG@k1 (the link's) is the source's, unless told, as
+    the script answers it asked with the case's key and kept keys."""
     base: dict[str, Any] = {"source": SRC, "staged": SRC, "copy_bytes": 0, "current": copy_of("k1")}
     up_to_date = values.pop("up_to_date", True)
     return Staging(**{**base, "up_to_date": up_to_date, **values})
@@ -59,29 +62,23 @@ class Case:
     kept: set[str] = field(default_factory=set)
     resources: Resources = ROOMY
     source: str = "/mnt/models/Qwen3.6-27B"
-    # The fact as the units see it: leftovers to remove, up to date.
-    leftovers: list[str] = field(default_factory=list)
-    up_to_date: bool = False
+    # The keys the fact was asked with as --keep, and the stage run is given.
+    keep_keys: list[str] = field(default_factory=list)
 
 
 FRESH = "staged copy matches the source (manifest d-new, 19 files, 50.00 GiB)"
 CASES = [
-    Case("the copy the units name is the source's", fact(), "unchanged", FRESH, "unchanged",
-         up_to_date=True),
-    Case("a copy a rank unit names is no leftover",
-         fact(leftovers=[copy_of("k0")]), "unchanged", FRESH, "unchanged",
-         kept={copy_of("k0")}, up_to_date=True),
-    Case("a copy no unit names is removed beside", fact(leftovers=[copy_of("k0")]),
-         "beside", "1 leftover(s) of an interrupted run to clean up",
-         "beside the current copy: ranks serve it until they roll onto the new one",
-         leftovers=[copy_of("k0")]),
-    Case("the copy the units will name is no leftover",
-         fact(leftovers=[copy_of("k2")], current=copy_of("k1")), "beside",
-         "0 leftover(s) of an interrupted run to clean up",
-         "beside the current copy: ranks serve it until they roll onto the new one", key="k2"),
-    Case("the source's copy under another key is not the units' copy", fact(), "beside",
-         "0 leftover(s) of an interrupted run to clean up",
-         "beside the current copy: ranks serve it until they roll onto the new one", key="k2"),
+    Case("the copy the units name is the source's", fact(), "unchanged", FRESH, "unchanged"),
+    Case("a copy a rank unit names is kept, no leftover", fact(), "unchanged", FRESH,
+         "unchanged", kept={copy_of("k0")}, keep_keys=["k0"]),
+    Case("a copy no unit names is removed beside",
+         fact(leftovers=[copy_of("k0")], up_to_date=False), "beside",
+         "1 leftover(s) of an interrupted run to clean up",
+         "beside the current copy: ranks serve it until they roll onto the new one"),
+    Case("the source's copy under another key is not the units' copy",
+         fact(up_to_date=False), "beside", "0 leftover(s) of an interrupted run to clean up",
+         "beside the current copy: ranks serve it until they roll onto the new one", key="k2",
+         kept={copy_of("k1")}, keep_keys=["k1"]),
     Case("the first copy", fact(staged=None, current=None, copy_bytes=50 * GIB, up_to_date=False,
          changed_files=["a"]), "beside", "1 file(s) new or changed; 50.0 GiB to copy, "
          "150.0 GiB free", "a first copy"),
@@ -97,8 +94,9 @@ CASES = [
          changed(leftovers=[f"{MODELS}/.Qwen--Qwen3.6-27B.tmp-41"], leftover_bytes=25 * GIB),
          "beside", "2 file(s) new or changed; 50.0 GiB to copy, 55.0 GiB free",
          "beside the current copy: ranks serve it until they roll onto the new one",
-         resources=TIGHT, leftovers=[f"{MODELS}/.Qwen--Qwen3.6-27B.tmp-41"]),
-    Case("a damaged copy is replaced whole, in place", fact(mismatched=["model-1.safetensors"]),
+         resources=TIGHT),
+    Case("a damaged copy is replaced whole, in place",
+         fact(mismatched=["model-1.safetensors"], up_to_date=False),
          "inplace", "1 staged file(s) differ from their checksums; 51.0 GiB needed beside the "
          "current copy (50.0 GiB), 30.0 GiB free in /dev/shm, memory limit 500.0 GiB: "
          "replacing it with the servers stopped",
@@ -116,15 +114,15 @@ CASES = [
          "readable"), "refuse", "model source /mnt/models/Qwen3.6-27B: not readable; nothing "
          "was copied", "refuse"),
     Case("a hub source already downloaded at the pinned revision", fact(hub_revision="6a9e0b1"),
-         "unchanged", FRESH, "unchanged", source=HUB, up_to_date=True),
+         "unchanged", FRESH, "unchanged", source=HUB),
     Case("a hub source at another revision is fetched in this run", fact(hub_revision="5f00d"),
          "beside", "the source is fetched in this run; staged beside after it",
          "beside the current copy: ranks serve it until they roll onto the new one",
-         pending=True, source=HUB, up_to_date=True),
+         pending=True, source=HUB),
     Case("a controller source the host already holds", fact(current=copy_of("d-new")),
-         "unchanged", FRESH, "unchanged", key="d-new", source=CONTROLLER, up_to_date=True),
-    Case("a controller source that changed is synced in this run", fact(), "beside",
-         "the source is fetched in this run; staged beside after it",
+         "unchanged", FRESH, "unchanged", key="d-new", source=CONTROLLER),
+    Case("a controller source that changed is synced in this run", fact(up_to_date=False),
+         "beside", "the source is fetched in this run; staged beside after it",
          "beside the current copy: ranks serve it until they roll onto the new one",
          pending=True, key="d-newer", source=CONTROLLER),
 ]  # fmt: skip
@@ -141,9 +139,6 @@ def test_each_outcome_of_the_staging_decision(case: Case) -> None:
     assert decision.source_pending is case.pending
     assert decision.refused is (case.mode == "refuse")
     assert decision.kept == frozenset(case.kept)
-    if case.fact is not None and case.fact.source is not None:
-        assert decision.staging is not None
-        assert decision.staging.leftovers == case.leftovers
-        assert decision.staging.up_to_date is case.up_to_date
-    else:
-        assert decision.staging is case.fact
+    assert decision.keep_keys == case.keep_keys
+    # The fact is the decision's as it was read: nothing re-derives its leftovers.
+    assert decision.staging is case.fact
