@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from operations.facts.model import SCRIPT_PATH  # noqa: E402
+from operations.facts.model import script_text  # noqa: E402
 from tests.doubles import wheels  # noqa: E402
 from tests.e2e.deploying import LANE, make_indexes, run_deploy  # noqa: E402
 from tests.testbed import ContainerSpec, Testbed, ensure_testbed  # noqa: E402
@@ -52,7 +52,7 @@ def main() -> int:
             ContainerSpec(
                 extra_files={
                     f"{SOURCE}/config.json": config,
-                    SCRIPT: (SCRIPT_PATH.read_text(), 0o755),
+                    SCRIPT: (script_text(), 0o755),
                 }
             )
         )

@@ -72,6 +72,7 @@ from operations.facts.serve import referenced_env_names
 from operations.host_call import HostCall, run
 from operations.host_files import put_file
 from operations.host_plan import HostReport
+from operations.host_scripts import script_text
 from operations.layout import EngineTree, env_python
 from operations.lock_check import LockSources, check_lock, lock_sources
 from operations.pins import PinError, uv_requirement
@@ -81,7 +82,7 @@ from operations.toolkit import REDIST_DIR, host_packages, install_toolkit, redis
 
 LOCK_FILE = "uv.lock"  # in each environment and project: the resolved set
 # The engine check, run on the host by verify_env; engine_probe.py reads and judges its output.
-CHECK_SCRIPT = (Path(__file__).parent / "files" / "engine_check.py").read_text()
+CHECK_SCRIPT = script_text("engine_check.py")
 
 
 # -- the prune policy -----------------------------------------------------------------------

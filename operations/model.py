@@ -31,7 +31,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import files, systemd
 
 from operations import layout, units
-from operations.facts.model import SCRIPT_PATH, script_module
+from operations.facts.model import script_module, script_text
 from operations.host_call import HostCall, run
 from operations.host_files import put_file
 from operations.host_plan import HostReport
@@ -311,7 +311,7 @@ def _stage_model(report: HostReport) -> StageResult:
         raise OperationError("the model step needs the plan's ServingState fact (host_plan)")
     put_file(
         name="Install the staging script",
-        src=SCRIPT_PATH,
+        src=script_text(),
         dest=SCRIPT_DEST,
         mode="755",
         sha256_now=serving.files.get(SCRIPT_DEST),

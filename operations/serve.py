@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, cast
 
 from pyinfra import logger
@@ -40,6 +39,7 @@ from operations.engine_spec import tools_uv_config
 from operations.facts.serve import Serving
 from operations.host_files import put_file
 from operations.host_plan import HostReport
+from operations.host_scripts import script_text
 from operations.layout import ROUTER_MARKER, ROUTER_UNIT, SECRETS_FILE, TARGET
 from operations.monitoring import DASHBOARD_SOURCE
 from operations.pins import router_requirements
@@ -47,9 +47,6 @@ from operations.resolver import Rank, RouterPlan
 from operations.roll import ServePlan, SmokeRequests
 
 WAIT_SCRIPT = layout.WAIT_SCRIPT
-_WAIT_SOURCE = Path(__file__).parent / "files" / "wait_healthy.py"
-_WORKERS_SOURCE = Path(__file__).parent / "files" / "router_workers.py"
-_SMOKE_SOURCE = Path(__file__).parent / "files" / "smoke.py"
 
 TARGET_TEXT = """\
 # Written by sglang-deploy (operations/serve.py).
@@ -192,7 +189,7 @@ class ServeStep:
         )
         put_file(
             name="Serve: health-wait script",
-            src=_WAIT_SOURCE,
+            src=script_text("wait_healthy.py"),
             dest=WAIT_SCRIPT,
             mode="755",
             sha256_now=self.serving.files.get(WAIT_SCRIPT),
@@ -214,7 +211,7 @@ class ServeStep:
         if self.drain is not None:
             put_file(
                 name="Serve: router drain script",
-                src=_WORKERS_SOURCE,
+                src=script_text("router_workers.py"),
                 dest=layout.ROUTER_WORKERS_SCRIPT,
                 mode="755",
                 sha256_now=self.serving.files.get(layout.ROUTER_WORKERS_SCRIPT),
@@ -223,7 +220,7 @@ class ServeStep:
                 # Each drained batch answers a chat request before it rejoins the router.
                 put_file(
                     name="Smoke: request script",
-                    src=_SMOKE_SOURCE,
+                    src=script_text("smoke.py"),
                     dest=layout.SMOKE_SCRIPT,
                     mode="755",
                     sha256_now=self.serving.files.get(layout.SMOKE_SCRIPT),

@@ -18,7 +18,6 @@ owner.
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
 from typing import Any
 
 from pyinfra.api.operation import operation
@@ -27,11 +26,11 @@ from pyinfra.context import host
 from operations import layout
 from operations.host_files import put_file
 from operations.host_plan import HostReport
+from operations.host_scripts import script_text
 from operations.roll import ROUTER_TARGET
 from operations.serve import ServeStep
 
 SMOKE_SCRIPT = layout.SMOKE_SCRIPT
-_SOURCE = Path(__file__).parent / "files" / "smoke.py"
 
 
 @operation(is_idempotent=False)
@@ -72,7 +71,7 @@ def smoke(report: HostReport, step: ServeStep) -> None:
     s = report.settings
     put_file(
         name="Smoke: request script",
-        src=_SOURCE,
+        src=script_text("smoke.py"),
         dest=SMOKE_SCRIPT,
         mode="755",
         sha256_now=step.serving.files.get(SMOKE_SCRIPT),

@@ -17,7 +17,6 @@ import json
 import os
 import shlex
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from pyinfra.api.command import FileUploadCommand, FunctionCommand, StringCommand
@@ -29,9 +28,10 @@ from pyinfra.context import host
 from operations.engine_spec import Toolkit
 from operations.facts.engine import HOST_PACKAGES
 from operations.host_files import put_file
+from operations.host_scripts import script_text
 from operations.layout import EngineTree
 
-INSTALL_SCRIPT = (Path(__file__).parent / "files" / "cuda_toolkit.py").read_text()
+INSTALL_SCRIPT = script_text("cuda_toolkit.py")
 # Beside the wheelhouse on the controller; on the host, under ENGINE_ROOT.
 REDIST_DIR = "cuda-redist"
 

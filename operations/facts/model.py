@@ -9,7 +9,6 @@ and in the copy, so the plan and the run never disagree.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 from dataclasses import dataclass, field
 from functools import cache
@@ -20,25 +19,23 @@ from typing import Any
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.facts import FactBase
 
+from operations import host_scripts
 from operations.facts.host import CONFIG_MARKER, Model, ModelSource, parse_model
 from operations.settings import Settings
 
-SCRIPT_PATH = Path(__file__).resolve().parent.parent / "files" / "stage_model.py"
+SCRIPT = "stage_model.py"
 
 
-@cache
 def script_text() -> str:
-    return SCRIPT_PATH.read_text()
+    """The staging script as the host gets it (operations/host_scripts.py): inline here, and
+    the file the model step installs."""
+    return host_scripts.script_text(SCRIPT)
 
 
 @cache
 def script_module() -> ModuleType:
     """The staging script, imported on the controller (controller sources are scanned here)."""
-    spec = importlib.util.spec_from_file_location("stage_model", SCRIPT_PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return host_scripts.load(SCRIPT, "stage_model")
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,6 @@ health wait never goes through a proxy."""
 from __future__ import annotations
 
 import http.server
-import importlib.util
 import json
 import threading
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ from types import ModuleType
 import pytest
 
 from operations import status as st
+from operations.host_scripts import load
 from operations.redact import redact, redact_data, redact_text
 from tests.unit.builders import make_settings
 
@@ -49,12 +49,7 @@ def test_two_controller_sources_with_one_basename_never_share_a_cache_dir() -> N
 
 @pytest.fixture
 def wait_healthy() -> ModuleType:
-    path = ROOT / "operations" / "files" / "wait_healthy.py"
-    spec = importlib.util.spec_from_file_location("wait_healthy", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("wait_healthy.py", "wait_healthy")
 
 
 @pytest.fixture

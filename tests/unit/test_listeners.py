@@ -1,9 +1,10 @@
-"""Who is sent the API key (issue 20, item 4): the listener block of operations/files/smoke.py
-and wait_healthy.py. Its /proc/net/tcp parser reads lines captured on a real machine
-(tests/fixtures/proc-net-tcp/SOURCE.md); the attack runs the real scripts against a real
-listener that a process of another user (`nobody`, dropped to before it binds) holds, and the
-listener records every request it gets: the key never reaches it, and the error names the port
-and the owner. The positive cases run the same scripts against a listener of the expected user.
+"""Who is sent the API key (issue 20, item 4): the listener check smoke.py and wait_healthy.py
+share (operations/files/hostsafe.py, inlined into each). Its /proc/net/tcp parser reads lines
+captured on a real machine (tests/fixtures/proc-net-tcp/SOURCE.md); the attack runs the real
+scripts, as the host gets them, against a real listener that a process of another user
+(`nobody`, dropped to before it binds) holds, and the listener records every request it gets:
+the key never reaches it, and the error names the port and the owner. The positive cases run
+the same scripts against a listener of the expected user.
 
 systemctl and journalctl are stand-ins (the unit's ActiveState is the test's to say), and so is
 httpx for smoke.py, which the controller's environment does not have (the engine environment's
@@ -13,7 +14,6 @@ makes. The listener check, the key file and the requests on the wire are real.
 
 from __future__ import annotations
 
-import importlib.util
 import ipaddress
 import json
 import os
@@ -21,13 +21,14 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+from operations.host_scripts import load
+from tests.unit.shipped import script_path
+
 ROOT = Path(__file__).resolve().parents[2]
-FILES = ROOT / "operations" / "files"
 FIXTURES = ROOT / "tests" / "fixtures" / "proc-net-tcp"
 KEY = "sk-live-listener-7f3a9c"
 MODEL = "e2e/tiny"
@@ -36,26 +37,8 @@ NOBODY = 65534
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="binds as another user: needs root")
 
 
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"listeners_{name}", FILES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-smoke = _load("smoke")
-
-
-def _block(path: Path) -> str:
-    text = path.read_text()
-    start = text.index("# ---- listener owners:")
-    return text[start : text.index("# ---- end of the listener block ----", start)]
-
-
-def test_the_listener_block_is_one_in_both_scripts() -> None:
-    assert _block(FILES / "smoke.py") == _block(FILES / "wait_healthy.py")
+# The script as the host gets it: the listener check is hostsafe.py's, inlined.
+smoke = load("smoke.py", "listeners_smoke")
 
 
 # -- /proc/net/tcp and tcp6, as captured ------------------------------------------------------
@@ -254,7 +237,7 @@ def run_smoke(
     key_file.write_text(f"api-key: {json.dumps(KEY)}\n")
     words = ["--model", MODEL, "--timeout", "10", "--key-file", str(key_file)]
     return subprocess.run(
-        [sys.executable, str(FILES / "smoke.py"), *words, "--service-user", user, *args],
+        [sys.executable, str(script_path("smoke.py")), *words, "--service-user", user, *args],
         env=host(tmp_path, state),
         capture_output=True,
         text=True,
@@ -266,7 +249,7 @@ def run_smoke(
 def run_wait(tmp_path: Path, user: str, url: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
-            *(sys.executable, str(FILES / "wait_healthy.py"), "--timeout", "30"),
+            *(sys.executable, str(script_path("wait_healthy.py")), "--timeout", "30"),
             *("--service-user", user, f"sglang@0.service={url}"),
         ],
         env=host(tmp_path, "active"),

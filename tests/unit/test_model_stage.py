@@ -13,9 +13,11 @@ from typing import Any
 
 import pytest
 
-from operations.facts.model import SCRIPT_PATH, script_module
+from operations.facts.model import script_module, script_text
+from tests.unit.shipped import script_path
 
 sm = script_module()
+SCRIPT = script_path("stage_model.py")
 HF_DOUBLE = Path(__file__).resolve().parent.parent / "doubles" / "hf"
 CONFIG = {"architectures": ["Qwen3_5ForConditionalGeneration"]}
 
@@ -153,7 +155,7 @@ def test_unreadable_sources_are_refused_by_the_script_as_a_user_bound_by_permiss
         top = Path(name)
         top.chmod(0o755)
         script = top / "stage_model.py"
-        script.write_text(SCRIPT_PATH.read_text())
+        script.write_text(script_text())
         shm = top / "shm"
         shm.mkdir(mode=0o1777)
         shm.chmod(0o1777)
@@ -248,7 +250,7 @@ def test_fetch_hub_downloads_once_with_the_token_only_in_the_environment(tmp_pat
     token = tmp_path / "token"
     token.write_text("hf_secret_value\n")
     env = {**os.environ, "HF_DOUBLE_LOG": str(log)}
-    argv = [sys.executable, str(SCRIPT_PATH), "fetch-hub", "--cli", str(HF_DOUBLE)]
+    argv = [sys.executable, str(SCRIPT), "fetch-hub", "--cli", str(HF_DOUBLE)]
     argv += ["--repo", "org/m", "--revision", "r1", "--dest", str(tmp_path / "d")]
     argv += ["--token-file", str(token)]
 
@@ -264,7 +266,7 @@ def test_fetch_hub_downloads_once_with_the_token_only_in_the_environment(tmp_pat
 
 def test_failed_download_leaves_no_marker(tmp_path: Path) -> None:
     env = {**os.environ, "HF_DOUBLE_LOG": str(tmp_path / "log"), "HF_DOUBLE_FAIL": "1"}
-    argv = [sys.executable, str(SCRIPT_PATH), "fetch-hub", "--cli", str(HF_DOUBLE)]
+    argv = [sys.executable, str(SCRIPT), "fetch-hub", "--cli", str(HF_DOUBLE)]
     argv += ["--repo", "org/m", "--revision", "r1", "--dest", str(tmp_path / "d")]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     assert proc.returncode != 0 and "failed" in proc.stderr
@@ -275,7 +277,7 @@ def test_cli_prints_progress_then_json(tmp_path: Path) -> None:
     src = make_model(tmp_path / "src", shards=2, shard_bytes=3_000_000)
     shm = tmp_path / "shm"
     shm.mkdir()
-    argv = [sys.executable, str(SCRIPT_PATH), "stage", str(src), str(shm), "m"]
+    argv = [sys.executable, str(SCRIPT), "stage", str(src), str(shm), "m"]
     proc = subprocess.run(
         [*argv, "--progress-interval", "0.001", "--bwlimit-mbps", "100"],
         capture_output=True,
@@ -291,7 +293,7 @@ def test_sigterm_removes_the_copy_in_progress(tmp_path: Path) -> None:
     src = make_model(tmp_path / "src", shards=2, shard_bytes=20_000_000)
     shm = tmp_path / "shm"
     shm.mkdir()
-    argv = [sys.executable, str(SCRIPT_PATH), "stage", str(src), str(shm), "m"]
+    argv = [sys.executable, str(SCRIPT), "stage", str(src), str(shm), "m"]
     proc = subprocess.Popen(
         [*argv, "--bwlimit-mbps", "5", "--progress-interval", "0.05"],
         stdout=subprocess.PIPE,

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from operations import redact as redact_mod
 from operations.redact import mask_journal, redact, redact_text
 from tests.doubles import wheels
+from tests.unit.shipped import script_path
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "sk-live-7f3a9c2e1b"
@@ -84,17 +84,6 @@ def test_journal_fields_flags_and_the_literal_key_are_masked() -> None:
     assert mask_journal(f"key was {KEY}.", (KEY,)) == "key was ***."
 
 
-def _block(path: Path) -> str:
-    text = path.read_text()
-    start = text.index("\n", text.index("# ---- masking:")) + 1
-    return text[start : text.index("# ---- end of the copied block ----")]
-
-
-@pytest.mark.parametrize("script", ["wait_healthy.py", "smoke.py"])
-def test_each_host_script_carries_the_one_masking_block(script: str) -> None:
-    assert _block(ROOT / "operations" / "files" / script) == _block(Path(redact_mod.__file__))
-
-
 @pytest.fixture
 def host(tmp_path: Path) -> dict[str, str]:
     """A failed rank's journal as the server double writes it, behind stand-ins for journalctl
@@ -132,7 +121,7 @@ def test_a_failed_ranks_journal_shown_by_the_health_wait_holds_no_key(
     host: dict[str, str],
 ) -> None:
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "operations/files/wait_healthy.py"), *WAIT_ARGS],
+        [sys.executable, str(script_path("wait_healthy.py")), *WAIT_ARGS],
         env=host,
         capture_output=True,
         text=True,
@@ -150,7 +139,7 @@ def test_a_failed_ranks_journal_shown_by_the_smoke_step_holds_no_key(
     key_file = tmp_path / "secrets.yaml"
     key_file.write_text(f'api-key: "{KEY}"\n')
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "operations/files/smoke.py"), *SMOKE_ARGS, str(key_file)],
+        [sys.executable, str(script_path("smoke.py")), *SMOKE_ARGS, str(key_file)],
         env=host,
         capture_output=True,
         text=True,

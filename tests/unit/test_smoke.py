@@ -5,11 +5,8 @@ The requests themselves, with httpx on the host, run end to end
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -17,6 +14,7 @@ import pytest
 from operations import layout
 from operations.facts.serve import Serving, UnitState
 from operations.host_files import sha256
+from operations.host_scripts import load
 from operations.resolver import Rank, RouterPlan
 from operations.roll import router_restarts, smoke_targets
 from tests.unit.builders import make_settings
@@ -25,18 +23,8 @@ MODEL = "Qwen/Qwen3.6-27B"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "smoke_script", ROOT / "operations/files/smoke.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-script = _script()
+# The script as the host runs it (operations/host_scripts.py).
+script = load("smoke.py", "smoke_script")
 
 
 def reply(model: str = MODEL, **changes: Any) -> str:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from operations.facts.model import SCRIPT_PATH, script_module
+from operations.facts.model import script_module
+from tests.unit.shipped import script_path
 
 sm = script_module()
 SECRET = "root-only-secret-4f1c"
@@ -50,7 +51,10 @@ def shm(tmp_path: Path) -> Path:
 def run(*argv: str) -> subprocess.CompletedProcess[str]:
     """The script as the deploy and the boot unit run it."""
     return subprocess.run(
-        [sys.executable, str(SCRIPT_PATH), *argv], capture_output=True, text=True, check=False
+        [sys.executable, str(script_path("stage_model.py")), *argv],
+        capture_output=True,
+        text=True,
+        check=False,
     )
 
 

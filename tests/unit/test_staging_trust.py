@@ -19,9 +19,10 @@ from typing import Any
 import pytest
 
 from operations.facts.host import Resources
-from operations.facts.model import SCRIPT_PATH, Copy, Staging, script_module
+from operations.facts.model import Copy, Staging, script_module
 from operations.staging import decide
 from tests.unit.builders import make_settings
+from tests.unit.shipped import script_path
 
 sm = script_module()
 GIB = 1024**3
@@ -169,7 +170,7 @@ def test_full_verify_repairs_without_the_served_name_ever_missing_a_copy(
 def test_with_the_servers_group_the_weights_are_not_world_readable(
     src: Path, shm: Path, tmp_path: Path
 ) -> None:
-    argv = [sys.executable, str(SCRIPT_PATH), "stage", str(src), str(shm), "m"]
+    argv = [sys.executable, str(script_path("stage_model.py")), "stage", str(src), str(shm), "m"]
     proc = subprocess.run(
         [*argv, "--group", "daemon", "--progress-interval", "0"],
         capture_output=True,

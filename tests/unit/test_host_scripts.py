@@ -1,0 +1,176 @@
+"""The host scripts as the host gets them (operations/host_scripts.py): one self-contained text
+each, the shared modules inlined, nothing of this project imported. Each bundle runs in a bare
+interpreter (`python3 -I`, from an empty directory), and the staging script also inline as the
+ModelStaging fact sends it, within the kernel's limit on one argument."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pyinfra.api.command import StringCommand
+from pyinfra.connectors.util import make_unix_command
+
+from operations import host_scripts
+from operations.facts.model import ModelStaging, script_text
+
+FILES = host_scripts.FILES
+# Every script the deploy writes to a host or sends inline, and what it prints for --help.
+SHIPPED = {
+    "stage_model.py": "Stage a model directory into a tmpfs",
+    "smoke.py": "--service-user",
+    "wait_healthy.py": "--service-user",
+    "router_workers.py": "--router",
+    "engine_check.py": None,
+    "cuda_toolkit.py": None,
+}
+# The scripts that share hostsafe.py (the masking and the listener check).
+USERS_OF_HOSTSAFE = ["smoke.py", "wait_healthy.py"]
+
+
+def imports_of(text: str) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            found.update(a.name.split(".")[0] for a in node.names)
+    return found
+
+
+@pytest.mark.parametrize("main", sorted(SHIPPED))
+def test_each_bundle_imports_the_standard_library_only(main: str) -> None:
+    text = host_scripts.script_text(main)
+    assert imports_of(text) <= set(sys.stdlib_module_names) | {"__future__"}, main
+
+
+@pytest.mark.parametrize("main", [m for m, said in SHIPPED.items() if said])
+def test_each_bundle_runs_alone_in_a_bare_interpreter(main: str, tmp_path: Path) -> None:
+    """Written as put_file writes it, run with no project on any path: `--help` works."""
+    script = tmp_path / main
+    script.write_text(host_scripts.script_text(main))
+    empty = tmp_path / "cwd"
+    empty.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-I", str(script), "--help"],
+        cwd=empty,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    said = SHIPPED[main]
+    assert proc.returncode == 0 and said is not None and said in proc.stdout, proc
+
+
+@pytest.mark.parametrize("main", USERS_OF_HOSTSAFE)
+def test_the_host_gets_the_shared_module_once(main: str) -> None:
+    """The one copy of the masking and the listener check reaches each script's host text."""
+    shared = host_scripts.bundle(FILES / "hostsafe.py")
+    body = shared[shared.index("# ---- masking:") :]
+    text = host_scripts.script_text(main)
+    assert text.count(body) == 1
+    assert "operations/files/hostsafe.py, inlined" in text
+    # The script's own file holds none of it: it imports it.
+    own = (FILES / main).read_text()
+    assert "def mask_journal" not in own and "def parse_listeners" not in own
+    assert "from operations.files.hostsafe import" in own
+
+
+def test_the_controller_masks_with_the_same_code() -> None:
+    from operations import redact
+    from operations.files import hostsafe
+
+    assert redact.mask_journal is hostsafe.mask_journal
+    smoke = host_scripts.load("smoke.py")
+    line = "server_args=ServerArgs(api_key='sk-1', url='https://u:p@h/x?token=t')"
+    assert smoke.mask_journal(line) == redact.mask_journal(line)
+
+
+def test_the_inline_staging_script_fits_in_one_argument() -> None:
+    """The fact sends the script as one argument of `python3 -c`, inside pyinfra's `sh -c`
+    (and sudo's): over SSH the whole command is one string for the remote shell, and Linux
+    takes no single argument over MAX_ARG_STRLEN (128 KiB). Worst case: every option set."""
+    fact = ModelStaging()
+    keep = [f"hf-{i:040d}" for i in range(16)]
+    command = fact.command(
+        "/var/cache/sglang-models/hf/" + "x" * 200,
+        "/dev/shm",
+        "s" * 100,
+        "full",
+        key="hf-" + "f" * 40,
+        keep=keep,
+    )
+    wrapped = StringCommand(
+        *("if", "command", "-v", fact.requires_command(), ">/dev/null", "2>&1;", "then"),
+        *("(", command, ");", "else", "echo", "'missing';", "fi"),
+    )
+    for sudo in (False, True):
+        raw = make_unix_command(wrapped, _sudo=sudo).get_raw_value()
+        size = len(raw.encode()) + 1  # the argument's NUL
+        assert size < host_scripts.ARG_STRLEN_MAX, (sudo, size)
+    # And room to grow: the script itself stays well under half of it.
+    assert len(script_text().encode()) < host_scripts.ARG_STRLEN_MAX // 2
+
+
+def test_the_inline_staging_script_runs_as_the_fact_sends_it(tmp_path: Path) -> None:
+    command = ModelStaging().command(str(tmp_path / "none"), str(tmp_path), "m").get_raw_value()
+    proc = subprocess.run(
+        ["sh", "-c", command], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert '"error": "model source' in proc.stdout.splitlines()[-1]
+
+
+def write(root: Path, name: str, text: str) -> Path:
+    path = root / name
+    path.write_text(text)
+    return path
+
+
+def test_a_name_two_parts_define_differently_is_refused(tmp_path: Path) -> None:
+    write(tmp_path, "a.py", "def helper() -> int:\n    return 1\n")
+    write(tmp_path, "b.py", "def helper() -> int:\n    return 2\n")
+    main = write(
+        tmp_path,
+        "main.py",
+        "from operations.files.a import helper\nfrom operations.files.b import helper\n",
+    )
+    with pytest.raises(host_scripts.BundleError, match="'helper'"):
+        host_scripts.bundle(main, tmp_path)
+
+
+def test_a_name_its_module_does_not_define_is_refused(tmp_path: Path) -> None:
+    write(tmp_path, "a.py", "import os\n\nX = 1\n")
+    main = write(tmp_path, "main.py", "from operations.files.a import Y\n")
+    with pytest.raises(host_scripts.BundleError, match="does not define Y"):
+        host_scripts.bundle(main, tmp_path)
+
+
+def test_an_import_cycle_is_refused(tmp_path: Path) -> None:
+    write(tmp_path, "a.py", "from operations.files.b import B\n\nA = 1\n")
+    write(tmp_path, "b.py", "from operations.files.a import A\n\nB = 2\n")
+    main = write(tmp_path, "main.py", "from operations.files.a import A\n")
+    with pytest.raises(host_scripts.BundleError, match="a cycle"):
+        host_scripts.bundle(main, tmp_path)
+
+
+def test_each_module_is_inlined_once_where_it_is_first_imported(tmp_path: Path) -> None:
+    write(tmp_path, "a.py", '"""A."""\n\nfrom __future__ import annotations\n\nA = 1\n')
+    write(tmp_path, "b.py", "from operations.files.a import A\n\nB = A + 1\n")
+    main = write(
+        tmp_path,
+        "main.py",
+        '"""Main."""\n\nfrom __future__ import annotations\n\n'
+        "from operations.files.b import B\nfrom operations.files.a import A\n\n"
+        "print(A, B, __doc__)\n",
+    )
+    text = host_scripts.bundle(main, tmp_path)
+    assert text.count("A = 1") == 1 and text.index("A = 1") < text.index("B = A + 1")
+    proc = subprocess.run(
+        [sys.executable, "-I", "-c", text], capture_output=True, text=True, check=True
+    )
+    assert proc.stdout == "1 2 Main.\n"
