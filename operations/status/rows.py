@@ -232,7 +232,7 @@ def _gpu_index(unit: UnitState | None, rank: int) -> int | None:
     if unit is not None and unit.visible_devices is not None:
         first = unit.visible_devices.split(",")[0]
         return int(first) if first.isdigit() else None
-    return rank  # one rank per GPU (operations/resolver.py)
+    return rank  # one rank per GPU (operations/resolver/ranks.py)
 
 
 def _engine(unit: UnitState | None, status: Serving) -> tuple[str | None, str | None, str | None]:
