@@ -27,8 +27,12 @@ SHIPPED = {
     "engine_check.py": None,
     "cuda_toolkit.py": None,
 }
-# The scripts that share hostsafe.py (the masking and the listener check).
-USERS_OF_HOSTSAFE = ["smoke.py", "wait_healthy.py"]
+# The scripts made of modules beside them, and those modules.
+PARTS = {
+    "smoke.py": ["hostsafe"],
+    "wait_healthy.py": ["hostsafe"],
+    "stage_model.py": ["stage_manifest", "stage_tree", "stage_copy", "stage_run"],
+}
 
 
 def imports_of(text: str) -> set[str]:
@@ -66,18 +70,25 @@ def test_each_bundle_runs_alone_in_a_bare_interpreter(main: str, tmp_path: Path)
     assert proc.returncode == 0 and said is not None and said in proc.stdout, proc
 
 
-@pytest.mark.parametrize("main", USERS_OF_HOSTSAFE)
-def test_the_host_gets_the_shared_module_once(main: str) -> None:
-    """The one copy of the masking and the listener check reaches each script's host text."""
-    shared = host_scripts.bundle(FILES / "hostsafe.py")
-    body = shared[shared.index("# ---- masking:") :]
+def definitions(text: str) -> list[str]:
+    """The source of each top-level function and class in a module's text."""
+    tree = ast.parse(text)
+    nodes = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    return [str(ast.get_source_segment(text, n)) for n in nodes]
+
+
+@pytest.mark.parametrize("main", sorted(PARTS))
+def test_the_host_gets_each_shared_module_once(main: str) -> None:
+    """The one copy of each part (the masking and the listener check, the staging script's
+    jobs) reaches the script's host text, once; the script's own file imports it."""
     text = host_scripts.script_text(main)
-    assert text.count(body) == 1
-    assert "operations/files/hostsafe.py, inlined" in text
-    # The script's own file holds none of it: it imports it.
     own = (FILES / main).read_text()
-    assert "def mask_journal" not in own and "def parse_listeners" not in own
-    assert "from operations.files.hostsafe import" in own
+    for part in PARTS[main]:
+        assert f"operations/files/{part}.py, inlined" in text
+        assert f"from operations.files.{part} import" in own
+        for definition in definitions((FILES / f"{part}.py").read_text()):
+            assert text.count(definition) == 1, (part, definition[:60])
+            assert definition not in own
 
 
 def test_the_controller_masks_with_the_same_code() -> None:
