@@ -69,7 +69,7 @@ from operations.engine_spec import (
 )
 from operations.facts.engine import MARKER, EngineHost, EngineState, WheelhouseFiles
 from operations.facts.serve import referenced_env_names
-from operations.host_call import HostCall, run
+from operations.host_call import Commands, HostCall, run
 from operations.host_files import put_file
 from operations.host_plan import HostReport
 from operations.host_scripts import script_text
@@ -131,7 +131,7 @@ def _complete(state: EngineHost, name: str) -> bool:
 
 
 @operation(is_idempotent=False)
-def require_wheels(wheelhouse: str, requirements: list[str]) -> Any:
+def require_wheels(wheelhouse: str, requirements: list[str]) -> Commands:
     """
     Fail the host before any change when the controller's wheelhouse lacks a pinned wheel.
 
@@ -155,7 +155,7 @@ def _fail(state: State, host: Host, message: str) -> bool:
 
 
 @operation()
-def sync_wheelhouse(src: str, dest: str) -> Any:
+def sync_wheelhouse(src: str, dest: str) -> Commands:
     """
     Copy the controller's wheels to the host: only files missing there or of another size
     (wheels are immutable by name, so a different size means a cut upload). Every file is
@@ -193,7 +193,9 @@ def _local_wheels(directory: str) -> list[str]:
 
 
 @operation()
-def bootstrap_uv(engine_root: str, version: str, state: Mapping[str, Any] | None = None) -> Any:
+def bootstrap_uv(
+    engine_root: str, version: str, state: Mapping[str, Any] | None = None
+) -> Commands:
     """
     Install uv (exactly `version`) under ENGINE_ROOT/tools with the system Python's venv and
     pip, which read ENGINE_ROOT/pip.conf when there is one (a main index or the wheelhouse):
@@ -239,7 +241,7 @@ def lock_env(
     registries: list[str] | None = None,
     wheelhouse: str | None = None,
     wheelhouse_files: list[str] | None = None,
-) -> Any:
+) -> Commands:
     """
     Give the engine's project its lock: the controller's copy when it has one (the identical
     set every host of this engine installs) and it passes the lock check, else a fresh
@@ -281,7 +283,7 @@ def build_env(
     python: str,
     offline: bool,
     state: Mapping[str, Any] | None = None,
-) -> Any:
+) -> Commands:
     """
     Create ENGINE_ROOT/envs/ENV_NAME and install exactly the project's lock into it; a partial
     environment of the same name (an earlier run cut short) is removed first.
@@ -372,7 +374,7 @@ def verify_env(
     driver_version: str | None = None,
     driver_cuda: str | None = None,
     state: Mapping[str, Any] | None = None,
-) -> Any:
+) -> Commands:
     """
     The engine check, before anything points at the new environment: the installed builds are
     the pins; torch is the lane's CUDA build, sees every GPU with the expected capability and
@@ -401,7 +403,7 @@ def verify_env(
 
 
 @operation()
-def switch(engine_root: str, env_name: str, state: Mapping[str, Any] | None = None) -> Any:
+def switch(engine_root: str, env_name: str, state: Mapping[str, Any] | None = None) -> Commands:
     """
     Point ENGINE_ROOT/current at envs/ENV_NAME atomically (a new link under a name unique to
     this run, renamed over the old one: a reader sees the old or the new environment).
@@ -433,7 +435,7 @@ def prune(
     # Not EngineHost: pyinfra checks operation arguments with isinstance, which a TypedDict
     # refuses.
     state: Mapping[str, Any] | None = None,
-) -> Any:
+) -> Commands:
     """
     Remove partial environments and complete ones beyond the `keep` most recently activated,
     with their projects.
@@ -563,7 +565,7 @@ def fetch_lock(
     registries: list[str],
     wheelhouse: str | None = None,
     wheelhouse_files: list[str] | None = None,
-) -> Any:
+) -> Commands:
     """
     Copy an engine's lock from the host to the controller, so every later build of that engine
     installs exactly it: downloaded beside DEST (DEST.HOST.partial), kept (renamed to DEST;

@@ -20,16 +20,22 @@ arguments pyinfra resolved for it, and `run` passes them on:
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 from pyinfra.api.arguments import ConnectorArguments
-from pyinfra.api.command import FunctionCommand, StringCommand
+from pyinfra.api.command import FunctionCommand, PyinfraCommand, StringCommand
 from pyinfra.connectors.util import CommandOutput
 from typing_extensions import override
 
 if TYPE_CHECKING:
     from pyinfra.api.host import Host
     from pyinfra.api.state import State
+
+
+# What an operation function yields for pyinfra to run: shell text or a pyinfra command (a
+# StringCommand, a file upload, a FunctionCommand such as HostCall below).
+Commands = Generator[str | PyinfraCommand, None, None]
 
 
 class HostCall(FunctionCommand):

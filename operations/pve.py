@@ -25,7 +25,6 @@ import re
 import shlex
 import sys
 from dataclasses import dataclass, field
-from typing import Any
 
 from packaging.version import Version
 from pyinfra import logger
@@ -49,6 +48,7 @@ from operations.facts.pve import (
     PveVersion,
     PveVersions,
 )
+from operations.host_call import Commands
 from operations.kb import Knowledge, version
 from operations.redact import redact
 from operations.settings import Settings
@@ -400,7 +400,7 @@ def summary(host_name: str, result: PvePlan) -> str:
 @operation()
 def ct_config(
     ctid: int, options: list[tuple[str, str]], raw_lines: list[str], why: str = ""
-) -> Any:
+) -> Commands:
     """
     Give the container the planned config entries; every other line stays as it is.
 
@@ -432,7 +432,7 @@ def ct_config(
 
 
 @operation(is_idempotent=False)
-def ct_restart(ctid: int) -> Any:
+def ct_restart(ctid: int) -> Commands:
     """
     Restart the container (``pct reboot``): it stops serving until it is back.
 
@@ -442,7 +442,7 @@ def ct_restart(ctid: int) -> Any:
 
 
 @operation()
-def guest_driver(ctid: int, version_: str, url: str, current: list[str], sha256: str) -> Any:
+def guest_driver(ctid: int, version_: str, url: str, current: list[str], sha256: str) -> Commands:
     """
     Install the NVIDIA driver's user space of exactly ``version_`` in the running container,
     without a kernel module (the node's module serves it).
@@ -522,7 +522,7 @@ def _advise(state: State, host: Host, command: str) -> bool:
 
 
 @operation(is_idempotent=False)
-def advise_restart(command: str) -> Any:
+def advise_restart(command: str) -> Commands:
     """
     End the run with the restart command (pve_restart is off).
 

@@ -17,7 +17,6 @@ import json
 import os
 import shlex
 from collections.abc import Mapping
-from typing import Any
 
 from pyinfra.api.command import FileUploadCommand, FunctionCommand, StringCommand
 from pyinfra.api.host import Host
@@ -27,6 +26,7 @@ from pyinfra.context import host
 
 from operations.engine_spec import Toolkit
 from operations.facts.engine import HOST_PACKAGES
+from operations.host_call import Commands
 from operations.host_files import put_file
 from operations.host_scripts import script_text
 from operations.layout import EngineTree
@@ -53,7 +53,7 @@ def _fail(state: State, host: Host, message: str) -> bool:
 
 
 @operation()
-def host_packages(installed: list[str]) -> Any:
+def host_packages(installed: list[str]) -> Commands:
     """
     Install the Debian packages an engine needs beside its wheels (libnuma1, g++) with apt.
 
@@ -73,7 +73,7 @@ def host_packages(installed: list[str]) -> Any:
 
 
 @operation(is_idempotent=False)
-def sync_archives(src: str, dest: str, tools: Toolkit | Mapping[str, object]) -> Any:
+def sync_archives(src: str, dest: str, tools: Toolkit | Mapping[str, object]) -> Commands:
     """
     Upload the compiler's archives from the controller's cuda-redist/ directory (offline
     installs), each under a temporary name renamed when complete; refuse, changing nothing,
@@ -114,7 +114,7 @@ def install_toolkit(
     tools: Toolkit | Mapping[str, object],
     installed: list[str],
     offline: bool = False,
-) -> Any:
+) -> Commands:
     """
     Unpack the lane's compiler into ENGINE_ROOT/cuda/<name>, each archive checked against its
     manifest's sha256 and size first; complete (its marker written, nvcc run) or absent.
