@@ -19,7 +19,7 @@ from operations import layout, monitoring, preflight, resolver, roll
 from operations.facts.gpu import NvidiaSmi
 from operations.facts.host import Model, Resources
 from operations.facts.model import Staging, local_model, script_module
-from operations.facts.once import gathered
+from operations.facts.once import gathered, together
 from operations.facts.preflight import HostFacts, PreflightFacts
 from operations.facts.serve import Serving, referenced_models, serving_state
 from operations.settings import Settings
@@ -109,34 +109,38 @@ class Gathered:
 
 
 def gather(host: Host, settings: Settings) -> Gathered:
-    """The facts of one host, in three round trips, each asked once per run (once.gathered)."""
+    """The facts of one host, in three round trips, each asked once per run (once.gathered):
+    the preflight facts at the same time as what serves and then the staging plan, which needs
+    the copies the rank units name."""
     source = settings.source
     on_target = not (source.kind == "controller" and source.controller_dir is not None)
-    found: HostFacts = gathered(
-        PreflightFacts,
-        stage_dir=settings.model_stage_dir,
-        engine_root=settings.engine_root,
-        roots=[path for _, path in preflight.root_paths(settings)],
-        model_path=source.target_dir if on_target else None,
-    )
+
+    def preflight_facts() -> HostFacts:
+        found: HostFacts = gathered(
+            PreflightFacts,
+            stage_dir=settings.model_stage_dir,
+            engine_root=settings.engine_root,
+            roots=[path for _, path in preflight.root_paths(settings)],
+            model_path=source.target_dir if on_target else None,
+        )
+        return found
+
+    def serving_and_staging() -> tuple[Serving, Staging | None, str | None]:
+        # The staging fact is asked with the copies the rank units name kept (--keep) and the
+        # copy's key where it is known before it (--key), as the stage run is.
+        serving = serving_state(settings)
+        key = model_key(settings, None)
+        keep = keep_keys(settings, referenced_models(serving), key)
+        staging = model_staging(settings, key, keep)
+        return serving, staging, key if key is not None else model_key(settings, staging)
+
+    found, (serving, staging, key) = together(preflight_facts, serving_and_staging)
     if on_target:
         model = found.model if found.model is not None else Model(exists=False)
     else:
         assert source.controller_dir is not None
         model = local_model(source.controller_dir)
-    # What serves first: the staging fact is asked with the copies the rank units name kept
-    # (--keep) and the copy's key where it is known before it (--key), as the stage run is.
-    serving = serving_state(settings)
-    key = model_key(settings, None)
-    keep = keep_keys(settings, referenced_models(serving), key)
-    staging = model_staging(settings, key, keep)
-    return Gathered(
-        host=found,
-        serving=serving,
-        staging=staging,
-        model=model,
-        model_key=key if key is not None else model_key(settings, staging),
-    )
+    return Gathered(host=found, serving=serving, staging=staging, model=model, model_key=key)
 
 
 def model_key(settings: Settings, staging: Staging | None) -> str | None:
