@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,12 +160,19 @@ def test_gather_asks_the_staging_fact_with_the_key_and_the_kept_keys(
         asked.append(("ServingState", {}))
         return serving
 
+    def in_turn(first: Callable[[], Any], second: Callable[[], Any]) -> tuple[Any, Any]:
+        return first(), second()  # once.together without a host: one after the other
+
     monkeypatch.setattr(host_plan, "gathered", fake_gathered)
     monkeypatch.setattr(host_plan, "serving_state", fake_serving)
+    monkeypatch.setattr(host_plan, "together", in_turn)
     monkeypatch.setattr(staging, "gathered", fake_gathered)
 
     found = host_plan.gather(None, settings)  # type: ignore[arg-type]
 
-    assert [name for name, _ in asked] == ["PreflightFacts", "ServingState", "ModelStaging"]
-    assert asked[2][1]["key"] == "hf-6a9e0b1" and asked[2][1]["keep"] == ["hf-5f00d"]
+    names = [name for name, _ in asked]
+    assert sorted(names) == ["ModelStaging", "PreflightFacts", "ServingState"]
+    assert names.index("ServingState") < names.index("ModelStaging")
+    (staged,) = [kwargs for name, kwargs in asked if name == "ModelStaging"]
+    assert staged["key"] == "hf-6a9e0b1" and staged["keep"] == ["hf-5f00d"]
     assert found.model_key == "hf-6a9e0b1"
