@@ -60,6 +60,7 @@ from pyinfra.facts.files import FileContents
 from pyinfra.operations.util.files import generate_color_diff
 
 from operations.facts.files import FileAt, PathState
+from operations.host_call import Commands
 
 
 def content_bytes(src: str | bytes | Path) -> bytes:
@@ -156,7 +157,7 @@ def put_file(
     dir_group: str = "root",
     secret: bool = False,
     sha256_now: str | Literal[False] | None = False,
-) -> Any:
+) -> Commands:
     """
     Write a file: final owner and mode before the first byte, content never shown, unique temp
     name, links refused; no change when it is already there. See the module's docstring.

@@ -32,7 +32,7 @@ from pyinfra.operations import files, systemd
 
 from operations import layout, units
 from operations.facts.model import script_module, script_text
-from operations.host_call import HostCall, run
+from operations.host_call import Commands, HostCall, run
 from operations.host_files import put_file
 from operations.host_plan import HostReport
 from operations.layout import CONFIG_DIR, STAGE_UNIT
@@ -122,7 +122,7 @@ def staged(
     key: str | None = None,
     keep: list[str] | None = None,
     group: str | None = None,
-) -> Any:
+) -> Commands:
     """
     Make STAGE_DIR/models/.SLUG@KEY a complete copy of source_dir (what staging.decide planned).
 
@@ -158,7 +158,7 @@ def staged(
 @operation(is_idempotent=False)
 def synced_from_controller(
     local_dir: str, target_dir: str, local_digest: str, target_digest: str | None
-) -> Any:
+) -> Commands:
     """
     rsync a model directory from the controller into the target's persistent cache.
 
@@ -184,7 +184,7 @@ def synced_from_controller(
 
 
 @operation(is_idempotent=False)
-def hub_cli(cli: str, requirements: str) -> Any:
+def hub_cli(cli: str, requirements: str) -> Commands:
     """
     The Hugging Face CLI at `cli`, installed into its own venv when missing: exactly the
     pinned wheels, hashes checked (`--require-hashes --only-binary :all:`), kept beside it as
@@ -221,7 +221,7 @@ def fetched_from_hub(
     dest: str,
     downloaded_revision: str | None,
     token_file: str | None = None,
-) -> Any:
+) -> Commands:
     """
     Download repo@revision once into dest with the hub's CLI. The token (the controller's
     HF_TOKEN) was written by put_file(secret=True) to token_file, root-only, and is removed
@@ -286,7 +286,7 @@ def stage_unit_text(settings: Settings, key: str | None) -> str:
 
 
 @operation()
-def enabled_at_boot(unit: str, now: str | None) -> Any:
+def enabled_at_boot(unit: str, now: str | None) -> Commands:
     """
     Enable a unit at boot (`systemctl enable`), unless it is already.
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import cast
 
 from pyinfra import logger
 from pyinfra.api.command import QuoteString, StringCommand
@@ -37,6 +37,7 @@ from operations import layout
 from operations.drain import DrainPlan
 from operations.engine_spec import tools_uv_config
 from operations.facts.serve import Serving
+from operations.host_call import Commands
 from operations.host_files import put_file
 from operations.host_plan import HostReport
 from operations.host_scripts import script_text
@@ -62,7 +63,7 @@ WantedBy=multi-user.target
 @operation(is_idempotent=False)
 def wait_healthy(
     checks: list[tuple[str, str]], timeout_s: int, service_user: str, hint: str = ""
-) -> Any:
+) -> Commands:
     """
     Wait until every unit answers 200 on its /health URL; fail with the unit's journal.
 
@@ -81,7 +82,7 @@ def wait_healthy(
 @operation(is_idempotent=False)
 def router_workers(
     action: str, router: str, api: tuple[str, str, str], timeout_s: int, targets: list[str]
-) -> Any:
+) -> Commands:
     """
     Take ranks out of the router and wait for their in-flight requests, or put them back.
 
@@ -118,7 +119,7 @@ def _unit_path(rank: int) -> str:
 
 
 @operation()
-def service_user(user: str, exists: bool) -> Any:
+def service_user(user: str, exists: bool) -> Commands:
     """
     A system user and group for the servers: no login, no root, a home for caches.
 
@@ -144,7 +145,7 @@ def service_user(user: str, exists: bool) -> Any:
 
 
 @operation()
-def pruned_model_copies(stage_dir: str, slug: str, keep: list[str], doomed: list[str]) -> Any:
+def pruned_model_copies(stage_dir: str, slug: str, keep: list[str], doomed: list[str]) -> Commands:
     """
     Remove staged copies of the model that no rank unit names any more (after a whole roll).
 
@@ -421,7 +422,7 @@ serve = cast(Callable[..., ServeStep], _serve)
 @operation()
 def router_env(
     engine_root: str, env_dir: str, version: str, installed: bool, requirements: str
-) -> Any:
+) -> Commands:
     """
     sglang-router in its own environment, with the engine's uv and package sources: exactly
     the pinned wheels, hashes checked (`--require-hashes --only-binary :all:`), kept in the

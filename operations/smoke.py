@@ -18,12 +18,12 @@ owner.
 from __future__ import annotations
 
 import shlex
-from typing import Any
 
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
 from operations import layout
+from operations.host_call import Commands
 from operations.host_files import put_file
 from operations.host_plan import HostReport
 from operations.host_scripts import script_text
@@ -41,7 +41,7 @@ def smoke_requests(
     targets: list[str],
     service_user: str,
     router_workers: list[str] | None = None,
-) -> Any:
+) -> Commands:
     """
     Ask each target a chat question as a client does; fail with the rank's journal tail.
 
