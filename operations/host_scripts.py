@@ -18,7 +18,12 @@ module: the controller's scan and the tests run what the host runs.
 from __future__ import annotations
 
 import ast
+import contextlib
+import hashlib
+import importlib.util
+import json
 import linecache
+import os
 import sys
 from functools import cache
 from pathlib import Path
@@ -80,6 +85,25 @@ def _bindings(body: list[ast.stmt], where: str) -> dict[str, tuple[str, ...]]:
     return found
 
 
+def _parsed(path: Path) -> tuple[str, ast.Module, list[ast.Import | ast.ImportFrom]]:
+    """A file's text, its tree and its imports below the top level, read once per content:
+    a deploy bundles six scripts that share modules, and parsing is what bundling costs."""
+    source = path.read_text()
+    return _parse(source, str(path))
+
+
+@cache
+def _parse(source: str, filename: str) -> tuple[str, ast.Module, list[ast.Import | ast.ImportFrom]]:
+    tree = ast.parse(source, filename)
+    top_level = set(map(id, tree.body))
+    nested = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in top_level
+    ]
+    return source, tree, nested
+
+
 class _Bundle:
     def __init__(self, files: Path) -> None:
         self.files = files
@@ -87,6 +111,7 @@ class _Bundle:
         self.bound: dict[str, tuple[str, ...]] = {}  # name -> what binds it, all modules
         self.future = False
         self.pending: set[str] = set()  # modules being inlined (a cycle comes back to one)
+        self.names: dict[Path, dict[str, tuple[str, ...]]] = {}  # what each file binds
 
     def _bind(self, names: dict[str, tuple[str, ...]], where: str) -> None:
         for name, what in names.items():
@@ -99,14 +124,12 @@ class _Bundle:
 
     def text(self, path: Path, top: bool) -> str:
         rel = f"operations/files/{path.name}"
-        source = path.read_text()
-        tree = ast.parse(source, str(path))
-        top_level = set(map(id, tree.body))
-        imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
-        for found in imports:
-            if id(found) not in top_level and _local(found) is not None:
+        source, tree, nested = _parsed(path)
+        for found in nested:
+            if _local(found) is not None:
                 raise BundleError(f"{rel}:{found.lineno}: a project import in a block")
         names = _bindings(tree.body, rel)
+        self.names[path] = names
         self._bind(names, rel)
         lines = source.splitlines(keepends=True)
         pieces: list[str] = []
@@ -156,7 +179,7 @@ class _Bundle:
             self.pending.add(name)
             body = self.text(path, top=False)
             self.pending.discard(name)
-            self.inlined[name] = set(_bindings(ast.parse(path.read_text()).body, name))
+            self.inlined[name] = set(self.names[path])
             rel = f"operations/files/{name}.py"
             inlined = (
                 f"# ---- {rel}, inlined by operations/host_scripts.py ----\n"
@@ -176,7 +199,49 @@ def bundle(path: Path, files: Path = FILES) -> str:
 @cache
 def script_text(main: str) -> str:
     """The text the host gets for operations/files/`main` ("smoke.py")."""
-    return bundle(FILES / main)
+    bundles = _cached_bundles()
+    if main not in bundles:
+        bundles[main] = bundle(FILES / main, FILES)
+        _save(bundles)
+    return bundles[main]
+
+
+# Bundling parses every script and part (~50 ms a deploy, which ships six): the texts are kept
+# beside Python's own bytecode cache, under a name that is the digest of everything that makes
+# them (this bundler and every file in FILES), so a change to any of them is a new name and
+# bundles afresh, refusals included. Written when Python writes bytecode, where .pyc files are,
+# and trusted as they are: whoever can write there can change the code the controller runs.
+def _cache_path() -> Path:
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    for path in sorted(FILES.glob("*.py")):
+        digest.update(f"\0{path.name}\0".encode() + path.read_bytes())
+    pycache = Path(importlib.util.cache_from_source(str(FILES / "_.py"))).parent
+    return pycache / f"host-scripts-{digest.hexdigest()[:32]}.json"
+
+
+@cache
+def _cached_bundles() -> dict[str, str]:
+    try:
+        found = json.loads(_cache_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(found, dict) or not all(isinstance(v, str) for v in found.values()):
+        return {}
+    return found
+
+
+def _save(bundles: dict[str, str]) -> None:
+    if sys.dont_write_bytecode:
+        return
+    path = _cache_path()
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temp = path.with_name(f".{path.name}.{os.getpid()}")
+        temp.write_text(json.dumps(bundles))
+        temp.replace(path)
+        for old in path.parent.glob("host-scripts-*.json"):
+            if old != path:
+                old.unlink(missing_ok=True)
 
 
 def load(main: str, name: str | None = None) -> ModuleType:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -185,3 +186,59 @@ def test_each_module_is_inlined_once_where_it_is_first_imported(tmp_path: Path) 
         [sys.executable, "-I", "-c", text], capture_output=True, text=True, check=True
     )
     assert proc.stdout == "1 2 Main.\n"
+
+
+@pytest.fixture
+def files_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """host_scripts over a copy of operations/files, with empty in-process caches."""
+    copy = tmp_path / "files"
+    copy.mkdir()
+    for path in FILES.glob("*.py"):
+        (copy / path.name).write_bytes(path.read_bytes())
+    monkeypatch.setattr(host_scripts, "FILES", copy)
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    fresh()
+    yield copy
+    fresh()
+
+
+def fresh() -> None:
+    """As a new process starts: nothing bundled or read yet."""
+    host_scripts.script_text.cache_clear()
+    host_scripts._cached_bundles.cache_clear()
+
+
+def test_a_second_run_reads_the_bundles_it_cached(
+    files_copy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = host_scripts.script_text("smoke.py")
+    assert list((files_copy / "__pycache__").glob("host-scripts-*.json"))
+
+    def no_bundling(*args: object) -> str:
+        raise AssertionError("bundled again although nothing changed")
+
+    fresh()
+    monkeypatch.setattr(host_scripts, "bundle", no_bundling)
+    assert host_scripts.script_text("smoke.py") == first
+
+
+@pytest.mark.parametrize("changed", ["hostsafe.py", "router_workers.py"])
+def test_a_change_to_any_script_or_part_bundles_afresh(files_copy: Path, changed: str) -> None:
+    """A part the script inlines, or any other file beside it: the cache is never stale."""
+    host_scripts.script_text("smoke.py")
+    (old,) = (files_copy / "__pycache__").glob("host-scripts-*.json")
+    with (files_copy / changed).open("a") as f:
+        f.write("\nCHANGED_HERE = 1\n")
+    fresh()
+    text = host_scripts.script_text("smoke.py")
+    assert ("CHANGED_HERE = 1" in text) == (changed == "hostsafe.py")
+    (new,) = (files_copy / "__pycache__").glob("host-scripts-*.json")
+    assert new != old and not old.exists()
+
+
+def test_no_cache_is_written_where_python_writes_no_bytecode(
+    files_copy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    assert "def mask_journal" in host_scripts.script_text("smoke.py")
+    assert not (files_copy / "__pycache__").exists()
