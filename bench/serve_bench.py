@@ -83,7 +83,9 @@ def _terminate(_signum: int, _frame: FrameType | None) -> None:
 
 # As a user's shell runs it: Python writes bytecode, so from the second run on neither side
 # compiles this repository's modules again (this workplace sets PYTHONDONTWRITEBYTECODE, under
-# which every run paid for compiling them, the full deploy more than the trivial one).
+# which every run paid for compiling them, the full deploy more than the trivial one). pyinfra's
+# CLI turns bytecode writing off in its own process; operations/__init__.py turns it back on for
+# our package, so this holds for the deploy's modules too.
 USER_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
