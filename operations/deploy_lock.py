@@ -33,7 +33,9 @@ from typing import Any
 from pyinfra import logger
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
 from pyinfra.api.command import StringCommand
-from pyinfra.api.state import BaseStateCallback
+from pyinfra.api.host import Host
+from pyinfra.api.state import BaseStateCallback, State
+from pyinfra.connectors.ssh import SSHConnector
 from pyinfra.connectors.util import make_unix_command_for_host
 
 LOCK_PATH = "/run/sglang-deploy.lock"
@@ -75,11 +77,11 @@ _held: dict[tuple[int, str], Any] = {}
 
 class _ReleaseOnDisconnect(BaseStateCallback):
     @staticmethod
-    def host_disconnect(state: Any, host: Any) -> None:
+    def host_disconnect(state: State, host: Host) -> None:
         release(state, host)
 
 
-def release(state: Any, host: Any) -> None:
+def release(state: State, host: Host) -> None:
     """Let the lock go now (the holder sees its stdin close and exits)."""
     handle = _held.pop((id(state), host.name), None)
     if handle is None:
@@ -97,7 +99,7 @@ def who() -> str:
     return f"deploy by {getpass.getuser()}@{socket.gethostname()} (pyinfra pid {os.getpid()})"
 
 
-def holder_command(state: Any, host: Any, wait_s: int) -> str:
+def holder_command(state: State, host: Host, wait_s: int) -> str:
     """The holder's command line, wrapped for the host's sudo/su settings like any fact."""
     command = StringCommand(
         "exec python3 -c", shlex.quote(HOLDER), LOCK_PATH, shlex.quote(who()), str(wait_s)
@@ -115,11 +117,12 @@ def holder_command(state: Any, host: Any, wait_s: int) -> str:
     return wrapped
 
 
-def _start(state: Any, host: Any, command: str) -> tuple[Any, Any] | None:
+def _start(state: State, host: Host, command: str) -> tuple[Any, Any] | None:
     """(handle, line reader) of the holder process, or None for a connector without one."""
     kind = type(host.connector).__name__
-    if kind == "SSHConnector":
+    if isinstance(host.connector, SSHConnector) and host.connector.client is not None:
         transport = host.connector.client.get_transport()
+        assert transport is not None  # pyinfra connects every host before deploy.py loads
         channel = transport.open_session()
         channel.exec_command(command)
         return channel, channel.makefile("r")
@@ -131,7 +134,7 @@ def _start(state: Any, host: Any, command: str) -> tuple[Any, Any] | None:
     return None
 
 
-def hold(state: Any, host: Any, wait_s: int) -> str | None:
+def hold(state: State, host: Host, wait_s: int) -> str | None:
     """Take this host's deploy lock for the rest of the run. None when held (or when the
     connector holds none); otherwise why not, in one line, for the host's refusal."""
     if (id(state), host.name) in _held:
@@ -185,7 +188,7 @@ def _close(handle: Any) -> None:
         handle.close()
 
 
-def lock_or_refuse(state: Any, host: Any) -> bool:
+def lock_or_refuse(state: State, host: Host) -> bool:
     """deploy.py's first step: True once this host's lock is held; otherwise the host is
     refused (one line: who holds it) and False. Settings are checked first, as in the gate."""
     from operations.gate import inventory_settings, refuse

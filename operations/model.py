@@ -25,7 +25,9 @@ from pyinfra.api.arguments import ConnectorArguments
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
+from pyinfra.api.host import Host
 from pyinfra.api.operation import operation
+from pyinfra.api.state import State
 from pyinfra.context import host
 from pyinfra.facts.files import File
 from pyinfra.operations import files, systemd
@@ -68,7 +70,7 @@ def _gib(n: int | None) -> str:
 
 
 def _run_live(
-    state: Any, host: Any, arguments: ConnectorArguments, command: str, what: str
+    state: State, host: Host, arguments: ConnectorArguments, command: str, what: str
 ) -> bool:
     """Run on the target and print its output as it comes (the copy's progress lines), with
     the operation's connector arguments: through sudo when the host says `_sudo`."""

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+from pyinfra.api.host import Host
 
 from operations.redact import redact_text
 
@@ -521,7 +522,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def layers_for_host(host: Any, group_data_dir: Path | None = None) -> list[Layer]:
+def layers_for_host(host: Host, group_data_dir: Path | None = None) -> list[Layer]:
     """The data layers of a pyinfra host, labelled with where a user would look for them."""
     inventory = host.inventory
     group_data_dir = group_data_dir or Path.cwd() / "group_data"
@@ -538,7 +539,7 @@ def layers_for_host(host: Any, group_data_dir: Path | None = None) -> list[Layer
     return layers
 
 
-def load_for_host(host: Any) -> Settings:
+def load_for_host(host: Host) -> Settings:
     return load(host.name, layers_for_host(host))
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.facts import FactBase
+from pyinfra.api.host import Host
 
 from operations import host_scripts
 from operations.facts.host import CONFIG_MARKER, Model, ModelSource, parse_model
@@ -187,7 +188,7 @@ def local_model(path: str) -> Model:
     return parse_model(lines)
 
 
-def source_model(host: Any, settings: Settings) -> Model:
+def source_model(host: Host, settings: Settings) -> Model:
     """The model the deploy will stage: read where it is now (controller or target)."""
     source = settings.source
     if source.kind == "controller" and source.controller_dir is not None:

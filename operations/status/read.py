@@ -7,6 +7,9 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from pyinfra.api.host import Host
+from pyinfra.api.state import State
+
 from operations.facts.serve import ServingState
 from operations.facts.smoke import Probe, SmokeProbe
 from operations.status.rows import HostResult, fact_args, host_result, probe_args, with_probe
@@ -37,7 +40,7 @@ def run(inventory_path: str, override: dict[str, Any], probe: bool = False) -> l
     return read_hosts(build_state(inventory_path, override), probe)
 
 
-def read_hosts(state: Any, probe: bool = False) -> list[HostResult]:
+def read_hosts(state: State, probe: bool = False) -> list[HostResult]:
     """Settings of every host first, then connect to the good ones and read one fact each."""
     from pyinfra.api.connect import connect_all
     from pyinfra.api.exceptions import PyinfraError
@@ -58,7 +61,7 @@ def read_hosts(state: Any, probe: bool = False) -> list[HostResult]:
 
     class Errors(BaseStateCallback):
         @staticmethod
-        def host_connect_error(state: Any, host: Any, error: Any) -> None:
+        def host_connect_error(state: State, host: Host, error: Any) -> None:
             what = reach.hint(host.name)
             connect_errors[host.name] = _one_line(error) + (f"; {what}" if what else "")
 
