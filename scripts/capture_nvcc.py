@@ -34,9 +34,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from operations import kb as kb_module  # noqa: E402
+from scripts.capture_index_snapshot import fetch  # noqa: E402
 from tests.doubles.cuda_redist import NVCC_FIXTURES, ptxas_targets  # noqa: E402
 from tests.e2e.index import pypi_wheel  # noqa: E402
 
@@ -78,21 +76,6 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def fetch(url: str, headers: dict[str, str] | None = None) -> bytes:
-    """The body at `url`. Retries transient failures."""
-    for attempt in range(4):
-        request = urllib.request.Request(url, headers=headers or {})
-        try:
-            with urllib.request.urlopen(request, timeout=120) as response:
-                body: bytes = response.read()
-                return body
-        except (urllib.error.URLError, TimeoutError):
-            if attempt == 3:
-                raise
-        time.sleep(2**attempt)
-    raise AssertionError("unreachable")
-
-
 @dataclass(frozen=True)
 class Wheel:
     project: str
@@ -123,9 +106,10 @@ def wheel(version: str) -> Wheel:
     (tests/e2e/index.py pypi_wheel, as tests/unit/test_engine_compiler.py takes the cu130 lane's)
     and checked against the sha256 PyPI's JSON simple API lists."""
     project = project_for(version)
-    page = json.loads(
-        fetch(f"{PYPI_SIMPLE}/{project}/", {"Accept": "application/vnd.pypi.simple.v1+json"})
-    )
+    body = fetch(f"{PYPI_SIMPLE}/{project}/", {"Accept": "application/vnd.pypi.simple.v1+json"})
+    if body is None:
+        raise SystemExit(f"capture_nvcc: PyPI has no project {project}")
+    page = json.loads(body)
     listed = [
         f
         for f in page["files"]
