@@ -35,6 +35,7 @@ from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
 from pyinfra.api.command import StringCommand
 from pyinfra.api.host import Host
 from pyinfra.api.state import BaseStateCallback, State
+from pyinfra.connectors.local import LocalConnector
 from pyinfra.connectors.ssh import SSHConnector
 from pyinfra.connectors.util import make_unix_command_for_host
 
@@ -119,14 +120,13 @@ def holder_command(state: State, host: Host, wait_s: int) -> str:
 
 def _start(state: State, host: Host, command: str) -> tuple[Any, Any] | None:
     """(handle, line reader) of the holder process, or None for a connector without one."""
-    kind = type(host.connector).__name__
     if isinstance(host.connector, SSHConnector) and host.connector.client is not None:
         transport = host.connector.client.get_transport()
         assert transport is not None  # pyinfra connects every host before deploy.py loads
         channel = transport.open_session()
         channel.exec_command(command)
         return channel, channel.makefile("r")
-    if kind == "LocalConnector":
+    if isinstance(host.connector, LocalConnector):
         proc = subprocess.Popen(
             ["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
