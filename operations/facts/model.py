@@ -162,7 +162,7 @@ class ModelStaging(FactBase[Staging]):
         key: str | None = None,
         keep: list[str] | None = None,
     ) -> StringCommand:
-        words: list[Any] = ["python3", "-c", QuoteString(script_text()), "plan"]
+        words: list[str | QuoteString] = ["python3", "-c", QuoteString(script_text()), "plan"]
         words += [QuoteString(source), QuoteString(stage_dir), QuoteString(slug)]
         words += ["--verify", QuoteString(verify)]
         if key is not None:
