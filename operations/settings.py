@@ -15,12 +15,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
 from pyinfra.api.host import Host
 
+from operations import verdicts
 from operations.redact import redact_text
+
+if TYPE_CHECKING:
+    import jsonschema
 
 SCHEMA_PATH = Path(__file__).parent / "settings.schema.json"
 
@@ -245,8 +248,7 @@ def load(host_name: str, layers: list[Layer]) -> Settings:
     problems += [
         f"{host_name}: {key} = {ours[key]!r} (set in {origins[key]}); {why}" for key, why in control
     ]
-    validator = jsonschema.Draft202012Validator(schema())
-    for error in sorted(validator.iter_errors(ours), key=lambda e: list(e.absolute_path)):
+    for error in verdicts.errors(schema(), ours):
         key, accepts = _describe(error, props)
         if any(key == k for k, _ in control):
             continue

@@ -11,13 +11,13 @@ from functools import cache
 from types import MappingProxyType
 from typing import cast
 
-import jsonschema
 import yaml
 from packaging.requirements import Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from operations import verdicts
 from operations.kb.cli import cli_table_path, load_cli_table
 from operations.kb.model import (
     Architecture,
@@ -466,9 +466,7 @@ def build(data: object) -> Knowledge:
     """Typed knowledge from the data of knowledge/sglang.yaml, checked against schema.json and
     its cross-references; KnowledgeError names every broken key."""
     schema = json.loads((KNOWLEDGE_DIR / "schema.json").read_text())
-    errors = sorted(
-        jsonschema.Draft202012Validator(schema).iter_errors(data), key=lambda e: list(e.path)
-    )
+    errors = verdicts.errors(schema, data)
     if errors:
         lines = [f"{'.'.join(map(str, e.path)) or '<top>'}: {e.message}" for e in errors]
         raise KnowledgeError("knowledge/sglang.yaml is invalid:\n  " + "\n  ".join(lines))
