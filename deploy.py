@@ -12,15 +12,19 @@ Steps, in order, each converging (a converged host reports no change):
 
 from pyinfra.context import host, state
 
-from operations.deploy_lock import lock_or_refuse
-from operations.engine import install_engine
-from operations.gate import plan_or_refuse
-from operations.model import stage_model
-from operations.serve import serve
-from operations.smoke import smoke
+from operations import deploy_lock
 
-# One deploy per host at a time: locked before the plan's first fact (operations/deploy_lock.py).
-report = plan_or_refuse(state, host) if lock_or_refuse(state, host) else None
+# One deploy per host at a time: the lock is asked for before the plan's first fact, and the
+# host takes it while the controller imports the rest of the toolkit (operations/deploy_lock.py).
+lock = deploy_lock.ask(state, host)
+
+from operations.engine import install_engine  # noqa: E402
+from operations.gate import plan_or_refuse  # noqa: E402
+from operations.model import stage_model  # noqa: E402
+from operations.serve import serve  # noqa: E402
+from operations.smoke import smoke  # noqa: E402
+
+report = plan_or_refuse(state, host) if lock.taken() else None
 if report is not None:
     install_engine(report)
     stage_model(report)

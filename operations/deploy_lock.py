@@ -39,6 +39,8 @@ from pyinfra.connectors.local import LocalConnector
 from pyinfra.connectors.ssh import SSHConnector
 from pyinfra.connectors.util import make_unix_command_for_host
 
+from operations.inventory import inventory_settings, refuse
+
 LOCK_PATH = "/run/sglang-deploy.lock"
 EXIT_TIMEOUT = 3
 
@@ -134,45 +136,66 @@ def _start(state: State, host: Host, command: str) -> tuple[Any, Any] | None:
     return None
 
 
-def hold(state: State, host: Host, wait_s: int) -> str | None:
-    """Take this host's deploy lock for the rest of the run. None when held (or when the
-    connector holds none); otherwise why not, in one line, for the host's refusal."""
-    if (id(state), host.name) in _held:
-        return None
-    command = holder_command(state, host, wait_s)
-    started = _start(state, host, command)
-    if started is None:
-        if type(host.connector).__name__ != "FakeConnector":
-            logger.warning(f"{host.print_prefix}no deploy lock with this connector")
-        return None
-    handle, lines = started
-    if not any(isinstance(h, _ReleaseOnDisconnect) for h in state.callback_handlers):
-        state.add_callback_handler(_ReleaseOnDisconnect())
-    began = time.monotonic()
-    for raw in lines:
-        line = raw.strip()
-        if line == "locked":
-            _held[(id(state), host.name)] = handle
-            if time.monotonic() - began > 1:
-                logger.info(f"{host.print_prefix}deploy lock taken after {_since(began)}")
+class Request:
+    """This host's lock, asked for (`ask`): the holder runs on the host while the controller
+    goes on; `answer` waits for its verdict."""
+
+    def __init__(self, state: State, host: Host, wait_s: int) -> None:
+        self.state, self.host, self.wait_s = state, host, wait_s
+        self.began = time.monotonic()
+        self.started: tuple[Any, Any] | None = None
+        if (id(state), host.name) not in _held:
+            self.started = _start(state, host, holder_command(state, host, wait_s))
+            if self.started is None and type(host.connector).__name__ != "FakeConnector":
+                logger.warning(f"{host.print_prefix}no deploy lock with this connector")
+
+    def answer(self) -> str | None:
+        """None once held (or when the connector holds none); otherwise why not, in one line,
+        for the host's refusal."""
+        if self.started is None:
             return None
-        word, _, rest = line.partition(" ")
-        if word == "busy":
-            logger.warning(
-                f"{host.print_prefix}another deploy holds this host ({rest}); waiting up to "
-                f"{wait_s}s for it (deploy_lock_wait_s), nothing changed meanwhile"
-            )
-        elif word == "timeout":
-            _close(handle)
-            return (
-                f"another deploy still holds this host after {wait_s}s ({rest}); nothing was "
-                f"changed. Run again when it has finished, or raise deploy_lock_wait_s"
-            )
-        elif word == "foreign":
-            _close(handle)
-            return f"the deploy lock {rest}: refusing to use it; remove it and run again"
-    _close(handle)
-    return f"could not take the deploy lock {LOCK_PATH} (python3 missing on the host?)"
+        handle, lines = self.started
+        self.started = None
+        state, host, wait_s = self.state, self.host, self.wait_s
+        if not any(isinstance(h, _ReleaseOnDisconnect) for h in state.callback_handlers):
+            state.add_callback_handler(_ReleaseOnDisconnect())
+        for raw in lines:
+            line = raw.strip()
+            if line == "locked":
+                _held[(id(state), host.name)] = handle
+                if time.monotonic() - self.began > 1:
+                    logger.info(f"{host.print_prefix}deploy lock taken after {_since(self.began)}")
+                return None
+            word, _, rest = line.partition(" ")
+            if word == "busy":
+                logger.warning(
+                    f"{host.print_prefix}another deploy holds this host ({rest}); waiting up to "
+                    f"{wait_s}s for it (deploy_lock_wait_s), nothing changed meanwhile"
+                )
+            elif word == "timeout":
+                _close(handle)
+                return (
+                    f"another deploy still holds this host after {wait_s}s ({rest}); nothing "
+                    f"was changed. Run again when it has finished, or raise deploy_lock_wait_s"
+                )
+            elif word == "foreign":
+                _close(handle)
+                return f"the deploy lock {rest}: refusing to use it; remove it and run again"
+        _close(handle)
+        return f"could not take the deploy lock {LOCK_PATH} (python3 missing on the host?)"
+
+    def taken(self) -> bool:
+        """True once held; otherwise the host is refused (one line: who holds it) and False."""
+        why = self.answer()
+        if why is None:
+            return True
+        refuse(self.state, self.host, why)
+        return False
+
+
+def hold(state: State, host: Host, wait_s: int) -> str | None:
+    """Take this host's deploy lock for the rest of the run, now: `Request.answer`."""
+    return Request(state, host, wait_s).answer()
 
 
 def _since(began: float) -> str:
@@ -188,14 +211,8 @@ def _close(handle: Any) -> None:
         handle.close()
 
 
-def lock_or_refuse(state: State, host: Host) -> bool:
-    """deploy.py's first step: True once this host's lock is held; otherwise the host is
-    refused (one line: who holds it) and False. Settings are checked first, as in the gate."""
-    from operations.gate import inventory_settings, refuse
-
+def ask(state: State, host: Host) -> Request:
+    """deploy.py's first step: the lock asked for, its answer read by `Request.taken()`.
+    Settings are checked first, as in the gate (an invalid inventory takes no lock)."""
     settings = dict(inventory_settings(state))[host.name]
-    why = hold(state, host, settings.deploy_lock_wait_s)
-    if why is None:
-        return True
-    refuse(state, host, why)
-    return False
+    return Request(state, host, settings.deploy_lock_wait_s)

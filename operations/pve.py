@@ -34,7 +34,7 @@ from pyinfra.api.operation import operation
 from pyinfra.api.state import State
 from pyinfra.context import host
 
-from operations import gate, layout, preflight
+from operations import inventory, layout, preflight
 from operations import kb as kbmod
 from operations.facts.pve import (
     CtConfig,
@@ -533,12 +533,12 @@ def advise_restart(command: str) -> Commands:
 
 def converge(state: State, node: Host) -> None:
     """pve.py for one inventory host (one container through its Proxmox node)."""
-    settings = dict(gate.inventory_settings(state))[node.name]
+    settings = dict(inventory.inventory_settings(state))[node.name]
     facts = gather(node, settings)
     result = plan(node.name, settings, kbmod.load(), facts)
     sys.stderr.write(summary(node.name, result) + "\n")
     if not result.ok:
-        gate.refuse(
+        inventory.refuse(
             state,
             node,
             "\n".join(
