@@ -1,8 +1,8 @@
 """One host, from settings to plan: gather the facts, run preflight, resolve, and decide
 everything the deploy's steps act on (the staging, the roll, the smoke requests).
 
-`plan_for_host` gathers the facts (three round trips: PreflightFacts, ModelStaging,
-ServingState) and calls `decide`, a pure function of settings and facts. The plan command and
+`plan_for_host` gathers the facts (PreflightFacts, ServingState and ModelStaging, asked at
+the same time) and calls `decide`, a pure function of settings and facts. The plan command and
 deploy.py both call `plan_for_host`, so the plan shown is the deploy run; the steps read the
 HostReport and decide nothing again.
 """
@@ -10,6 +10,7 @@ HostReport and decide nothing again.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 from pyinfra.api.host import Host
 
@@ -109,11 +110,17 @@ class Gathered:
 
 
 def gather(host: Host, settings: Settings) -> Gathered:
-    """The facts of one host, in three round trips, each asked once per run (once.gathered):
-    the preflight facts at the same time as what serves and then the staging plan, which needs
-    the copies the rank units name."""
+    """The facts of one host, each asked once per run (once.gathered), all at the same time:
+    the preflight facts, what serves and the staging plan.
+
+    The staging plan must be the one the stage run gets with the kept copies (--keep: the
+    copies the rank units name, known from ServingState). It is asked without them first:
+    keeping a copy only takes it out of the plan's leftovers, so when no leftover is a kept
+    copy the two answers are the same (tests/unit/test_staging_rule.py). Otherwise, as while a
+    roll onto a new copy is unfinished, it is asked again with them."""
     source = settings.source
     on_target = not (source.kind == "controller" and source.controller_dir is not None)
+    key = model_key(settings, None)
 
     def preflight_facts() -> HostFacts:
         found: HostFacts = gathered(
@@ -125,16 +132,19 @@ def gather(host: Host, settings: Settings) -> Gathered:
         )
         return found
 
-    def serving_and_staging() -> tuple[Serving, Staging | None, str | None]:
-        # The staging fact is asked with the copies the rank units name kept (--keep) and the
-        # copy's key where it is known before it (--key), as the stage run is.
-        serving = serving_state(settings)
-        key = model_key(settings, None)
-        keep = keep_keys(settings, referenced_models(serving), key)
+    found, serving, staging = cast(
+        tuple[HostFacts, Serving, "Staging | None"],
+        together(
+            preflight_facts,
+            lambda: serving_state(settings),
+            lambda: model_staging(settings, key, []),
+        ),
+    )
+    keep = keep_keys(settings, referenced_models(serving), key)
+    if staging is not None and any(layout.copy_key(settings, p) in keep for p in staging.leftovers):
         staging = model_staging(settings, key, keep)
-        return serving, staging, key if key is not None else model_key(settings, staging)
-
-    found, (serving, staging, key) = together(preflight_facts, serving_and_staging)
+    if key is None:
+        key = model_key(settings, staging)
     if on_target:
         model = found.model if found.model is not None else Model(exists=False)
     else:

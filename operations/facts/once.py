@@ -18,7 +18,6 @@ from pyinfra.api.facts import FactBase
 from pyinfra.context import ctx_config, ctx_host, host
 
 T = TypeVar("T")
-U = TypeVar("U")
 
 _ANSWERS: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 
@@ -32,14 +31,15 @@ def gathered(fact: type[FactBase[T]], **kwargs: Any) -> T:
     return value
 
 
-def together(first: Callable[[], T], second: Callable[[], U]) -> tuple[T, U]:
-    """`first()` and `second()` at the same time, each asking its facts of the current host:
-    two commands on the host's one SSH connection (paramiko channels) instead of one after the
+def together(*calls: Callable[[], Any]) -> tuple[Any, ...]:
+    """Every call at the same time, each asking its facts of the current host: one command
+    per call on the host's one SSH connection (paramiko channels) instead of one after the
     other. A converged deploy waits on the host's answers more than on anything else
-    (bench/serve_bench.py). An exception in either is raised here, as if called in turn."""
+    (bench/serve_bench.py). The first exception, in the calls' order, is raised here once all
+    have ended, as if called in turn."""
     target, config = ctx_host.get(), ctx_config.get()
     if not target.connected:
-        # Both would connect otherwise (pyinfra's get_fact connects on first use).
+        # Each would connect otherwise (pyinfra's get_fact connects on first use).
         target.connect(reason="to gather facts", raise_exceptions=True)
 
     def in_context(call: Callable[[], Any]) -> Any:
@@ -47,10 +47,11 @@ def together(first: Callable[[], T], second: Callable[[], U]) -> tuple[T, U]:
         with ctx_host.use(target), ctx_config.use(config):
             return call()
 
-    other = gevent.spawn(in_context, second)
+    first, *rest = calls
+    others = [gevent.spawn(in_context, call) for call in rest]
     try:
         one = first()
     finally:
-        # Its answer or its exception; never left running past this call.
-        two = other.get()
-    return one, two
+        # Their answers or their exceptions; none left running past this call.
+        gevent.joinall(others)
+    return (one, *(other.get() for other in others))

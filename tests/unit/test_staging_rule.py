@@ -2,7 +2,8 @@
 `plan` (the ModelStaging fact) reports and its `stage` acts on, given the same copy key and
 kept keys (--key, --keep). Played on real stage trees: what the plan calls leftovers is exactly
 what the stage run removes first, and the plan is up to date exactly when the run changes
-nothing. The deploy asks the fact with the key and keep the stage run gets (host_plan.gather)."""
+nothing. The deploy's plan is the fact's answer for the key and keep the stage run gets
+(host_plan.gather, which asks without the keep first)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 
 from operations import host_plan, staging
 from operations.facts.host import Resources
-from operations.facts.model import ModelStaging, parse_staging, script_module
+from operations.facts.model import ModelStaging, Staging, parse_staging, script_module
 from operations.facts.preflight import HostFacts
 from operations.facts.serve import Serving, UnitState
 from tests.unit.builders import gpu_facts, make_settings
@@ -139,40 +140,72 @@ def test_the_fact_passes_key_and_keep_to_the_script(tmp_path: Path) -> None:
         assert answer == sm.plan(str(src), str(shm), SLUG, "manifest", "k1", tuple(keep))
 
 
-def test_gather_asks_the_staging_fact_with_the_key_and_the_kept_keys(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_asked_without_the_kept_keys_the_plan_is_the_same_unless_a_leftover_is_kept(
+    case: Case, tmp_path: Path
 ) -> None:
-    """ServingState first (which copies the rank units name), then ModelStaging with them as
-    --keep and the hub revision's key as --key: each fact asked once."""
-    settings = make_settings(model_source="hf://Qwen/Qwen3.6-27B@6a9e0b1")
-    models = "/dev/shm/models/.Qwen--Qwen3.6-27B"
-    argv = f"python -m sglang.launch_server --model-path {models}@hf-5f00d --port 30000"
+    """host_plan.gather asks the plan without --keep, at the same time as ServingState, and
+    asks again with the kept keys only when one of them is a leftover of that first answer:
+    its premise, on every tree of CASES (keep only takes copies out of the leftovers)."""
+    src, shm, _ = build(tmp_path, case.tree)
+    keep = tuple(case.keep)
+    unkept = sm.plan(str(src), str(shm), SLUG, "manifest", case.key, ())
+    kept = sm.plan(str(src), str(shm), SLUG, "manifest", case.key, keep)
+    asked_again = bool({path_of(shm, k) for k in keep} & set(unkept["leftovers"]))
+    assert (unkept == kept) is not asked_again
+
+
+SOURCE_HF = "hf://Qwen/Qwen3.6-27B@6a9e0b1"
+MODELS = "/dev/shm/models/.Qwen--Qwen3.6-27B"
+
+
+@pytest.mark.parametrize(
+    ("named", "first_leftovers", "asked_keep"),
+    [
+        # Converged: the units name the copy the plan wants, nothing to keep besides it.
+        ("hf-6a9e0b1", [], [[]]),
+        # A unit names an older copy that the first answer calls a leftover: asked again.
+        ("hf-5f00d", [f"{MODELS}@hf-5f00d"], [[], ["hf-5f00d"]]),
+        # A unit names an older copy that is not on the host any more: nothing to ask again.
+        ("hf-5f00d", [f"{MODELS}@hf-0ld"], [[]]),
+    ],
+    ids=["converged", "a-kept-copy-is-a-leftover", "the-kept-copy-is-gone"],
+)
+def test_gather_asks_every_fact_at_once_and_the_plan_again_only_for_a_kept_leftover(
+    monkeypatch: pytest.MonkeyPatch,
+    named: str,
+    first_leftovers: list[str],
+    asked_keep: list[list[str]],
+) -> None:
+    """PreflightFacts, ServingState and ModelStaging (without --keep) in one `together`, the
+    hub revision's key as --key; ModelStaging again with the kept keys when one is a leftover,
+    and then that answer is the plan's."""
+    settings = make_settings(model_source=SOURCE_HF)
+    argv = f"python -m sglang.launch_server --model-path {MODELS}@{named} --port 30000"
     serving = Serving(ranks={0: UnitState(unit_sha256="x", exec_start=argv)})
-    asked: list[tuple[str, dict[str, Any]]] = []
+    staged: list[dict[str, Any]] = []
+    together_calls: list[int] = []
 
     def fake_gathered(fact: type, **kwargs: Any) -> Any:
-        asked.append((fact.__name__, kwargs))
-        return (
-            None if fact is ModelStaging else HostFacts(gpu_facts("rtx-pro-6000-x8"), Resources())
-        )
+        if fact is ModelStaging:
+            staged.append(kwargs)
+            leftovers = first_leftovers if len(staged) == 1 else []
+            return Staging(leftovers=leftovers, hub_revision=f"again {len(staged)}")
+        return HostFacts(gpu_facts("rtx-pro-6000-x8"), Resources())
 
-    def fake_serving(s: Any) -> Serving:
-        asked.append(("ServingState", {}))
-        return serving
-
-    def in_turn(first: Callable[[], Any], second: Callable[[], Any]) -> tuple[Any, Any]:
-        return first(), second()  # once.together without a host: one after the other
+    def in_turn(*calls: Callable[[], Any]) -> tuple[Any, ...]:
+        together_calls.append(len(calls))
+        return tuple(call() for call in calls)  # once.together without a host: in turn
 
     monkeypatch.setattr(host_plan, "gathered", fake_gathered)
-    monkeypatch.setattr(host_plan, "serving_state", fake_serving)
+    monkeypatch.setattr(host_plan, "serving_state", lambda s: serving)
     monkeypatch.setattr(host_plan, "together", in_turn)
     monkeypatch.setattr(staging, "gathered", fake_gathered)
 
     found = host_plan.gather(None, settings)  # type: ignore[arg-type]
 
-    names = [name for name, _ in asked]
-    assert sorted(names) == ["ModelStaging", "PreflightFacts", "ServingState"]
-    assert names.index("ServingState") < names.index("ModelStaging")
-    (staged,) = [kwargs for name, kwargs in asked if name == "ModelStaging"]
-    assert staged["key"] == "hf-6a9e0b1" and staged["keep"] == ["hf-5f00d"]
+    assert together_calls == [3]
+    assert [kwargs["keep"] for kwargs in staged] == asked_keep
+    assert all(kwargs["key"] == "hf-6a9e0b1" for kwargs in staged)
+    assert found.staging is not None and found.staging.hub_revision == f"again {len(asked_keep)}"
     assert found.model_key == "hf-6a9e0b1"
