@@ -102,13 +102,13 @@ def state_script(engine_root: str) -> str:
     envs, cuda = shlex.quote(tree.envs), shlex.quote(tree.cuda)
     return " ".join(
         (
-            f'for d in {envs}/*/; do [ -d "$d" ] || continue; n=$(basename "$d");',
+            f'for d in {envs}/*/; do [ -d "$d" ] || continue; n=${{d%/}}; n=${{n##*/}};',
             f'if [ -f "${{d}}{MARKER}" ]; then echo "env=$n $(stat -c %Y "${{d}}{MARKER}")";',
             'else echo "partial=$n"; fi; done;',
             f'echo "current=$(readlink {shlex.quote(tree.current)} 2>/dev/null)";',
             f'echo "uv=$({shlex.quote(tree.uv)} --version 2>/dev/null)";',
             f'for d in {cuda}/*/; do [ -f "${{d}}{TOOLKIT_MARKER}" ] &&',
-            'echo "toolkit=$(basename "$d")"; done;',
+            'n=${d%/} && echo "toolkit=${n##*/}"; done;',
             "dpkg-query -W -f='package=${Package} ${db:Status-Status}\\n'",
             f"{' '.join(HOST_PACKAGES)} 2>/dev/null; true",
         )

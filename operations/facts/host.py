@@ -109,7 +109,7 @@ def parse_resources(lines: list[str]) -> Resources:
         engine_free_bytes=_int(values.get("engine_free", "")),
         rocm=values.get("rocm") == "1",
         glibc=glibc[-1] if glibc else None,
-        python=values.get("python") or None,
+        python=values.get("python", "").removeprefix("Python ").strip() or None,
         systemd=_int(systemd[1]) if len(systemd) > 1 else None,
         device_nodes=sorted(nodes),
         components=components,
@@ -165,8 +165,8 @@ _RESOURCES_SCRIPT = " ".join(
         'while [ ! -e "$root" ]; do root=$(dirname "$root"); done;',
         'echo "engine_free=$(df -B1 --output=avail "$root" 2>/dev/null | tail -n1)";',
         'echo "glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null)";',
-        "echo \"python=$(python3 -c 'import platform; print(platform.python_version())'",
-        '2>/dev/null)";',
+        # `python3 -V` prints what platform.python_version() returns, without importing it.
+        'echo "python=$(python3 -V 2>/dev/null)";',
         'echo "systemd=$(systemctl --version 2>/dev/null | head -n1)";',
         '[ -e /opt/rocm ] && echo "rocm=1";',
         f'for n in {layout.GPU_NODE_GLOB}; do [ -e "$n" ] && echo "dev=$n"; done; true',
@@ -175,14 +175,14 @@ _RESOURCES_SCRIPT = " ".join(
 
 
 # owners PATH: "real=PATH|RESOLVED", then "own=C|UID|GID|MODE|KIND" for every existing
-# component C of PATH and of RESOLVED (lstat: stat without -L never follows the last link).
+# component C of PATH and of RESOLVED (lstat: stat without -L never follows the last link),
+# one `stat` for all of a path's components.
 _OWNERS_FUNCTION = " ".join(
     (
-        "walk() { c=; echo \"own=/|$(stat -c '%u|%g|%a|%F' / 2>/dev/null)\"; rest=${1#/};",
-        'while [ -n "$rest" ]; do part=${rest%%/*};',
+        'walk() { c=; rest=${1#/}; set -- /; while [ -n "$rest" ]; do part=${rest%%/*};',
         'case $rest in */*) rest=${rest#*/};; *) rest=;; esac; c="$c/$part";',
-        '{ [ -e "$c" ] || [ -L "$c" ]; } || break;',
-        'echo "own=$c|$(stat -c \'%u|%g|%a|%F\' "$c" 2>/dev/null)"; done; };',
+        '{ [ -e "$c" ] || [ -L "$c" ]; } || break; set -- "$@" "$c"; done;',
+        "stat -c 'own=%n|%u|%g|%a|%F' -- \"$@\" 2>/dev/null; };",
         'owners() { q=$1; while [ "$q" != / ] && [ ! -e "$q" ] && [ ! -L "$q" ]; do',
         'q=$(dirname "$q"); done; r=$(readlink -f "$q" 2>/dev/null);',
         'echo "real=$1|$r"; walk "$1"; [ -n "$r" ] && [ "$r" != "$q" ] && walk "$r"; true; }',

@@ -9,6 +9,7 @@ status command also each /health answer (probed on the host itself) and GPU memo
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from dataclasses import dataclass, field
 
@@ -303,6 +304,21 @@ def _gpus(rc: str | None, lines: list[str]) -> tuple[list[GpuUsage], str | None]
     return gpus, None
 
 
+_SHA256SUM_ESCAPE = re.compile(r"\\(.)")
+
+
+def _sha256sum(line: str) -> tuple[str, str] | None:
+    """(name, digest) of one line of GNU sha256sum: "DIGEST  NAME"; a name holding a backslash
+    or a newline is written escaped, its line marked by a leading backslash."""
+    escaped = line.startswith("\\")
+    digest, two_spaces, name = line.removeprefix("\\").partition("  ")
+    if not two_spaces or len(digest) != 64:
+        return None
+    if escaped:
+        name = _SHA256SUM_ESCAPE.sub(lambda m: "\n" if m[1] == "n" else m[1], name)
+    return name, digest
+
+
 def parse_serving(lines: list[str]) -> Serving:
     # `systemctl show` prints one block of KEY=VALUE per unit, blocks separated by a blank line,
     # in its own property order (Id is not first): a block is complete at its end, not at Id.
@@ -329,16 +345,13 @@ def parse_serving(lines: list[str]) -> Serving:
             blocks.append(block)
             block = {}
         word, _, rest = line.partition(" ")
-        if word == "unit":
-            name, _, sha = rest.partition(" ")
-            units.setdefault(name, {})["unit_sha256"] = sha.strip() or None
+        if word == "unit" and (summed := _sha256sum(rest)) is not None:
+            units.setdefault(summed[0], {})["unit_sha256"] = summed[1]
         elif word == "exec":
             name, _, command = rest.partition(" ")
             units.setdefault(name, {})["exec_start"] = command.strip() or None
-        elif word == "file":
-            path, _, sha = rest.partition(" ")
-            if sha.strip():
-                files[path] = sha.strip()
+        elif word == "file" and (summed := _sha256sum(rest)) is not None:
+            files[summed[0]] = summed[1]
         elif word == "env":
             name, _, marker = rest.partition(" ")
             envs[name] = _marker(marker)
@@ -458,18 +471,20 @@ class ServingState(FactBase[Serving]):
         if router:
             wanted.append(layout.ROUTER_UNIT)
         checksums: list[str | QuoteString] = []
-        for path in paths or []:
-            checksums += ['echo "file', QuoteString(path), "$(sha256sum", QuoteString(path)]
-            checksums += ['2>/dev/null | cut -c1-64)";']
+        if paths:
+            # One sha256sum for every file: "file DIGEST  PATH", nothing for a missing one.
+            checksums = ["sha256sum --", *map(QuoteString, paths)]
+            checksums += ["2>/dev/null | sed 's/^/file /';"]
         parts: list[str | QuoteString] = [
-            'echo "now $(date +%s)"; set --',
+            # The rank unit files, each read by one sha256sum, one grep and one `systemctl
+            # show` for them all: a process per tool, not per rank.
+            f'echo "now $(date +%s)"; set --; cd {layout.UNIT_DIR} 2>/dev/null &&',
+            f'for u in {layout.RANK_UNIT_GLOB}; do [ -f "$u" ] && set -- "$@" "$u"; done;',
+            "[ $# -eq 0 ] || { sha256sum -- \"$@\" | sed 's/^/unit /';",
+            "grep -H '^ExecStart=' -- \"$@\" | sed 's/^\\([^:]*\\):ExecStart=/exec \\1 /'; };",
+            'set -- "$@"',
             *wanted,
-            ";",
-            # One `systemctl show` for every unit, not one per rank.
-            f"cd {layout.UNIT_DIR} 2>/dev/null && for u in {layout.RANK_UNIT_GLOB}; do",
-            '[ -f "$u" ] || continue; echo "unit $u $(sha256sum <"$u" | cut -c1-64)";',
-            'sed -n "s|^ExecStart=|exec $u |p" "$u"; set -- "$@" "$u"; done;',
-            '[ $# -eq 0 ] || systemctl show "$@" --timestamp=unix',
+            ';[ $# -eq 0 ] || systemctl show "$@" --timestamp=unix',
             *(f"-p {p}" for p in UNIT_PROPERTIES),
             "2>/dev/null; echo;",
             *checksums,
