@@ -4,7 +4,6 @@ to the servers' group, and verified by sha256."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import os
 import threading
@@ -54,6 +53,10 @@ def verify_full(source: str, version_dir: str, files: list[dict[str, Any]]) -> l
             return rel
         want = entry.get("sha256") or sha256_file(rel, open_source(source, rel))
         return None if got == want else rel
+
+    # Imported here: the plan (the ModelStaging fact, every deploy) hashes nothing unless
+    # model_verify is full, and concurrent.futures brings logging with it (~5 ms a run).
+    import concurrent.futures
 
     with concurrent.futures.ThreadPoolExecutor(_workers()) as pool:
         return sorted(p for p in pool.map(bad, files) if p)

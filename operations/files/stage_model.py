@@ -34,7 +34,6 @@ import errno
 import json
 import os
 import signal
-import subprocess
 import sys
 from typing import Any
 
@@ -60,6 +59,8 @@ def fetch_hub(cli: str, repo: str, revision: str, dest: str, token_file: str | N
     env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     argv = [cli, "download", repo, "--revision", revision, "--local-dir", dest]
     print(f"stage: downloading {repo}@{revision} into {dest}", flush=True)
+    import subprocess  # the hub download's only: the plan (every deploy) runs none
+
     try:
         proc = subprocess.run(argv, env=env, check=False)
     except OSError as exc:

@@ -5,7 +5,6 @@ switched to."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import os
 import shutil
@@ -218,6 +217,8 @@ def _stage_locked(
             f"({len(src['files']) - len(copy)} unchanged)",
             flush=True,
         )
+        import concurrent.futures  # a copy's only: see stage_copy.verify_full
+
         with (
             Progress(copy_bytes, progress_interval, bwlimit) as progress,
             concurrent.futures.ThreadPoolExecutor(_workers()) as pool,
