@@ -129,7 +129,8 @@ def service_user(user: str, exists: bool) -> Commands:
     if exists:
         host.noop(f"user {user} exists")
         return
-    # The model step may have made it earlier in this run (its group reads the staged copy).
+    # `id -u` first: useradd fails on a user that exists, and one may be made (by hand)
+    # between the fact and this command.
     yield StringCommand(
         *("id", "-u", QuoteString(user), ">/dev/null", "2>&1", "||"),
         "useradd",
@@ -183,11 +184,8 @@ class ServeStep:
 
     def run(self) -> None:
         s = self.report.settings
-        service_user(
-            name=f"Serve: service user {s.service_user}",
-            user=s.service_user,
-            exists=self.serving.user_exists,
-        )
+        # The units run as the service user, which the model step made (deploy.py runs it
+        # first: the staged copy is readable by its group only).
         put_file(
             name="Serve: health-wait script",
             src=script_text("wait_healthy.py"),
