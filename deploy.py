@@ -13,6 +13,10 @@ Steps, in order, each converging (a converged host reports no change):
 from pyinfra.context import host, state
 
 from operations import deploy_lock
+from operations.stack_order import known_to_inspect
+
+# pyinfra reads the call stack for every operation: this file's frame is found at once.
+known_to_inspect(__file__)
 
 # One deploy per host at a time: the lock is asked for before the plan's first fact, and the
 # host takes it while the controller imports the rest of the toolkit (operations/deploy_lock.py).
