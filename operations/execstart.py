@@ -59,6 +59,9 @@ def encode(argv: list[str]) -> str:
     return " ".join(encode_word(a) for a in argv)
 
 
+_BLANKS = re.compile("[ \t]+")
+
+
 def _unescape(text: str, i: int) -> tuple[str, int]:
     """The character of the escape at text[i] (just after its backslash), and the next index."""
     if i >= len(text):
@@ -80,6 +83,9 @@ def _unescape(text: str, i: int) -> tuple[str, int]:
 
 
 def _split(line: str) -> list[str]:
+    if '"' not in line and "\\" not in line:
+        # Nothing quoted or escaped (most lines): words between spaces and tabs, as below.
+        return [word for word in _BLANKS.split(line) if word]
     words: list[str] = []
     i, n = 0, len(line)
     while True:
@@ -121,6 +127,8 @@ def decode(line: str) -> list[str]:
 
 
 def _unspecify(word: str) -> str:
+    if "%" not in word and "$" not in word:
+        return word
     out: list[str] = []
     i = 0
     while i < len(word):

@@ -78,3 +78,20 @@ def test_the_fact_reads_a_line_it_cannot_split_as_no_argv() -> None:
     serving = parse_serving(['exec sglang@0.service "/opt/e/bin/python -m'])
     assert serving.ranks[0].argv() == []
     assert serving.ranks[0].engine_env() is None
+
+
+@pytest.mark.parametrize(
+    ("line", "argv"),
+    [
+        ("/opt/e/bin/python -m sglang.launch_server --port 30000", None),
+        ("  a \t b\t\tc  ", ["a", "b", "c"]),
+        ("a%%b $$c", ["a%b", "$c"]),
+        ('a "b c" d', ["a", "b c", "d"]),
+        ("a\\x20b", ["a b"]),
+        ("", []),
+    ],
+)
+def test_plain_words_split_on_spaces_and_tabs_only(line: str, argv: list[str] | None) -> None:
+    """Words without quotes or escapes (every rank unit's line) are split on blanks alone, and
+    `%%`/`$$` undone, as the character-by-character reading does."""
+    assert execstart.decode(line) == (argv if argv is not None else line.split(" "))
