@@ -9,7 +9,8 @@ Then, ROUNDS times, in an order that rotates each round so noise hits every side
                    the first host: pyinfra's start, SSH connect and one fact, the floor
   full 1 host      the converged full deploy against the first host
   full 4 hosts     the converged full deploy against all four
-Goals (issue 6): full / trivial under 2x; 4 hosts within 1.5x of one. Medians are compared.
+Goals: full / trivial at most 1.25x (issue 22; issue 6 asked under 2x); 4 hosts within 1.5x of
+one (issue 6). Medians are compared.
 
 Then the roll behind the real sglang-router 0.3.2 on the first host (issue 19): each rank's
 chat request takes GENERATE_S, its load LOAD_S (a runtime drop-in the double reads). ROLL_ROUNDS
@@ -150,14 +151,15 @@ def table(medians: dict[str, float], runs: dict[str, list[float]]) -> None:
     for name, value in medians.items():
         rounds = " ".join(f"{t:.2f}" for t in runs[name])
         print(f"  {name:<16} {value:9.2f}   {rounds}")
+    # (numerator, denominator, goal, the issue that set it, label)
     checks = (
-        ("full 1 host", "trivial 1 host", 2.0, "full deploy / trivial deploy"),
-        ("full 4 hosts", "full 1 host", 1.5, "4 hosts / 1 host"),
+        ("full 1 host", "trivial 1 host", 1.25, "issue 22", "full deploy / trivial deploy"),
+        ("full 4 hosts", "full 1 host", 1.5, "issue 6", "4 hosts / 1 host"),
     )
-    for top, bottom, goal, label in checks:
+    for top, bottom, goal, issue, label in checks:
         ratio = medians[top] / medians[bottom]
-        verdict = "met" if ratio < goal else "NOT met"
-        print(f"  {label:<29} {ratio:5.2f}x  (goal < {goal}x: {verdict})")
+        verdict = "met" if ratio <= goal else "NOT met"
+        print(f"  {label:<29} {ratio:5.2f}x  (goal <= {goal}x, {issue}: {verdict})")
 
 
 def roll_bench(work: Path, host: Container, indexes: Indexes) -> None:
