@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 
 import gevent
@@ -58,3 +58,28 @@ def test_a_host_not_yet_connected_is_connected_once_before_both(current_host: ob
     with ctx_host.use(target):
         together(lambda: None, lambda: None)
     assert connects == ["to gather facts"]
+
+
+def test_three_calls_run_at_once_and_the_first_error_in_order_is_raised(
+    current_host: object,
+) -> None:
+    """gather asks three facts in one `together`: each waits here for the other two to start,
+    which only works when all three run at once; of two failures, the earlier call's wins."""
+    started = [gevent.event.Event() for _ in range(3)]
+
+    def call(i: int, fail: bool) -> Callable[[], int]:
+        def run() -> int:
+            started[i].set()
+            others = [e for j, e in enumerate(started) if j != i]
+            assert all(e.wait(timeout=10) for e in others), f"call {i} ran alone"
+            if fail:
+                raise ValueError(f"call {i} failed")
+            return i
+
+        return run
+
+    assert together(call(0, False), call(1, False), call(2, False)) == (0, 1, 2)
+    for event in started:
+        event.clear()
+    with pytest.raises(ValueError, match="call 1 failed"):
+        together(call(0, False), call(1, True), call(2, True))
