@@ -3,7 +3,8 @@
 pyinfra gathers facts while it loads deploy.py (so the plan is made then) and runs the
 operations afterwards, over one SSH connection per host. The lock is taken first, while
 deploy.py loads, before any fact of the plan is read: two runs never plan from the same state
-and never interleave their changes.
+and never interleave their changes. deploy.py asks for it (`ask`) before it imports the rest of
+the toolkit and reads the answer (`Request.taken`) after: the host takes the lock meanwhile.
 
 How it is held: a small Python process on the host (root; under sudo when the inventory says
 `_sudo`) opens /run/sglang-deploy.lock (root's tmpfs: no other user can create or replace it;
