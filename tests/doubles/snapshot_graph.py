@@ -33,24 +33,23 @@ from __future__ import annotations
 
 import hashlib
 import html
-import importlib.util
 import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import tomllib
 import urllib.parse
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from types import ModuleType
 
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
+
+from tests.scripts import script_module
 
 ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOT = ROOT / "tests" / "fixtures" / "index-snapshot"
@@ -172,18 +171,6 @@ RECONSTRUCTED = (
 )
 
 
-@cache
-def _capture_script() -> ModuleType:
-    """scripts/capture_index_snapshot.py, imported for its TORCH_CUDA table and the rule that
-    applies it (never run: nothing here reaches a registry)."""
-    spec = importlib.util.spec_from_file_location("capture_index_snapshot", CAPTURE_SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def _reconstruct(entry: Reconstruction) -> str:
     text = (SNAPSHOT / entry.base).read_text()
     version = str(parse_wheel_filename(entry.filename)[1])
@@ -191,7 +178,7 @@ def _reconstruct(entry: Reconstruction) -> str:
     if entry.torch_lane is not None:
         from operations import kb as kb_module
 
-        script = _capture_script()
+        script = script_module("capture_index_snapshot")  # its TORCH_CUDA table and rule
         sources = script.Sources(kb=kb_module.load(), whl_repo=Path())
         text, _ = sources._torch_cuda(text, version.split("+")[0], entry.torch_lane)
     return text

@@ -5,14 +5,12 @@ drain script's reading of a rank's request gauges (the server double's real /met
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
-from operations import drain, kb, resolver
+from operations import drain, host_scripts, kb, resolver
 from operations.settings import Settings
 from tests.unit.builders import facts, make_settings
 
@@ -89,18 +87,10 @@ def test_rank_units_stop_after_the_drain() -> None:
             assert stop is not None and int(stop.group(1)) > seconds
 
 
-def _module(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_drain_script_reads_running_and_queued_requests_from_the_double(
     tmp_path: Path,
 ) -> None:
-    script = _module(ROOT / "operations/files/router_workers.py", "router_workers")
+    script = host_scripts.load("router_workers.py")  # the text the host runs
     # The double's /metrics, written by its own code (tests/doubles/packages/sglang).
     code = (
         "import sys, types; sys.modules['sglang._double_build'] = types.SimpleNamespace("

@@ -13,14 +13,11 @@ CUDA release, and takes the arch the engine check compiles for on every chip the
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from functools import cache
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from packaging.version import Version
@@ -30,10 +27,10 @@ from operations.engine_spec import EngineSpec, read_redist_manifest, toolkit
 from operations.files import cuda_toolkit
 from operations.settings import Layer, load
 from tests.doubles import cuda_redist
+from tests.scripts import script_module
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "nvcc"
-CAPTURE_SCRIPT = ROOT / "scripts" / "capture_nvcc.py"
 KB = kbmod.load()
 COMPILERS = {name: lane.compiler for name, lane in KB.lanes.items() if lane.compiler is not None}
 REDIST_LANES = sorted(n for n, c in COMPILERS.items() if c.origin == "nvidia-redist")
@@ -81,17 +78,6 @@ def candidates() -> list[str]:
 def release_line(version: str) -> str:
     text = read(version, "nvcc-version.txt" if version in WITH_NVCC else "ptxas-version.txt")
     return next(line for line in text.splitlines() if "release" in line)
-
-
-@cache
-def capture_script() -> ModuleType:
-    """scripts/capture_nvcc.py, imported for the public pastes it quotes (never run)."""
-    spec = importlib.util.spec_from_file_location("capture_nvcc", CAPTURE_SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 # -- the double, installed as the deploy installs it, against the captured outputs -------------
@@ -224,7 +210,7 @@ def test_ptxas_targets_are_exactly_what_nvcc_takes_and_lists(version: str) -> No
 
 @pytest.mark.parametrize("version", sorted(set(CAPTURED) - set(WITH_NVCC)))
 def test_nvccs_banner_pasted_in_public_agrees_with_the_releases_ptxas(version: str) -> None:
-    pasted = capture_script().PUBLIC_NVCC_VERSION[version]
+    pasted = script_module("capture_nvcc").PUBLIC_NVCC_VERSION[version]
     ptxas = read(version, "ptxas-version.txt").splitlines()
     assert pasted[0] == "nvcc: NVIDIA (R) Cuda compiler driver"
     for a, b in zip(pasted[1:], ptxas[1:], strict=True):

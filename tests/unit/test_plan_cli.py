@@ -209,7 +209,8 @@ def test_the_plan_command_only_reads_facts(tmp_path: Path) -> None:
     out, commands = recorded(tmp_path, "plan", "inventory/demo.py")
     assert "ready" in out and "sglang@7.service" in out, out
     asked = [str(fact) for fact, _ in commands]  # "None": an operation's command
-    # Three round trips, each once: the preflight facts, the staging plan, what serves now.
+    # Three facts, each asked once and at the same time: the preflight facts, what serves now
+    # and the staging plan (asked again only when a kept copy is a leftover; none here).
     assert sorted(asked) == ["ModelStaging", "PreflightFacts", "ServingState"], commands
 
 
