@@ -20,7 +20,6 @@ import importlib.util
 import json
 import os
 import sys
-from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,14 +75,13 @@ def remember(key: str) -> None:
     del recorded[:-KEEP]
     if sys.dont_write_bytecode:
         return
-    path = RECORD
     with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
+        RECORD.parent.mkdir(parents=True, exist_ok=True)
         # Renamed into place: a reader never sees half a file, two runs at once lose a pass
         # at worst (it is checked again next time).
-        temp = path.with_name(f".{path.name}.{os.getpid()}")
+        temp = RECORD.with_name(f".{RECORD.name}.{os.getpid()}")
         temp.write_text(json.dumps(recorded))
-        temp.replace(path)
+        temp.replace(RECORD)
 
 
 def _encoded(value: object) -> str | None:
@@ -93,7 +91,7 @@ def _encoded(value: object) -> str | None:
 
     def walk(v: object) -> bool:
         if v is None or isinstance(v, (bool, int, float, str)):
-            # type(v), not isinstance: True is not 1 to a schema, and a str subclass is kept.
+            # Exact types only: True is not 1 to a schema; a subclass is never recorded.
             out.append(f"{type(v).__qualname__}:{v!r}")
             return type(v) in (type(None), bool, int, float, str)
         if type(v) is list:
@@ -119,17 +117,12 @@ def _checker() -> bytes:
     jsonschema (its files' sizes and times: an upgrade replaces them)."""
     parts = [Path(__file__).read_bytes()]
     spec = importlib.util.find_spec("jsonschema")
-    origin = Path(spec.origin) if spec is not None and spec.origin else None
-    for path in _jsonschema_files(origin):
-        stat = path.stat()
-        parts.append(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    if spec is not None and spec.origin:
+        package = Path(spec.origin).parent
+        for name in ("__init__.py", "validators.py", "_keywords.py"):
+            stat = (package / name).stat()
+            parts.append(f"{package / name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
     return b"\0".join(parts)
-
-
-def _jsonschema_files(origin: Path | None) -> Iterable[Path]:
-    if origin is None:
-        return []
-    return [origin, origin.parent / "validators.py", origin.parent / "_keywords.py"]
 
 
 @cache
