@@ -195,14 +195,17 @@ def _resolve(
                 if hops > MAX_LINKS:
                     raise refuse(f"in a loop (more than {MAX_LINKS} links)")
                 if os.path.isabs(target):
-                    # Only an absolute target spelled under the root: walked again from there.
-                    inside = os.path.realpath(root).rstrip("/") + "/"
-                    if not target.startswith(inside):
+                    # Only an absolute target spelled under the root (as named, or its real
+                    # path): the rest is walked again from the root's descriptor.
+                    spellings = {os.path.abspath(root), os.path.realpath(root)}
+                    inside = [p.rstrip("/") + "/" for p in spellings]
+                    under = [p for p in inside if target.startswith(p)]
+                    if not under:
                         raise refuse(f"that leaves {root}")
                     while len(fds) > 1:
                         os.close(fds.pop())
                     names.clear()
-                    target = target[len(inside) :]
+                    target = target[len(under[0]) :]
                 todo[:0] = target.split("/")
                 continue
             if todo:

@@ -254,6 +254,37 @@ def test_an_absolute_link_spelled_inside_the_source_is_staged(src: Path, shm: Pa
     assert staged_tree(shm)["extra.json"] == b"{}"
 
 
+def test_an_absolute_link_spelled_through_the_sources_own_link_is_staged(
+    src: Path, tmp_path: Path, shm: Path
+) -> None:
+    """model_source named through a link (/mnt/m -> /data/m): an absolute link spelled with
+    either path is inside; the rest of it is still walked from the root's descriptor."""
+    named = tmp_path / "named"
+    named.symlink_to(src, target_is_directory=True)
+    (src / "a.json").symlink_to(named / "config.json")
+    (src / "b.json").symlink_to(named / ".." / "root-only" / "shadow")
+    refused(stage(named, shm), named / "b.json", "that leaves")
+    (src / "b.json").unlink()
+    assert stage(named, shm).returncode == 0
+    assert staged_tree(shm)["a.json"] == CONFIG.encode()
+
+
+def test_the_preflight_round_trip_with_the_source_script_fits_in_one_argument() -> None:
+    """The ModelSource fact sends stage_source.py inline inside the preflight fact's one
+    command: under Linux's MAX_ARG_STRLEN with sudo's wrapping, and with room to grow."""
+    from pyinfra.connectors.util import make_unix_command
+
+    from operations import host_scripts
+    from operations.facts.preflight import PreflightFacts
+
+    command = PreflightFacts().command(
+        "/dev/shm", "/opt/sglang", ["/opt/sglang"] * 8, model_path="/mnt/" + "m" * 200
+    )
+    for sudo in (False, True):
+        raw = make_unix_command(command, _sudo=sudo).get_raw_value()
+        assert len(raw.encode()) + 1 < host_scripts.ARG_STRLEN_MAX // 2, sudo
+
+
 def test_a_relative_link_that_leaves_the_source_is_refused_never_read(
     src: Path, shm: Path, secret: Path, opened: list[str]
 ) -> None:
