@@ -162,6 +162,8 @@ def staged(
 # (stage_manifest.py: refused unless it resolves inside the source, or a hub snapshot's
 # repository folder, to a regular file), so rsync sends what each resolves to as a regular
 # file, with its size and mtime (what the digest keys on: the target's scan agrees with it).
+# Not --copy-unsafe-links (it copies the referent of a link that leaves the tree: a root-only
+# file too) nor --safe-links (it drops those: a hub snapshot's every link into ../../blobs/).
 SYNC_FLAGS = [
     *("-a", "--copy-links", "--delete", "--chmod=D750,F640", "--partial-dir=.rsync-partial"),
     "--info=progress2",
