@@ -157,6 +157,19 @@ def staged(
     yield HostCall(_run_live, (shlex.join(argv), "staging the model"), {})
 
 
+# Root-only like the hub cache: only the staging run reads it. --copy-links: every link in
+# the controller's directory was checked by the link rule in the scan that gave local_digest
+# (stage_manifest.py: refused unless it resolves inside the source, or a hub snapshot's
+# repository folder, to a regular file), so rsync sends what each resolves to as a regular
+# file, with its size and mtime (what the digest keys on: the target's scan agrees with it).
+# Not --copy-unsafe-links (it copies the referent of a link that leaves the tree: a root-only
+# file too) nor --safe-links (it drops those: a hub snapshot's every link into ../../blobs/).
+SYNC_FLAGS = [
+    *("-a", "--copy-links", "--delete", "--chmod=D750,F640", "--partial-dir=.rsync-partial"),
+    "--info=progress2",
+]
+
+
 @operation(is_idempotent=False)
 def synced_from_controller(
     local_dir: str, target_dir: str, local_digest: str, target_digest: str | None
@@ -177,11 +190,7 @@ def synced_from_controller(
     yield from files.rsync._inner(
         src=local_dir.rstrip("/") + "/",
         dest=target_dir.rstrip("/") + "/",
-        # Root-only like the hub cache: only the staging run reads it.
-        flags=[
-            *("-a", "--delete", "--chmod=D750,F640", "--partial-dir=.rsync-partial"),
-            "--info=progress2",
-        ],
+        flags=SYNC_FLAGS,
     )
 
 

@@ -8,11 +8,9 @@ and in the copy, so the plan and the run never disagree.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -21,7 +19,7 @@ from pyinfra.api.facts import FactBase
 from pyinfra.api.host import Host
 
 from operations import host_scripts
-from operations.facts.host import CONFIG_MARKER, Model, ModelSource, parse_model
+from operations.facts.host import Model, ModelSource, parse_model
 from operations.settings import Settings
 
 SCRIPT = "stage_model.py"
@@ -176,16 +174,9 @@ class ModelStaging(FactBase[Staging]):
 
 
 def local_model(path: str) -> Model:
-    """ModelSource's answer for a directory on the controller (same parser, read here)."""
-    root = Path(path)
-    if not root.is_dir():
-        return Model(exists=False)
-    size = sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and ".cache" not in p.parts)
-    lines = ["exists", str(size)]
-    config = root / "config.json"
-    with contextlib.suppress(OSError):
-        lines += [CONFIG_MARKER, *config.read_text().splitlines()]
-    return parse_model(lines)
+    """ModelSource's answer for a directory on the controller: the same code (the staging
+    script's describe: its scan and its link rule) and the same parser, run here."""
+    return parse_model(script_module().describe(path))
 
 
 def source_model(host: Host, settings: Settings) -> Model:

@@ -22,6 +22,7 @@ FILES = host_scripts.FILES
 # Every script the deploy writes to a host or sends inline, and what it prints for --help.
 SHIPPED = {
     "stage_model.py": "Stage a model directory into a tmpfs",
+    "stage_source.py": None,  # the ModelSource fact's, inline; argv is the source only
     "smoke.py": "--service-user",
     "wait_healthy.py": "--service-user",
     "router_workers.py": "--router",
@@ -33,6 +34,7 @@ PARTS = {
     "smoke.py": ["hostsafe"],
     "wait_healthy.py": ["hostsafe"],
     "stage_model.py": ["stage_manifest", "stage_tree", "stage_copy", "stage_run"],
+    "stage_source.py": ["stage_manifest"],
 }
 
 
