@@ -22,7 +22,6 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypedDict
 
 from operations import layout
 from operations.drain import DrainPlan
@@ -30,6 +29,7 @@ from operations.facts.serve import Serving, referenced_models
 from operations.host_files import sha256
 from operations.resolver import Rank, RouterPlan
 from operations.settings import Settings
+from operations.vocabulary import ServeJson, SmokeJson  # the plan's words (re-exported)
 
 ROUTER_TARGET = "router"  # files/smoke.py ROUTER: judged by its chat answers alone
 
@@ -131,27 +131,6 @@ class SmokeRequests:
     python: str = ""
     targets: list[str] = field(default_factory=list)
     router_workers: list[str] = field(default_factory=list)
-
-
-class SmokeJson(TypedDict):
-    python: str
-    targets: list[str]
-    router_workers: list[str]
-
-
-class ServeJson(TypedDict):
-    start: list[int]
-    batches: list[list[int]]
-    remove: list[int]
-    unchanged: list[int]
-    secret_changed: bool
-    remove_secret: bool
-    router_restart: bool
-    batch_smoke: list[SmokeJson | None]
-    smoke: SmokeJson
-    prune_keep: list[str]
-    prune_doomed: list[str]
-    summary: str
 
 
 def _smoke_json(smoke: SmokeRequests) -> SmokeJson:

@@ -46,6 +46,7 @@ from operations.monitoring import DASHBOARD_SOURCE
 from operations.pins import router_requirements
 from operations.resolver import Rank, RouterPlan
 from operations.roll import ServePlan, SmokeRequests
+from operations.smoke import smoke_requests
 
 WAIT_SCRIPT = layout.WAIT_SCRIPT
 
@@ -378,8 +379,6 @@ class ServeStep:
         if self.drain is None:
             return
         if asked is not None:
-            from operations.smoke import smoke_requests  # smoke.py imports this module
-
             smoke_requests(
                 name=f"Serve: {what}: a chat request to {label} before it rejoins",
                 python=asked.python,

@@ -28,7 +28,7 @@ from operations.host_files import put_file
 from operations.host_plan import HostReport
 from operations.host_scripts import script_text
 from operations.roll import ROUTER_TARGET
-from operations.serve import ServeStep
+from operations.serve_result import ServeResult as ServeStep
 
 SMOKE_SCRIPT = layout.SMOKE_SCRIPT
 
