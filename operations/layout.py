@@ -188,11 +188,6 @@ def engine_env(engine_root: str, name: str) -> str:
     return EngineTree(engine_root).env(name)
 
 
-def engine_python(engine_root: str, name: str) -> str:
-    """The interpreter a rank unit runs: its own environment's, never the `current` link."""
-    return EngineTree(engine_root).python(name)
-
-
 def engine_current(engine_root: str) -> str:
     return EngineTree(engine_root).current
 
@@ -246,10 +241,6 @@ def model_slug(settings: Settings) -> str:
 
 def stage_tree(settings: Settings) -> StageTree:
     return StageTree(settings.model_stage_dir, model_slug(settings))
-
-
-def models_dir(settings: Settings) -> str:
-    return stage_tree(settings).models
 
 
 def staged_model_link(settings: Settings) -> str:
@@ -330,8 +321,6 @@ def worker_url(address: str, port: int) -> str:
 
 # The OpenAI-compatible API a client uses (SGLang serves it under /v1; so does the router).
 API_PREFIX = "/v1"
-CHAT_PATH = f"{API_PREFIX}/chat/completions"
-MODELS_PATH = f"{API_PREFIX}/models"
 
 
 def api_base(address: str, port: int) -> str:
@@ -346,14 +335,6 @@ def metrics_url(address: str, port: int) -> str:
 
 def rank_api_base(settings: Settings, rank: int) -> str:
     return api_base(settings.server_host, settings.base_port + rank)
-
-
-def rank_chat_url(settings: Settings, rank: int) -> str:
-    return f"{local_url(settings.server_host, settings.base_port + rank)}{CHAT_PATH}"
-
-
-def rank_models_url(settings: Settings, rank: int) -> str:
-    return f"{local_url(settings.server_host, settings.base_port + rank)}{MODELS_PATH}"
 
 
 def router_api_base(settings: Settings) -> str | None:

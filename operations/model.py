@@ -17,8 +17,7 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 from pyinfra import logger
 from pyinfra.api.arguments import ConnectorArguments
@@ -261,16 +260,6 @@ def fetched_from_hub(
 # ------------------------------------------------------------------------------ the step
 
 
-@dataclass
-class StageResult:
-    """What later steps need: whether the staged model changed in this run (restart ranks)."""
-
-    op: Any = None
-
-    def changed(self) -> bool:
-        return bool(self.op is not None and self.op.did_change())
-
-
 def slug_of(settings: Settings) -> str:
     return layout.model_slug(settings)
 
@@ -311,7 +300,7 @@ def enabled_at_boot(unit: str, now: str | None) -> Commands:
 
 
 @deploy("Model")
-def _stage_model(report: HostReport) -> StageResult:
+def _stage_model(report: HostReport) -> None:
     s = report.settings
     source = s.source
     slug = slug_of(s)
@@ -392,7 +381,7 @@ def _stage_model(report: HostReport) -> StageResult:
     )
     plan = decision.plan
     logger.info(f"{host.print_prefix}model {s.model_name}: {plan.mode}: {plan.why}")
-    op = staged(
+    staged(
         name=f"Stage {s.model_name} in {s.model_stage_dir} ({plan.mode})",
         source_dir=source.target_dir,
         stage_dir=s.model_stage_dir,
@@ -405,9 +394,8 @@ def _stage_model(report: HostReport) -> StageResult:
         keep=decision.keep_keys,
         group=s.service_user,
     )
-    return StageResult(op)
 
 
-# @deploy types every call as returning OperationMeta; this step returns a StageResult
-# (`stage_model(report).changed()`: did the staged model change, so the ranks restart).
-stage_model = cast(Callable[[HostReport], StageResult], _stage_model)
+# @deploy types every call as returning OperationMeta; this step returns nothing (a rank
+# restarts when its unit, which names the staged copy by path, changes: roll.py).
+stage_model = cast(Callable[[HostReport], None], _stage_model)

@@ -16,11 +16,9 @@ from typing import Any
 
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.facts import FactBase
-from pyinfra.api.host import Host
 
 from operations import host_scripts
-from operations.facts.host import Model, ModelSource, parse_model
-from operations.settings import Settings
+from operations.facts.host import Model, parse_model
 
 SCRIPT = "stage_model.py"
 
@@ -177,12 +175,3 @@ def local_model(path: str) -> Model:
     """ModelSource's answer for a directory on the controller: the same code (the staging
     script's describe: its scan and its link rule) and the same parser, run here."""
     return parse_model(script_module().describe(path))
-
-
-def source_model(host: Host, settings: Settings) -> Model:
-    """The model the deploy will stage: read where it is now (controller or target)."""
-    source = settings.source
-    if source.kind == "controller" and source.controller_dir is not None:
-        return local_model(source.controller_dir)
-    model: Model = host.get_fact(ModelSource, path=source.target_dir)
-    return model
