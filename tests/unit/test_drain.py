@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from operations import drain, host_scripts, kb, resolver
 from operations.settings import Settings
 from tests.unit.builders import facts, make_settings
@@ -87,6 +89,7 @@ def test_rank_units_stop_after_the_drain() -> None:
             assert stop is not None and int(stop.group(1)) > seconds
 
 
+@pytest.mark.integration
 def test_the_drain_script_reads_running_and_queued_requests_from_the_double(
     tmp_path: Path,
 ) -> None:

@@ -13,6 +13,8 @@ from scripts import fill_wheelhouse
 from tests.doubles import wheels
 from tests.e2e.index import LocalIndex
 
+pytestmark = pytest.mark.integration  # runs the wheelhouse script with uv against a local index
+
 
 @pytest.fixture
 def index(tmp_path: Path) -> Iterator[LocalIndex]:

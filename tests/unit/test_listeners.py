@@ -260,6 +260,7 @@ def run_wait(tmp_path: Path, user: str, url: str) -> subprocess.CompletedProcess
     )
 
 
+@pytest.mark.integration
 @root_only
 def test_a_port_held_by_another_user_is_sent_nothing_and_named(
     tmp_path: Path, listeners: Any
@@ -277,6 +278,7 @@ def test_a_port_held_by_another_user_is_sent_nothing_and_named(
     assert KEY not in proc.stdout + proc.stderr
 
 
+@pytest.mark.integration
 @root_only
 def test_the_service_users_listener_of_an_active_unit_gets_the_key(
     tmp_path: Path, listeners: Any
@@ -293,6 +295,7 @@ def test_the_service_users_listener_of_an_active_unit_gets_the_key(
     assert {r["auth"] for r in received} == {f"Bearer {KEY}"}
 
 
+@pytest.mark.integration
 @root_only
 def test_a_stopped_ranks_port_is_sent_nothing_even_by_status(
     tmp_path: Path, listeners: Any
@@ -313,6 +316,7 @@ def test_a_stopped_ranks_port_is_sent_nothing_even_by_status(
     )
 
 
+@pytest.mark.integration
 @root_only
 def test_through_the_router_nothing_is_sent_while_a_local_ranks_port_is_another_users(
     tmp_path: Path, listeners: Any
@@ -331,6 +335,7 @@ def test_through_the_router_nothing_is_sent_while_a_local_ranks_port_is_another_
     ) in proc.stdout, proc.stdout
 
 
+@pytest.mark.integration
 @root_only
 def test_the_health_wait_takes_no_200_from_another_users_listener(
     tmp_path: Path, listeners: Any
@@ -346,6 +351,7 @@ def test_the_health_wait_takes_no_200_from_another_users_listener(
     ) in proc.stdout, proc.stdout
 
 
+@pytest.mark.integration
 @root_only
 def test_the_health_wait_takes_a_200_from_the_service_users_listener(
     tmp_path: Path, listeners: Any

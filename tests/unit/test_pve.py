@@ -229,6 +229,7 @@ def test_ct_config_devices_parse_path_forms() -> None:
     assert config.devices() == {"dev0": "/dev/nvidia0", "dev7": "/dev/nvidiactl"}
 
 
+@pytest.mark.integration
 def test_a_sparse_model_file_cannot_size_the_nodes_memory(tmp_path: Path) -> None:
     """The attack: a container's model directory holds a sparse file that claims 1 TiB (du -sb
     inside the container said so, and a container's root may fake du). The GuestDriver fact's

@@ -27,6 +27,8 @@ from operations.facts.host import ModelSource, parse_model
 from operations.facts.model import local_model, script_module
 from tests.unit.shipped import script_path
 
+pytestmark = pytest.mark.integration  # runs the staging script and the hub CLI double
+
 sm = script_module()
 SECRET = "root-only-secret-9b2e"
 REVISION = "0123456789abcdef0123456789abcdef01234567"

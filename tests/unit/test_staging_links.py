@@ -18,6 +18,8 @@ import pytest
 from operations.facts.model import script_module
 from tests.unit.shipped import script_path
 
+pytestmark = pytest.mark.integration  # runs the staging script
+
 sm = script_module()
 SECRET = "root-only-secret-4f1c"
 

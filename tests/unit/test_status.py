@@ -448,6 +448,7 @@ def test_the_probe_is_one_round_trip_and_reports_what_each_rank_answered(
     assert st.exit_status([result]) == exit_status
 
 
+@pytest.mark.integration
 def test_the_cli_reports_an_unreachable_host_in_one_line(tmp_path: Path) -> None:
     path = write_inventory(tmp_path)
     run = [sys.executable, "-m", "operations.status", str(path)]
@@ -465,6 +466,7 @@ def test_the_cli_reports_an_unreachable_host_in_one_line(tmp_path: Path) -> None
     assert doc["hosts"]["@fake/ct200"]["healthy"] is True
 
 
+@pytest.mark.integration
 def test_a_host_with_invalid_settings_is_not_contacted(tmp_path: Path) -> None:
     path = tmp_path / "inventory.py"
     bad = {"model_source": "/srv/models/qwen", "dp_size": "eight", "fake_delay": 0}
@@ -478,6 +480,7 @@ def test_a_host_with_invalid_settings_is_not_contacted(tmp_path: Path) -> None:
     assert result.summary() == "ct200: not checked: settings: dp_size ..."
 
 
+@pytest.mark.integration
 def test_a_missing_inventory_is_exit_2() -> None:
     run = [sys.executable, "-m", "operations.status", "no/such/inventory.py"]
     proc = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=60)
