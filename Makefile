@@ -30,7 +30,7 @@ typecheck: $(BIN)/.synced
 # no process started), integration (unit tests that start pyinfra, uv, systemd-analyze or a host
 # script), unit (both), e2e (systemd containers over SSH). `make test` runs them all.
 fast: $(BIN)/.synced
-	$(BIN)/pytest -m "not e2e and not integration"
+	$(BIN)/python -m pytest -p tests.spawn_audit -m "not e2e and not integration"
 
 integration: $(BIN)/.synced
 	$(BIN)/pytest -m "integration and not e2e"
