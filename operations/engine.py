@@ -37,6 +37,7 @@ import os
 import re
 import shlex
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -50,7 +51,7 @@ from pyinfra.api.command import (
 )
 from pyinfra.api.deploy import deploy
 from pyinfra.api.host import Host
-from pyinfra.api.operation import operation
+from pyinfra.api.operation import OperationMeta, operation
 from pyinfra.api.state import State
 from pyinfra.context import host
 from pyinfra.context import state as pyinfra_state
@@ -459,8 +460,17 @@ def prune(
 # -- the step -------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class EngineStep:
+    """What later steps need: where the engine is, and whether `current` moved in this run."""
+
+    spec: EngineSpec
+    path: str
+    switched: OperationMeta
+
+
 @deploy("Engine")
-def _engine_deploy(report: HostReport) -> None:
+def _engine_deploy(report: HostReport) -> EngineStep:
     s = report.settings
     spec = report.plan.engine
     if spec is None:
@@ -493,8 +503,9 @@ def _engine_deploy(report: HostReport) -> None:
         _install(s, spec, driver, controller_lock, state)
     elif not os.path.isfile(controller_lock):
         _fetch_lock(s, spec, controller_lock)
-    # The fact read above, passed on: read again, it would cost a round trip per operation.
-    switch(
+    # The fact read above, passed on: read again, it would cost a round trip per operation
+    # and one more for `switched.will_change`, which the serve step asks.
+    switched = switch(
         name=f"Engine: current -> {spec.name}", engine_root=root, env_name=spec.name, state=state
     )
     prune(
@@ -514,11 +525,11 @@ def _engine_deploy(report: HostReport) -> None:
         ),
         state=state,
     )
+    return EngineStep(spec, EngineTree(root).current, switched)
 
 
-# @deploy types every call as returning OperationMeta; this step returns nothing (a rank
-# restarts when its unit, which names the engine environment by path, changes: roll.py).
-install_engine = cast(Callable[[HostReport], None], _engine_deploy)
+# @deploy types every call as returning OperationMeta; this step returns an EngineStep.
+install_engine = cast(Callable[[HostReport], EngineStep], _engine_deploy)
 
 
 def _compiler(s: Settings, spec: EngineSpec, state: EngineHost) -> None:

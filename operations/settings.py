@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from pyinfra.api.host import Host
 
@@ -28,9 +28,24 @@ if TYPE_CHECKING:
 SCHEMA_PATH = Path(__file__).parent / "settings.schema.json"
 
 
+# One setting's entry in settings.schema.json, the keys read here (jsonschema reads them all).
+PropertySchema = TypedDict(
+    "PropertySchema",
+    {"type": str | list[str], "default": Any, "description": str, "x-accepts": str},
+    total=False,
+)
+
+
+class SettingsSchema(TypedDict):
+    """settings.schema.json, as this module and its tests read it."""
+
+    required: list[str]
+    properties: dict[str, PropertySchema]
+
+
 @cache
-def schema() -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads(SCHEMA_PATH.read_text())
+def schema() -> SettingsSchema:
+    loaded: SettingsSchema = json.loads(SCHEMA_PATH.read_text())
     return loaded
 
 
@@ -214,7 +229,9 @@ def _merge(layers: Iterable[Layer]) -> tuple[dict[str, Any], dict[str, str]]:
     return merged, origins
 
 
-def _describe(error: jsonschema.ValidationError, props: Mapping[str, Any]) -> tuple[str, str]:
+def _describe(
+    error: jsonschema.ValidationError, props: Mapping[str, PropertySchema]
+) -> tuple[str, str]:
     """(key, what is accepted) for one schema error."""
     if error.validator == "required":
         missing = str(error.message).split("'")[1]
@@ -229,7 +246,7 @@ def _describe(error: jsonschema.ValidationError, props: Mapping[str, Any]) -> tu
 def load(host_name: str, layers: list[Layer]) -> Settings:
     """Merge the layers, validate, apply defaults; raise SettingsError listing every problem."""
     merged, origins = _merge(layers)
-    props: dict[str, Any] = schema()["properties"]
+    props = schema()["properties"]
     ours = {k: v for k, v in merged.items() if k in props}
     problems: list[str] = []
 
