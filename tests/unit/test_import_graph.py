@@ -165,3 +165,9 @@ def test_no_import_circles() -> None:
     assert not found, "import circles in operations/ (every import counts):\n" + "\n".join(
         " <-> ".join(members) for members in found
     )
+
+
+def test_the_vocabulary_imports_nothing_of_the_package() -> None:
+    """The plan's words (operations/vocabulary.py) are what every plan module may import: were
+    it to import one of them, the circle would be back one step removed."""
+    assert graph()["operations.vocabulary"] == set()
