@@ -6,7 +6,7 @@ UV_VERSION := 0.13.9
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint typecheck fast integration unit e2e bench clean
+.PHONY: demo test lint typecheck unit e2e bench clean
 
 # Bytecode at install: every pyinfra run imports ~500 modules, and where .pyc files are never
 # written (PYTHONDONTWRITEBYTECODE, a read-only checkout) compiling them costs ~0.7 s a run.
@@ -29,6 +29,7 @@ typecheck: $(BIN)/.synced
 # The layers (docs/architecture.md, "Tests, by layer"): fast (pure logic and pyinfra fixtures,
 # no process started), integration (unit tests that start pyinfra, uv, systemd-analyze or a host
 # script), unit (both), e2e (systemd containers over SSH). `make test` runs them all.
+.PHONY: fast integration
 fast: $(BIN)/.synced
 	$(BIN)/python -m pytest -p tests.spawn_audit -m "not e2e and not integration"
 

@@ -13,8 +13,6 @@ from scripts import fill_wheelhouse
 from tests.doubles import wheels
 from tests.e2e.index import LocalIndex
 
-pytestmark = pytest.mark.integration  # runs the wheelhouse script with uv against a local index
-
 
 @pytest.fixture
 def index(tmp_path: Path) -> Iterator[LocalIndex]:
@@ -45,6 +43,9 @@ def lock_for(index: LocalIndex, tmp_path: Path, bad: str | None = None) -> Path:
     lock = tmp_path / "engine.lock"
     lock.write_text("\n".join(lines))
     return lock
+
+
+pytestmark = pytest.mark.integration  # runs the wheelhouse script with uv against a local index
 
 
 def test_every_locked_wheel_lands_checked(index: LocalIndex, tmp_path: Path) -> None:
