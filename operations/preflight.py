@@ -67,10 +67,31 @@ def model_bytes(settings: Settings, kb: Knowledge, measured: int | None) -> int 
     return measured
 
 
-def memory_needed(settings: Settings, size: int) -> int:
-    """The container memory limit a deploy needs: the model staged in tmpfs (its pages count
-    against the limit) plus dp_size ranks of ram_per_rank_gb. pve.py sizes the container by it."""
+# pve-container sets memory.high below the configured memory (memory.max): 128 MiB below it from
+# 16 GiB up, 1016/1024 of it below 16 GiB (proxmox/pve-container src/PVE/LXC/Config.pm,
+# calculate_memory_constraints). Above memory.high the container is throttled and reclaimed hard.
+HIGH_MARGIN = 128 * 1024**2
+HIGH_MARGIN_FROM = 16 * GIB
+
+
+def memory_high(limit: int) -> int:
+    """The memory.high pve-container derives from a container memory (memory.max) of limit bytes."""
+    return limit - HIGH_MARGIN if limit >= HIGH_MARGIN_FROM else limit * 1016 // 1024
+
+
+def memory_in_use(settings: Settings, size: int) -> int:
+    """What the deploy keeps in the container's memory: the model staged in tmpfs (its pages count
+    against the limit) plus dp_size ranks of ram_per_rank_gb."""
     return size + settings.dp_size * ram_per_rank(settings)
+
+
+def memory_needed(settings: Settings, size: int) -> int:
+    """The smallest container memory limit (memory.max) whose memory.high still holds
+    memory_in_use: pve.py sizes the container by it, preflight judges the container by it."""
+    use = memory_in_use(settings, size)
+    if use + HIGH_MARGIN >= HIGH_MARGIN_FROM:
+        return use + HIGH_MARGIN
+    return -(-use * 1024 // 1016)
 
 
 def stage_room(
@@ -276,7 +297,8 @@ def check(
             fail(
                 "container memory",
                 f">= {_gib(needed)} (model {_gib(size)} in tmpfs + {s.dp_size} ranks x "
-                f"{_gib(ram_per_rank(s))}, ram_per_rank_gb)",
+                f"{_gib(ram_per_rank(s))}, ram_per_rank_gb, + Proxmox's 128 MiB memory.high "
+                "margin)",
                 _gib(limit),
                 "raise the container's memory limit (pct set CTID --memory MiB): /dev/shm "
                 "pages count against it",
