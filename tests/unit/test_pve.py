@@ -379,3 +379,54 @@ def test_ram_per_rank_below_sglangs_host_use_is_warned() -> None:
     assert any("ram_per_rank_gb = 1 (set in" in w for w in low.warnings), low.warnings
     assert "warning: ram_per_rank_gb" in summary("ct200", low)
     assert planned(facts()).warnings == []
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_pve_demo_previews_a_simulated_node_and_refuses_a_real_run() -> None:
+    """`make pve-demo`: pve.py's real facts and plan over pyinfra's @fake connector answering as
+    CT200's node (tests/doubles/pve_node.py); a run without --dry is refused up front."""
+    pyinfra = str(REPO / ".venv" / "bin" / "pyinfra")
+    dry = subprocess.run(
+        [pyinfra, "inventory/pve_demo.py", "pve.py", "--dry"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = dry.stdout + dry.stderr
+    assert dry.returncode == 0, out
+    assert "--dev0 /dev/nvidia0,mode=0666" in out and "--dev9 /dev/nvidia-uvm,mode=0666" in out
+    assert "write, enable, start nvidia-uvm-nodes.service on the node" in out, out
+    assert "Traceback" not in out
+    real = subprocess.run(
+        [pyinfra, "-y", "inventory/pve_demo.py", "pve.py"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert real.returncode != 0
+    assert "simulates a Proxmox node: run it with --dry" in real.stderr, real.stderr
+    assert "Traceback" not in real.stdout + real.stderr
+
+
+def test_an_unreachable_node_is_named_as_the_node(caplog: pytest.LogCaptureFixture) -> None:
+    """pyinfra logs "[ct200] Could not connect (...)" (Host.connect) under the inventory name,
+    which for pve.py is the container's: the message names the node and what to check."""
+    import logging
+
+    from operations.pve import name_the_node_on_connect_errors
+
+    name_the_node_on_connect_errors("ct9", "root@pve9", "PVE_HOST=pve9: check it")
+    log = logging.getLogger("pyinfra")
+    with caplog.at_level(logging.ERROR, logger="pyinfra"):
+        log.error("[\x1b[1mct9\x1b[0m] \x1b[31mCould not connect (Errno 111)\x1b[0m")
+        log.error("[ct8] Could not connect (Errno 111)")
+    first, other = (r.getMessage() for r in caplog.records)
+    assert first == (
+        "[ct9] the Proxmox node root@pve9 (where pve.py runs pct for ct9): "
+        "Could not connect (Errno 111); PVE_HOST=pve9: check it"
+    ), first
+    assert other == "[ct8] Could not connect (Errno 111)"
