@@ -106,8 +106,9 @@ def stage_room(
     limit = resources.memory_limit_bytes
     ranks = settings.dp_size * ram_per_rank(settings)
     need = int(copy_bytes * STAGE_HEADROOM)
+    # Both copies and the ranks must fit under memory.high, as memory_needed's rule does.
     in_memory = current_bytes + copy_bytes + ranks
-    if (free is None or free >= need) and (limit is None or limit >= in_memory):
+    if (free is None or free >= need) and (limit is None or memory_high(limit) >= in_memory):
         return StageRoom("beside", copy_bytes, f"{_gib(copy_bytes)} to copy, {_gib(free)} free")
     beside_why = (
         f"{_gib(need)} needed beside the current copy ({_gib(current_bytes)}), "

@@ -192,7 +192,11 @@ def test_before_pve_8_1_raw_lxc_lines_with_the_node_majors(node: Container, tmp_
     fixture = node.root / "etc/pve-double/pveversion.txt"
     fixture.write_text((FIXTURES / "pveversion-7.4.txt").read_text())
     try:
-        write_config(node, 201, bare(201))
+        # nvidia-uvm's major of an earlier driver (505: no driver holds it in /proc/devices).
+        stale = "lxc.cgroup2.devices.allow: c 505:* rwm"
+        write_config(
+            node, 201, bare(201).replace("bind,create=file\n", f"bind,create=file\n{stale}\n", 1)
+        )
         run = pve(tmp_path, node, {"pve_ctid": 201})
         assert run.rc == 0, run.output
         text = read_config(node, 201)
@@ -212,6 +216,8 @@ def test_before_pve_8_1_raw_lxc_lines_with_the_node_majors(node: Container, tmp_
             assert line in main.splitlines(), text
         assert "dev0:" not in text
         assert "lxc.cgroup2.devices.allow: c 195:* rwm" not in text
+        # Replaced, not kept beside the new major.
+        assert stale not in text and text.count("c 510:* rwm") == 1, text
         assert "[before-gpus]\n" + section == SNAPSHOT_SECTION.format(ctid=201)
         converged = node.snapshot(SNAPSHOT)
         again = pve(tmp_path, node, {"pve_ctid": 201})

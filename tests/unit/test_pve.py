@@ -430,3 +430,23 @@ def test_an_unreachable_node_is_named_as_the_node(caplog: pytest.LogCaptureFixtu
         "Could not connect (Errno 111); PVE_HOST=pve9: check it"
     ), first
     assert other == "[ct8] Could not connect (Errno 111)"
+
+
+def test_the_raw_line_edit_removes_and_adds_in_the_main_section_only(tmp_path: Path) -> None:
+    """ct_config's perl edit, run for real on a config file: the stale line goes from the main
+    section (inner spacing aside), the same line in a snapshot section stays, the new line comes
+    at the end of the main section, every other byte is kept."""
+    import shlex
+
+    from operations.pve import _EDIT_LINES
+
+    conf = tmp_path / "200.conf"
+    main = "arch: amd64\nlxc.cgroup2.devices.allow: c  505:* rwm\nswap: 0\n"
+    snapshot = "\n[before]\nlxc.cgroup2.devices.allow: c 505:* rwm\n"
+    conf.write_text(main + snapshot)
+    args = ["-lxc.cgroup2.devices.allow: c 505:* rwm", "+lxc.cgroup2.devices.allow: c 510:* rwm"]
+    script = " ".join(shlex.quote(a) for a in ["perl", "-e", _EDIT_LINES, str(conf), *args])
+    subprocess.run(["sh", "-c", script], check=True)
+    assert conf.read_text() == (
+        "arch: amd64\nswap: 0\nlxc.cgroup2.devices.allow: c 510:* rwm\n" + snapshot
+    )
