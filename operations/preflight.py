@@ -85,6 +85,24 @@ def memory_in_use(settings: Settings, size: int) -> int:
     return size + settings.dp_size * ram_per_rank(settings)
 
 
+# SGLang's host memory per server beside the weights, as docs/model.md ("Host memory per rank")
+# derives it: the default of ram_per_rank_gb; a value below it is warned about.
+RAM_PER_RANK_FLOOR_GB = 4.0
+
+
+def ram_per_rank_warning(settings: Settings) -> str | None:
+    """The plan's warning when ram_per_rank_gb is below RAM_PER_RANK_FLOOR_GB (pve.py's plan and
+    the container's both show it)."""
+    if settings.ram_per_rank_gb >= RAM_PER_RANK_FLOOR_GB:
+        return None
+    return (
+        f"ram_per_rank_gb = {settings.ram_per_rank_gb:g} (set in "
+        f"{settings.origin('ram_per_rank_gb')}) is below {RAM_PER_RANK_FLOOR_GB:g} GiB, SGLang's "
+        "host memory per server beside the weights (docs/model.md): ranks may be throttled at "
+        "memory.high or OOM-killed"
+    )
+
+
 def memory_needed(settings: Settings, size: int) -> int:
     """The smallest container memory limit (memory.max) whose memory.high still holds
     memory_in_use: pve.py sizes the container by it, preflight judges the container by it."""

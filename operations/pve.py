@@ -78,9 +78,6 @@ DRIVER_CACHE = layout.PVE_DRIVER_CACHE
 # nodes on the Proxmox node", says why this and not a gid=.
 DEVICE_MODE = "0666"
 UVM_UNIT_TEMPLATE = "nvidia-uvm-nodes.service.j2"
-# SGLang's host-side memory per server beside the weights (docs/model.md, "Host memory per
-# rank"): below it, the plan warns.
-RAM_PER_RANK_FLOOR_GB = 4.0
 
 
 @dataclass(frozen=True)
@@ -403,12 +400,8 @@ def plan(host_name: str, settings: Settings, kb: Knowledge, facts: PveFacts) -> 
         return result
     need = preflight.memory_needed(s, size)
     need_mib = math.ceil(need / MIB)
-    if s.ram_per_rank_gb < RAM_PER_RANK_FLOOR_GB:
-        result.warnings.append(
-            f"ram_per_rank_gb = {s.ram_per_rank_gb:g} (set in {s.origin('ram_per_rank_gb')}) is "
-            f"below {RAM_PER_RANK_FLOOR_GB:g} GiB, SGLang's host memory per server beside the "
-            "weights (docs/model.md); ranks may be throttled at memory.high or OOM-killed"
-        )
+    if (low := preflight.ram_per_rank_warning(s)) is not None:
+        result.warnings.append(low)
     current = _int(facts.config.get("memory"), DEFAULT_MEMORY_MIB)
     rule = (
         f"model {size / 1024**3:.1f} GiB in tmpfs ({sources}) + {s.dp_size} ranks x "

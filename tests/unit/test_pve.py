@@ -450,3 +450,15 @@ def test_the_raw_line_edit_removes_and_adds_in_the_main_section_only(tmp_path: P
     assert conf.read_text() == (
         "arch: amd64\nswap: 0\nlxc.cgroup2.devices.allow: c 510:* rwm\n" + snapshot
     )
+
+
+def test_the_container_plan_warns_about_low_ram_per_rank_too(tmp_path: Path) -> None:
+    """The same warning in the container's plan (host_plan.decide), from the one function."""
+    from operations.facts.serve import Serving
+    from tests.unit.test_host_report import gathered, report, staging
+
+    facts = gathered(Serving(), staging(None))
+    low = report(make_settings(ram_per_rank_gb=0.5), facts).plan.warnings
+    assert any("ram_per_rank_gb = 0.5 (set in" in w for w in low), low
+    default = report(make_settings(), facts).plan.warnings
+    assert not any("ram_per_rank_gb" in w for w in default), default
