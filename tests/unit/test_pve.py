@@ -462,3 +462,26 @@ def test_the_container_plan_warns_about_low_ram_per_rank_too(tmp_path: Path) -> 
     assert any("ram_per_rank_gb = 0.5 (set in" in w for w in low), low
     default = report(make_settings(), facts).plan.warnings
     assert not any("ram_per_rank_gb" in w for w in default), default
+
+
+def test_the_uvm_boot_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
+    import shutil
+
+    analyze = shutil.which("systemd-analyze")
+    assert analyze, "systemd-analyze is part of systemd (Debian: apt-get install systemd)"
+    modprobe = tmp_path / "nvidia-modprobe"
+    modprobe.write_text("#!/bin/sh\n")
+    modprobe.chmod(0o755)
+    text = planned(facts(node_unit=NodeUnitState(modprobe=str(modprobe)))).unit_text
+    (tmp_path / "nvidia-uvm-nodes.service").write_text(text)
+    (tmp_path / "pve-guests.service").write_text(
+        (REPO / "tests/doubles/pve-guests.service").read_text()
+    )
+    proc = subprocess.run(
+        [analyze, "verify", "--man=no", "./nvidia-uvm-nodes.service"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0 and not proc.stderr.strip(), proc.stderr
