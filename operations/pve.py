@@ -162,16 +162,21 @@ def usable_entry(entry: DevEntry) -> DevEntry:
 
 def dev_options(config: CtConfig, nodes: list[str]) -> list[tuple[str, str]]:
     """devN options: an entry at the lowest free N for each node no devN entry passes yet, and
-    the existing entry of a node rewritten where it lacks mode=DEVICE_MODE or denies writes."""
+    the existing entry of a node rewritten where it lacks mode=DEVICE_MODE or denies writes
+    (capability nodes aside: those stay as Proxmox makes them)."""
     present = config.device_entries()
     by_path = {e.path: k for k, e in present.items()}
     free = (f"dev{i}" for i in range(MAX_DEVICES) if f"dev{i}" not in present)
     out = []
     for node in nodes:
         key = by_path.get(node)
+        # The capability nodes gate privileged actions (mig-config: create and destroy MIG
+        # instances; NVIDIA MIG User Guide, "Device Nodes and Capabilities"): passed as Proxmox
+        # makes them, never widened; a rank does not need them.
+        caps = layout.is_caps_node(node)
         if key is None:
-            out.append((next(free), DevEntry(node, {"mode": DEVICE_MODE}).text()))
-        elif (fixed := usable_entry(present[key])) != present[key]:
+            out.append((next(free), node if caps else DevEntry(node, {"mode": DEVICE_MODE}).text()))
+        elif not caps and (fixed := usable_entry(present[key])) != present[key]:
             out.append((key, fixed.text()))
     return out
 

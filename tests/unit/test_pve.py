@@ -485,3 +485,13 @@ def test_the_uvm_boot_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None
         timeout=60,
     )
     assert proc.returncode == 0 and not proc.stderr.strip(), proc.stderr
+
+
+def test_capability_nodes_are_passed_but_never_widened() -> None:
+    """The capability nodes gate privileged actions (mig-config): no mode=0666 for them."""
+    config = [*BARE, "dev0: /dev/nvidia-caps/nvidia-cap1"]
+    result = planned(facts(config=config, devices=node_devices(gpus=1, caps=True)), gpu_count=1)
+    devs = dict(o for o in result.options if o[0].startswith("dev"))
+    assert "dev0" not in devs, devs
+    assert "/dev/nvidia-caps/nvidia-cap2" in devs.values(), devs
+    assert devs["dev1"] == "/dev/nvidia0,mode=0666", devs
