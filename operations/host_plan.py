@@ -202,6 +202,8 @@ def decide(
     drain, drained, drain_warnings = drainmod.decide(host_name, settings, everyone, knowledge)
     plan.decisions.append(drained)
     plan.warnings.extend(drain_warnings)
+    if (low_ram := preflight.ram_per_rank_warning(settings)) is not None:
+        plan.warnings.append(low_ram)
     watched, watched_decision = monitoring.decide(host_name, settings)
     plan.decisions.append(watched_decision)
     decision = None

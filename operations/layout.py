@@ -18,6 +18,8 @@ UNIT_DIR = "/etc/systemd/system"
 TARGET = "sglang.target"
 ROUTER_UNIT = "sglang-router.service"
 STAGE_UNIT = "sglang-stage-model.service"
+# On the Proxmox node (pve.py): makes the UVM device nodes at every boot, before pve-guests.
+NODE_UVM_UNIT = "nvidia-uvm-nodes.service"
 RANK_UNIT_GLOB = "sglang@*.service"
 _RANK_UNIT = re.compile(r"^sglang@(\d+)\.service$")
 

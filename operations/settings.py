@@ -166,6 +166,7 @@ class Settings:
     deploy_lock_wait_s: int
     pve_ctid: int | None
     pve_restart: bool
+    pve_nesting: bool
     pve_install_driver: bool
     pve_driver_url: str
     pve_driver_hashes: Mapping[str, str]
