@@ -9,7 +9,7 @@ behind the plain `--api-key` check, which lets everything through when no key is
 (src/server.rs:641-656; src/middleware.rs:114-148). The control-plane check wants
 `Authorization: Bearer KEY` and answers 401 without it or for a wrong key, 403 for a key of
 role `user` (src/auth/middleware.rs:214-361; keys kept as SHA-256, compared in constant time,
-src/auth/config.rs:143-257). A worker added through `POST /workers` is then sent client
+src/auth/config.rs:123-237). A worker added through `POST /workers` is then sent client
 requests with the client's own `Authorization` header (src/routers/header_utils.rs:207-219,
 src/routers/http/router.rs:544-557): an open control plane hands a stranger every client's
 bearer key. So the router always starts with one admin key (files/router_launch.py reads it

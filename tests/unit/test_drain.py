@@ -121,7 +121,7 @@ class ControlPlane:
     """A double of sglang-router 0.3.2's worker API behind its control-plane check: `GET/POST
     /workers`, `DELETE /workers/{id}` answer 401 unless `Authorization: Bearer KEY`
     (src/auth/middleware.rs:214-361, src/server.rs:634-656; the POST and DELETE are queued jobs
-    answered 202, src/core/worker_service.rs:226-259). `key=None`: the router as started
+    answered 202, src/core/worker_service.rs:225-259). `key=None`: the router as started
     before, with no key (the middleware lets everything through, src/middleware.rs:114-148)."""
 
     def __init__(self, key: str | None) -> None:
@@ -323,13 +323,12 @@ def test_the_router_unit_loads_the_key_as_a_credential_and_no_key_is_in_it() -> 
 def test_a_router_release_without_control_plane_keys_is_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from operations.resolver import router as routermod
-
     table = kb.load_cli_table("sglang-router", "0.3.2")
     assert table is not None
     options = {k: v for k, v in table.options.items() if k != "--control-plane-api-keys"}
     bare = dataclasses.replace(table, options=options)
-    monkeypatch.setattr(routermod.kbmod, "load_cli_table", lambda *_: bare)
+    # resolver/router.py asks the kb package for the table (kbmod.load_cli_table).
+    monkeypatch.setattr(kb, "load_cli_table", lambda *_: bare)
     s = with_router()
     router = resolver.resolve_router(s, "ct200", [("ct200", s)])
     assert any("has no --control-plane-api-keys" in e for e in router.errors), router.errors
