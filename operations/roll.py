@@ -241,7 +241,7 @@ def serve_plan(
     secret_changed = secret is not None and serving.files.get(layout.SECRETS_FILE) != sha256(secret)
     roll = roll_plan(ranks, serving, s.restart_batch_size, secret_changed)
     router_restart = router is not None and router_restarts(
-        serving, router, router_key_changes(s, serving.files)
+        serving, router, router_key_changes(s, serving.files, runs_router=True)
     )
 
     batch_smoke: list[SmokeRequests | None] = []

@@ -510,7 +510,7 @@ def _control_plane_key(report: HostReport, serving: Serving) -> None:
     router.control_plane_key_file, or, unset, one generated here once with the CSPRNG
     (`secrets`) and kept. Root only: systemd hands the router unit a copy (LoadCredential=)."""
     s = report.settings
-    if s.router is None or not router_key_changes(s, serving.files):
+    if not router_key_changes(s, serving.files, runs_router=report.router is not None):
         return
     text = control_key_text(s)
     put_file(

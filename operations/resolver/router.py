@@ -65,14 +65,15 @@ def control_key_text(settings: Settings) -> str | None:
     return Path(router.control_plane_key_file).expanduser().read_text().strip() + "\n"
 
 
-def key_changes(settings: Settings, files: dict[str, str]) -> bool:
+def key_changes(settings: Settings, files: dict[str, str], runs_router: bool) -> bool:
     """Whether this run writes the control-plane key on this host: the controller's key is not
-    the one there, or (generated) there is none yet. `files`: the ServingState fact's sha256s."""
+    the one there, or (generated, on the router's own host only) there is none yet. `files`:
+    the ServingState fact's sha256s."""
     if settings.router is None:
         return False
     text = control_key_text(settings)
     if text is None:
-        return layout.CONTROL_PLANE_KEY_FILE not in files
+        return runs_router and layout.CONTROL_PLANE_KEY_FILE not in files
     return files.get(layout.CONTROL_PLANE_KEY_FILE) != hashlib.sha256(text.encode()).hexdigest()
 
 

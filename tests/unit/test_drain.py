@@ -352,14 +352,19 @@ def test_the_key_is_written_once_or_when_the_controllers_changes(tmp_path: Path)
     from operations.resolver.router import key_changes
 
     generated = with_router()
-    assert key_changes(generated, {}) is True  # none yet: generated this run
-    assert key_changes(generated, {CONTROL_PLANE_KEY_FILE: "ab" * 32}) is False  # kept
+    assert key_changes(generated, {}, runs_router=True) is True  # none yet: generated this run
+    assert key_changes(generated, {CONTROL_PLANE_KEY_FILE: "ab" * 32}, True) is False  # kept
+    assert key_changes(generated, {}, runs_router=False) is False  # never on another host
     key_file = tmp_path / "key"
     key_file.write_text(KEY + "\n")
     given = with_router(control_plane_key_file=str(key_file))
-    assert key_changes(given, {CONTROL_PLANE_KEY_FILE: sha256(KEY + "\n")}) is False
-    assert key_changes(given, {CONTROL_PLANE_KEY_FILE: "ab" * 32}) is True  # rotated
-    assert key_changes(make_settings(), {}) is False  # no router
+    for runs_router in (True, False):  # the controller's key: on every host behind the router
+        assert (
+            key_changes(given, {CONTROL_PLANE_KEY_FILE: sha256(KEY + "\n")}, runs_router) is False
+        )
+        assert key_changes(given, {CONTROL_PLANE_KEY_FILE: "ab" * 32}, runs_router) is True
+        assert key_changes(given, {}, runs_router) is True
+    assert key_changes(make_settings(), {}, runs_router=True) is False  # no router
 
 
 def test_open_binds_are_warned_about() -> None:
