@@ -380,3 +380,24 @@ def test_open_binds_are_warned_about() -> None:
     assert open_binds(with_router(bind="127.0.0.1"), "ct200") == []
     assert open_binds(dataclasses.replace(wide, api_key_file="/k"), "ct200") == []
     assert open_binds(s, "ct201") == []  # the router's bind is its own host's warning
+
+
+def test_a_bad_control_plane_key_file_is_one_line_naming_the_setting(tmp_path: Path) -> None:
+    from operations.settings import controller_problems
+
+    def problems(text: str | None) -> list[str]:
+        path = tmp_path / "cp-key"
+        path.unlink(missing_ok=True)
+        if text is not None:
+            path.write_text(text)
+        return controller_problems("ct200", with_router(control_plane_key_file=str(path)))
+
+    assert problems(KEY + "\n") == []
+    for text, why in (
+        (None, "no such file on the controller"),
+        ("short\n", "shorter than 16 characters"),
+        ("two words in one key here\n", "whitespace or control characters"),
+    ):
+        found = problems(text)
+        assert len(found) == 1 and "router.control_plane_key_file" in found[0], found
+        assert why in found[0] and "\n" not in found[0]
