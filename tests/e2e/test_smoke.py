@@ -132,6 +132,9 @@ def test_two_hosts_behind_the_router_answer_and_every_rank_is_reached(
     key_file = tmp_path / "api-key"
     key_file.write_text(API_KEY + "\n")
     router = {"host": a.name, "port": ROUTER_PORT, "bind": a.address, "policy": "round_robin"}
+    # Two hosts behind one router: both drains send the control-plane key from this file.
+    (tmp_path / "cp-key").write_text("cp-smoke-test-key-5e6f7a8b9c0d\n")
+    router["control_plane_key_file"] = str(tmp_path / "cp-key")
     common = {"router": router, "api_key_file": str(key_file)}
     data = {a: base_data(a, indexes, **common), b: base_data(b, indexes, **common)}
     run = deploy(tmp_path, data)
