@@ -36,9 +36,10 @@ It behaves like the real server where a deploy can observe it, with the standard
   joined by `+` in the last user message, "What is 317 + 425? Reply with the number only.") is
   answered with the sum, as a model that computes right does; any other prompt gets a fixed
   greeting. With thinking not disabled (`chat_template_kwargs` without `"enable_thinking":
-  false`) it answers as a Qwen3 model does by default: SGLang treats the qwen3 reasoning parser's
-  models as "thinking by default, and can be disabled by setting enable_thinking=False"
-  (serving_chat.py, 0.5.11 wheel line 1396), their output is `(<think>)*(.*)</think>`
+  false`) it answers as a Qwen3 model does by default: SGLang's comment on the qwen3 reasoning
+  parser's models reads "Models that thinking by default, and can be disabled by setting
+  enable_thinking=False" (serving_chat.py _get_reasoning_from_request, 0.5.11 wheel lines
+  1396-1397), their output is `(<think>)*(.*)</think>`
   (parser/reasoning_parser.py, Qwen3Detector), and no answer comes within the smoke's few tokens:
   the content is an unfinished <think> block, finish_reason "length".
 
