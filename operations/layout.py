@@ -18,6 +18,8 @@ UNIT_DIR = "/etc/systemd/system"
 TARGET = "sglang.target"
 ROUTER_UNIT = "sglang-router.service"
 STAGE_UNIT = "sglang-stage-model.service"
+# On the Proxmox node (pve.py): makes the UVM device nodes at every boot, before pve-guests.
+NODE_UVM_UNIT = "nvidia-uvm-nodes.service"
 RANK_UNIT_GLOB = "sglang@*.service"
 _RANK_UNIT = re.compile(r"^sglang@(\d+)\.service$")
 
@@ -52,6 +54,12 @@ WAIT_SCRIPT = f"{SCRIPT_DIR}/wait_healthy.py"
 STAGE_SCRIPT = f"{SCRIPT_DIR}/stage_model.py"
 SMOKE_SCRIPT = f"{SCRIPT_DIR}/smoke.py"
 ROUTER_WORKERS_SCRIPT = f"{SCRIPT_DIR}/router_workers.py"
+# The router's control-plane key (root only, mode 600): systemd hands it to the router unit as
+# the credential CONTROL_PLANE_CREDENTIAL (LoadCredential=), the launcher reads it from there
+# and the drain script from here (docs/security.md "The router's control plane").
+CONTROL_PLANE_KEY_FILE = f"{CONFIG_DIR}/router-control-plane.key"
+CONTROL_PLANE_CREDENTIAL = "control-plane-key"
+ROUTER_LAUNCH_SCRIPT = f"{SCRIPT_DIR}/router_launch.py"
 ROUTER_MARKER = ".sglang-deploy-complete"
 
 # Monitoring: a Prometheus file_sd targets file and a Grafana dashboard (operations/monitoring.py).

@@ -28,6 +28,7 @@ from operations.drain import DrainPlan
 from operations.facts.serve import Serving, referenced_models
 from operations.host_files import sha256
 from operations.resolver import Rank, RouterPlan
+from operations.resolver.router import key_changes as router_key_changes
 from operations.settings import Settings
 from operations.vocabulary import ServeJson, SmokeJson  # the plan's words (re-exported)
 
@@ -90,13 +91,15 @@ def secrets_text(settings: Settings) -> str | None:
     return f"api-key: {json.dumps(key)}\n"
 
 
-def router_restarts(serving: Serving, plan: RouterPlan) -> bool:
+def router_restarts(serving: Serving, plan: RouterPlan, key_changes: bool = False) -> bool:
     """Whether the serve step (re)starts the router this run: its environment is not installed,
-    its unit text is new, or it is not active."""
+    its unit text is new, it is not active, or its control-plane key is written this run
+    (`key_changes`, resolver/router.py)."""
     unit = serving.files.get(layout.unit_path(layout.ROUTER_UNIT))
     router = serving.router
     installed = f"{plan.env_dir}/{layout.ROUTER_MARKER}" in serving.files
-    return unit != sha256(plan.unit) or router is None or router.active != "active" or not installed
+    stale = unit != sha256(plan.unit) or key_changes
+    return stale or router is None or router.active != "active" or not installed
 
 
 def smoke_targets(
@@ -216,7 +219,9 @@ def serve_plan(
     secret = secrets_text(s)
     secret_changed = secret is not None and serving.files.get(layout.SECRETS_FILE) != sha256(secret)
     roll = roll_plan(ranks, serving, s.restart_batch_size, secret_changed)
-    router_restart = router is not None and router_restarts(serving, router)
+    router_restart = router is not None and router_restarts(
+        serving, router, router_key_changes(s, serving.files, runs_router=True)
+    )
 
     batch_smoke: list[SmokeRequests | None] = []
     for batch in roll.batches:

@@ -130,6 +130,10 @@ class Router:
     # Where the router serves its Prometheus metrics (on `bind`) [29000 on 0.0.0.0]: written on
     # its command line, listed in the Prometheus targets file (operations/monitoring.py).
     metrics_port: int = 29000
+    # The control-plane key (worker add/remove, sglang-router's --control-plane-api-keys) on the
+    # controller, written to every host behind the router; None: generated once on the router's
+    # host (one host only). docs/security.md "The router's control plane".
+    control_plane_key_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -181,6 +185,7 @@ class Settings:
     deploy_lock_wait_s: int
     pve_ctid: int | None
     pve_restart: bool
+    pve_nesting: bool
     pve_install_driver: bool
     pve_driver_url: str
     pve_driver_hashes: Mapping[str, str]
@@ -490,6 +495,7 @@ def controller_problems(host_name: str, settings: Settings) -> list[str]:
     """Checks of files on the controller (the API key, the wheelhouse): part of every
     inventory load."""
     problems = _wheelhouse_problems(host_name, settings) + _pin_problems(host_name, settings)
+    problems += _control_plane_key_problems(host_name, settings)
     if not settings.api_key_file:
         return problems
     path = Path(settings.api_key_file).expanduser()
@@ -512,6 +518,30 @@ def controller_problems(host_name: str, settings: Settings) -> list[str]:
         else:
             return problems
     return [*problems, f"{where}; {why}; accepted: a readable file holding one non-empty API key"]
+
+
+def _control_plane_key_problems(host_name: str, settings: Settings) -> list[str]:
+    """router.control_plane_key_file: a readable file of one key the router's parser takes."""
+    name = settings.router.control_plane_key_file if settings.router is not None else None
+    if not name:
+        return []
+    where = f"{host_name}: router.control_plane_key_file = {name!r} (set in "
+    where += f"{settings.origin('router')})"
+    try:
+        key = Path(name).expanduser().read_text().strip()
+    except FileNotFoundError:
+        why = "no such file on the controller"
+    except (OSError, UnicodeDecodeError) as exc:
+        why = f"cannot be read on the controller ({getattr(exc, 'strerror', None) or exc})"
+    else:
+        if len(key) < 16:
+            why = "the key is empty or shorter than 16 characters"
+        elif control_characters(key) or any(c.isspace() for c in key):
+            why = "the key holds whitespace or control characters (more than one line?)"
+        else:
+            return []
+    accepted = "accepted: a readable file holding one key of 16 or more characters, no spaces"
+    return [f"{where}; {why}; {accepted}"]
 
 
 def _same(value: Any) -> Any:

@@ -550,6 +550,8 @@ def managed_paths(settings: Settings) -> list[str]:
         layout.WAIT_SCRIPT,
         layout.SMOKE_SCRIPT,
         layout.SECRETS_FILE,
+        layout.CONTROL_PLANE_KEY_FILE,
+        layout.ROUTER_LAUNCH_SCRIPT,
         layout.unit_path(layout.TARGET),
         layout.unit_path(layout.ROUTER_UNIT),
         # Written by the model step: read here, they cost a converged run no round trip.

@@ -26,6 +26,7 @@ SHIPPED = {
     "smoke.py": "--service-user",
     "wait_healthy.py": "--service-user",
     "router_workers.py": "--router",
+    "router_launch.py": None,
     "engine_check.py": None,
     "cuda_toolkit.py": None,
 }

@@ -379,6 +379,10 @@ GARBAGE_1 = (
     """'{"id": "chatcmpl-double", "object": "chat.completion", "choi'"""
 )
 NOT_DEPLOYED = "no engine environment or smoke script on the host (run the deploy)"
+WRONG_1 = (
+    "POST /v1/chat/completions: not a truthful answer: asked 'What is 867 + 313? Reply with the "
+    "number only.', answered '1181' (the sum is 1180)"
+)
 # One answer: (answered, latency_s, tokens, what the row says).
 Answer = tuple[bool | None, float | None, int | None, str | None]
 
@@ -395,6 +399,13 @@ Answer = tuple[bool | None, float | None, int | None, str | None]
         (
             "one-rank-answers-garbage",
             [(False, None, None, REFUSED_0), (False, 0.004, None, GARBAGE_1)],
+            (True, 0.02, 12, "ok"),
+            1,
+        ),
+        (
+            # Fluent but wrong: not answering truthfully is not answering (exit 1).
+            "one-rank-answers-wrong-sums",
+            [(True, 0.004, 12, "ok"), (False, 0.002, None, WRONG_1)],
             (True, 0.02, 12, "ok"),
             1,
         ),
