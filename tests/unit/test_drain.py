@@ -198,6 +198,7 @@ def run_drain(tmp_path: Path, plane: ControlPlane, key_file: Path, *args: str) -
     return proc.returncode, proc.stdout + proc.stderr
 
 
+@pytest.mark.integration
 def test_every_drain_call_sends_the_control_plane_key(tmp_path: Path) -> None:
     key_file = tmp_path / "key"
     key_file.write_text(KEY + "\n")
@@ -215,6 +216,7 @@ def test_every_drain_call_sends_the_control_plane_key(tmp_path: Path) -> None:
         plane.stop()
 
 
+@pytest.mark.integration
 def test_a_refused_key_fails_the_drain_naming_the_file_not_the_key(tmp_path: Path) -> None:
     """Refused is not "the router does not answer" (which lets a roll go on undrained): the step
     fails, names the key file and the setting, and never prints the key."""
@@ -241,6 +243,7 @@ def test_a_refused_key_fails_the_drain_naming_the_file_not_the_key(tmp_path: Pat
         plane.stop()
 
 
+@pytest.mark.integration
 def test_the_router_before_the_key_took_anyones_workers(tmp_path: Path) -> None:
     """The failure this guards against, on the double of the router as it was started: with no
     control-plane key, a call without any key adds a stranger's server and removes a worker."""
@@ -287,6 +290,7 @@ def run_launcher(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedPro
     )
 
 
+@pytest.mark.integration
 def test_the_launcher_hands_the_key_to_the_parser_never_to_a_command_line(tmp_path: Path) -> None:
     credentials = tmp_path / "credentials"
     credentials.mkdir()

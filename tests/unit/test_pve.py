@@ -385,6 +385,7 @@ def test_ram_per_rank_below_sglangs_host_use_is_warned() -> None:
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.integration
 def test_pve_demo_previews_a_simulated_node_and_refuses_a_real_run() -> None:
     """`make pve-demo`: pve.py's real facts and plan over pyinfra's @fake connector answering as
     CT200's node (tests/doubles/pve_node.py); a run without --dry is refused up front."""
@@ -433,6 +434,7 @@ def test_an_unreachable_node_is_named_as_the_node(caplog: pytest.LogCaptureFixtu
     assert other == "[ct8] Could not connect (Errno 111)"
 
 
+@pytest.mark.integration
 def test_the_raw_line_edit_removes_and_adds_in_the_main_section_only(tmp_path: Path) -> None:
     """ct_config's perl edit, run for real on a config file: the stale line goes from the main
     section (inner spacing aside), the same line in a snapshot section stays, the new line comes
@@ -465,6 +467,7 @@ def test_the_container_plan_warns_about_low_ram_per_rank_too(tmp_path: Path) -> 
     assert not any("ram_per_rank_gb" in w for w in default), default
 
 
+@pytest.mark.integration
 def test_the_uvm_boot_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     import shutil
 

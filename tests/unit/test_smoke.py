@@ -207,6 +207,7 @@ def double_replies(site: Path, requests: list[dict[str, Any]], reply: str) -> li
     return answers
 
 
+@pytest.mark.integration
 def test_the_double_answers_the_smokes_question_and_a_wrong_rank_is_caught(
     double_site: Path,
 ) -> None:
