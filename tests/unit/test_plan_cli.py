@@ -73,13 +73,16 @@ def recorded(tmp_path: Path, what: str, *args: str) -> tuple[str, list[tuple[str
     return out, [(fact, cmd) for fact, cmd in json.loads(log.read_text())]
 
 
-def plan(*args: str, inventory: str = "inventory/demo.py") -> subprocess.CompletedProcess[str]:
+def plan(
+    *args: str, inventory: str = "inventory/demo.py", env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "operations.plan", inventory, *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -118,14 +121,50 @@ def test_human_output_shows_decisions_and_ranks_on_stdout() -> None:
     """On stdout, so that `plan | less` and grep see it."""
     result = plan()
     assert result.returncode == 0, result.stderr
-    for text in ("ready", "flashinfer", "30007", "CUDA lane", "sglang@7.service"):
+    for text in ("ready", "flashinfer", "30000-30007", "lane cu128", "sglang@{0-7}.service"):
         assert text in result.stdout
     assert result.stderr == ""
 
 
+def test_the_compact_plan_fits_80_lines_with_the_command_line() -> None:
+    """Issue 30: errors and warnings first, then one line per item, the rank command line
+    visible, the reasons and sources behind --why."""
+    result = plan(env={"COLUMNS": "80"})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) <= 40, result.stdout
+    assert max(len(line) for line in lines) <= 80
+    labels = [ln.strip("│ ").split(" ", 1)[0] for ln in lines[1:]]
+    order = ["warning:", "release", "GPUs", "backend", "engine", "compiler", "model", "ranks"]
+    assert [labels.index(label) for label in order] == sorted(
+        labels.index(label) for label in order
+    ), labels
+    assert "--mamba-scheduler-strategy extra_buffer" in result.stdout
+    assert "config.json: Qwen3_5ForConditionalGeneration" in result.stdout
+    # The sources are --why's: the compact plan names none.
+    assert "(source:" not in result.stdout and "pytorch.org/whl" not in result.stdout
+
+
+def test_why_shows_package_extras_that_rich_would_take_for_markup() -> None:
+    """0.5.19 overrides flashinfer_python[cu13]: `[cu13]` is text, never rich markup."""
+    result = plan("--why", "--data", "sglang_version=0.5.19", env={"COLUMNS": "200"})
+    assert "replaces the release's flashinfer_python[cu13]==0.6.18" in result.stdout, result.stdout
+    assert "cuda_nvcc-linux-x86_64-12.8.93-archive.tar.xz" in result.stdout
+
+
+def test_the_json_lists_the_compilers_archives_with_their_urls() -> None:
+    rc, doc = plan_json()
+    assert rc == 0
+    archives = doc["hosts"]["@fake/ct200"]["compiler_archives"]
+    assert [a["name"] for a in archives] == ["cuda_nvcc", "cuda_cudart", "cuda_cccl"]
+    for a in archives:
+        assert a["url"].startswith("https://developer.download.nvidia.com/compute/cuda/redist/")
+        assert a["url"].endswith("/" + a["file"]) and len(a["sha256"]) == 64
+
+
 def test_panel_wraps_values_instead_of_cutting_them() -> None:
     """An 80-column log (a pipe): every value whole, over as many lines as it needs."""
-    result = plan()
+    result = plan("--why")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert max(len(line) for line in lines) <= 80
@@ -207,7 +246,7 @@ def test_bad_settings_are_one_line_each_without_traceback() -> None:
 
 def test_the_plan_command_only_reads_facts(tmp_path: Path) -> None:
     out, commands = recorded(tmp_path, "plan", "inventory/demo.py")
-    assert "ready" in out and "sglang@7.service" in out, out
+    assert "ready" in out and "sglang@{0-7}.service" in out, out
     asked = [str(fact) for fact, _ in commands]  # "None": an operation's command
     # Three facts, each asked once and at the same time: the preflight facts, what serves now
     # and the staging plan (asked again only when a kept copy is a leftover; none here).
@@ -218,7 +257,7 @@ def test_dry_deploy_shows_the_plan_and_changes_nothing(tmp_path: Path) -> None:
     """`make demo`: the real pyinfra CLI over the simulated host."""
     out, commands = recorded(tmp_path, "pyinfra", "inventory/demo.py", "deploy.py", "--dry", "-y")
     assert "--attention-backend flashinfer" in out
-    assert all(f"sglang@{rank}.service" in out for rank in range(8)) and "30007" in out
+    assert "sglang@{0-7}.service" in out and "ports 30000-30007" in out
     assert {"PreflightFacts", "ModelStaging", "ServingState"} <= {f for f, _ in commands}
     # Facts only, no operation's command and no upload reached the host.
     assert [cmd for fact, cmd in commands if fact is None] == []
