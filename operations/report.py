@@ -163,8 +163,8 @@ def summary_rows(report: HostReport) -> list[tuple[str, str]]:
         for compiler in _values(decisions, "engine compiler"):
             rows.append(("compiler", compiler))
             if tools is not None:
-                names = ", ".join(a.name for a in tools.archives)
-                rows.append(("", f"{names} from {tools.url}"))
+                archives = ", ".join(a.name for a in tools.archives)
+                rows.append(("", f"{archives} from {tools.url}"))
     model = s.model_name
     if report.model is not None and report.model.architecture:
         model += f", config.json: {report.model.architecture}"
