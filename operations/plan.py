@@ -232,4 +232,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from operations.closed_pipe import quiet
+
+    sys.exit(quiet(main))

@@ -300,3 +300,116 @@ def test_the_two_container_inventory_loads_with_the_router_on_ct200() -> None:
     assert problems == []
     assert sorted(loaded) == ["ct200", "ct201"]
     assert {s.router.host for s in loaded.values() if s.router} == {"ct200"}
+
+
+# -- the air-gap tools and the pipes -----------------------------------------------------------
+
+
+def lock(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    rc, out, err = run(
+        sys.executable, "-m", "operations.lock", "inventory/ct200.py", *args, env=env
+    )
+    return rc, out + err
+
+
+@pytest.mark.parametrize(
+    ("release", "texts"),
+    [
+        ("0.5.22", ["sglang_version '0.5.22'", "not in the knowledge base", "0.5.11"]),
+        ("0.5.23", ["cuda_lane 'cu128'", "has no cu128", "offers cu130"]),
+    ],
+)
+def test_lock_refuses_what_the_plan_refuses_in_one_line(release: str, texts: list[str]) -> None:
+    rc, out = lock("--python", "3.11", *data(f"sglang_version={release}"))
+    assert rc == 1
+    (line,) = out.splitlines()
+    assert line.startswith("error: ct200: ") and all(t in line for t in texts), line
+    assert "resolver should have refused" not in out
+
+
+def test_lock_names_the_setting_of_an_index_it_cannot_reach(tmp_path: Path) -> None:
+    """Every index on a closed loopback port: uv fails on the first it asks, and the line
+    names the setting that points there."""
+    closed = "http://127.0.0.1:9"
+    rc, out = lock(
+        "--python",
+        "3.11",
+        *data(
+            f"torch_index_url={closed}/whl/{{lane}}",
+            f"kernel_index_url={closed}/k/{{lane}}",
+            f"package_index_url={closed}/simple",
+            f"engine_lock_dir={tmp_path / 'locks'}",
+        ),
+        env={**os.environ, "UV_HTTP_RETRIES": "0", "UV_CACHE_DIR": str(tmp_path / "cache")},
+    )
+    assert rc == 1
+    errors = [ln for ln in out.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1, out
+    keys = ("kernel_index_url", "torch_index_url", "package_index_url")
+    assert any(f"{closed}/" in errors[0] and f"({key})" in errors[0] for key in keys), out
+    assert "uv: " in out  # uv's own lines, shown as they came
+    assert not (tmp_path / "locks").exists()
+
+
+def test_a_missing_interpreter_says_what_to_install() -> None:
+    """uv's words (0.13.9, captured with no python3.12 on the controller's PATH)."""
+    from operations import kb
+    from operations.engine_spec import engine_spec
+    from operations.lock import uv_problem
+
+    said = (
+        "error: Failed to inspect Python interpreter from search path at "
+        "`/root/.pyenv/shims/python3.12`\n  cause: Querying Python at "
+        "`/root/.pyenv/shims/python3.12` failed with exit status exit status: 127"
+    )
+    settings = make_settings()
+    spec = engine_spec(settings, kb.load(), "3.12")
+    line = uv_problem(said, settings, spec)
+    assert "no Python 3.12 on this controller" in line and "apt-get install python3.12" in line
+
+
+def test_the_kernel_index_is_named_by_its_setting() -> None:
+    """uv's words (0.13.9) for a kernel index on a closed port."""
+    from operations import kb
+    from operations.engine_spec import engine_spec
+    from operations.lock import uv_problem
+
+    settings = make_settings(kernel_index_url="http://127.0.0.1:9/k/{lane}")
+    spec = engine_spec(settings, kb.load(), "3.11")
+    said = (
+        "error: Request failed after 3 retries in 6.2s\n"
+        "  cause: Failed to fetch: http://127.0.0.1:9/k/cu129/sglang-kernel/\n"
+        "  cause: Connection refused (os error 111)"
+    )
+    assert uv_problem(said, settings, spec) == (
+        "uv could not read http://127.0.0.1:9/k/cu129 (kernel_index_url): "
+        "Connection refused (os error 111)"
+    )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["operations.plan", DEMO, "--json"],
+        ["operations.plan", DEMO],
+        ["operations.status", DEMO, "--json"],
+        ["operations.status", DEMO],
+    ],
+)
+def test_a_closed_pipe_is_quiet(argv: list[str]) -> None:
+    """`... | head`: the reader has gone before the first write; nothing on stderr."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", *argv],
+            cwd=ROOT,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    # 141 as SIGPIPE would (operations/closed_pipe.py); rich's own handler, for the tables, 1.
+    assert result.stderr == "" and result.returncode in (1, 141), result.stderr
