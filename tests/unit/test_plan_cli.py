@@ -267,9 +267,33 @@ def test_the_recorder_sees_what_a_real_run_changes(tmp_path: Path) -> None:
     """The same deploy without --dry: the recorder above catches operations' commands, so an
     empty list there means none ran. (On the simulated host the run stops at the engine step,
     whose commands answer nothing; it got far enough to change the host.)"""
-    _, commands = recorded(tmp_path, "pyinfra", "inventory/demo.py", "deploy.py", "-y")
+    # The demo inventory refuses a real run (next test): the same host without its `_demo`.
+    inventory = tmp_path / "real.py"
+    inventory.write_text(
+        "from inventory import demo as _demo\n"
+        "ct200 = [(n, {k: v for k, v in d.items() if k != '_demo'}) for n, d in _demo.ct200]\n"
+    )
+    _, commands = recorded(tmp_path, "pyinfra", str(inventory), "deploy.py", "-y")
     changes = [cmd for fact, cmd in commands if fact is None]
     assert "mkdir -p /opt/sglang/envs" in changes, changes
+
+
+def test_the_demo_refuses_a_real_run_up_front_naming_dry(tmp_path: Path) -> None:
+    """Issue 30: `pyinfra inventory/demo.py deploy.py -y` (no --dry) changes nothing, asks no
+    fact, and says to use --dry; exit status 1."""
+    log = tmp_path / "pyinfra-commands.json"
+    result = subprocess.run(
+        [sys.executable, "-c", RECORDER, str(log), "pyinfra", "inventory/demo.py", "deploy.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        stdin=subprocess.DEVNULL,
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode == 1 and "Traceback" not in out, out
+    assert "is simulated" in out and "--dry" in out and "Press enter" not in out
+    assert json.loads(log.read_text()) == []
 
 
 def test_dry_deploy_with_bad_settings_stops_before_any_host_work() -> None:
