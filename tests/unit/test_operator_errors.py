@@ -413,3 +413,52 @@ def test_a_closed_pipe_is_quiet(argv: list[str]) -> None:
         os.close(write)
     # 141 as SIGPIPE would (operations/closed_pipe.py); rich's own handler, for the tables, 1.
     assert result.stderr == "" and result.returncode in (1, 141), result.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the listener binds as root: needs root")
+def test_the_health_wait_says_each_rank_as_it_comes_and_the_slowest_on_timeout(
+    tmp_path: Path,
+) -> None:
+    """wait_healthy.py as the host runs it: rank 0 answers (a line with the count), rank 1's
+    port has no listener: on the deadline both waited-for units are named and the journal of
+    the first still waited for (the slowest) is printed."""
+    from tests.e2e.index import free_port
+    from tests.unit.shipped import script_path
+    from tests.unit.test_listeners import Listener
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text(
+        "#!/bin/sh\nprintf 'ActiveState=active\\nSubState=running\\nNRestarts=0\\n'\n"
+    )
+    # journalctl -u UNIT ...: the unit it was asked for, so the test sees whose tail it is.
+    (bin_dir / "journalctl").write_text('#!/bin/sh\necho "journal tail of $2"\n')
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    rank = Listener(-1)
+    silent = free_port()
+    try:
+        proc = subprocess.run(
+            [
+                *(sys.executable, str(script_path("wait_healthy.py")), "--timeout", "2"),
+                *("--service-user", "root"),
+                f"sglang@0.service=http://127.0.0.1:{rank.port}/health",
+                f"sglang@1.service=http://127.0.0.1:{silent}/health",
+                f"sglang@2.service=http://127.0.0.1:{silent}/health",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        rank.stop()
+    assert proc.returncode == 1, proc
+    assert "sglang@0.service: healthy after" in proc.stdout and ", 1 of 3" in proc.stdout
+    assert (
+        f"sglang@1.service: no 200 from http://127.0.0.1:{silent}/health within 2s (still "
+        "waiting for 2 of 3: sglang@1.service, sglang@2.service)"
+    ) in proc.stdout, proc.stdout
+    assert "journal tail of sglang@1.service" in proc.stdout
