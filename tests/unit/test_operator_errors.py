@@ -462,3 +462,18 @@ def test_the_health_wait_says_each_rank_as_it_comes_and_the_slowest_on_timeout(
         "waiting for 2 of 3: sglang@1.service, sglang@2.service)"
     ) in proc.stdout, proc.stdout
     assert "journal tail of sglang@1.service" in proc.stdout
+
+
+def test_a_model_name_the_knowledge_base_does_not_know_is_warned_with_its_architecture() -> None:
+    """Issue 30: Llama's name over Qwen's weights passes no more in silence; the plan shows
+    the architecture config.json names (the compact view's model line too)."""
+    rc, out = plan("--json", *data("model_name=meta-llama/Llama-3.1-8B"))
+    assert rc == 0, out
+    (warning,) = [
+        w for w in json.loads(out)["hosts"]["@fake/ct200"]["warnings"] if "model_name" in w
+    ]
+    assert "'meta-llama/Llama-3.1-8B'" in warning and "not in the knowledge base" in warning
+    assert "config.json names Qwen3_5ForConditionalGeneration" in warning
+    rc, out = plan()
+    assert "config.json: Qwen3_5ForConditionalGeneration" in unfolded(out)
+    assert "not in the knowledge base" not in out
