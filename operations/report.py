@@ -29,6 +29,8 @@ from operations.settings import Router
 
 # The decisions the compact view shows in its own rows; any other is shown as "what  value".
 _SHOWN = {
+    "monitoring",  # the files it writes: --why and --json
+    "roll drain",  # a router's drain, or why there is none: --why and --json
     "CUDA lane",
     "engine python",
     "engine pin",
@@ -39,7 +41,7 @@ _SHOWN = {
     "model staging",
 }
 # What the compact view calls the other decisions (short labels keep the value column wide).
-_LABELS = {"rank environment": "env", "roll drain": "drain"}
+_LABELS = {"rank environment": "env"}
 # The command line's options are packed into lines this wide (an 80-column panel's inside).
 PACK_WIDTH = 72
 # "(source: URL; URL)" at the end of a reason: behind --why in the compact view.
@@ -139,22 +141,21 @@ def summary_rows(report: HostReport) -> list[tuple[str, str]]:
     release = f"sglang {s.sglang_version}, lane {lane}"
     if python:
         release += f", Python {python[0].split(' ', 1)[0]}"
+    for backend in _values(decisions, "attention backend"):
+        release += f", backend {backend}"
     rows.append(("release", release))
     if report.gpu is not None and report.gpu.ok:
         names = sorted({g.name for g in report.gpu.gpus})
         rows.append(
             (
                 "GPUs",
-                f"{len(report.gpu.gpus)} x {', '.join(names)}; driver "
-                f"{report.gpu.driver_version}, CUDA {report.gpu.cuda_version or 'N/A'}",
+                f"{len(report.gpu.gpus)} x {', '.join(names)}, driver "
+                f"{report.gpu.driver_version}",
             )
         )
-    for backend in _values(decisions, "attention backend"):
-        rows.append(("backend", backend))
     if plan.engine is not None:
         pins = [*_values(decisions, "engine pin")]
-        engine = f"{plan.engine.name}: " + ", ".join(p for p in pins if not p.startswith("sglang="))
-        rows.append(("engine", engine))
+        rows.append(("engine", ", ".join(p for p in pins if not p.startswith("sglang="))))
         for override in _values(decisions, "engine override"):
             rows.append(("", f"override {override}"))
         for exclude in _values(decisions, "engine exclude"):
@@ -162,16 +163,19 @@ def summary_rows(report: HostReport) -> list[tuple[str, str]]:
         tools = plan.engine.toolkit
         for compiler in _values(decisions, "engine compiler"):
             rows.append(("compiler", compiler))
-            if tools is not None:
-                archives = ", ".join(a.name for a in tools.archives)
-                rows.append(("", f"{archives} from {tools.url}"))
+            if tools is not None:  # the archives' names and URLs: --why and --json
+                rows.append(("", f"from {tools.url}"))
     model = s.model_name
     if report.model is not None and report.model.architecture:
         model += f", config.json: {report.model.architecture}"
     rows.append(("model", model))
+    mode = report.staging.plan.mode if report.staging is not None else None
     for d in decisions:
         if d.what == "model staging":
-            rows.append(("model copy", f"{d.value}: {d.why}"))
+            # The mode by the word the model step's operation and log line use ("beside").
+            said = (mode or "").replace("inplace", "in place")
+            value = d.value if not mode or d.value.startswith(said) else f"{mode}, {d.value}"
+            rows.append(("copy", f"{value}: {d.why}"))
     for d in decisions:
         if d.what not in _SHOWN:
             rows.append((_LABELS.get(d.what, d.what), d.value))
@@ -238,7 +242,9 @@ def archives_table(report: HostReport) -> Table | None:
     return table
 
 
-def host_panel(name: str, report: HostReport, why: bool = False) -> Panel:
+def host_panel(name: str, report: HostReport, why: bool = False, changes: bool = True) -> Panel:
+    """One host's plan. `changes`: the row of what this run does to the ranks (the deploy
+    leaves it out: the serve step says it in its own line, beside pyinfra's table)."""
     s = report.settings
     parts: list[RenderableType] = []
     shown = (lambda text: text) if why else without_sources
@@ -254,7 +260,7 @@ def host_panel(name: str, report: HostReport, why: bool = False) -> Panel:
         parts.append(Text(f"warning: {shown(warning)}", style="yellow"))
     rows = summary_rows(report)
     rows += rank_rows(report)
-    if report.serve is not None:
+    if report.serve is not None and changes:
         rows.append(("changes", report.serve.summary()))
     parts.append(_grid(rows))
     if report.plan.ranks:

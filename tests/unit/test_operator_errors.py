@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -90,14 +91,26 @@ def test_a_valid_router_plan_is_shown() -> None:
 )
 @pytest.mark.parametrize("dry", [True, False], ids=["dry", "real"])
 def test_a_refused_deploy_exits_1_without_a_change_or_a_prompt(
-    setting: str, reason: str, dry: bool
+    setting: str, reason: str, dry: bool, tmp_path: Path
 ) -> None:
-    rc, out = deploy(*data(setting), *(["--dry"] if dry else []))
+    # A real run: the demo host without its `_demo` mark (deploy.py refuses a real run on it).
+    inventory = DEMO if dry else not_a_demo(tmp_path)
+    rc, out = deploy(*data(setting), *(["--dry"] if dry else []), inventory=inventory)
     assert rc == 1, out
     assert "[@fake/ct200] refused:" in out and reason in out, out
     # No operation for the refusal: nothing in a change table, nothing run.
     assert "Refuse" not in out and "Detected changes" not in out, out
     assert "Beginning operation run" not in out, out
+
+
+def not_a_demo(tmp_path: Path) -> str:
+    """inventory/demo.py's host, unmarked: what a real run on a host answering so would do."""
+    inventory = tmp_path / "real.py"
+    inventory.write_text(
+        "from inventory import demo as _demo\n"
+        "ct200 = [(n, {k: v for k, v in d.items() if k != '_demo'}) for n, d in _demo.ct200]\n"
+    )
+    return str(inventory)
 
 
 def two_hosts(tmp_path: Path) -> str:
@@ -253,14 +266,20 @@ def test_the_model_fact_reads_the_quantization_method() -> None:
 # -- what the operator reads ------------------------------------------------------------------
 
 
-def test_pyinfras_change_table_fits_100_columns() -> None:
+def test_pyinfras_change_table_fits_80_columns() -> None:
     """Operation names stay short: a deploy starting 8 ranks, as `make demo` shows it."""
     rc, out = deploy("--dry")
     assert rc == 0, out
     _, _, table = out.partition("--> Detected changes:")
     rows = [line.rstrip() for line in table.split("\n\n", 1)[0].splitlines() if line.strip()]
-    assert any("Serve: enable and start ranks 0-7" in row for row in rows), rows
-    assert max(len(row) for row in rows) <= 100, max(rows, key=len)
+    assert any("Serve | start ranks 0-7" in row for row in rows), rows
+    # One scheme: STEP | what, the step never repeated in the name (issue 30).
+    names = [row.strip().split("  ")[0] for row in rows[1:]]
+    assert all(re.match(r"^(Engine|Model|Serve|Smoke) \| [^|]+$", n) for n in names), names
+    assert not [n for n in names if re.match(r"^(\w+) \| \1:", n)], names
+    # At 80 columns (make demo at a terminal) no row wraps: the longest name leaves room for
+    # pyinfra's two count columns.
+    assert max(len(row) for row in rows) <= 80, max(rows, key=len)
 
 
 def test_ranks_in_an_operation_name() -> None:
@@ -276,7 +295,6 @@ LINK = r"\]\((?!https?://|mailto:)([^)#\s]+)(?:#[^)\s]*)?\)"
 
 
 def test_every_link_inside_the_repo_resolves_and_stays_inside() -> None:
-    import re
 
     for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         for target in re.findall(LINK, doc.read_text()):
@@ -477,3 +495,28 @@ def test_a_model_name_the_knowledge_base_does_not_know_is_warned_with_its_archit
     rc, out = plan()
     assert "config.json: Qwen3_5ForConditionalGeneration" in unfolded(out)
     assert "not in the knowledge base" not in out
+
+
+def test_the_e2e_harness_keys_operations_by_their_step_as_before() -> None:
+    """Operation names no longer repeat their step (pyinfra prints `Engine | install`); the
+    e2e tests still find them as `Engine: install`, a router's as `Router: ...`."""
+    from tests.e2e.deploying import parse_statuses
+
+    log = "\n".join(
+        [
+            "--> Starting operation: Engine | install",
+            "    [h] Success",
+            "--> Starting operation: Serve | Router: unit",
+            "    [h] No changes",
+            "--> Starting operation: Model | stage the copy (beside)",
+            "    [h] Success",
+            "--> Starting operation: Smoke | chat requests",
+            "    [h] Success",
+        ]
+    )
+    assert parse_statuses(log, "h") == {
+        "Engine: install": "Success",
+        "Router: unit": "No changes",
+        "stage the copy (beside)": "Success",
+        "Smoke: chat requests": "Success",
+    }

@@ -135,10 +135,11 @@ def test_the_compact_plan_fits_80_lines_with_the_command_line() -> None:
     assert len(lines) <= 40, result.stdout
     assert max(len(line) for line in lines) <= 80
     labels = [ln.strip("│ ").split(" ", 1)[0] for ln in lines[1:]]
-    order = ["warning:", "release", "GPUs", "backend", "engine", "compiler", "model", "ranks"]
+    order = ["warning:", "release", "GPUs", "engine", "compiler", "model", "copy", "ranks"]
     assert [labels.index(label) for label in order] == sorted(
         labels.index(label) for label in order
     ), labels
+    assert "backend flashinfer" in result.stdout and "changes" in labels
     assert "--mamba-scheduler-strategy extra_buffer" in result.stdout
     assert "config.json: Qwen3_5ForConditionalGeneration" in result.stdout
     # The sources are --why's: the compact plan names none.
@@ -251,6 +252,25 @@ def test_the_plan_command_only_reads_facts(tmp_path: Path) -> None:
     # Three facts, each asked once and at the same time: the preflight facts, what serves now
     # and the staging plan (asked again only when a kept copy is a leftover; none here).
     assert sorted(asked) == ["ModelStaging", "PreflightFacts", "ServingState"], commands
+
+
+def test_make_demo_fits_80_lines_at_80_columns() -> None:
+    """Issue 30: `make demo` (the dry deploy at 80 columns, pyinfra's change table included)
+    is at most 80 lines, counting each line as a terminal of 80 columns wraps it."""
+    result = subprocess.run(
+        [str(PYINFRA), "inventory/demo.py", "deploy.py", "--dry"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "COLUMNS": "80"},
+    )
+    assert result.returncode == 0, result.stderr
+    lines = (result.stdout + result.stderr).splitlines()
+    shown = sum(max(1, -(-len(line.rstrip()) // 80)) for line in lines)
+    assert shown <= 80, "\n".join(lines)
+    assert "--port PORT" in result.stdout + result.stderr
 
 
 def test_dry_deploy_shows_the_plan_and_changes_nothing(tmp_path: Path) -> None:
