@@ -509,9 +509,7 @@ def _engine_deploy(report: HostReport) -> EngineStep:
         _fetch_lock(s, spec, controller_lock)
     # The fact read above, passed on: read again, it would cost a round trip per operation
     # and one more for `switched.will_change`, which the serve step asks.
-    switched = switch(
-        name="switch current", engine_root=root, env_name=spec.name, state=state
-    )
+    switched = switch(name="switch current", engine_root=root, env_name=spec.name, state=state)
     prune(
         name="prune old environments",
         engine_root=root,
@@ -657,9 +655,7 @@ def _install(
             dir_mode="755",
             secret=True,
         )
-    bootstrap_uv(
-        name=f"uv {s.uv_version}", engine_root=root, version=s.uv_version, state=state
-    )
+    bootstrap_uv(name=f"uv {s.uv_version}", engine_root=root, version=s.uv_version, state=state)
     # Root-only: index URLs may carry credentials; they never appear on a command line.
     put_file(
         name="project",

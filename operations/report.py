@@ -149,8 +149,7 @@ def summary_rows(report: HostReport) -> list[tuple[str, str]]:
         rows.append(
             (
                 "GPUs",
-                f"{len(report.gpu.gpus)} x {', '.join(names)}, driver "
-                f"{report.gpu.driver_version}",
+                f"{len(report.gpu.gpus)} x {', '.join(names)}, driver {report.gpu.driver_version}",
             )
         )
     if plan.engine is not None:
