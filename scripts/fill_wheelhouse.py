@@ -73,28 +73,27 @@ class Download:
 
 
 class Progress:
-    """Bytes and count: a rich progress bar at a terminal, else one line per file (stderr)."""
+    """Bytes and count: one rich progress bar at a terminal ("[3/212] torch-...whl", the bytes
+    of every file together, the speed), else one line per file (stderr)."""
 
-    def __init__(self, total: int, terminal: bool | None = None) -> None:
+    def __init__(self, total: int, size: int = 0, terminal: bool | None = None) -> None:
         self.total = total
+        self.size = size  # the bytes of every file, where the lock or manifest says; 0: unknown
         self.done = 0
         self.bytes = 0
         self.problems = 0
         self.terminal = sys.stderr.isatty() if terminal is None else terminal
-        self._bar: object = None
+        self._advance: Callable[[int], None] | None = None
+        self._describe: Callable[[str], None] | None = None
 
     @contextmanager
     def running(self) -> Iterator[Progress]:
         if not self.terminal:
             yield self
             return
-        from rich.progress import (
-            BarColumn,
-            DownloadColumn,
-            MofNCompleteColumn,
-            TextColumn,
-            TransferSpeedColumn,
-        )
+        from rich.console import Console
+        from rich.markup import escape
+        from rich.progress import BarColumn, DownloadColumn, TextColumn, TransferSpeedColumn
         from rich.progress import Progress as Bar
 
         with Bar(
@@ -102,41 +101,39 @@ class Progress:
             BarColumn(),
             DownloadColumn(),
             TransferSpeedColumn(),
-            MofNCompleteColumn(),
-            transient=False,
+            console=Console(stderr=True),
         ) as bar:
-            self._bar = bar
+            task = bar.add_task("starting", total=self.size or None)
+            self._advance = lambda n: bar.update(task, advance=n)
+            self._describe = lambda text: bar.update(task, description=escape(text))
             yield self
-            self._bar = None
+            bar.update(task, description=f"{self.done - self.problems}/{self.total} file(s)")
+            self._advance = self._describe = None
 
     def file(self, name: str, size: int) -> Callable[[int], None]:
         """Start one file; returns the callback that adds each chunk's bytes."""
-        bar = self._bar
-        if bar is None:
-            return lambda n: None
-        from rich.markup import escape
-        from rich.progress import Progress as Bar
-
-        assert isinstance(bar, Bar)
-        task = bar.add_task(escape(name), total=size or None)
-        return lambda n: bar.update(task, advance=n)
+        if self._describe is not None:
+            self._describe(f"[{self.done + 1}/{self.total}] {name}")
+        return self._advance or (lambda n: None)
 
     def failed(self, name: str) -> None:
         self.done += 1
         self.problems += 1
-        if self._bar is None:
+        if self._advance is None:
             print(f"fill_wheelhouse: [{self.done}/{self.total}] {name}: failed", file=sys.stderr)
 
     def finished(self, name: str, size: int, fetched: bool) -> None:
         self.done += 1
         self.bytes += size if fetched else 0
-        if self._bar is None:
+        if self._advance is None:
             said = _size(size) if fetched else "already here, hash matches"
             print(
                 f"fill_wheelhouse: [{self.done}/{self.total}] {name} ({said})",
                 file=sys.stderr,
                 flush=True,
             )
+        elif not fetched:
+            self._advance(size)
 
 
 def _size(n: int) -> str:
@@ -270,7 +267,8 @@ def fill(
     dest.mkdir(parents=True, exist_ok=True)
     for item in extra or []:
         item.target.parent.mkdir(parents=True, exist_ok=True)
-    progress = Progress(len(downloads))
+    known = all(item.size for item in downloads)
+    progress = Progress(len(downloads), sum(item.size for item in downloads) if known else 0)
     with progress.running():
         for item in downloads:
             problem = fetch(item, progress)
