@@ -216,29 +216,36 @@ def _grid(rows: list[tuple[str, str]]) -> Table:
     return grid
 
 
-def why_table(report: HostReport) -> Table:
-    """Every decision with its reason and sources (--why)."""
-    decisions = Table(show_header=True, box=None, title="decisions", title_justify="left")
-    decisions.add_column("what", style="bold", overflow="fold")
-    decisions.add_column("value", style="cyan", overflow="fold")
-    decisions.add_column("why", overflow="fold")
+def why_lines(report: HostReport) -> list[RenderableType]:
+    """Every decision with its reason and sources (--why): "what: value", then the reason
+    indented below it over the whole width (a column of its own squeezes it, and breaks its
+    URLs, at 80 columns)."""
+    from rich.padding import Padding
+
+    lines: list[RenderableType] = [Text("decisions", style="bold underline")]
     for d in report.plan.decisions:
-        decisions.add_row(Text(d.what), Text(d.value), Text(d.why))
-    return decisions
+        head = Text()
+        head.append(d.what, style="bold")
+        head.append(": ")
+        head.append(d.value, style="cyan")
+        lines.append(head)
+        lines.append(Padding(Text(d.why), (0, 0, 0, 4)))
+    return lines
 
 
-def archives_table(report: HostReport) -> Table | None:
+def archives_lines(report: HostReport) -> list[RenderableType]:
     """The compiler's archives, each with the URL it is fetched from (--why)."""
+    from rich.padding import Padding
+
     spec = report.plan.engine
     tools = spec.toolkit if spec is not None else None
     if tools is None:
-        return None
-    table = Table(show_header=True, box=None, title="compiler archives", title_justify="left")
-    table.add_column("file", overflow="fold")
-    table.add_column("url", overflow="fold")
+        return []
+    lines: list[RenderableType] = [Text("compiler archives", style="bold underline")]
     for a in tools.archives:
-        table.add_row(Text(a.file_name), Text(f"{tools.url}/{a.path}"))
-    return table
+        lines.append(Text(a.file_name, style="bold"))
+        lines.append(Padding(Text(f"{tools.url}/{a.path}"), (0, 0, 0, 4)))
+    return lines
 
 
 def host_panel(name: str, report: HostReport, why: bool = False, changes: bool = True) -> Panel:
@@ -259,7 +266,7 @@ def host_panel(name: str, report: HostReport, why: bool = False, changes: bool =
         parts.append(Text(f"warning: {shown(warning)}", style="yellow"))
     rows = summary_rows(report)
     rows += rank_rows(report)
-    if report.serve is not None and changes:
+    if report.serve is not None and changes and report.ok:
         rows.append(("changes", report.serve.summary()))
     parts.append(_grid(rows))
     if report.plan.ranks:
@@ -270,11 +277,11 @@ def host_panel(name: str, report: HostReport, why: bool = False, changes: bool =
         parts.append(router_text(report.router, s.router))
     if why and report.plan.decisions:
         parts.append(Text(""))
-        parts.append(why_table(report))
-        archives = archives_table(report)
-        if archives is not None:
+        parts.extend(why_lines(report))
+        archives = archives_lines(report)
+        if archives:
             parts.append(Text(""))
-            parts.append(archives)
+            parts.extend(archives)
     style = "green" if report.ok else "red"
     status = "ready" if report.ok else "refused"
     return Panel(
