@@ -54,12 +54,14 @@ def compiler_archives(report: HostReport) -> list[ArchiveUrlJson]:
     tools = spec.toolkit if spec is not None else None
     if tools is None:
         return []
+    from operations.redact import redact
+
     return [
         {
             "name": a.name,
             "version": a.version,
             "file": a.file_name,
-            "url": f"{tools.url}/{a.path}",
+            "url": redact(f"{tools.url}/{a.path}"),  # a mirror's credentials: never shown
             "sha256": a.sha256,
             "size": a.size,
         }

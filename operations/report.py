@@ -24,6 +24,7 @@ from rich.text import Text
 
 from operations.host_plan import HostReport
 from operations.preflight import Failure
+from operations.redact import redact
 from operations.resolver import Decision, RouterPlan
 from operations.settings import Router
 
@@ -163,7 +164,7 @@ def summary_rows(report: HostReport) -> list[tuple[str, str]]:
         for compiler in _values(decisions, "engine compiler"):
             rows.append(("compiler", compiler))
             if tools is not None:  # the archives' names and URLs: --why and --json
-                rows.append(("", f"from {tools.url}"))
+                rows.append(("", f"from {redact(tools.url)}"))
     model = s.model_name
     if report.model is not None and report.model.architecture:
         model += f", config.json: {report.model.architecture}"
@@ -244,7 +245,7 @@ def archives_lines(report: HostReport) -> list[RenderableType]:
     lines: list[RenderableType] = [Text("compiler archives", style="bold underline")]
     for a in tools.archives:
         lines.append(Text(a.file_name, style="bold"))
-        lines.append(Padding(Text(f"{tools.url}/{a.path}"), (0, 0, 0, 4)))
+        lines.append(Padding(Text(redact(f"{tools.url}/{a.path}")), (0, 0, 0, 4)))
     return lines
 
 

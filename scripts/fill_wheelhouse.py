@@ -178,7 +178,9 @@ def fetch(item: Download, progress: Progress) -> str | None:
     except (urllib.error.URLError, OSError, ValueError) as exc:
         partial.unlink(missing_ok=True)
         reason = getattr(exc, "reason", None) or exc
-        return f"{item.what}: cannot download {item.url}: {reason}"
+        from operations.redact import redact, redact_text
+
+        return f"{item.what}: cannot download {redact(item.url)}: {redact_text(str(reason))}"
     if digest.hexdigest() != item.digest:
         partial.unlink(missing_ok=True)
         return f"{name}: {item.algorithm} differs from the lock's; not kept"

@@ -163,6 +163,14 @@ def test_the_json_lists_the_compilers_archives_with_their_urls() -> None:
         assert a["url"].endswith("/" + a["file"]) and len(a["sha256"]) == 64
 
 
+def test_a_mirrors_credentials_never_reach_the_plan() -> None:
+    secret = "cuda_redist_url=https://user:s3cret@mirror.example/redist"
+    for args in (["--why"], ["--json"], []):
+        result = plan(*args, "--data", secret)
+        assert result.returncode == 0 and "s3cret" not in result.stdout + result.stderr
+        assert "mirror.example/redist" in result.stdout
+
+
 def test_panel_wraps_values_instead_of_cutting_them() -> None:
     """An 80-column log (a pipe): every value whole, over as many lines as it needs; under
     --why each reason has the whole width below its decision, so a URL shorter than a line is
