@@ -10,6 +10,8 @@ Steps, in order, each converging (a converged host reports no change):
      request as a client sends it (API key, served model name); off with smoke_requests: false.
 """
 
+import sys
+
 from pyinfra.context import host, state
 
 from operations import deploy_lock
@@ -17,6 +19,17 @@ from operations.stack_order import known_to_inspect
 
 # pyinfra reads the call stack for every operation: this file's frame is found at once.
 known_to_inspect(__file__)
+
+# The simulated CT200 (inventory/demo.py) answers facts only: a real run is refused up front.
+if host.data.get("_demo") and "--dry" not in sys.argv:
+    from operations.inventory import refuse
+
+    refuse(
+        state,
+        host,
+        f"{host.data.get('_demo')} is simulated: nothing can be installed on it; preview the "
+        "deploy with --dry (`.venv/bin/pyinfra inventory/demo.py deploy.py --dry`)",
+    )
 
 # One deploy per host at a time: the lock is asked for before the plan's first fact, and the
 # host takes it while the controller imports the rest of the toolkit (operations/deploy_lock.py).

@@ -106,7 +106,7 @@ def main() -> int:
             for side in order if number % 2 == 0 else order[::-1]:
                 stop_ranks(c)
                 seconds, output = pyinfra(inventories[side])
-                asked = "Smoke: chat requests" in output
+                asked = "Smoke | chat requests" in output
                 if asked != (side == "smoke on"):
                     raise RuntimeError(f"{side}: the smoke requests were not as set")
                 runs[side].append(seconds)

@@ -1,4 +1,4 @@
-"""Settings for every host. Each key is documented in README.md ("Configuration reference");
+"""Settings for every host. Each key is documented in docs/configuration.md;
 a host or a group file (group_data/<group>.py) can override any single key, and
 `--data KEY=VALUE` overrides it for one run. Keys not set here take their documented default.
 """

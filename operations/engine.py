@@ -490,7 +490,7 @@ def _engine_deploy(report: HostReport) -> EngineStep:
     if s.wheelhouse and not complete:
         # First of all: a wheelhouse that lacks a pinned wheel changes nothing on the host.
         require_wheels(
-            name="Engine: the wheelhouse holds every pinned wheel",
+            name="wheelhouse holds every pin",
             wheelhouse=s.wheelhouse,
             requirements=[*spec.requirements, f"uv=={s.uv_version}"],
         )
@@ -505,11 +505,9 @@ def _engine_deploy(report: HostReport) -> EngineStep:
         _fetch_lock(s, spec, controller_lock)
     # The fact read above, passed on: read again, it would cost a round trip per operation
     # and one more for `switched.will_change`, which the serve step asks.
-    switched = switch(
-        name=f"Engine: current -> {spec.name}", engine_root=root, env_name=spec.name, state=state
-    )
+    switched = switch(name="switch current", engine_root=root, env_name=spec.name, state=state)
     prune(
-        name="Engine: prune old environments",
+        name="prune old environments",
         engine_root=root,
         env_name=spec.name,
         keep=s.engine_keep,
@@ -533,20 +531,20 @@ install_engine = cast(Callable[[HostReport], EngineStep], _engine_deploy)
 
 
 def _compiler(s: Settings, spec: EngineSpec, state: EngineHost) -> None:
-    host_packages(name="Engine: libnuma1 and g++", installed=state.get("packages", []))
+    host_packages(name="libnuma1 and g++", installed=state.get("packages", []))
     tools = spec.toolkit
     if tools is None:
         return
     installed = state.get("toolkits", [])
     if s.wheelhouse and tools.name not in installed:
         sync_archives(
-            name=f"Engine: sync nvcc {tools.version}'s archives",
+            name="sync nvcc archives",
             src=redist_dir(s.wheelhouse),
             dest=EngineTree(s.engine_root).redist(REDIST_DIR),
             tools=tools,
         )
     install_toolkit(
-        name=f"Engine: nvcc {tools.version} -> cuda/{tools.name}",
+        name=f"nvcc {tools.version}",
         engine_root=s.engine_root,
         tools=tools,
         installed=installed,
@@ -623,7 +621,7 @@ def _sources(s: Settings, spec: EngineSpec) -> LockArgs:
 
 def _fetch_lock(s: Settings, spec: EngineSpec, controller_lock: str) -> None:
     fetch_lock(
-        name=f"Engine: copy the lock to {s.engine_lock_dir}",
+        name="copy the lock back",
         src=f"{_env_dir(s.engine_root, spec.name)}/{LOCK_FILE}",
         dest=controller_lock,
         **_sources(s, spec),
@@ -635,9 +633,9 @@ def _install(
 ) -> None:
     root = s.engine_root
     wheelhouse_dir = EngineTree(root).wheelhouse if s.wheelhouse else None
-    files.directory(name="Engine: directories", path=EngineTree(root).envs, mode="755")
+    files.directory(name="directories", path=EngineTree(root).envs, mode="755")
     if s.wheelhouse and wheelhouse_dir:
-        sync_wheelhouse(name="Engine: sync the wheelhouse", src=s.wheelhouse, dest=wheelhouse_dir)
+        sync_wheelhouse(name="sync the wheelhouse", src=s.wheelhouse, dest=wheelhouse_dir)
     else:
         shown = ", ".join(f"{i.name} {redact(i.url)}" for i in indexes(s, spec))
         main = redact(s.package_index_url) if s.package_index_url else "the installer's default"
@@ -645,19 +643,17 @@ def _install(
     conf = pip_config(s, wheelhouse_dir)
     if conf is not None:
         put_file(
-            name="Engine: pip.conf",
+            name="pip.conf",
             src=conf,
             dest=EngineTree(root).pip_config,
             mode="600",
             dir_mode="755",
             secret=True,
         )
-    bootstrap_uv(
-        name=f"Engine: uv {s.uv_version}", engine_root=root, version=s.uv_version, state=state
-    )
+    bootstrap_uv(name=f"uv {s.uv_version}", engine_root=root, version=s.uv_version, state=state)
     # Root-only: index URLs may carry credentials; they never appear on a command line.
     put_file(
-        name=f"Engine: project {spec.name}",
+        name="project",
         src=project_toml(s, spec, wheelhouse_dir),
         dest=f"{_project_dir(root, spec.name)}/pyproject.toml",
         mode="600",
@@ -665,14 +661,14 @@ def _install(
         secret=True,
     )
     lock_env(
-        name=f"Engine: lock {spec.name}",
+        name="lock",
         engine_root=root,
         env_name=spec.name,
         controller_lock=controller_lock,
         **_sources(s, spec),
     )
     build_env(
-        name=f"Engine: install {spec.name}",
+        name="install",
         engine_root=root,
         env_name=spec.name,
         python=spec.python,
@@ -680,7 +676,7 @@ def _install(
         state=state,
     )
     verify_env(
-        name=f"Engine: check {spec.name}",
+        name="check on the GPUs",
         engine_root=root,
         spec=spec,
         driver_version=driver.version,

@@ -19,7 +19,8 @@ def plan_or_refuse(state: State, host: Host) -> HostReport | None:
     everyone = inventory_settings(state)
     settings = dict(everyone)[host.name]
     report = plan_for_host(host, settings, everyone)
-    Console(stderr=True).print(host_panel(host.name, report))
+    # Compact; `python -m operations.plan INVENTORY --why` gives every reason and source.
+    Console(stderr=True).print(host_panel(host.name, report, changes=False))
     if report.ok:
         return report
     refuse(state, host, refusal(report))

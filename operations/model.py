@@ -310,21 +310,21 @@ def _stage_model(report: HostReport) -> None:
     if serving is None:
         raise OperationError("the model step needs the plan's ServingState fact (host_plan)")
     put_file(
-        name="Install the staging script",
+        name="staging script",
         src=script_text(),
         dest=SCRIPT_DEST,
         mode="755",
         sha256_now=serving.files.get(SCRIPT_DEST),
     )
     unit = put_file(
-        name=f"{STAGE_UNIT} (stages at boot)",
+        name="stage-at-boot unit",
         src=stage_unit_text(s, key),
         dest=UNIT_PATH,
         sha256_now=serving.files.get(UNIT_PATH),
     )
-    systemd.daemon_reload(name="systemd daemon-reload", _if=unit.did_change)
+    systemd.daemon_reload(name="reload systemd", _if=unit.did_change)
     enabled_at_boot(
-        name=f"Enable {STAGE_UNIT} at boot",
+        name="enable the stage unit",
         unit=STAGE_UNIT,
         now=serving.enabled.get(STAGE_UNIT),
     )
@@ -339,7 +339,7 @@ def _stage_model(report: HostReport) -> None:
         local = script_module().scan(source.controller_dir)
         cached = staging.source.digest if staging is not None and staging.source else None
         synced_from_controller(
-            name=f"Sync the model from the controller ({_gib(local['bytes'])})",
+            name=f"sync from the controller ({_gib(local['bytes'])})",
             local_dir=source.controller_dir,
             target_dir=source.target_dir,
             local_digest=local["digest"],
@@ -349,14 +349,14 @@ def _stage_model(report: HostReport) -> None:
         done = staging.hub_revision if staging is not None else None
         if done != source.revision:
             hub_cli(
-                name="Install the Hugging Face CLI",
+                name="Hugging Face CLI",
                 cli=s.model_hub_cli,
                 requirements=hub_requirements(_python(report)),
             )
         token = os.environ.get(TOKEN_ENV)
         if token and done != source.revision:
             put_file(
-                name="Hub token (root only, removed after)",
+                name="hub token (root only)",
                 src=token,
                 dest=TOKEN_FILE,
                 mode="600",
@@ -364,7 +364,7 @@ def _stage_model(report: HostReport) -> None:
                 secret=True,
             )
         fetched_from_hub(
-            name=f"Download {source.repo}@{source.revision} (once)",
+            name="hub download (once)",
             cli=s.model_hub_cli,
             repo=source.repo,
             revision=source.revision,
@@ -375,14 +375,14 @@ def _stage_model(report: HostReport) -> None:
 
     # The staged copy is readable by the servers' group only: the user exists before it.
     service_user(
-        name=f"Service user {s.service_user} (reads the weights)",
+        name=f"service user {s.service_user}",
         user=s.service_user,
         exists=serving.user_exists,
     )
     plan = decision.plan
     logger.info(f"{host.print_prefix}model {s.model_name}: {plan.mode}: {plan.why}")
     staged(
-        name=f"Stage {s.model_name} in {s.model_stage_dir} ({plan.mode})",
+        name=f"stage the copy ({plan.mode})",
         source_dir=source.target_dir,
         stage_dir=s.model_stage_dir,
         slug=slug,

@@ -1,9 +1,10 @@
 """Show what a deploy would run, per host, without changing anything.
 
-    python -m operations.plan INVENTORY [--data KEY=VALUE ...] [--json]
+    python -m operations.plan INVENTORY [--data KEY=VALUE ...] [--why] [--json]
 
 Loads the inventory and group_data as pyinfra does (same connectors, @fake included), gathers
-the same facts as deploy.py and prints the resolved plan. Exit status 1 when any host has errors.
+the same facts as deploy.py and prints the resolved plan: compact, with every decision's reason
+and sources under `--why` (and always in `--json`). Exit status 1 when any host has errors.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from operations import settings as settings_mod
 from operations.host_plan import HostReport, plan_for_host
@@ -28,8 +29,44 @@ if TYPE_CHECKING:
 Outcome = HostReport | str | list[str]
 
 
+class ArchiveUrlJson(TypedDict):
+    """One CUDA archive the lane's compiler needs: what `fill_wheelhouse.py --cuda` fetches."""
+
+    name: str
+    version: str
+    file: str
+    url: str
+    sha256: str
+    size: int
+
+
+class HostJson(PlanJson, total=False):
+    compiler_archives: list[ArchiveUrlJson]
+
+
 class PlanDocument(TypedDict):
-    hosts: dict[str, PlanJson]
+    hosts: dict[str, HostJson]
+
+
+def compiler_archives(report: HostReport) -> list[ArchiveUrlJson]:
+    """The compiler's archives with the URL each is fetched from (none: no compiler)."""
+    spec = report.plan.engine
+    tools = spec.toolkit if spec is not None else None
+    if tools is None:
+        return []
+    from operations.redact import redact
+
+    return [
+        {
+            "name": a.name,
+            "version": a.version,
+            "file": a.file_name,
+            "url": redact(f"{tools.url}/{a.path}"),  # a mirror's credentials: never shown
+            "sha256": a.sha256,
+            "size": a.size,
+        }
+        for a in tools.archives
+    ]
 
 
 def parse_data(items: list[str]) -> dict[str, object]:
@@ -139,10 +176,14 @@ def run(inventory_path: str, override: dict[str, object]) -> tuple[dict[str, Out
 
 
 def to_json(reports: Mapping[str, Outcome]) -> PlanDocument:
-    hosts: dict[str, PlanJson] = {}
+    hosts: dict[str, HostJson] = {}
     for name, report in reports.items():
         if isinstance(report, HostReport):
-            hosts[name] = report.to_json()
+            data = cast(HostJson, report.to_json())
+            archives = compiler_archives(report)
+            if archives:
+                data["compiler_archives"] = archives
+            hosts[name] = data
         else:
             errors = report if isinstance(report, list) else [report]
             hosts[name] = {
@@ -165,7 +206,11 @@ def inventory_arguments(prog: str, doc: str | None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = inventory_arguments("python -m operations.plan", __doc__).parse_args(argv)
+    parser = inventory_arguments("python -m operations.plan", __doc__)
+    parser.add_argument(
+        "--why", action="store_true", help="also every decision's reason and sources"
+    )
+    args = parser.parse_args(argv)
     try:
         reports, ok = run(args.inventory, parse_data(args.data))
     except SystemExit as exc:  # a user's mistake, said in one line (no traceback)
@@ -184,9 +229,11 @@ def main(argv: list[str] | None = None) -> int:
         for problems in settings_errors.values():
             for line in problems:
                 print(f"error: {line}")
-        print_reports({k: v for k, v in reports.items() if not isinstance(v, list)})
+        print_reports({k: v for k, v in reports.items() if not isinstance(v, list)}, why=args.why)
     return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from operations.closed_pipe import quiet
+
+    sys.exit(quiet(main))

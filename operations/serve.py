@@ -198,7 +198,7 @@ class ServeStep:
         # The units run as the service user, which the model step made (deploy.py runs it
         # first: the staged copy is readable by its group only).
         put_file(
-            name="Serve: health-wait script",
+            name="health-wait script",
             src=script_text("wait_healthy.py"),
             dest=WAIT_SCRIPT,
             mode="755",
@@ -207,7 +207,7 @@ class ServeStep:
         if self.secret is not None:
             # A secret: mode 640 before the first byte, /etc/sglang 750 on every run.
             put_file(
-                name="Serve: API key file (root and the service user only)",
+                name="API key file",
                 src=self.secret,
                 dest=SECRETS_FILE,
                 mode="640",
@@ -217,10 +217,10 @@ class ServeStep:
                 secret=True,
             )
         elif self.decided.remove_secret:
-            server.shell(name="Serve: remove the API key file", commands=[f"rm -f {SECRETS_FILE}"])
+            server.shell(name="remove the API key file", commands=[f"rm -f {SECRETS_FILE}"])
         if self.drain is not None:
             put_file(
-                name="Serve: router drain script",
+                name="drain script",
                 src=script_text("router_workers.py"),
                 dest=layout.ROUTER_WORKERS_SCRIPT,
                 mode="755",
@@ -229,14 +229,14 @@ class ServeStep:
             if any(self.decided.batch_smoke):
                 # Each drained batch answers a chat request before it rejoins the router.
                 put_file(
-                    name="Smoke: request script",
+                    name="smoke script",
                     src=script_text("smoke.py"),
                     dest=layout.SMOKE_SCRIPT,
                     mode="755",
                     sha256_now=self.serving.files.get(layout.SMOKE_SCRIPT),
                 )
         target = put_file(
-            name=f"Serve: {TARGET}",
+            name=f"{TARGET}",
             src=TARGET_TEXT,
             dest=layout.unit_path(TARGET),
             sha256_now=self.serving.files.get(layout.unit_path(TARGET)),
@@ -247,9 +247,9 @@ class ServeStep:
         if self.plan.start:
             self._start()
         elif target.will_change:
-            systemd.daemon_reload(name="Serve: reload systemd")
+            systemd.daemon_reload(name="reload systemd")
         if target.will_change:
-            systemd.service(name=f"Serve: enable {TARGET}", service=TARGET, enabled=True)
+            systemd.service(name=f"enable {TARGET}", service=TARGET, enabled=True)
         for number, (batch, asked) in enumerate(
             zip(self.plan.batches, self.decided.batch_smoke, strict=True), 1
         ):
@@ -262,13 +262,13 @@ class ServeStep:
         if watched is None:
             return
         put_file(
-            name="Serve: Prometheus targets file",
+            name="Prometheus targets file",
             src=watched.targets_text(),
             dest=watched.targets_file,
             sha256_now=self.serving.files.get(watched.targets_file),
         )
         put_file(
-            name="Serve: Grafana dashboard",
+            name="Grafana dashboard",
             src=DASHBOARD_SOURCE,
             dest=watched.dashboard_file,
             sha256_now=self.serving.files.get(watched.dashboard_file),
@@ -280,7 +280,7 @@ class ServeStep:
         if drain is None:
             return
         router_workers(
-            name=f"Serve: {what}: take {ranks_label(ranks)} out of the router and drain",
+            name=f"{what}: take {ranks_label(ranks)} out of the router and drain",
             action="out",
             router=drain.router_url,
             api=(drain.api.list_workers, drain.api.remove_worker, drain.api.add_worker),
@@ -295,7 +295,7 @@ class ServeStep:
         if drain is None:
             return
         router_workers(
-            name=f"Serve: {what}: put {ranks_label(ranks)} back into the router",
+            name=f"{what}: put {ranks_label(ranks)} back into the router",
             action="in",
             router=drain.router_url,
             api=(drain.api.list_workers, drain.api.remove_worker, drain.api.add_worker),
@@ -309,7 +309,7 @@ class ServeStep:
         units = [layout.unit_name(r) for r in self.plan.remove]
         paths = " ".join(_unit_path(r) for r in self.plan.remove)
         server.shell(
-            name=f"Serve: stop and remove {ranks_label(self.plan.remove)} (dp_size shrank)",
+            name=f"stop and remove {ranks_label(self.plan.remove)} (dp_size shrank)",
             commands=[
                 f"systemctl disable --now {' '.join(units)}",
                 f"rm -f {paths}",
@@ -322,7 +322,7 @@ class ServeStep:
         for rank in ranks:
             now = self.serving.ranks.get(rank.rank)
             put_file(
-                name=f"Serve: {rank.unit_name} ({why})",
+                name=f"{rank.unit_name} ({why})",
                 src=rank.unit,
                 dest=_unit_path(rank.rank),
                 sha256_now=now.unit_sha256 if now is not None else None,
@@ -332,10 +332,10 @@ class ServeStep:
         s = self.report.settings
         start = self.plan.start
         self._write_units(start, "start")
-        systemd.daemon_reload(name="Serve: reload systemd")
+        systemd.daemon_reload(name="reload systemd")
         units = " ".join(r.unit_name for r in start)
         server.shell(
-            name=f"Serve: enable and start {ranks_label([r.rank for r in start])}",
+            name=f"start {ranks_label([r.rank for r in start])}",
             commands=[
                 f"systemctl enable {units}",
                 # A crash loop left the unit `failed` at its start limit: a deploy starts afresh.
@@ -346,7 +346,7 @@ class ServeStep:
             ],
         )
         wait_healthy(
-            name=f"Serve: wait for /health of {ranks_label([r.rank for r in start])}",
+            name=f"/health of {ranks_label([r.rank for r in start])}",
             checks=[(r.unit_name, layout.rank_health_url(s, r.rank)) for r in start],
             timeout_s=s.health_timeout_s,
             service_user=s.service_user,
@@ -372,9 +372,9 @@ class ServeStep:
         )
         self._out([r.rank for r in batch], what)
         self._write_units(batch, what)
-        systemd.daemon_reload(name=f"Serve: reload systemd ({what})")
+        systemd.daemon_reload(name=f"reload systemd ({what})")
         server.shell(
-            name=f"Serve: {what}: restart {label}",
+            name=f"{what}: restart {label}",
             # `|| true`: see _start; the health wait judges the batch and shows how to go back.
             commands=[
                 f"systemctl reset-failed {units} || true",
@@ -382,7 +382,7 @@ class ServeStep:
             ],
         )
         wait_healthy(
-            name=f"Serve: {what}: wait for /health of {label}",
+            name=f"{what}: /health of {label}",
             checks=[(r.unit_name, layout.rank_health_url(s, r.rank)) for r in batch],
             timeout_s=s.health_timeout_s,
             service_user=s.service_user,
@@ -392,7 +392,7 @@ class ServeStep:
             return
         if asked is not None:
             smoke_requests(
-                name=f"Serve: {what}: a chat request to {label} before it rejoins",
+                name=f"{what}: a chat request to {label} before it rejoins",
                 python=asked.python,
                 model=s.model_name,
                 timeout_s=s.smoke_timeout_s,
@@ -406,7 +406,7 @@ class ServeStep:
             return  # the ranks read the link (copy not known): nothing is named, nothing goes
         s = self.report.settings
         pruned_model_copies(
-            name="Serve: remove staged model copies no unit names",
+            name="prune model copies",
             stage_dir=s.model_stage_dir,
             slug=layout.model_slug(s),
             keep=self.decided.prune_keep,
@@ -531,7 +531,7 @@ def _route(report: HostReport, serving: Serving, plan: RouterPlan, restart: bool
         # Root-only: the main index URL may carry credentials.
         wheelhouse_dir = tree.wheelhouse if s.wheelhouse else None
         put_file(
-            name="Router: package sources (uv.toml)",
+            name="Router: uv.toml",
             src=tools_uv_config(s, wheelhouse_dir),
             dest=tree.uv_config,
             mode="600",
@@ -539,7 +539,7 @@ def _route(report: HostReport, serving: Serving, plan: RouterPlan, restart: bool
             secret=True,
         )
     router_env(
-        name=f"Router: sglang-router {plan.version}",
+        name=f"Router: install {plan.version}",
         engine_root=s.engine_root,
         env_dir=plan.env_dir,
         version=plan.version,
@@ -547,14 +547,14 @@ def _route(report: HostReport, serving: Serving, plan: RouterPlan, restart: bool
         requirements=router_requirements(plan.version, _python(report)),
     )
     put_file(
-        name="Router: launcher (reads the control-plane key)",
+        name="Router: launcher",
         src=script_text("router_launch.py"),
         dest=layout.ROUTER_LAUNCH_SCRIPT,
         mode="755",
         sha256_now=serving.files.get(layout.ROUTER_LAUNCH_SCRIPT),
     )
     put_file(
-        name=f"Router: {ROUTER_UNIT}",
+        name="Router: unit",
         src=plan.unit,
         dest=layout.unit_path(ROUTER_UNIT),
         sha256_now=serving.files.get(layout.unit_path(ROUTER_UNIT)),
@@ -562,7 +562,7 @@ def _route(report: HostReport, serving: Serving, plan: RouterPlan, restart: bool
     if restart:
         systemd.daemon_reload(name="Router: reload systemd")
         server.shell(
-            name=f"Router: (re)start {ROUTER_UNIT}",
+            name="Router: (re)start",
             commands=[
                 f"systemctl enable {ROUTER_UNIT}",
                 f"systemctl reset-failed {ROUTER_UNIT} || true",
@@ -570,7 +570,7 @@ def _route(report: HostReport, serving: Serving, plan: RouterPlan, restart: bool
             ],
         )
         wait_healthy(
-            name="Router: wait for /health",
+            name="Router: /health",
             checks=[(ROUTER_UNIT, plan.health_url)],
             timeout_s=s.health_timeout_s,
             service_user=s.service_user,

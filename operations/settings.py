@@ -259,7 +259,11 @@ def load(host_name: str, layers: list[Layer]) -> Settings:
         if key in props or key in _pyinfra_keys() or key.startswith("_"):
             continue
         close = difflib.get_close_matches(key, list(props), n=1, cutoff=0.6)
-        hint = f"did you mean {close[0]!r}?" if close else "see README 'Configuration reference'"
+        hint = (
+            f"did you mean {close[0]!r}?"
+            if close
+            else "see the Configuration reference, docs/configuration.md"
+        )
         problems.append(
             f"{host_name}: unknown setting {key!r} = {merged[key]!r} "
             f"(set in {origins[key]}); {hint}"

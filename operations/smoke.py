@@ -73,7 +73,7 @@ def smoke(report: HostReport, step: ServeStep) -> None:
     """Ship the script; ask what the plan says this run (re)started (ServePlan.smoke)."""
     s = report.settings
     put_file(
-        name="Smoke: request script",
+        name="Smoke | request script",
         src=script_text("smoke.py"),
         dest=SMOKE_SCRIPT,
         mode="755",
@@ -84,7 +84,7 @@ def smoke(report: HostReport, step: ServeStep) -> None:
     asked = step.decided.smoke
     smoke_requests(
         # One name on every host: pyinfra joins differing names of one operation in its output.
-        name="Smoke: chat requests (started ranks, router)",
+        name="Smoke | chat requests",
         python=asked.python,
         model=s.model_name,
         timeout_s=s.smoke_timeout_s,

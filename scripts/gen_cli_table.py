@@ -356,5 +356,28 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """main() for a user: a failed step is one line naming it, non-zero, never a traceback
+    (pip's and the extractor's own output, above it, says the rest)."""
+    sys.path.insert(0, str(REPO_ROOT))
+    from operations.closed_pipe import quiet
+
+    try:
+        return quiet(lambda: main(argv))
+    except subprocess.CalledProcessError as exc:
+        cmd = exc.cmd if isinstance(exc.cmd, str) else " ".join(map(str, exc.cmd))
+        print(f"gen_cli_table: `{cmd}` failed (exit status {exc.returncode})", file=sys.stderr)
+    except OSError as exc:
+        print(f"gen_cli_table: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+    except SystemExit as exc:
+        if not isinstance(exc.code, str):
+            raise
+        print(f"gen_cli_table: {exc.code}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("gen_cli_table: interrupted", file=sys.stderr)
+        return 130
+    return 1
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

@@ -11,6 +11,12 @@ A 200 counts only from a listener of USER (its uid in /proc/net/tcp or tcp6) whi
 active: another user who holds the port (bound while the rank was stopped or restarting) would
 otherwise pass for the rank. Such a listener fails the wait at once, naming the port and its
 owner (docs/security.md, "Who is sent the API key").
+
+Progress: a line per unit as it answers ("sglang@3.service: healthy after 95s, 5 of 8"), and
+every PROGRESS_S seconds the units still waited for with their state. On the deadline, every
+unit still waited for is named and the journal of the first of them (in the order given: the
+slowest rank) is printed. pyinfra shows these lines as they come with -vvv, and always when the
+wait fails.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import urllib.request
 from operations.files.hostsafe import JOURNAL_LINES, journal, listening, owner_problem
 
 POLL_S = 1.0
+PROGRESS_S = 30.0
 
 
 def unit_state(unit: str) -> dict[str, str]:
@@ -59,6 +66,10 @@ def fail(unit: str, why: str, hint: str) -> int:
     return 1
 
 
+def _said(state: dict[str, str]) -> str:
+    return f"{state.get('ActiveState', '?')} ({state.get('SubState', '?')}), no 200 yet"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--timeout", type=float, required=True)
@@ -68,12 +79,15 @@ def main() -> int:
     args = parser.parse_args()
 
     pending = dict(check.split("=", 1) for check in args.checks)
+    total = len(pending)
     restarts = {unit: unit_state(unit).get("NRestarts", "0") for unit in pending}
     start = time.monotonic()
     deadline = start + args.timeout
+    next_progress = start + PROGRESS_S
+    states: dict[str, dict[str, str]] = {}
     while pending:
         for unit, url in list(pending.items()):
-            state = unit_state(unit)
+            state = states[unit] = unit_state(unit)
             where, reaching = listening(url)
             if reaching:
                 # Someone listens: it must be the service user, or it is not the rank.
@@ -81,8 +95,12 @@ def main() -> int:
                 if why is not None:
                     return fail(unit, f"{why}: its answers are not {unit}'s", args.hint)
                 if state.get("ActiveState") == "active" and healthy(url):
-                    print(f"{unit}: healthy after {time.monotonic() - start:.0f}s", flush=True)
                     del pending[unit]
+                    print(
+                        f"{unit}: healthy after {time.monotonic() - start:.0f}s, "
+                        f"{total - len(pending)} of {total}",
+                        flush=True,
+                    )
                     continue
             if state.get("ActiveState") == "failed" or state.get("SubState") == "auto-restart":
                 return fail(
@@ -94,9 +112,23 @@ def main() -> int:
                 return fail(unit, "is not running", args.hint)
         if not pending:
             break
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             unit = next(iter(pending))
-            return fail(unit, f"no 200 from {pending[unit]} within {args.timeout:.0f}s", args.hint)
+            waited = ", ".join(pending)
+            return fail(
+                unit,
+                f"no 200 from {pending[unit]} within {args.timeout:.0f}s (still waiting for "
+                f"{len(pending)} of {total}: {waited})",
+                args.hint,
+            )
+        if now >= next_progress:
+            next_progress = now + PROGRESS_S
+            print(
+                f"waiting {now - start:.0f}s of {args.timeout:.0f}s for {len(pending)} of "
+                f"{total}: " + ", ".join(f"{u} ({_said(states.get(u, {}))})" for u in pending),
+                flush=True,
+            )
         time.sleep(POLL_S)
     return 0
 

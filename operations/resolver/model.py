@@ -66,6 +66,14 @@ def check_weights(ctx: Resolution) -> None:
     s, kb = ctx.s, ctx.kb
     known = kb.models.get(s.model_name)
     model = ctx.facts.model
+    if known is None and model is not None and model.architecture is not None:
+        quantized = f" quantized {model.quantization}" if model.quantization else ""
+        ctx.plan.warnings.append(
+            f"model_name {s.model_name!r} {ctx.where('model_name')} is not in the knowledge "
+            f"base: model_source's config.json names {model.architecture}{quantized}, and the "
+            "flags are that architecture's; nothing checks these weights are the model the "
+            f"name says (known: {', '.join(kb.models)})"
+        )
     if known is None or model is None or model.architecture is None:
         return
     theirs = f"model_source {s.model_source} holds"

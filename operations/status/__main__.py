@@ -2,6 +2,7 @@
 
 import sys
 
+from operations.closed_pipe import quiet
 from operations.status.cli import main
 
-sys.exit(main())
+sys.exit(quiet(main))

@@ -43,8 +43,96 @@ def _probe_cells(answered: bool | None, latency_s: float | None, tokens: int | N
     return [said, latency, "-" if tokens is None else str(tokens)]
 
 
-def host_table(result: HostResult) -> Any:
+# Below this many columns the table is the narrow one (narrow_table): what every rank shares
+# said once above it, short columns, every port whole.
+WIDE_COLUMNS = 150
+
+
+def _runs(r: RankStatus) -> str:
+    version = f"{r.sglang_version or '?'} {r.lane or ''}".strip() if r.engine else "-"
+    model = f"{r.model}@{r.model_revision}" if r.model_revision else f"{r.model} (not staged)"
+    return f"sglang {version}, {model}"
+
+
+def _short_gpu(r: RankStatus) -> str:
+    if r.gpu is None:
+        return "-"
+    if r.gpu_name is None:
+        return f"{r.gpu}"
+    used = f"{(r.gpu_memory_used_mib or 0) / 1024:.1f}"
+    total = f"{(r.gpu_memory_total_mib or 0) / 1024:.0f}"
+    return f"{r.gpu} {used}/{total}G"
+
+
+def _count(n: int | None) -> str:
+    return "-" if n is None else str(n)
+
+
+def narrow_table(result: HostResult) -> Any:
+    """The table for a terminal narrower than WIDE_COLUMNS (80 included): what the ranks run
+    and their GPU's name once in the title when they share them, else a column of its own;
+    the unit's state abbreviated ("running" for active (running)); ports never cut."""
+    from rich import box
+    from rich.markup import escape
     from rich.table import Table
+
+    runs = {_runs(r) for r in result.ranks}
+    gpus = {r.gpu_name for r in result.ranks if r.gpu_name}
+    shared = len(runs) == 1
+    title = [escape(next(iter(runs)))] if shared else []
+    title += [escape(next(iter(gpus)))] if len(gpus) == 1 else []
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        padding=(0, 1),
+        title="; ".join(title) or None,
+        title_justify="left",
+    )
+    table.add_column("rank", justify="right", no_wrap=True)
+    table.add_column("unit", overflow="fold", min_width=8)
+    table.add_column("health", overflow="fold", min_width=7)
+    if not shared:
+        table.add_column("runs", overflow="fold")
+    table.add_column("port", justify="right", no_wrap=True, min_width=5)
+    table.add_column("GPU GiB", no_wrap=True)
+    table.add_column("up", justify="right", no_wrap=True)
+    table.add_column("rst", justify="right", no_wrap=True)
+    table.add_column("run/q", justify="right", no_wrap=True)
+    if result.probed:
+        table.add_column("answer", no_wrap=True)
+    for r in result.ranks:
+        health_style = "green" if r.healthy else ("dim" if not r.expected else "red")
+        cells = [
+            str(r.rank) if r.expected else f"{r.rank}+",
+            "running" if r.state == "active (running)" else escape(r.state),
+            f"[{health_style}]{escape(r.health)}[/]",
+            *([] if shared else [escape(_runs(r))]),
+            str(r.port),
+            _short_gpu(r),
+            _duration(r.uptime_s),
+            "-" if r.restarts is None else str(r.restarts),
+            f"{_count(r.running_reqs)}/{_count(r.queued_reqs)}",
+        ]
+        if result.probed:
+            said, latency, tokens = _probe_cells(r.answered, r.latency_s, r.tokens)
+            latency = latency.replace(" ms", "ms")
+            counted = f" {tokens}t" if tokens != "-" else ""
+            cells.append(said if r.answered is None else f"{said} {latency}{counted}")
+        table.add_row(*cells)
+    if any(not r.expected for r in result.ranks):
+        table.caption = "N+: a unit beyond dp_size (shown, not counted)"
+    return table
+
+
+def host_table(result: HostResult, width: int | None = None) -> Any:
+    """The host's table: the wide one (a column per item) at WIDE_COLUMNS or more, or when
+    the width is not known; narrow_table below it."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    if width is not None and width < WIDE_COLUMNS:
+        return narrow_table(result)
 
     table = Table()
     table.add_column("rank", justify="right")
@@ -67,12 +155,12 @@ def host_table(result: HostResult) -> Any:
         rank = str(r.rank) if r.expected else f"{r.rank} (extra)"
         cells = [
             rank,
-            r.state,
-            f"[{health_style}]{r.health}[/]",
-            version,
-            model,
+            escape(r.state),
+            f"[{health_style}]{escape(r.health)}[/]",
+            escape(version),
+            escape(model),
             str(r.port),
-            _gpu_cell(r),
+            escape(_gpu_cell(r)),
             _duration(r.uptime_s),
             "-" if r.restarts is None else str(r.restarts),
             "-" if r.running_reqs is None else str(r.running_reqs),
@@ -98,7 +186,7 @@ def print_results(results: list[HostResult], console: Any = None) -> None:
             console.print(Text(redact_text(result.summary()), style="bold red"))
             continue
         console.print(Text(result.name, style="bold"))
-        console.print(host_table(result))
+        console.print(host_table(result, console.width))
         style = "bold green" if result.healthy else "bold red"
         console.print(Text(result.summary(), style=style))
         if result.router is not None:

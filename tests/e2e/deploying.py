@@ -198,7 +198,11 @@ class Run:
 
 
 _STATUS = re.compile(r"^(Success|No changes|Error|Skipped)\b")
-_STARTING = re.compile(r"^--> Starting operation: (?:.* \| )?(?P<op>.+?)\s*$")
+_STARTING = re.compile(r"^--> Starting operation: (?:(?P<deploy>.*) \| )?(?P<op>.+?)\s*$")
+# The steps whose operations are named without their step (pyinfra prints "Engine | install"):
+# keyed "Engine: install" here, as the tests name them; "Serve | Router: ..." stays "Router: ...".
+_KEYED_BY_STEP = ("Engine", "Serve", "Smoke")
+_NAMED = re.compile(r"^[A-Z][A-Za-z]+: ")
 
 
 def parse_statuses(output: str, host_name: str) -> dict[str, str]:
@@ -211,6 +215,9 @@ def parse_statuses(output: str, host_name: str) -> dict[str, str]:
         started = _STARTING.match(line)
         if started:
             op = started.group("op")
+            step = started.group("deploy")
+            if step in _KEYED_BY_STEP and not _NAMED.match(op):
+                op = f"{step}: {op}"
             continue
         if op and line.startswith(prefix):
             status = line[len(prefix) :]

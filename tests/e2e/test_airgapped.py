@@ -17,7 +17,6 @@ from operations import kb as kbmod
 from operations.engine_spec import engine_spec
 from operations.settings import Layer, load
 from tests import testbed as tb
-from tests.doubles import cuda_redist
 from tests.doubles import wheels as doubles
 from tests.e2e.deploying import LANE, MODEL_CONFIG, Indexes, make_indexes, run_deploy
 from tests.e2e.index import UV_VERSION
@@ -86,14 +85,21 @@ def test_lock_on_the_controller_fill_the_wheelhouse_then_deploy_with_every_index
         "3.11",
         "--uv",
         UV_VERSION,
+        # The lane's compiler archives (the lane from the lock's name) from the double of
+        # NVIDIA's redist, checked against its manifest (as setting cuda_redist_manifest).
+        "--cuda-url",
+        data["cuda_redist_url"],
+        "--cuda-manifest",
+        data["cuda_redist_manifest"],
         cwd=REPO,
     )
     assert filled.returncode == 0, filled.stderr
     assert not [w for w in house.glob("*.whl") if "-cp312-" in w.name or "-cp310-" in w.name]
-    # ... and beside it the compiler's archives, as `wget` of the manifest's URLs leaves them
-    # (the double of NVIDIA's, checked against the manifest of setting cuda_redist_manifest).
+    # ... and beside it the compiler's archives by file name, where the offline deploy looks.
     assert indexes.redist is not None
-    cuda_redist.flat(indexes.redist, tmp_path / "cuda-redist")
+    assert sorted(p.name for p in (tmp_path / "cuda-redist").iterdir()) == sorted(
+        p.name for p in indexes.redist.archives
+    )
 
     # 3. Air-gapped: every index down; the deploy installs the controller's lock offline.
     for index in indexes.all():

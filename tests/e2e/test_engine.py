@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from operations import kb as kbmod
-from operations.engine_spec import engine_spec, read_redist_manifest
+from operations.engine_spec import Toolkit, engine_spec, read_redist_manifest
 from operations.facts.engine import MARKER
 from operations.settings import Layer, load
 from tests import testbed as tb
@@ -98,17 +98,22 @@ def env_name(release: str, **data: Any) -> str:
     return name
 
 
-def toolkit_ops(indexes: Indexes) -> dict[str, str]:
-    """The compiler's operations of a converged run (the apt packages in the testbed image,
-    the toolkit from the double of NVIDIA's archives) -> "No changes"."""
+def toolkit(indexes: Indexes) -> Toolkit:
+    """The compiler the engine step installs from the double of NVIDIA's archives."""
     data = indexes.data()
     settings = load("t", [Layer("t", {"model_source": MODEL_DIR, **data})])
     manifest = read_redist_manifest(data["cuda_redist_manifest"])
     tools = engine_spec(settings, kbmod.load(), None, manifest).toolkit
     assert tools is not None
+    return tools
+
+
+def toolkit_ops(indexes: Indexes) -> dict[str, str]:
+    """The compiler's operations of a converged run (the apt packages in the testbed image,
+    the toolkit from the double of NVIDIA's archives) -> "No changes"."""
     return {
         "Engine: libnuma1 and g++": "No changes",
-        f"Engine: nvcc {tools.version} -> cuda/{tools.name}": "No changes",
+        f"Engine: nvcc {toolkit(indexes).version}": "No changes",
     }
 
 
@@ -180,13 +185,13 @@ def test_fresh_install_then_a_second_run_changes_nothing(
     # The lock came back to the controller and is the environment's own.
     lock = tmp_path / "locks" / f"{name}.lock"
     assert lock.read_text() == sh(target, f"cat {root}/envs/{name}/uv.lock") + "\n"
-    assert first.engine_ops()[f"Engine: current -> {name}"] == "Success"
+    assert first.engine_ops()["Engine: switch current"] == "Success"
     # The compiler: apt finds libnuma1 and g++ in the image; nvcc from the redist double, whose
     # cubin the engine check ran on each GPU through the cuda-python double.
     (apt, nvcc) = toolkit_ops(indexes)
     assert first.engine_ops()[apt] == "No changes"
     assert first.engine_ops()[nvcc] == "Success"
-    home = f"{root}/cuda/{nvcc.rpartition('/')[2]}"
+    home = f"{root}/cuda/{toolkit(indexes).name}"
     assert "release 12.8, V12.8.93" in sh(target, f"{home}/bin/nvcc --version")
 
     before = target.snapshot([root + "/envs", root + "/current"])
@@ -197,7 +202,7 @@ def test_fresh_install_then_a_second_run_changes_nothing(
     engine_ops = second.engine_ops()
     assert engine_ops == {
         **toolkit_ops(indexes),
-        f"Engine: current -> {name}": "No changes",
+        "Engine: switch current": "No changes",
         "Engine: prune old environments": "No changes",
     }, second
     assert target.snapshot([root + "/envs", root + "/current"]) == before
@@ -234,10 +239,10 @@ def test_pin_change_switches_and_pin_back_is_instant_without_an_index(
     ok(back)
     assert set(back.engine_ops()) == {
         *toolkit_ops(indexes),
-        f"Engine: current -> {old}",
+        "Engine: switch current",
         "Engine: prune old environments",
     }
-    assert back.engine_ops()[f"Engine: current -> {old}"] == "Success"
+    assert back.engine_ops()["Engine: switch current"] == "Success"
     assert current(target, root) == f"envs/{old}"
     assert installed_versions(target, root)[0] == OLD
 

@@ -242,7 +242,7 @@ def test_a_copy_that_fits_only_in_place_replaces_the_old_one_with_the_ranks_stop
         m.rewrite(2)
         run = deploy(host, indexes, tmp_path, m.data())
         text = ok(run)
-        assert run.status(f"Stage {m.name} in /dev/shm (inplace)").startswith("Success"), text
+        assert run.status("stage the copy (inplace)").startswith("Success"), text
         assert "replacing it with the servers stopped" in text, text
         assert tree_sums(host, m.served) == tree_sums(host, m.source)
         assert len(m.copies()) == 1 and m.copies() != old, served_entries(host)
@@ -337,7 +337,7 @@ def test_a_controller_source_is_sent_with_rsync(
     assert sh(host, f"find {cache}/ -type l") == ""  # the links' content, as regular files
     again = deploy(host, indexes, tmp_path, data)
     assert "unchanged: staged copy matches the source" in ok(again), again
-    assert again.status("Sync the model from the controller").startswith("No changes"), again
+    assert again.status("sync from the controller").startswith("No changes"), again
 
 
 def test_a_hub_cache_snapshot_is_staged_as_regular_files_and_served_a_link_out_refused(

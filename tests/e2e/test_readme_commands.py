@@ -1,4 +1,4 @@
-"""The README's "Real use" commands, run as written against a testbed container standing in for
+"""The README's "First deploy" commands, run as written against a testbed container standing in for
 CT200 (reached through CT200_HOST/CT200_USER, as a user would). Only the connection details a
 real user keeps in ~/.ssh are added, as pyinfra `--data`; a stale instruction fails here.
 """
@@ -26,7 +26,7 @@ CONFIG = json.dumps({"architectures": ["Qwen3_5ForConditionalGeneration"]})
 
 
 def real_use_commands() -> list[list[str]]:
-    section = README.split("## Real use", 1)[1].split("\n## ", 1)[0]
+    section = README.split("## First deploy", 1)[1].split("\n## ", 1)[0]
     block = re.search(r"```sh\n(.*?)```", section, re.S)
     assert block is not None
     commands = []

@@ -95,7 +95,7 @@ def test_eight_ranks_serve_and_a_second_run_changes_nothing(
     # The unit runs as the service user, from the engine's current environment.
     _, user, _ = a.ssh_run("ps -o user= -p $(systemctl show sglang@0.service -p MainPID --value)")
     assert user.strip() == "sglang"
-    assert "Serve: wait for /health" in " ".join(serve_ops(first))
+    assert "Serve: /health of" in " ".join(serve_ops(first))
 
     pids = unit_states(a, range(8))
     second = converge(tmp_path, a, indexes)

@@ -43,7 +43,7 @@ pytestmark = pytest.mark.e2e
 
 API_KEY = "sk-smoke-3f9a1c7e5b2d4a68"
 MODEL = "Qwen/Qwen3.6-27B"
-SMOKE_OP = "Smoke: chat requests (started ranks, router)"
+SMOKE_OP = "Smoke: chat requests"
 
 
 @pytest.fixture(scope="module")

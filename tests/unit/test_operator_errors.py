@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -92,14 +93,26 @@ def test_a_valid_router_plan_is_shown() -> None:
 )
 @pytest.mark.parametrize("dry", [True, False], ids=["dry", "real"])
 def test_a_refused_deploy_exits_1_without_a_change_or_a_prompt(
-    setting: str, reason: str, dry: bool
+    setting: str, reason: str, dry: bool, tmp_path: Path
 ) -> None:
-    rc, out = deploy(*data(setting), *(["--dry"] if dry else []))
+    # A real run: the demo host without its `_demo` mark (deploy.py refuses a real run on it).
+    inventory = DEMO if dry else not_a_demo(tmp_path)
+    rc, out = deploy(*data(setting), *(["--dry"] if dry else []), inventory=inventory)
     assert rc == 1, out
     assert "[@fake/ct200] refused:" in out and reason in out, out
     # No operation for the refusal: nothing in a change table, nothing run.
     assert "Refuse" not in out and "Detected changes" not in out, out
     assert "Beginning operation run" not in out, out
+
+
+def not_a_demo(tmp_path: Path) -> str:
+    """inventory/demo.py's host, unmarked: what a real run on a host answering so would do."""
+    inventory = tmp_path / "real.py"
+    inventory.write_text(
+        "from inventory import demo as _demo\n"
+        "ct200 = [(n, {k: v for k, v in d.items() if k != '_demo'}) for n, d in _demo.ct200]\n"
+    )
+    return str(inventory)
 
 
 def two_hosts(tmp_path: Path) -> str:
@@ -255,14 +268,20 @@ def test_the_model_fact_reads_the_quantization_method() -> None:
 # -- what the operator reads ------------------------------------------------------------------
 
 
-def test_pyinfras_change_table_fits_100_columns() -> None:
+def test_pyinfras_change_table_fits_80_columns() -> None:
     """Operation names stay short: a deploy starting 8 ranks, as `make demo` shows it."""
     rc, out = deploy("--dry")
     assert rc == 0, out
     _, _, table = out.partition("--> Detected changes:")
     rows = [line.rstrip() for line in table.split("\n\n", 1)[0].splitlines() if line.strip()]
-    assert any("Serve: enable and start ranks 0-7" in row for row in rows), rows
-    assert max(len(row) for row in rows) <= 100, max(rows, key=len)
+    assert any("Serve | start ranks 0-7" in row for row in rows), rows
+    # One scheme: STEP | what, the step never repeated in the name (issue 30).
+    names = [row.strip().split("  ")[0] for row in rows[1:]]
+    assert all(re.match(r"^(Engine|Model|Serve|Smoke) \| [^|]+$", n) for n in names), names
+    assert not [n for n in names if re.match(r"^(\w+) \| \1:", n)], names
+    # At 80 columns (make demo at a terminal) no row wraps: the longest name leaves room for
+    # pyinfra's two count columns.
+    assert max(len(row) for row in rows) <= 80, max(rows, key=len)
 
 
 def test_ranks_in_an_operation_name() -> None:
@@ -278,7 +297,6 @@ LINK = r"\]\((?!https?://|mailto:)([^)#\s]+)(?:#[^)\s]*)?\)"
 
 
 def test_every_link_inside_the_repo_resolves_and_stays_inside() -> None:
-    import re
 
     for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         for target in re.findall(LINK, doc.read_text()):
@@ -302,3 +320,205 @@ def test_the_two_container_inventory_loads_with_the_router_on_ct200() -> None:
     assert problems == []
     assert sorted(loaded) == ["ct200", "ct201"]
     assert {s.router.host for s in loaded.values() if s.router} == {"ct200"}
+
+
+# -- the air-gap tools and the pipes -----------------------------------------------------------
+
+
+def lock(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    rc, out, err = run(
+        sys.executable, "-m", "operations.lock", "inventory/ct200.py", *args, env=env
+    )
+    return rc, out + err
+
+
+@pytest.mark.parametrize(
+    ("release", "texts"),
+    [
+        ("0.5.22", ["sglang_version '0.5.22'", "not in the knowledge base", "0.5.11"]),
+        ("0.5.23", ["cuda_lane 'cu128'", "has no cu128", "offers cu130"]),
+    ],
+)
+def test_lock_refuses_what_the_plan_refuses_in_one_line(release: str, texts: list[str]) -> None:
+    rc, out = lock("--python", "3.11", *data(f"sglang_version={release}"))
+    assert rc == 1
+    (line,) = out.splitlines()
+    assert line.startswith("error: ct200: ") and all(t in line for t in texts), line
+    assert "resolver should have refused" not in out
+
+
+def test_lock_names_the_setting_of_an_index_it_cannot_reach(tmp_path: Path) -> None:
+    """Every index on a closed loopback port: uv fails on the first it asks, and the line
+    names the setting that points there."""
+    closed = "http://127.0.0.1:9"
+    rc, out = lock(
+        "--python",
+        "3.11",
+        *data(
+            f"torch_index_url={closed}/whl/{{lane}}",
+            f"kernel_index_url={closed}/k/{{lane}}",
+            f"package_index_url={closed}/simple",
+            f"engine_lock_dir={tmp_path / 'locks'}",
+        ),
+        env={**os.environ, "UV_HTTP_RETRIES": "0", "UV_CACHE_DIR": str(tmp_path / "cache")},
+    )
+    assert rc == 1
+    errors = [ln for ln in out.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1, out
+    keys = ("kernel_index_url", "torch_index_url", "package_index_url")
+    assert any(f"{closed}/" in errors[0] and f"({key})" in errors[0] for key in keys), out
+    assert "uv: " in out  # uv's own lines, shown as they came
+    assert not (tmp_path / "locks").exists()
+
+
+def test_a_missing_interpreter_says_what_to_install() -> None:
+    """uv's words (0.13.9, captured with no python3.12 on the controller's PATH)."""
+    from operations import kb
+    from operations.engine_spec import engine_spec
+    from operations.lock import uv_problem
+
+    said = (
+        "error: Failed to inspect Python interpreter from search path at "
+        "`/root/.pyenv/shims/python3.12`\n  cause: Querying Python at "
+        "`/root/.pyenv/shims/python3.12` failed with exit status exit status: 127"
+    )
+    settings = make_settings()
+    spec = engine_spec(settings, kb.load(), "3.12")
+    line = uv_problem(said, settings, spec)
+    assert "no Python 3.12 on this controller" in line and "apt-get install python3.12" in line
+
+
+def test_the_kernel_index_is_named_by_its_setting() -> None:
+    """uv's words (0.13.9) for a kernel index on a closed port."""
+    from operations import kb
+    from operations.engine_spec import engine_spec
+    from operations.lock import uv_problem
+
+    settings = make_settings(kernel_index_url="http://127.0.0.1:9/k/{lane}")
+    spec = engine_spec(settings, kb.load(), "3.11")
+    said = (
+        "error: Request failed after 3 retries in 6.2s\n"
+        "  cause: Failed to fetch: http://127.0.0.1:9/k/cu129/sglang-kernel/\n"
+        "  cause: Connection refused (os error 111)"
+    )
+    assert uv_problem(said, settings, spec) == (
+        "uv could not read http://127.0.0.1:9/k/cu129 (kernel_index_url): "
+        "Connection refused (os error 111)"
+    )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["operations.plan", DEMO, "--json"],
+        ["operations.plan", DEMO],
+        ["operations.status", DEMO, "--json"],
+        ["operations.status", DEMO],
+    ],
+)
+def test_a_closed_pipe_is_quiet(argv: list[str]) -> None:
+    """`... | head`: the reader has gone before the first write; nothing on stderr."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", *argv],
+            cwd=ROOT,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    # 141 as SIGPIPE would (operations/closed_pipe.py); rich's own handler, for the tables, 1.
+    assert result.stderr == "" and result.returncode in (1, 141), result.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the listener binds as root: needs root")
+def test_the_health_wait_says_each_rank_as_it_comes_and_the_slowest_on_timeout(
+    tmp_path: Path,
+) -> None:
+    """wait_healthy.py as the host runs it: rank 0 answers (a line with the count), rank 1's
+    port has no listener: on the deadline both waited-for units are named and the journal of
+    the first still waited for (the slowest) is printed."""
+    from tests.e2e.index import free_port
+    from tests.unit.shipped import script_path
+    from tests.unit.test_listeners import Listener
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text(
+        "#!/bin/sh\nprintf 'ActiveState=active\\nSubState=running\\nNRestarts=0\\n'\n"
+    )
+    # journalctl -u UNIT ...: the unit it was asked for, so the test sees whose tail it is.
+    (bin_dir / "journalctl").write_text('#!/bin/sh\necho "journal tail of $2"\n')
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    rank = Listener(-1)
+    silent = free_port()
+    try:
+        proc = subprocess.run(
+            [
+                *(sys.executable, str(script_path("wait_healthy.py")), "--timeout", "2"),
+                *("--service-user", "root"),
+                f"sglang@0.service=http://127.0.0.1:{rank.port}/health",
+                f"sglang@1.service=http://127.0.0.1:{silent}/health",
+                f"sglang@2.service=http://127.0.0.1:{silent}/health",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        rank.stop()
+    assert proc.returncode == 1, proc
+    assert "sglang@0.service: healthy after" in proc.stdout and ", 1 of 3" in proc.stdout
+    assert (
+        f"sglang@1.service: no 200 from http://127.0.0.1:{silent}/health within 2s (still "
+        "waiting for 2 of 3: sglang@1.service, sglang@2.service)"
+    ) in proc.stdout, proc.stdout
+    assert "journal tail of sglang@1.service" in proc.stdout
+
+
+def test_a_model_name_the_knowledge_base_does_not_know_is_warned_with_its_architecture() -> None:
+    """Issue 30: Llama's name over Qwen's weights passes no more in silence; the plan shows
+    the architecture config.json names (the compact view's model line too)."""
+    rc, out = plan("--json", *data("model_name=meta-llama/Llama-3.1-8B"))
+    assert rc == 0, out
+    (warning,) = [
+        w for w in json.loads(out)["hosts"]["@fake/ct200"]["warnings"] if "model_name" in w
+    ]
+    assert "'meta-llama/Llama-3.1-8B'" in warning and "not in the knowledge base" in warning
+    assert "config.json names Qwen3_5ForConditionalGeneration" in warning
+    rc, out = plan()
+    assert "config.json: Qwen3_5ForConditionalGeneration" in unfolded(out)
+    assert "not in the knowledge base" not in out
+
+
+def test_the_e2e_harness_keys_operations_by_their_step_as_before() -> None:
+    """Operation names no longer repeat their step (pyinfra prints `Engine | install`); the
+    e2e tests still find them as `Engine: install`, a router's as `Router: ...`."""
+    from tests.e2e.deploying import parse_statuses
+
+    log = "\n".join(
+        [
+            "--> Starting operation: Engine | install",
+            "    [h] Success",
+            "--> Starting operation: Serve | Router: unit",
+            "    [h] No changes",
+            "--> Starting operation: Model | stage the copy (beside)",
+            "    [h] Success",
+            "--> Starting operation: Smoke | chat requests",
+            "    [h] Success",
+        ]
+    )
+    assert parse_statuses(log, "h") == {
+        "Engine: install": "Success",
+        "Router: unit": "No changes",
+        "stage the copy (beside)": "Success",
+        "Smoke: chat requests": "Success",
+    }

@@ -75,13 +75,16 @@ def recorded(tmp_path: Path, what: str, *args: str) -> tuple[str, list[tuple[str
     return out, [(fact, cmd) for fact, cmd in json.loads(log.read_text())]
 
 
-def plan(*args: str, inventory: str = "inventory/demo.py") -> subprocess.CompletedProcess[str]:
+def plan(
+    *args: str, inventory: str = "inventory/demo.py", env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "operations.plan", inventory, *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -120,42 +123,68 @@ def test_human_output_shows_decisions_and_ranks_on_stdout() -> None:
     """On stdout, so that `plan | less` and grep see it."""
     result = plan()
     assert result.returncode == 0, result.stderr
-    for text in ("ready", "flashinfer", "30007", "CUDA lane", "sglang@7.service"):
+    for text in ("ready", "flashinfer", "30000-30007", "lane cu128", "sglang@{0-7}.service"):
         assert text in result.stdout
     assert result.stderr == ""
 
 
+def test_the_compact_plan_fits_80_lines_with_the_command_line() -> None:
+    """Issue 30: errors and warnings first, then one line per item, the rank command line
+    visible, the reasons and sources behind --why."""
+    result = plan(env={"COLUMNS": "80"})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) <= 40, result.stdout
+    assert max(len(line) for line in lines) <= 80
+    labels = [ln.strip("│ ").split(" ", 1)[0] for ln in lines[1:]]
+    order = ["warning:", "release", "GPUs", "engine", "compiler", "model", "copy", "ranks"]
+    assert [labels.index(label) for label in order] == sorted(
+        labels.index(label) for label in order
+    ), labels
+    assert "backend flashinfer" in result.stdout and "changes" in labels
+    assert "--mamba-scheduler-strategy extra_buffer" in result.stdout
+    assert "config.json: Qwen3_5ForConditionalGeneration" in result.stdout
+    # The sources are --why's: the compact plan names none.
+    assert "(source:" not in result.stdout and "pytorch.org/whl" not in result.stdout
+
+
+def test_why_shows_package_extras_that_rich_would_take_for_markup() -> None:
+    """0.5.19 overrides flashinfer_python[cu13]: `[cu13]` is text, never rich markup."""
+    result = plan("--why", "--data", "sglang_version=0.5.19", env={"COLUMNS": "200"})
+    assert "replaces the release's flashinfer_python[cu13]==0.6.18" in result.stdout, result.stdout
+    assert "cuda_nvcc-linux-x86_64-12.8.93-archive.tar.xz" in result.stdout
+
+
+def test_the_json_lists_the_compilers_archives_with_their_urls() -> None:
+    rc, doc = plan_json()
+    assert rc == 0
+    archives = doc["hosts"]["@fake/ct200"]["compiler_archives"]
+    assert [a["name"] for a in archives] == ["cuda_nvcc", "cuda_cudart", "cuda_cccl"]
+    for a in archives:
+        assert a["url"].startswith("https://developer.download.nvidia.com/compute/cuda/redist/")
+        assert a["url"].endswith("/" + a["file"]) and len(a["sha256"]) == 64
+
+
+def test_a_mirrors_credentials_never_reach_the_plan() -> None:
+    secret = "cuda_redist_url=https://user:s3cret@mirror.example/redist"
+    for args in (["--why"], ["--json"], []):
+        result = plan(*args, "--data", secret)
+        assert result.returncode == 0 and "s3cret" not in result.stdout + result.stderr
+        assert "mirror.example/redist" in result.stdout
+
+
 def test_panel_wraps_values_instead_of_cutting_them() -> None:
-    """An 80-column log (a pipe): every value whole, over as many lines as it needs."""
-    result = plan()
+    """An 80-column log (a pipe): every value whole, over as many lines as it needs; under
+    --why each reason has the whole width below its decision, so a URL shorter than a line is
+    never broken."""
+    result = plan("--why")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert max(len(line) for line in lines) <= 80
     assert "…" not in result.stdout
-    # A value that used to end in an ellipsis: whole, once its column's lines are joined.
-    assert "FLASHINFER_CUDA_ARCH_LIST=12.0a" in decision_cells(lines, "rank environment", "value")
-    whys = decision_cells(lines, "engine pin", "why")
-    assert any("https://download.pytorch.org/whl/cu128" in why for why in whys), whys
-
-
-def decision_cells(lines: list[str], what: str, column: str) -> list[str]:
-    """The text of one column of the decisions table in each row named `what`, each cell's
-    wrapped lines joined."""
-    (header,) = [ln for ln in lines if " what " in ln and " value " in ln and " why" in ln]
-    start = header.index(f" {column}") + 1
-    end = header.index(" why") + 1 if column == "value" else len(header)
-    first = header.index(" value")
-    cells = []
-    for at, line in enumerate(lines):
-        if line[:first].strip("│ ") != what:
-            continue
-        cell = [line[start:end].strip("│ ")]
-        for more in lines[at + 1 :]:
-            if more[:first].strip("│ ") or not more.startswith("│"):
-                break
-            cell.append(more[start:end].strip("│ "))
-        cells.append("".join(cell))
-    return cells
+    assert any("rank environment: FLASHINFER_CUDA_ARCH_LIST=12.0a" in ln for ln in lines)
+    (at,) = [i for i, ln in enumerate(lines) if "engine pin: torch==2.11.0+cu128" in ln]
+    assert "only from https://download.pytorch.org/whl/cu128" in lines[at + 1]
 
 
 @pytest.mark.parametrize(
@@ -209,18 +238,37 @@ def test_bad_settings_are_one_line_each_without_traceback() -> None:
 
 def test_the_plan_command_only_reads_facts(tmp_path: Path) -> None:
     out, commands = recorded(tmp_path, "plan", "inventory/demo.py")
-    assert "ready" in out and "sglang@7.service" in out, out
+    assert "ready" in out and "sglang@{0-7}.service" in out, out
     asked = [str(fact) for fact, _ in commands]  # "None": an operation's command
     # Three facts, each asked once and at the same time: the preflight facts, what serves now
     # and the staging plan (asked again only when a kept copy is a leftover; none here).
     assert sorted(asked) == ["ModelStaging", "PreflightFacts", "ServingState"], commands
 
 
+def test_make_demo_fits_80_lines_at_80_columns() -> None:
+    """Issue 30: `make demo` (the dry deploy at 80 columns, pyinfra's change table included)
+    is at most 80 lines, counting each line as a terminal of 80 columns wraps it."""
+    result = subprocess.run(
+        [str(PYINFRA), "inventory/demo.py", "deploy.py", "--dry"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "COLUMNS": "80"},
+    )
+    assert result.returncode == 0, result.stderr
+    lines = (result.stdout + result.stderr).splitlines()
+    shown = sum(max(1, -(-len(line.rstrip()) // 80)) for line in lines)
+    assert shown <= 80, "\n".join(lines)
+    assert "--port PORT" in result.stdout + result.stderr
+
+
 def test_dry_deploy_shows_the_plan_and_changes_nothing(tmp_path: Path) -> None:
     """`make demo`: the real pyinfra CLI over the simulated host."""
     out, commands = recorded(tmp_path, "pyinfra", "inventory/demo.py", "deploy.py", "--dry", "-y")
     assert "--attention-backend flashinfer" in out
-    assert all(f"sglang@{rank}.service" in out for rank in range(8)) and "30007" in out
+    assert "sglang@{0-7}.service" in out and "ports 30000-30007" in out
     assert {"PreflightFacts", "ModelStaging", "ServingState"} <= {f for f, _ in commands}
     # Facts only, no operation's command and no upload reached the host.
     assert [cmd for fact, cmd in commands if fact is None] == []
@@ -230,9 +278,33 @@ def test_the_recorder_sees_what_a_real_run_changes(tmp_path: Path) -> None:
     """The same deploy without --dry: the recorder above catches operations' commands, so an
     empty list there means none ran. (On the simulated host the run stops at the engine step,
     whose commands answer nothing; it got far enough to change the host.)"""
-    _, commands = recorded(tmp_path, "pyinfra", "inventory/demo.py", "deploy.py", "-y")
+    # The demo inventory refuses a real run (next test): the same host without its `_demo`.
+    inventory = tmp_path / "real.py"
+    inventory.write_text(
+        "from inventory import demo as _demo\n"
+        "ct200 = [(n, {k: v for k, v in d.items() if k != '_demo'}) for n, d in _demo.ct200]\n"
+    )
+    _, commands = recorded(tmp_path, "pyinfra", str(inventory), "deploy.py", "-y")
     changes = [cmd for fact, cmd in commands if fact is None]
     assert "mkdir -p /opt/sglang/envs" in changes, changes
+
+
+def test_the_demo_refuses_a_real_run_up_front_naming_dry(tmp_path: Path) -> None:
+    """Issue 30: `pyinfra inventory/demo.py deploy.py -y` (no --dry) changes nothing, asks no
+    fact, and says to use --dry; exit status 1."""
+    log = tmp_path / "pyinfra-commands.json"
+    result = subprocess.run(
+        [sys.executable, "-c", RECORDER, str(log), "pyinfra", "inventory/demo.py", "deploy.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        stdin=subprocess.DEVNULL,
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode == 1 and "Traceback" not in out, out
+    assert "is simulated" in out and "--dry" in out and "Press enter" not in out
+    assert json.loads(log.read_text()) == []
 
 
 def test_dry_deploy_with_bad_settings_stops_before_any_host_work() -> None:

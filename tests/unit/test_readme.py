@@ -10,6 +10,8 @@ from operations.settings import schema
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
+CONFIGURATION = (ROOT / "docs" / "configuration.md").read_text()
+TROUBLESHOOTING = (ROOT / "docs" / "troubleshooting.md").read_text()
 
 
 def test_quick_start_is_exactly_the_two_make_commands() -> None:
@@ -23,12 +25,17 @@ def test_quick_start_is_exactly_the_two_make_commands() -> None:
 
 
 def test_every_setting_is_documented_with_its_default() -> None:
-    reference = README.split("## Configuration reference", 1)[1].split("\n## ", 1)[0]
+    """docs/configuration.md has a row for every key of operations/settings.schema.json (read
+    here, so a key another change adds needs only its row: `| `key` | `default` | meaning |`)
+    and none for a key the schema no longer has."""
     rows = {
-        m.group(1): m.group(2) for m in re.finditer(r"^\| `([a-z_]+)` \| (.*?) \|", reference, re.M)
+        m.group(1): m.group(2)
+        for m in re.finditer(r"^\| `([a-z_]+)` \| (.*?) \|", CONFIGURATION, re.M)
     }
     props = schema()["properties"]
-    assert set(rows) == set(props)
+    missing = sorted(set(props) - set(rows))
+    assert not missing, f"keys of settings.schema.json not in docs/configuration.md: {missing}"
+    assert set(rows) == set(props), f"rows for no key: {sorted(set(rows) - set(props))}"
     for key, prop in props.items():
         expected = f"`{json.dumps(prop['default'])}`" if "default" in prop else "(required)"
         assert rows[key] == expected, key
@@ -54,7 +61,60 @@ def test_every_preflight_check_is_in_the_troubleshooting_table() -> None:
                 tail = "".join(str(part) for part in parts).strip()
                 checks.add(f"/dev/shm {tail}")
     assert len(checks) >= 12, checks
-    table = README.split("## Troubleshooting", 1)[1]
+    table = TROUBLESHOOTING.split("## Preflight failures", 1)[1]
     rows = [line.split("|")[1] for line in table.splitlines() if line.startswith("| ")]
     for check in checks:
         assert any(check in row for row in rows), f"{check!r} is not in the troubleshooting table"
+
+
+# -- the README is a quick start ----------------------------------------------------------------
+
+QUICK_START_ORDER = [
+    "### What has been proven, and on what",
+    "### Quick start",
+    "## Prerequisites",
+    "## The Proxmox node (pve.py)",
+    "## First deploy",
+    "## First request",
+    "## Day-2",
+    "## Where to go next",
+]
+
+
+def test_the_readme_is_a_short_quick_start_in_the_newcomers_order() -> None:
+    assert len(README.encode()) <= 16 * 1024, len(README.encode())
+    headings = [ln for ln in README.splitlines() if ln.startswith("#")]
+    at = [
+        next(i for i, h in enumerate(headings) if h.startswith(want)) for want in QUICK_START_ORDER
+    ]
+    assert at == sorted(at), headings
+    for need in ("/dev/shm", "52 GiB", "82 GiB", "root", "model_source"):
+        assert need in README.split("## Prerequisites", 1)[1].split("\n## ", 1)[0], need
+    request = README.split("## First request", 1)[1].split("\n## ", 1)[0]
+    assert "curl" in request and "from openai import OpenAI" in request
+    assert ":30000/v1" in request and ":8000/v1" in request  # one rank, and the router
+    assert "Not yet proven on real GPUs" in README
+
+
+def test_commands_are_spelt_one_way() -> None:
+    """Every shell line in the README and the docs runs the venv's tools by their .venv/bin
+    path (the README says so once): no bare `python -m`, `pyinfra` or `python scripts/`."""
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "bench/README.md"]
+    for doc in docs:
+        text = doc.read_text()
+        for block in re.findall(r"```(?:sh|bash)?\n(.*?)```", text, re.S):
+            for line in block.splitlines():
+                words = line.split("#")[0].split()
+                if not words or words[0] in ("export", "make", "curl", "-H", "-d", "ssh"):
+                    continue
+                if words[0] in ("python", "python3", "pyinfra", "uv"):
+                    raise AssertionError(f"{doc.name}: {line!r} should start with .venv/bin/")
+        for bare in re.findall(r"`(python -m [a-z.]+|python scripts/[a-z_]+\.py)", text):
+            raise AssertionError(f"{doc.name}: `{bare}` should be `.venv/bin/{bare}`")
+
+
+def test_the_moved_sections_live_where_the_readme_points() -> None:
+    assert "## Configuration reference" not in README
+    assert "## Troubleshooting: hostile inputs" in (ROOT / "docs" / "security.md").read_text()
+    assert "| `bench/serve_bench.py` |" in (ROOT / "bench" / "README.md").read_text()
+    assert "](bench/README.md)" in README

@@ -255,6 +255,29 @@ def test_the_table_and_the_summary_lines() -> None:
     assert text.rstrip().endswith("NOT healthy: ct200, ct201")
 
 
+@pytest.mark.parametrize("probed", [False, True])
+def test_at_80_columns_every_rank_is_one_line_with_its_port_whole(probed: bool) -> None:
+    """Issue 30: below WIDE_COLUMNS what the ranks share is said once, the columns are short,
+    and no port is cut (`300…`); at WIDE_COLUMNS and more the wide table is kept."""
+    r = result(fact("eight-ranks-and-the-router-healthy"), router=ROUTER)
+    r = st.with_probe(r, probe("3")) if probed else r
+    console = Console(record=True, width=80)
+    st.print_results([r], console=console)
+    text = console.export_text()
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80, text
+    assert "…" not in text
+    assert "sglang 0.5.11 cu128, Qwen/Qwen3.6-27B@21d5607c34a07d56" in text
+    for rank in range(8):
+        (row,) = [ln for ln in lines if ln.split()[:1] == [str(rank)]]
+        assert f" {30000 + rank} " in row and "running" in row and " ok " in row, row
+        if probed:
+            assert row.rstrip().endswith("no 4ms" if rank == 3 else "yes 12ms 12t"), row
+    wide = Console(record=True, width=st.view.WIDE_COLUMNS)
+    st.print_results([r], console=wide)
+    assert "active (running)" in wide.export_text()
+
+
 # -- --probe: a chat request per rank -------------------------------------------------------
 
 
