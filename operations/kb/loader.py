@@ -188,6 +188,7 @@ class _Reader:
                 _limits(r.get("warns", {})),
                 r["reason"],
                 self.cites(f"mamba_no_buffer[{i}]", r["source"]),
+                tuple(r.get("adds", [])),
             )
             for i, r in enumerate(raw["mamba_no_buffer"])
         )
@@ -378,6 +379,20 @@ def _cross_problems(kb: Knowledge) -> Iterator[str]:
     for i, no_buffer in enumerate(kb.mamba_no_buffer):
         for limits in (no_buffer.refuses, no_buffer.warns):
             yield from backends(f"mamba_no_buffer[{i}]", limits.attention_backends)
+        for number, table in tables.items():
+            if table is None or not in_range(number, no_buffer.releases):
+                continue
+            for added in no_buffer.adds:
+                flag_entry = table.get(added)
+                if flag_entry is None or flag_entry.takes_value:
+                    yield f"mamba_no_buffer[{i}].adds: sglang {number} has no flag {added}"
+    for number in kb.releases:
+        rules = [r for r in kb.mamba_no_buffer if in_range(number, r.releases)]
+        if len(rules) != 1:
+            yield (
+                f"mamba_no_buffer: sglang {number} falls in {len(rules)} of its ranges; "
+                "every release must fall in exactly one"
+            )
     for flag in kb.flags.all():
         for number in kb.releases:
             covering = [i for i, s in enumerate(flag.spellings) if in_range(number, s.releases)]

@@ -322,6 +322,8 @@ class NoBufferRule:
     warns: NoBufferLimits
     reason: str
     source: Cites
+    # Options the plan adds whenever no_buffer is set (what the release asserts is set).
+    adds: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

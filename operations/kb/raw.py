@@ -167,6 +167,7 @@ class RawNoBuffer(TypedDict):
     releases: str
     refuses: NotRequired[RawLimits]
     warns: NotRequired[RawLimits]
+    adds: NotRequired[list[str]]
     reason: str
     source: RawCites
 

@@ -73,6 +73,10 @@ def server_args(ctx: Resolution, hybrid: bool, backend: str | None) -> list[str]
         option = renamed_flag(ctx, ctx.kb.flags.mamba_cache_strategy)
         if option:
             args += [option, s.mamba_cache_strategy]
+        no_buffer = ctx.kb.no_buffer_rule(s.sglang_version) if ctx.release_known else None
+        if s.mamba_cache_strategy == "no_buffer" and no_buffer is not None:
+            # What the release asserts with no_buffer (e.g. the overlap schedule off from 0.5.14).
+            args += [a for a in no_buffer.adds if a not in s.extra_server_args]
     if s.cuda_graph_max_bs is not None:
         option = renamed_flag(ctx, ctx.kb.flags.cuda_graph_max_bs)
         if option:

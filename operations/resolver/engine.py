@@ -21,12 +21,12 @@ def check_release(ctx: Resolution) -> None:
     if ctx.release_known and ctx.table is not None:
         return
     release = ctx.s.sglang_version
-    supported = ", ".join(ctx.kb.supported_releases())
+    known = ctx.kb.supported_releases()
     ctx.error(
         f"sglang_version {release!r} {ctx.where('sglang_version')} is not in the knowledge "
-        f"base (supported: {supported}); to add it, run "
-        f"'python scripts/gen_cli_table.py sglang {release}' and add a 'releases' entry in "
-        "operations/knowledge/sglang.yaml (see operations/knowledge/cli/README.md)"
+        f"base (known: {len(known)} releases, {known[0]} to {known[-1]}; which fit this host: "
+        "'python -m operations.releases INVENTORY'); to add it, run "
+        f"'python -m operations.kb intake {release}' (see docs/engine.md)"
     )
 
 

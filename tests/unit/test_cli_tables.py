@@ -26,13 +26,25 @@ ROUTER_RELEASES = ("0.3.2",)
 ALL_TABLES = [("sglang", v) for v in SGLANG_RELEASES] + [
     ("sglang-router", v) for v in ROUTER_RELEASES
 ]
-# What each release needs to resolve on the RTX PRO 6000 fixtures: 0.5.9 predates Qwen3.6, and
-# 0.5.23 offers only the CUDA 13 lane (a 580 driver).
+
+
+# What each release needs to resolve on the RTX PRO 6000 fixtures, read off the knowledge base:
+# a release without a CUDA 12 lane plans on a 580 driver with cu130 (the simulated CT200 after
+# `pve.py` moved its node driver), the rest on the 570 CT200 with their first lane; a release
+# older than the model's floor serves Qwen3.5 instead.
+def _settings_for(release: str) -> tuple[str, dict[str, Any]]:
+    lanes = KNOWLEDGE.releases[release].lanes
+    model = KNOWLEDGE.models["Qwen/Qwen3.6-27B"]
+    needed: dict[str, Any] = {}
+    if model.min_release and kb.version(release) < kb.version(model.min_release):
+        needed["model_name"] = "Qwen/Qwen3.5-27B"
+    if all(KNOWLEDGE.lanes[lane].cuda.startswith("13") for lane in lanes):
+        return "rtx-pro-6000-x8-driver-580", {**needed, "cuda_lane": lanes[0]}
+    return "rtx-pro-6000-x8", {**needed, "cuda_lane": lanes[0]}
+
+
 RELEASE_SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "0.5.9": ("rtx-pro-6000-x8", {"model_name": "Qwen/Qwen3.5-27B"}),
-    "0.5.11": ("rtx-pro-6000-x8", {}),
-    "0.5.19": ("rtx-pro-6000-x8", {}),
-    "0.5.23": ("rtx-pro-6000-x8-driver-580", {"cuda_lane": "cu130"}),
+    release: _settings_for(release) for release in SGLANG_RELEASES
 }
 # Every setting that adds an option, at once.
 EVERYTHING: dict[str, Any] = {
@@ -192,3 +204,24 @@ def test_a_router_policy_its_parser_lacks_is_refused() -> None:
     errors, _ = cli_problems(argv, table("0.3.2", "sglang-router"), "router")
     assert len(errors) == 1 and "'least_busy' is not accepted by sglang-router 0.3.2" in errors[0]
     assert "round_robin" in errors[0]
+
+
+@pytest.mark.parametrize("release", SGLANG_RELEASES)
+def test_every_release_plans_8_ranks_its_parser_accepts(release: str) -> None:
+    """<= the last CUDA 12 release on the 570 CT200, later ones on a 580-driver CT200 (cu130)."""
+    p = plan(release)
+    assert len(p.ranks) == 8 and not p.errors, p.errors
+    for rank in p.ranks:
+        errors, _ = cli_problems(rank.argv[3:], table(release), "rank")
+        assert not errors, errors
+
+
+@pytest.mark.parametrize(
+    "release", [r for r in SGLANG_RELEASES if RELEASE_SETTINGS[r][0].endswith("driver-580")]
+)
+def test_a_cuda13_only_release_on_the_570_driver_is_refused_naming_the_driver(
+    release: str,
+) -> None:
+    p = resolve(make_settings(sglang_version=release), facts("rtx-pro-6000-x8"))
+    assert not p.ranks
+    assert any("driver 570" in e and "needs driver >= 580" in e for e in p.errors), p.errors
