@@ -29,6 +29,7 @@ the script again for a committed release must give no diff; ``--check`` verifies
 from __future__ import annotations
 
 import argparse
+import ast
 import email.parser
 import json
 import os
@@ -376,6 +377,8 @@ def generate_stubbed(package: str, version: str, cache_dir: Path) -> str:
             if proc.returncode == 0:
                 raw: list[dict[str, Any]] = json.loads(proc.stdout)
                 log(f"built with stand-ins for: {', '.join(stubs) or 'nothing'}")
+                if package == "sglang":
+                    ASSERTS[version] = render_asserts(version, src)
                 return render(build_table(package, version, raw))
             missing = re.findall(r"No module named '([^'.]+)", proc.stderr)
             if not missing or missing[-1] in stubs:
@@ -385,10 +388,57 @@ def generate_stubbed(package: str, version: str, cache_dir: Path) -> str:
     raise SystemExit("gave up after 60 stand-ins")
 
 
+ASSERT_DIR = REPO_ROOT / "operations" / "knowledge" / "asserts"
+ASSERT_FILES = ("sglang/srt/server_args.py", "sglang/srt/arg_groups/*.py")
+
+
+def start_asserts(src: Path) -> dict[str, list[str]]:
+    """The asserts a release's argument checks make at start-up: every `assert` inside
+    `_validate_mamba_*` / `validate_mamba_*` / `_handle_*` of server_args.py and arg_groups/,
+    by function (leading underscore dropped), each its message (an f-string's holes as {}) or,
+    without one, `assert <test>`."""
+    found: dict[str, set[str]] = {}
+    for pattern in ASSERT_FILES:
+        for path in sorted(src.glob(pattern)):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.FunctionDef):
+                    continue
+                name = node.name.lstrip("_")
+                if not (name.startswith("validate_mamba") or node.name.startswith("_handle_")):
+                    continue
+                for sub in ast.walk(node):
+                    if isinstance(sub, ast.Assert):
+                        found.setdefault(name, set()).add(_assert_text(sub))
+    return {name: sorted(messages) for name, messages in sorted(found.items())}
+
+
+def _assert_text(node: ast.Assert) -> str:
+    msg = node.msg
+    if isinstance(msg, ast.Constant):
+        return str(msg.value)
+    if isinstance(msg, ast.JoinedStr):
+        return "".join(str(v.value) if isinstance(v, ast.Constant) else "{}" for v in msg.values)
+    return "assert " + ast.unparse(node.test)
+
+
+def render_asserts(version: str, src: Path) -> str:
+    doc = {
+        "package": "sglang",
+        "version": version,
+        "source": f"sglang=={version} wheel from PyPI: {', '.join(ASSERT_FILES)}",
+        "generated_by": f"scripts/gen_cli_table.py sglang {version}",
+        "asserts": start_asserts(src),
+    }
+    return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
 def _child_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "SGLANG", "CUDA"))}
     env.update(CUDA_VISIBLE_DEVICES="", PYTHONHASHSEED="0", HF_HUB_OFFLINE="1")
     return env
+
+
+ASSERTS: dict[str, str] = {}  # version -> its start-up asserts, as written
 
 
 def generate(package: str, version: str, cache_dir: Path, method: str = "stubbed") -> str:
@@ -436,14 +486,20 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{' '.join(map(str, exc.cmd))[:200]} failed with exit status {exc.returncode}")
         return 1
     out = args.out_dir / f"{args.package}-{args.version}.json"
+    written = {out: text}
+    if args.version in ASSERTS:
+        written[ASSERT_DIR / f"sglang-{args.version}.json"] = ASSERTS[args.version]
     if args.check:
-        if not out.exists() or out.read_text() != text:
-            log(f"{out} is missing or differs from the regenerated table")
+        stale = [p for p, t in written.items() if not p.exists() or p.read_text() != t]
+        for path in stale:
+            log(f"{path} is missing or differs from the regenerated one")
+        if stale:
             return 1
         log(f"{out} is up to date")
         return 0
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    for path, content in written.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
     n = len(json.loads(text)["options"])
     log(f"wrote {out} ({n} option strings)")
     return 0

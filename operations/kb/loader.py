@@ -47,6 +47,7 @@ from operations.kb.model import (
     Source,
     Speculative,
     Spelling,
+    StartAssert,
     Unproven,
     in_range,
     version,
@@ -180,6 +181,8 @@ class _Reader:
             s["flashinfer_newer_than"],
             s["flashinfer_reason"],
             self.cites("speculative", s["source"]),
+            s.get("hybrid_max_draft_tokens"),
+            s.get("hybrid_max_draft_tokens_reason", ""),
         )
         no_buffer = tuple(
             NoBufferRule(
@@ -216,6 +219,16 @@ class _Reader:
             )
             for number, r in raw.get("routers", {}).items()
         }
+        start_asserts = tuple(
+            StartAssert(
+                a["function"],
+                a.get("match"),
+                a.get("anticipated"),
+                a.get("unreachable"),
+                self.cites(f"start_asserts[{i}]", a["source"]),
+            )
+            for i, a in enumerate(raw["start_asserts"])
+        )
         self.problems += [
             f"sources.{sid}: cited by nothing" for sid in self.sources if sid not in self.cited
         ]
@@ -234,6 +247,7 @@ class _Reader:
             mamba_no_buffer=no_buffer,
             rank_environment=environment,
             routers=MappingProxyType(routers),
+            start_asserts=start_asserts,
         )
 
     def release(self, number: str, raw: RawRelease, lanes: Mapping[str, Lane]) -> Release:

@@ -172,12 +172,22 @@ class RawNoBuffer(TypedDict):
     source: RawCites
 
 
+class RawStartAssert(TypedDict):
+    function: str
+    match: NotRequired[str]
+    anticipated: NotRequired[str]
+    unreachable: NotRequired[str]
+    source: RawCites
+
+
 class RawSpeculative(TypedDict):
     hybrid_requires_mamba_strategy: str
     hybrid_reason: str
     flashinfer_newer_than: str
     flashinfer_reason: str
     source: RawCites
+    hybrid_max_draft_tokens: NotRequired[int]
+    hybrid_max_draft_tokens_reason: NotRequired[str]
 
 
 class RawRankEnvironment(TypedDict):
@@ -212,6 +222,7 @@ class RawKnowledge(TypedDict):
     flags: dict[str, list[RawSpelling]]
     speculative: RawSpeculative
     mamba_no_buffer: list[RawNoBuffer]
+    start_asserts: list[RawStartAssert]
     rank_environment: list[RawRankEnvironment]
     routers: NotRequired[dict[str, RawRouter]]
 

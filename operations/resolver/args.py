@@ -91,6 +91,22 @@ def server_args(ctx: Resolution, hybrid: bool, backend: str | None) -> list[str]
                 f"{ctx.where('mamba_cache_strategy')}: {rule.hybrid_reason}; accepted with "
                 f"speculative: {need} ({src(rule.source)})"
             )
+        cap = rule.hybrid_max_draft_tokens
+        if hybrid and cap is not None and (spec.num_draft_tokens or 0) > cap:
+            ctx.error(
+                f"speculative.num_draft_tokens {spec.num_draft_tokens} "
+                f"{ctx.where('speculative')}: {rule.hybrid_max_draft_tokens_reason}; accepted: "
+                f"at most {cap} ({src(ctx.kb.sources_for('sglang-start-asserts'))})"
+            )
+        if spec.num_steps is None and (
+            spec.eagle_topk is not None or spec.num_draft_tokens is not None
+        ):
+            ctx.error(
+                f"speculative {ctx.where('speculative')}: eagle_topk and num_draft_tokens need "
+                "num_steps (without it SGLang chooses all three and asserts the other two unset "
+                f"at start); set num_steps, or none of the three "
+                f"({src(ctx.kb.sources_for('sglang-start-asserts'))})"
+            )
         args += ["--speculative-algorithm", spec.algorithm]
         for name, value in (
             ("--speculative-num-steps", spec.num_steps),

@@ -5,6 +5,7 @@ than producing a wrong plan."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -290,3 +291,51 @@ def test_a_cli_table_whose_header_names_another_release_is_refused(tmp_path: Pat
     with pytest.raises(KnowledgeError) as caught:
         kb.load_cli_table("sglang", "0.5.12", tmp_path)
     assert "sglang-0.5.12.json: its header says sglang 0.5.11" in str(caught.value)
+
+
+ASSERTS = kb.KNOWLEDGE_DIR / "asserts"
+
+
+@pytest.mark.parametrize("release", kb.load().supported_releases())
+def test_every_start_assert_a_release_makes_is_anticipated_or_unreachable(release: str) -> None:
+    """Each assert of the release's `_validate_mamba_*` / `_handle_*` (read from its wheel into
+    knowledge/asserts/) is covered by a `start_asserts` entry: the plan adds the flag or refuses,
+    or no setting reaches it. This is the check that would have caught no_buffer's overlap
+    schedule (0.5.14+)."""
+    knowledge = kb.load()
+    table = json.loads((ASSERTS / f"sglang-{release}.json").read_text())
+    assert table["version"] == release
+    uncovered = [
+        f"{function}: {message}"
+        for function, messages in table["asserts"].items()
+        for message in messages
+        if not any(rule.covers(function, message) for rule in knowledge.start_asserts)
+    ]
+    assert not uncovered, uncovered
+
+
+def test_every_start_assert_entry_covers_something() -> None:
+    """An entry no release's assert matches is stale data."""
+    knowledge = kb.load()
+    seen = [
+        (function, message)
+        for path in ASSERTS.glob("sglang-*.json")
+        for function, messages in json.loads(path.read_text())["asserts"].items()
+        for message in messages
+    ]
+    for rule in knowledge.start_asserts:
+        assert any(rule.covers(f, m) for f, m in seen), rule
+
+
+def test_the_no_buffer_overlap_assert_is_anticipated_by_the_rule_that_adds_the_flag() -> None:
+    """Remove `adds` from the no_buffer rules and the releases asserting it stand uncovered by
+    the plan: the rule and its assert entry agree."""
+    knowledge = kb.load()
+    for path in sorted(ASSERTS.glob("sglang-*.json")):
+        table = json.loads(path.read_text())
+        asserts_overlap = any(
+            "overlap schedule" in m for m in table["asserts"].get("validate_mamba_no_buffer", [])
+        )
+        rule = knowledge.no_buffer_rule(table["version"])
+        assert rule is not None
+        assert ("--disable-overlap-schedule" in rule.adds) == asserts_overlap, table["version"]

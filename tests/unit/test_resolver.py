@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -661,7 +662,7 @@ def test_the_rank_environment_is_in_the_unit_and_explained_in_the_plan() -> None
 
 @pytest.mark.parametrize("release", [r for r in RELEASES if kbmod.load().no_buffer_rule(r)])
 def test_no_buffer_plans_what_the_release_asserts(release: str) -> None:
-    """From 0.5.14 an explicit no_buffer asserts the overlap schedule off at start
+    """An explicit no_buffer asserts the overlap schedule off at start where the release says so
     (ServerArgs._validate_mamba_no_buffer): the plan adds the flag, and the release's own
     table has it; older releases turn it off themselves and get nothing added."""
     knowledge = kbmod.load()
@@ -678,6 +679,29 @@ def test_no_buffer_plans_what_the_release_asserts(release: str) -> None:
     )
     assert p.ranks, p.errors
     argv = p.ranks[0].argv
-    asserts_overlap = kbmod.version(release) >= kbmod.version("0.5.14")
+    start = json.loads((kbmod.KNOWLEDGE_DIR / "asserts" / f"sglang-{release}.json").read_text())
+    asserts_overlap = any(
+        "overlap schedule" in m for m in start["asserts"].get("validate_mamba_no_buffer", [])
+    )
     assert ("--disable-overlap-schedule" in argv) == asserts_overlap, argv
     assert ("--disable-overlap-schedule" in argv) == bool(rule.adds)
+
+
+@pytest.mark.parametrize(
+    ("speculative", "wanted"),
+    [
+        # extra_buffer asserts mamba_track_interval (256) >= speculative_num_draft_tokens.
+        ({"algorithm": "EAGLE", "num_steps": 3, "num_draft_tokens": 257}, "at most 256"),
+        # Without num_steps SGLang asserts eagle_topk and num_draft_tokens unset.
+        ({"algorithm": "EAGLE", "eagle_topk": 1}, "need num_steps"),
+    ],
+)
+def test_a_speculative_setting_sglang_asserts_on_is_refused(
+    speculative: dict[str, Any], wanted: str
+) -> None:
+    p = resolve(make_settings(speculative=speculative), facts())
+    assert not p.ranks and any(wanted in e for e in p.errors), p.errors
+    fine = resolve(
+        make_settings(speculative={**speculative, "num_steps": 3, "num_draft_tokens": 4}), facts()
+    )
+    assert not any(wanted in e for e in fine.errors), fine.errors
