@@ -208,6 +208,13 @@ def download_wheel(venv: Path, dist: str, version: str) -> Path:
     return found[0]
 
 
+def read_metadata(wheel: Path) -> str:
+    """The wheel's *.dist-info/METADATA."""
+    with zipfile.ZipFile(wheel) as zf:
+        name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        return zf.read(name).decode()
+
+
 def exact_pins(wheel: Path) -> dict[str, str]:
     """Unconditional ``name==version`` requirements of a wheel, keyed by normalized name."""
     with zipfile.ZipFile(wheel) as zf:

@@ -156,7 +156,9 @@ def draft(release: str, metadata: str, glibc: str = "2.34", whl_dir: Path = WHL_
     if vision is None:
         out.undecided.append(f"no torchvision METADATA fixture requires torch=={torch}")
     audio = _pin(reqs, "torchaudio") or torch
-    kernel = _pin(reqs, "sglang-kernel")
+    # The kernel's project: sglang-kernel, or sgl-kernel before its rename (0.5.9).
+    kernel_name = "sglang-kernel" if "sglang-kernel" in reqs else "sgl-kernel"
+    kernel = _pin(reqs, kernel_name)
     bindings = reqs.get("cuda-python")
     cuda12_release = bindings is not None and any(
         s.operator == "==" and s.version.startswith("12.") for s in bindings.specifier
@@ -175,14 +177,18 @@ def draft(release: str, metadata: str, glibc: str = "2.34", whl_dir: Path = WHL_
             )
     lanes: dict[str, dict[str, Any]] = {}
     if number <= LAST_CUDA12:
-        lanes["cu128"] = _cuda12_build(release, bearing, reqs, torch, vision, audio, kernel, out)
+        lanes["cu128"] = _cuda12_build(
+            release, bearing, reqs, torch, vision, audio, (kernel_name, kernel), whl_dir, out
+        )
     else:
         out.undecided.append(
             f"no CUDA 12 lane: SGLang's CUDA 12 lane ended after {LAST_CUDA12} "
             "(sgl-project/sglang#38404)"
         )
     if not cuda12_release:
-        lanes["cu130"] = _cuda13_build(release, torch, vision, audio, kernel, whl_dir, out)
+        lanes["cu130"] = _cuda13_build(
+            release, torch, vision, audio, (kernel_name, kernel), whl_dir, out
+        )
     entry: dict[str, Any] = {
         "glibc": glibc,
         "python": {
@@ -231,16 +237,18 @@ def _cuda12_build(
     torch: str,
     vision: str | None,
     audio: str,
-    kernel: str | None,
+    kernel_pin: tuple[str, str | None],
+    whl_dir: Path,
     out: Draft,
 ) -> dict[str, Any]:
     packages = _torch_trio(torch, vision, audio, "cu128")
     unproven: list[dict[str, Any]] = []
+    name, kernel = kernel_pin
     if kernel is not None:
-        have = index_files("cu129", "sglang-kernel")
+        have = index_files("cu129", name, whl_dir)
         tagged = f"{kernel}+cu129"
         chosen = tagged if tagged in have or kernel not in have else kernel
-        packages["sglang-kernel"] = {
+        packages[name] = {
             "version": chosen,
             "index": "kernel",
             "index_lane": "cu129",
@@ -249,17 +257,17 @@ def _cuda12_build(
         if chosen not in have:
             unproven.append(
                 {
-                    "what": f"sglang-kernel {tagged} is not on SGLang's cu129 kernel index as "
+                    "what": f"{name} {tagged} is not on SGLang's cu129 kernel index as "
                     "captured (github.com/sgl-project/whl at 2504c0ad, newest 0.4.4+cu129): "
                     "a CUDA 12 build of this kernel is unproven until a newer snapshot lists it",
                     "source": ["sglang-whl-index", "sglang-cuda12-retired"],
                 }
             )
-            out.undecided.append(f"cu128: sglang-kernel {tagged} not in the kernel index snapshot")
+            out.undecided.append(f"cu128: {name} {tagged} not in the kernel index snapshot")
         else:
             unproven.append(
                 {
-                    "what": f"sglang-kernel {chosen} is a CUDA 12.9 build: whether all its "
+                    "what": f"{name} {chosen} is a CUDA 12.9 build: whether all its "
                     "kernels load on sm_120 under a 12.8 driver",
                     "source": "package-indexes-open-questions",
                 }
@@ -292,7 +300,7 @@ def _cuda12_build(
             )
         elif name == "sgl-deep-gemm":
             pin = _pin(reqs, name)
-            if pin is not None and f"{pin}+cu129" in index_files("cu129", "sgl-deep-gemm"):
+            if pin is not None and f"{pin}+cu129" in index_files("cu129", "sgl-deep-gemm", whl_dir):
                 packages["sgl-deep-gemm"] = {
                     "version": f"{pin}+cu129",
                     "index": "kernel",
@@ -338,22 +346,23 @@ def _cuda13_build(
     torch: str,
     vision: str | None,
     audio: str,
-    kernel: str | None,
+    kernel_pin: tuple[str, str | None],
     whl_dir: Path,
     out: Draft,
 ) -> dict[str, Any]:
     packages = _torch_trio(torch, vision, audio, "cu130")
     unproven: list[dict[str, Any]] = []
+    name, kernel = kernel_pin
     if kernel is not None:
         tagged = f"{kernel}+cu130"
-        if tagged in index_files("cu130", "sglang-kernel", whl_dir):
-            packages["sglang-kernel"] = {
+        if tagged in index_files("cu130", name, whl_dir):
+            packages[name] = {
                 "version": tagged,
                 "index": "kernel",
                 "source": "sglang-whl-index",
             }
         else:
-            packages["sglang-kernel"] = {
+            packages[name] = {
                 "version": kernel,
                 "index": "main",
                 "source": "sglang-kernel-pypi-cu13",

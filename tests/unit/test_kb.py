@@ -4,6 +4,7 @@ than producing a wrong plan."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from collections.abc import Callable, Iterator
@@ -14,7 +15,7 @@ import pytest
 import yaml
 
 from operations import kb
-from operations.kb import KNOWLEDGE_DIR, KnowledgeError, Source
+from operations.kb import KNOWLEDGE_DIR, KnowledgeError, Source, intake
 
 
 def raw() -> dict[str, Any]:
@@ -339,3 +340,51 @@ def test_the_no_buffer_overlap_assert_is_anticipated_by_the_rule_that_adds_the_f
         rule = knowledge.no_buffer_rule(table["version"])
         assert rule is not None
         assert ("--disable-overlap-schedule" in rule.adds) == asserts_overlap, table["version"]
+
+
+def _committed(release: str) -> dict[str, Any]:
+    entry: dict[str, Any] = raw()["releases"][release]
+    return entry
+
+
+@pytest.mark.parametrize("release", kb.load().supported_releases())
+def test_intake_derives_each_committed_entry_offline(release: str) -> None:
+    """`python -m operations.kb --check` from the committed fixtures alone: every entry is what
+    the intake derives, but for a lane a person added beyond the draft."""
+    metadata = intake.metadata_path(release).read_text()
+    committed = _committed(release)
+    drafted = intake.draft(release, metadata, committed["glibc"])
+    problems = intake.differences(committed, drafted.entry)
+    assert all(p.endswith(": committed, not derived") for p in problems), problems
+
+
+def test_intake_check_passes_for_three_entries_and_fails_on_a_changed_one(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from operations.kb import __main__ as cli
+
+    releases = kb.load().supported_releases()
+    passing = [r for r in releases if cli.main(["--check", r]) == 0]
+    assert len(passing) >= 3, passing
+    changed = copy.deepcopy(_committed(passing[-1]))
+    changed["builds"]["cu130"]["packages"]["torch"]["version"] = "0.0.0+cu130"
+    monkeypatch.setattr(cli, "committed_entry", lambda release: changed)
+    assert cli.main(["--check", passing[-1]]) == 1
+    assert "builds.cu130.packages: committed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "wanted"),
+    [
+        (["--check", "0.5.x"], "is not a release number"),
+        (["--check", "9.9.9"], "no captured METADATA"),
+    ],
+)
+def test_intake_bad_input_is_one_line(
+    argv: list[str], wanted: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from operations.kb import __main__ as cli
+
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert wanted in err and len(err.strip().splitlines()) == 1, err
