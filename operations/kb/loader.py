@@ -43,6 +43,7 @@ from operations.kb.model import (
     PythonSupport,
     RankEnvironment,
     Release,
+    RouterPolicy,
     RouterRelease,
     Source,
     Speculative,
@@ -229,6 +230,15 @@ class _Reader:
             )
             for i, a in enumerate(raw["start_asserts"])
         )
+        router_policies = tuple(
+            RouterPolicy(
+                r["policy"],
+                self.releases(f"router_policies[{i}]", r["releases"]),
+                r["reason"],
+                self.cites(f"router_policies[{i}]", r["source"]),
+            )
+            for i, r in enumerate(raw.get("router_policies", []))
+        )
         self.problems += [
             f"sources.{sid}: cited by nothing" for sid in self.sources if sid not in self.cited
         ]
@@ -248,6 +258,7 @@ class _Reader:
             rank_environment=environment,
             routers=MappingProxyType(routers),
             start_asserts=start_asserts,
+            router_policies=router_policies,
         )
 
     def release(self, number: str, raw: RawRelease, lanes: Mapping[str, Lane]) -> Release:

@@ -344,6 +344,16 @@ class StartAssert:
 
 
 @dataclass(frozen=True)
+class RouterPolicy:
+    """A router policy that reads an endpoint only some SGLang releases serve."""
+
+    policy: str
+    releases: str  # where it works
+    reason: str
+    source: Cites
+
+
+@dataclass(frozen=True)
 class Speculative:
     """Speculative decoding (MTP through EAGLE) on hybrid models."""
 
@@ -423,6 +433,7 @@ class Knowledge:
     # sglang-router releases whose worker API a roll drives, by version.
     routers: Mapping[str, RouterRelease] = field(default_factory=lambda: MappingProxyType({}))
     start_asserts: tuple[StartAssert, ...] = ()
+    router_policies: tuple[RouterPolicy, ...] = ()
 
     def sources_for(self, *ids: str) -> Cites:
         """The sources of these ids (a rule in code citing the data it copies)."""

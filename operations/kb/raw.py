@@ -180,6 +180,13 @@ class RawStartAssert(TypedDict):
     source: RawCites
 
 
+class RawRouterPolicy(TypedDict):
+    policy: str
+    releases: str
+    reason: str
+    source: RawCites
+
+
 class RawSpeculative(TypedDict):
     hybrid_requires_mamba_strategy: str
     hybrid_reason: str
@@ -223,6 +230,7 @@ class RawKnowledge(TypedDict):
     speculative: RawSpeculative
     mamba_no_buffer: list[RawNoBuffer]
     start_asserts: list[RawStartAssert]
+    router_policies: NotRequired[list[RawRouterPolicy]]
     rank_environment: list[RawRankEnvironment]
     routers: NotRequired[dict[str, RawRouter]]
 

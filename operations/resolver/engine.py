@@ -11,7 +11,7 @@ from operations.engine_spec import (
     indexes,
     read_redist_manifest,
 )
-from operations.kb import Lane, cite, version
+from operations.kb import Lane, cite, in_range, version
 from operations.redact import redact
 from operations.resolver.context import Resolution, src
 from operations.resolver.types import Decision
@@ -19,6 +19,7 @@ from operations.resolver.types import Decision
 
 def check_release(ctx: Resolution) -> None:
     if ctx.release_known and ctx.table is not None:
+        check_router_policy(ctx)
         return
     release = ctx.s.sglang_version
     known = ctx.kb.supported_releases()
@@ -28,6 +29,20 @@ def check_release(ctx: Resolution) -> None:
         "'python -m operations.releases INVENTORY'); to add it, run "
         f"'python -m operations.kb intake {release}' (see docs/engine.md)"
     )
+
+
+def check_router_policy(ctx: Resolution) -> None:
+    """A router policy that reads an endpoint the pinned release no longer serves."""
+    router = ctx.s.router
+    if router is None:
+        return
+    for rule in ctx.kb.router_policies:
+        if rule.policy == router.policy and not in_range(ctx.s.sglang_version, rule.releases):
+            ctx.error(
+                f"router.policy {router.policy!r} {ctx.where('router')}: {rule.reason}; "
+                f"sglang {ctx.s.sglang_version} is outside {rule.releases}: choose another "
+                f"policy (cache_aware, round_robin, random) ({src(rule.source)})"
+            )
 
 
 def driver_runs(ctx: Resolution, lane: Lane) -> bool | None:

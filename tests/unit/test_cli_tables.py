@@ -225,3 +225,14 @@ def test_a_cuda13_only_release_on_the_570_driver_is_refused_naming_the_driver(
     p = resolve(make_settings(sglang_version=release), facts("rtx-pro-6000-x8"))
     assert not p.ranks
     assert any("driver 570" in e and "needs driver >= 580" in e for e in p.errors), p.errors
+
+
+@pytest.mark.parametrize("rule", KNOWLEDGE.router_policies, ids=lambda r: r.policy)
+@pytest.mark.parametrize("release", SGLANG_RELEASES)
+def test_a_router_policy_is_refused_where_the_release_lacks_its_endpoint(
+    rule: kb.RouterPolicy, release: str
+) -> None:
+    router = {"host": "ct200", "port": 30000, "policy": rule.policy}
+    p = plan(release, router=router)
+    refused = [e for e in p.errors if e.startswith("router.policy")]
+    assert bool(refused) == (not kb.in_range(release, rule.releases)), (release, p.errors)
