@@ -58,6 +58,11 @@ PYTHON_WHY = (
 )
 
 
+# PyPI's sglang-kernel builds whose shared objects were read and link libcudart.so.13 (sources
+# sglang-kernel-pypi-cu13, sglang-kernel-pypi-wheel); any other PyPI pin on cu130 is unproven.
+READ_CU13_KERNELS = {"0.4.2", "0.4.6.post1", "0.4.10"}
+
+
 class IntakeError(Exception):
     """One line: what could not be read, and where."""
 
@@ -367,6 +372,15 @@ def _cuda13_build(
                 "index": "main",
                 "source": "sglang-kernel-pypi-cu13",
             }
+            if kernel not in READ_CU13_KERNELS:
+                unproven.append(
+                    {
+                        "what": f"PyPI's {name} {kernel} is taken as the CUDA 13 build, as "
+                        "PyPI's 0.4.2, 0.4.6.post1 and 0.4.10 are (they link libcudart.so.13); "
+                        f"{kernel}'s shared objects were not read",
+                        "source": ["sglang-kernel-pypi-cu13", "package-indexes-open-questions"],
+                    }
+                )
     build: dict[str, Any] = {"packages": packages}
     if unproven:
         build["unproven"] = unproven
