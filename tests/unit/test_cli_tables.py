@@ -10,6 +10,9 @@ choices, a flag given a value) is refused before anything reaches a host.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -236,3 +239,53 @@ def test_a_router_policy_is_refused_where_the_release_lacks_its_endpoint(
     p = plan(release, router=router)
     refused = [e for e in p.errors if e.startswith("router.policy")]
     assert bool(refused) == (not kb.in_range(release, rule.releases)), (release, p.errors)
+
+
+def _gen() -> Any:
+    from tests.scripts import script_module
+
+    return script_module("gen_cli_table")
+
+
+def test_the_torch_free_build_reads_a_parser_behind_heavy_imports(tmp_path: Path) -> None:
+    """The stubbed method (scripts/cli_table_stubs.py) on a release-shaped package whose
+    server_args imports torch and triton at the top, probes a vendor plugin and gates a choice
+    on torch's version: the parser is read with stand-ins, the optional probe answers None, and
+    the version gate sees the pinned torch."""
+    src = tmp_path / "src" / "sglang" / "srt"
+    src.mkdir(parents=True)
+    (src.parent / "__init__.py").write_text("")
+    (src / "__init__.py").write_text("")
+    (src / "server_args.py").write_text(
+        "import importlib.util\n"
+        "import torch\n"
+        "from triton.runtime import driver\n"
+        "NPU = importlib.util.find_spec('torch_npu') is not None\n"
+        "NEW = tuple(int(x) for x in torch.__version__.split('.')[:2]) >= (2, 11)\n"
+        "class ServerArgs:\n"
+        "    @staticmethod\n"
+        "    def add_cli_args(parser):\n"
+        "        choices = ['npu'] if NPU else ['flashinfer'] + (['new'] if NEW else [])\n"
+        "        if torch.cuda.is_available():\n"
+        "            choices.append('gpu-only')\n"
+        "        parser.add_argument('--attention-backend', choices=choices)\n"
+        "        parser.add_argument('--enable-metrics', action='store_true')\n"
+        "    def _handle_thing(self):\n"
+        "        assert self.x, f'thing {self.x} is wrong'\n"
+    )
+    light = tmp_path / "light"
+    light.mkdir()
+    gen = _gen()
+    stubs = ["torch", "triton"]
+    cmd = [sys.executable, "-I", "-S", str(gen.STUBS_SCRIPT), "sglang.srt.server_args"]
+    cmd += ["ServerArgs", ",".join(stubs), str(tmp_path / "src"), str(light)]
+    proc = subprocess.run([*cmd, json.dumps({"torch": "2.11.0"})], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    raw = {a["option_strings"][0]: a for a in json.loads(proc.stdout)}
+    assert raw["--attention-backend"]["choices"] == ["flashinfer", "new"]
+    assert raw["--enable-metrics"]["nargs"] == 0
+    old = subprocess.run([*cmd, json.dumps({"torch": "2.9.1"})], capture_output=True, text=True)
+    assert {a["option_strings"][0]: a for a in json.loads(old.stdout)}["--attention-backend"][
+        "choices"
+    ] == ["flashinfer"]
+    assert gen.start_asserts(tmp_path / "src") == {"handle_thing": ["thing {} is wrong"]}
