@@ -123,15 +123,18 @@ def test_renamed_settings_are_written_in_the_release_spelling(release: str) -> N
         assert others.isdisjoint(written), flag.setting
 
 
-@pytest.mark.parametrize(
-    ("release", "old", "new"),
-    [
-        ("0.5.23", "--mamba-scheduler-strategy", "--mamba-radix-cache-strategy"),
-        ("0.5.19", "--mamba-scheduler-strategy", "--mamba-radix-cache-strategy"),
-        ("0.5.9", "--mamba-radix-cache-strategy", "--mamba-scheduler-strategy"),
-        ("0.5.23", "--cuda-graph-max-bs", "--cuda-graph-max-bs-decode"),
-    ],
-)
+# Every (release, other spelling) of every renamed setting, read off the knowledge base.
+RENAMED = [
+    (release, old, spelling.option)
+    for flag in KNOWLEDGE.flags.all()
+    for release in SGLANG_RELEASES
+    if (spelling := flag.spelling(release)) is not None and spelling.option is not None
+    for old in flag.options
+    if old != spelling.option
+]
+
+
+@pytest.mark.parametrize(("release", "old", "new"), RENAMED)
 def test_a_renamed_option_in_extra_args_is_refused_naming_the_accepted_spelling(
     release: str, old: str, new: str
 ) -> None:
