@@ -29,10 +29,12 @@ the script again for a committed release must give no diff; ``--check`` verifies
 from __future__ import annotations
 
 import argparse
+import ast
 import email.parser
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -206,6 +208,13 @@ def download_wheel(venv: Path, dist: str, version: str) -> Path:
     return found[0]
 
 
+def read_metadata(wheel: Path) -> str:
+    """The wheel's *.dist-info/METADATA."""
+    with zipfile.ZipFile(wheel) as zf:
+        name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        return zf.read(name).decode()
+
+
 def exact_pins(wheel: Path) -> dict[str, str]:
     """Unconditional ``name==version`` requirements of a wheel, keyed by normalized name."""
     with zipfile.ZipFile(wheel) as zf:
@@ -312,7 +321,136 @@ def render(table: dict[str, Any]) -> str:
     return json.dumps(table, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def generate(package: str, version: str, cache_dir: Path) -> str:
+# The stubbed method (the default): the release's wheel unpacked, its parser built in a child
+# `python -I -S` (scripts/cli_table_stubs.py) with these small pure packages real (sglang's
+# arg modules subclass msgspec.Struct, compare packaging versions, pickle with dill) and every
+# other module it cannot import replaced by a GPU-less stand-in, one at a time, starting with
+# the heavy ones. No torch, no CUDA, nothing installed: ~10-20 MB downloaded per release.
+STUBS_SCRIPT = Path(__file__).resolve().parent / "cli_table_stubs.py"
+LIGHT = ("msgspec", "packaging", "typing-extensions", "dill")
+FIRST_STUBS = ("torch", "triton", "transformers", "torchvision", "numpy")
+_TAGS = ("manylinux_2_34", "manylinux_2_28", "manylinux_2_17", "manylinux2014")
+WHEEL_PLATFORM = (
+    "--python-version",
+    "3.11",
+    *(a for t in _TAGS for a in ("--platform", f"{t}_x86_64")),
+)
+
+
+def fetch_release(work: Path, dist: str, version: str) -> Path:
+    """The release's wheel (cp311 manylinux x86_64, or pure), downloaded once into `work`."""
+    dest = work / "wheels"
+    norm = re.sub(r"[-_.]+", "_", dist).lower()
+    found = [p for p in dest.glob("*.whl") if p.name.lower().startswith(f"{norm}-{version}-")]
+    if len(found) == 1:
+        return found[0]
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", "download", "--no-deps"]
+    cmd += ["--only-binary", ":all:", *WHEEL_PLATFORM, "-d", str(dest), f"{dist}=={version}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    found = [p for p in dest.glob("*.whl") if p.name.lower().startswith(f"{norm}-{version}-")]
+    if proc.returncode != 0 or len(found) != 1:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"{dist}=={version}: no wheel downloaded from the package index ({last})")
+    return found[0]
+
+
+def generate_stubbed(package: str, version: str, cache_dir: Path) -> str:
+    target = TARGETS[package]
+    work = cache_dir / f"{package}-{version}-stubbed"
+    wheel = fetch_release(work, target.dist, version)
+    src = work / "src"
+    if not (src / ".unpacked").exists():
+        shutil.rmtree(src, ignore_errors=True)
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extractall(src)
+        (src / ".unpacked").write_text(wheel.name + "\n")
+    pins = exact_pins(wheel)
+    light = work / "light"
+    if package == "sglang" and not (light / ".installed").exists():
+        shutil.rmtree(light, ignore_errors=True)
+        cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", "install", "-q"]
+        cmd += ["--only-binary", ":all:", "--no-deps", "--target", str(light)]
+        run(cmd + [requirement(n, pins) for n in LIGHT])
+        (light / ".installed").write_text("\n".join(LIGHT) + "\n")
+    light.mkdir(parents=True, exist_ok=True)
+    versions = {n.replace("-", "_"): v for n, v in pins.items()}
+    stubs = list(FIRST_STUBS) if package == "sglang" else []
+    with tempfile.TemporaryDirectory() as cwd:
+        for _ in range(60):
+            cmd = [sys.executable, "-I", "-S", str(STUBS_SCRIPT), target.module]
+            cmd += [target.args_class, ",".join(stubs), str(src), str(light), json.dumps(versions)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=_child_env())
+            if proc.returncode == 0:
+                raw: list[dict[str, Any]] = json.loads(proc.stdout)
+                log(f"built with stand-ins for: {', '.join(stubs) or 'nothing'}")
+                if package == "sglang":
+                    ASSERTS[version] = render_asserts(version, src)
+                return render(build_table(package, version, raw))
+            missing = re.findall(r"No module named '([^'.]+)", proc.stderr)
+            if not missing or missing[-1] in stubs:
+                sys.stderr.write(proc.stderr[-4000:])
+                raise SystemExit(f"building {target.module}.{target.args_class} failed (above)")
+            stubs.append(missing[-1])
+    raise SystemExit("gave up after 60 stand-ins")
+
+
+ASSERT_DIR = REPO_ROOT / "operations" / "knowledge" / "asserts"
+ASSERT_FILES = ("sglang/srt/server_args.py", "sglang/srt/arg_groups/*.py")
+
+
+def start_asserts(src: Path) -> dict[str, list[str]]:
+    """The asserts a release's argument checks make at start-up: every `assert` inside
+    `_validate_mamba_*` / `validate_mamba_*` / `_handle_*` of server_args.py and arg_groups/,
+    by function (leading underscore dropped), each its message (an f-string's holes as {}) or,
+    without one, `assert <test>`."""
+    found: dict[str, set[str]] = {}
+    for pattern in ASSERT_FILES:
+        for path in sorted(src.glob(pattern)):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.FunctionDef):
+                    continue
+                name = node.name.lstrip("_")
+                if not (name.startswith("validate_mamba") or node.name.startswith("_handle_")):
+                    continue
+                for sub in ast.walk(node):
+                    if isinstance(sub, ast.Assert):
+                        found.setdefault(name, set()).add(_assert_text(sub))
+    return {name: sorted(messages) for name, messages in sorted(found.items())}
+
+
+def _assert_text(node: ast.Assert) -> str:
+    msg = node.msg
+    if isinstance(msg, ast.Constant):
+        return str(msg.value)
+    if isinstance(msg, ast.JoinedStr):
+        return "".join(str(v.value) if isinstance(v, ast.Constant) else "{}" for v in msg.values)
+    return "assert " + ast.unparse(node.test)
+
+
+def render_asserts(version: str, src: Path) -> str:
+    doc = {
+        "package": "sglang",
+        "version": version,
+        "source": f"sglang=={version} wheel from PyPI: {', '.join(ASSERT_FILES)}",
+        "generated_by": f"scripts/gen_cli_table.py sglang {version}",
+        "asserts": start_asserts(src),
+    }
+    return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def _child_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "SGLANG", "CUDA"))}
+    env.update(CUDA_VISIBLE_DEVICES="", PYTHONHASHSEED="0", HF_HUB_OFFLINE="1")
+    return env
+
+
+ASSERTS: dict[str, str] = {}  # version -> its start-up asserts, as written
+
+
+def generate(package: str, version: str, cache_dir: Path, method: str = "stubbed") -> str:
+    if method == "stubbed":
+        return generate_stubbed(package, version, cache_dir)
     target = TARGETS[package]
     venv = cache_dir / f"{package}-{version}"
     ensure_venv(venv)
@@ -335,22 +473,40 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache-dir", type=Path, default=None, help="where throwaway venvs live")
     ap.add_argument("--out-dir", type=Path, default=TABLE_DIR)
     ap.add_argument(
+        "--method",
+        choices=("stubbed", "venv"),
+        default="stubbed",
+        help="stubbed (default): no torch, ~15 MB per release; venv: a CPU-torch virtualenv",
+    )
+    ap.add_argument(
         "--check", action="store_true", help="do not write; fail if the committed table differs"
     )
     args = ap.parse_args(argv)
     if not re.fullmatch(r"[0-9]+(\.[0-9]+)*([a-z]+[0-9]*)?(\.post[0-9]+)?", args.version):
         ap.error(f"not an exact release version: {args.version}")
 
-    text = generate(args.package, args.version, args.cache_dir or default_cache_dir())
+    try:
+        text = generate(
+            args.package, args.version, args.cache_dir or default_cache_dir(), args.method
+        )
+    except subprocess.CalledProcessError as exc:
+        log(f"{' '.join(map(str, exc.cmd))[:200]} failed with exit status {exc.returncode}")
+        return 1
     out = args.out_dir / f"{args.package}-{args.version}.json"
+    written = {out: text}
+    if args.version in ASSERTS:
+        written[ASSERT_DIR / f"sglang-{args.version}.json"] = ASSERTS[args.version]
     if args.check:
-        if not out.exists() or out.read_text() != text:
-            log(f"{out} is missing or differs from the regenerated table")
+        stale = [p for p, t in written.items() if not p.exists() or p.read_text() != t]
+        for path in stale:
+            log(f"{path} is missing or differs from the regenerated one")
+        if stale:
             return 1
         log(f"{out} is up to date")
         return 0
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    for path, content in written.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
     n = len(json.loads(text)["options"])
     log(f"wrote {out} ({n} option strings)")
     return 0

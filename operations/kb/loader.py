@@ -43,10 +43,12 @@ from operations.kb.model import (
     PythonSupport,
     RankEnvironment,
     Release,
+    RouterPolicy,
     RouterRelease,
     Source,
     Speculative,
     Spelling,
+    StartAssert,
     Unproven,
     in_range,
     version,
@@ -180,6 +182,8 @@ class _Reader:
             s["flashinfer_newer_than"],
             s["flashinfer_reason"],
             self.cites("speculative", s["source"]),
+            s.get("hybrid_max_draft_tokens"),
+            s.get("hybrid_max_draft_tokens_reason", ""),
         )
         no_buffer = tuple(
             NoBufferRule(
@@ -188,6 +192,7 @@ class _Reader:
                 _limits(r.get("warns", {})),
                 r["reason"],
                 self.cites(f"mamba_no_buffer[{i}]", r["source"]),
+                tuple(r.get("adds", [])),
             )
             for i, r in enumerate(raw["mamba_no_buffer"])
         )
@@ -215,6 +220,25 @@ class _Reader:
             )
             for number, r in raw.get("routers", {}).items()
         }
+        start_asserts = tuple(
+            StartAssert(
+                a["function"],
+                a.get("match"),
+                a.get("anticipated"),
+                a.get("unreachable"),
+                self.cites(f"start_asserts[{i}]", a["source"]),
+            )
+            for i, a in enumerate(raw["start_asserts"])
+        )
+        router_policies = tuple(
+            RouterPolicy(
+                r["policy"],
+                self.releases(f"router_policies[{i}]", r["releases"]),
+                r["reason"],
+                self.cites(f"router_policies[{i}]", r["source"]),
+            )
+            for i, r in enumerate(raw.get("router_policies", []))
+        )
         self.problems += [
             f"sources.{sid}: cited by nothing" for sid in self.sources if sid not in self.cited
         ]
@@ -233,6 +257,8 @@ class _Reader:
             mamba_no_buffer=no_buffer,
             rank_environment=environment,
             routers=MappingProxyType(routers),
+            start_asserts=start_asserts,
+            router_policies=router_policies,
         )
 
     def release(self, number: str, raw: RawRelease, lanes: Mapping[str, Lane]) -> Release:
@@ -378,6 +404,20 @@ def _cross_problems(kb: Knowledge) -> Iterator[str]:
     for i, no_buffer in enumerate(kb.mamba_no_buffer):
         for limits in (no_buffer.refuses, no_buffer.warns):
             yield from backends(f"mamba_no_buffer[{i}]", limits.attention_backends)
+        for number, table in tables.items():
+            if table is None or not in_range(number, no_buffer.releases):
+                continue
+            for added in no_buffer.adds:
+                flag_entry = table.get(added)
+                if flag_entry is None or flag_entry.takes_value:
+                    yield f"mamba_no_buffer[{i}].adds: sglang {number} has no flag {added}"
+    for number in kb.releases:
+        rules = [r for r in kb.mamba_no_buffer if in_range(number, r.releases)]
+        if len(rules) != 1:
+            yield (
+                f"mamba_no_buffer: sglang {number} falls in {len(rules)} of its ranges; "
+                "every release must fall in exactly one"
+            )
     for flag in kb.flags.all():
         for number in kb.releases:
             covering = [i for i, s in enumerate(flag.spellings) if in_range(number, s.releases)]

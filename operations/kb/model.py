@@ -322,6 +322,35 @@ class NoBufferRule:
     warns: NoBufferLimits
     reason: str
     source: Cites
+    # Options the plan adds whenever no_buffer is set (what the release asserts is set).
+    adds: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StartAssert:
+    """How the plan meets the asserts a release's argument checks make at start-up
+    (knowledge/asserts/sglang-<v>.json): those of `function` whose message contains `match`
+    (all of them without one) are `anticipated` (the plan adds the flag or refuses) or
+    `unreachable` from the settings, each with why."""
+
+    function: str
+    match: str | None
+    anticipated: str | None
+    unreachable: str | None
+    source: Cites
+
+    def covers(self, function: str, message: str) -> bool:
+        return function == self.function and (self.match is None or self.match in message)
+
+
+@dataclass(frozen=True)
+class RouterPolicy:
+    """A router policy that reads an endpoint only some SGLang releases serve."""
+
+    policy: str
+    releases: str  # where it works
+    reason: str
+    source: Cites
 
 
 @dataclass(frozen=True)
@@ -333,6 +362,8 @@ class Speculative:
     flashinfer_newer_than: str
     flashinfer_reason: str
     source: Cites
+    hybrid_max_draft_tokens: int | None = None
+    hybrid_max_draft_tokens_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -401,6 +432,12 @@ class Knowledge:
     rank_environment: tuple[RankEnvironment, ...]
     # sglang-router releases whose worker API a roll drives, by version.
     routers: Mapping[str, RouterRelease] = field(default_factory=lambda: MappingProxyType({}))
+    start_asserts: tuple[StartAssert, ...] = ()
+    router_policies: tuple[RouterPolicy, ...] = ()
+
+    def sources_for(self, *ids: str) -> Cites:
+        """The sources of these ids (a rule in code citing the data it copies)."""
+        return tuple(self.sources[i] for i in ids if i in self.sources)
 
     def rank_environment_for(
         self, release: str, compute_cap: str, lane: str, driver: str | None = None

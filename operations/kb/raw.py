@@ -167,6 +167,22 @@ class RawNoBuffer(TypedDict):
     releases: str
     refuses: NotRequired[RawLimits]
     warns: NotRequired[RawLimits]
+    adds: NotRequired[list[str]]
+    reason: str
+    source: RawCites
+
+
+class RawStartAssert(TypedDict):
+    function: str
+    match: NotRequired[str]
+    anticipated: NotRequired[str]
+    unreachable: NotRequired[str]
+    source: RawCites
+
+
+class RawRouterPolicy(TypedDict):
+    policy: str
+    releases: str
     reason: str
     source: RawCites
 
@@ -177,6 +193,8 @@ class RawSpeculative(TypedDict):
     flashinfer_newer_than: str
     flashinfer_reason: str
     source: RawCites
+    hybrid_max_draft_tokens: NotRequired[int]
+    hybrid_max_draft_tokens_reason: NotRequired[str]
 
 
 class RawRankEnvironment(TypedDict):
@@ -211,6 +229,8 @@ class RawKnowledge(TypedDict):
     flags: dict[str, list[RawSpelling]]
     speculative: RawSpeculative
     mamba_no_buffer: list[RawNoBuffer]
+    start_asserts: list[RawStartAssert]
+    router_policies: NotRequired[list[RawRouterPolicy]]
     rank_environment: list[RawRankEnvironment]
     routers: NotRequired[dict[str, RawRouter]]
 

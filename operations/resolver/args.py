@@ -73,6 +73,10 @@ def server_args(ctx: Resolution, hybrid: bool, backend: str | None) -> list[str]
         option = renamed_flag(ctx, ctx.kb.flags.mamba_cache_strategy)
         if option:
             args += [option, s.mamba_cache_strategy]
+        no_buffer = ctx.kb.no_buffer_rule(s.sglang_version) if ctx.release_known else None
+        if s.mamba_cache_strategy == "no_buffer" and no_buffer is not None:
+            # What the release asserts with no_buffer (e.g. the overlap schedule off from 0.5.14).
+            args += [a for a in no_buffer.adds if a not in s.extra_server_args]
     if s.cuda_graph_max_bs is not None:
         option = renamed_flag(ctx, ctx.kb.flags.cuda_graph_max_bs)
         if option:
@@ -86,6 +90,22 @@ def server_args(ctx: Resolution, hybrid: bool, backend: str | None) -> list[str]
                 f"mamba_cache_strategy {s.mamba_cache_strategy!r} "
                 f"{ctx.where('mamba_cache_strategy')}: {rule.hybrid_reason}; accepted with "
                 f"speculative: {need} ({src(rule.source)})"
+            )
+        cap = rule.hybrid_max_draft_tokens
+        if hybrid and cap is not None and (spec.num_draft_tokens or 0) > cap:
+            ctx.error(
+                f"speculative.num_draft_tokens {spec.num_draft_tokens} "
+                f"{ctx.where('speculative')}: {rule.hybrid_max_draft_tokens_reason}; accepted: "
+                f"at most {cap} ({src(ctx.kb.sources_for('sglang-start-asserts'))})"
+            )
+        if spec.num_steps is None and (
+            spec.eagle_topk is not None or spec.num_draft_tokens is not None
+        ):
+            ctx.error(
+                f"speculative {ctx.where('speculative')}: eagle_topk and num_draft_tokens need "
+                "num_steps (without it SGLang chooses all three and asserts the other two unset "
+                f"at start); set num_steps, or none of the three "
+                f"({src(ctx.kb.sources_for('sglang-start-asserts'))})"
             )
         args += ["--speculative-algorithm", spec.algorithm]
         for name, value in (

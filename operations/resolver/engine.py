@@ -11,7 +11,7 @@ from operations.engine_spec import (
     indexes,
     read_redist_manifest,
 )
-from operations.kb import Lane, cite, version
+from operations.kb import Lane, cite, in_range, version
 from operations.redact import redact
 from operations.resolver.context import Resolution, src
 from operations.resolver.types import Decision
@@ -19,15 +19,30 @@ from operations.resolver.types import Decision
 
 def check_release(ctx: Resolution) -> None:
     if ctx.release_known and ctx.table is not None:
+        check_router_policy(ctx)
         return
     release = ctx.s.sglang_version
-    supported = ", ".join(ctx.kb.supported_releases())
+    known = ctx.kb.supported_releases()
     ctx.error(
         f"sglang_version {release!r} {ctx.where('sglang_version')} is not in the knowledge "
-        f"base (supported: {supported}); to add it, run "
-        f"'python scripts/gen_cli_table.py sglang {release}' and add a 'releases' entry in "
-        "operations/knowledge/sglang.yaml (see operations/knowledge/cli/README.md)"
+        f"base (known: {len(known)} releases, {known[0]} to {known[-1]}; which fit this host: "
+        "'python -m operations.releases INVENTORY'); to add it, run "
+        f"'python -m operations.kb intake {release}' (see docs/engine.md)"
     )
+
+
+def check_router_policy(ctx: Resolution) -> None:
+    """A router policy that reads an endpoint the pinned release no longer serves."""
+    router = ctx.s.router
+    if router is None:
+        return
+    for rule in ctx.kb.router_policies:
+        if rule.policy == router.policy and not in_range(ctx.s.sglang_version, rule.releases):
+            ctx.error(
+                f"router.policy {router.policy!r} {ctx.where('router')}: {rule.reason}; "
+                f"sglang {ctx.s.sglang_version} is outside {rule.releases}: choose another "
+                f"policy (cache_aware, round_robin, random) ({src(rule.source)})"
+            )
 
 
 def driver_runs(ctx: Resolution, lane: Lane) -> bool | None:

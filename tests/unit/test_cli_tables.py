@@ -10,6 +10,9 @@ choices, a flag given a value) is refused before anything reaches a host.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,13 +29,25 @@ ROUTER_RELEASES = ("0.3.2",)
 ALL_TABLES = [("sglang", v) for v in SGLANG_RELEASES] + [
     ("sglang-router", v) for v in ROUTER_RELEASES
 ]
-# What each release needs to resolve on the RTX PRO 6000 fixtures: 0.5.9 predates Qwen3.6, and
-# 0.5.23 offers only the CUDA 13 lane (a 580 driver).
+
+
+# What each release needs to resolve on the RTX PRO 6000 fixtures, read off the knowledge base:
+# a release without a CUDA 12 lane plans on a 580 driver with cu130 (the simulated CT200 after
+# `pve.py` moved its node driver), the rest on the 570 CT200 with their first lane; a release
+# older than the model's floor serves Qwen3.5 instead.
+def _settings_for(release: str) -> tuple[str, dict[str, Any]]:
+    lanes = KNOWLEDGE.releases[release].lanes
+    model = KNOWLEDGE.models["Qwen/Qwen3.6-27B"]
+    needed: dict[str, Any] = {}
+    if model.min_release and kb.version(release) < kb.version(model.min_release):
+        needed["model_name"] = "Qwen/Qwen3.5-27B"
+    if all(KNOWLEDGE.lanes[lane].cuda.startswith("13") for lane in lanes):
+        return "rtx-pro-6000-x8-driver-580", {**needed, "cuda_lane": lanes[0]}
+    return "rtx-pro-6000-x8", {**needed, "cuda_lane": lanes[0]}
+
+
 RELEASE_SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "0.5.9": ("rtx-pro-6000-x8", {"model_name": "Qwen/Qwen3.5-27B"}),
-    "0.5.11": ("rtx-pro-6000-x8", {}),
-    "0.5.19": ("rtx-pro-6000-x8", {}),
-    "0.5.23": ("rtx-pro-6000-x8-driver-580", {"cuda_lane": "cu130"}),
+    release: _settings_for(release) for release in SGLANG_RELEASES
 }
 # Every setting that adds an option, at once.
 EVERYTHING: dict[str, Any] = {
@@ -108,15 +123,18 @@ def test_renamed_settings_are_written_in_the_release_spelling(release: str) -> N
         assert others.isdisjoint(written), flag.setting
 
 
-@pytest.mark.parametrize(
-    ("release", "old", "new"),
-    [
-        ("0.5.23", "--mamba-scheduler-strategy", "--mamba-radix-cache-strategy"),
-        ("0.5.19", "--mamba-scheduler-strategy", "--mamba-radix-cache-strategy"),
-        ("0.5.9", "--mamba-radix-cache-strategy", "--mamba-scheduler-strategy"),
-        ("0.5.23", "--cuda-graph-max-bs", "--cuda-graph-max-bs-decode"),
-    ],
-)
+# Every (release, other spelling) of every renamed setting, read off the knowledge base.
+RENAMED = [
+    (release, old, spelling.option)
+    for flag in KNOWLEDGE.flags.all()
+    for release in SGLANG_RELEASES
+    if (spelling := flag.spelling(release)) is not None and spelling.option is not None
+    for old in flag.options
+    if old != spelling.option
+]
+
+
+@pytest.mark.parametrize(("release", "old", "new"), RENAMED)
 def test_a_renamed_option_in_extra_args_is_refused_naming_the_accepted_spelling(
     release: str, old: str, new: str
 ) -> None:
@@ -192,3 +210,85 @@ def test_a_router_policy_its_parser_lacks_is_refused() -> None:
     errors, _ = cli_problems(argv, table("0.3.2", "sglang-router"), "router")
     assert len(errors) == 1 and "'least_busy' is not accepted by sglang-router 0.3.2" in errors[0]
     assert "round_robin" in errors[0]
+
+
+@pytest.mark.parametrize("release", SGLANG_RELEASES)
+def test_every_release_plans_8_ranks_its_parser_accepts(release: str) -> None:
+    """<= the last CUDA 12 release on the 570 CT200, later ones on a 580-driver CT200 (cu130)."""
+    p = plan(release)
+    assert len(p.ranks) == 8 and not p.errors, p.errors
+    for rank in p.ranks:
+        errors, _ = cli_problems(rank.argv[3:], table(release), "rank")
+        assert not errors, errors
+
+
+@pytest.mark.parametrize(
+    "release", [r for r in SGLANG_RELEASES if RELEASE_SETTINGS[r][0].endswith("driver-580")]
+)
+def test_a_cuda13_only_release_on_the_570_driver_is_refused_naming_the_driver(
+    release: str,
+) -> None:
+    p = resolve(make_settings(sglang_version=release), facts("rtx-pro-6000-x8"))
+    assert not p.ranks
+    assert any("driver 570" in e and "needs driver >= 580" in e for e in p.errors), p.errors
+
+
+@pytest.mark.parametrize("rule", KNOWLEDGE.router_policies, ids=lambda r: r.policy)
+@pytest.mark.parametrize("release", SGLANG_RELEASES)
+def test_a_router_policy_is_refused_where_the_release_lacks_its_endpoint(
+    rule: kb.RouterPolicy, release: str
+) -> None:
+    router = {"host": "ct200", "port": 30000, "policy": rule.policy}
+    p = plan(release, router=router)
+    refused = [e for e in p.errors if e.startswith("router.policy")]
+    assert bool(refused) == (not kb.in_range(release, rule.releases)), (release, p.errors)
+
+
+def _gen() -> Any:
+    from tests.scripts import script_module
+
+    return script_module("gen_cli_table")
+
+
+def test_the_torch_free_build_reads_a_parser_behind_heavy_imports(tmp_path: Path) -> None:
+    """The stubbed method (scripts/cli_table_stubs.py) on a release-shaped package whose
+    server_args imports torch and triton at the top, probes a vendor plugin and gates a choice
+    on torch's version: the parser is read with stand-ins, the optional probe answers None, and
+    the version gate sees the pinned torch."""
+    src = tmp_path / "src" / "sglang" / "srt"
+    src.mkdir(parents=True)
+    (src.parent / "__init__.py").write_text("")
+    (src / "__init__.py").write_text("")
+    (src / "server_args.py").write_text(
+        "import importlib.util\n"
+        "import torch\n"
+        "from triton.runtime import driver\n"
+        "NPU = importlib.util.find_spec('torch_npu') is not None\n"
+        "NEW = tuple(int(x) for x in torch.__version__.split('.')[:2]) >= (2, 11)\n"
+        "class ServerArgs:\n"
+        "    @staticmethod\n"
+        "    def add_cli_args(parser):\n"
+        "        choices = ['npu'] if NPU else ['flashinfer'] + (['new'] if NEW else [])\n"
+        "        if torch.cuda.is_available():\n"
+        "            choices.append('gpu-only')\n"
+        "        parser.add_argument('--attention-backend', choices=choices)\n"
+        "        parser.add_argument('--enable-metrics', action='store_true')\n"
+        "    def _handle_thing(self):\n"
+        "        assert self.x, f'thing {self.x} is wrong'\n"
+    )
+    light = tmp_path / "light"
+    light.mkdir()
+    gen = _gen()
+    stubs = ["torch", "triton"]
+    cmd = [sys.executable, "-I", "-S", str(gen.STUBS_SCRIPT), "sglang.srt.server_args"]
+    cmd += ["ServerArgs", ",".join(stubs), str(tmp_path / "src"), str(light)]
+    proc = subprocess.run([*cmd, json.dumps({"torch": "2.11.0"})], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    raw = {a["option_strings"][0]: a for a in json.loads(proc.stdout)}
+    assert raw["--attention-backend"]["choices"] == ["flashinfer", "new"]
+    assert raw["--enable-metrics"]["nargs"] == 0
+    old = subprocess.run([*cmd, json.dumps({"torch": "2.9.1"})], capture_output=True, text=True)
+    assert {a["option_strings"][0]: a for a in json.loads(old.stdout)}["--attention-backend"][
+        "choices"
+    ] == ["flashinfer"]
+    assert gen.start_asserts(tmp_path / "src") == {"handle_thing": ["thing {} is wrong"]}

@@ -4,7 +4,9 @@ than producing a wrong plan."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ import pytest
 import yaml
 
 from operations import kb
-from operations.kb import KNOWLEDGE_DIR, KnowledgeError, Source
+from operations.kb import KNOWLEDGE_DIR, KnowledgeError, Source, intake
 
 
 def raw() -> dict[str, Any]:
@@ -37,6 +39,9 @@ def entries(value: object) -> Iterator[object]:
             yield from entries(item)
 
 
+METADATA = Path(__file__).resolve().parents[1] / "fixtures" / "metadata"
+
+
 def cited(value: object) -> tuple[Source, ...]:
     source = getattr(value, "source", ())
     assert isinstance(source, tuple)
@@ -45,7 +50,12 @@ def cited(value: object) -> tuple[Source, ...]:
 
 def test_loads_and_every_release_has_its_cli_table() -> None:
     knowledge = kb.load()
-    assert knowledge.supported_releases() == ["0.5.9", "0.5.11", "0.5.19", "0.5.23"]
+    # Every release on PyPI from 0.5.10 (the first that serves Qwen3.6) on, post releases
+    # included, has its metadata captured and an entry; a metadata file without one is a gap.
+    captured = sorted(
+        (p.stem.removeprefix("sglang-") for p in METADATA.glob("sglang-*.txt")), key=kb.version
+    )
+    assert knowledge.supported_releases() == captured
     for release in knowledge.releases:
         table = knowledge.cli_table("sglang", release)
         assert table is not None and table.version == release
@@ -234,7 +244,7 @@ def test_the_unchanged_data_builds_into_what_the_yaml_says() -> None:
     """The values below are read off knowledge/sglang.yaml by eye, not computed by kb.py."""
     built = kb.build(raw())
 
-    assert built.supported_releases() == ["0.5.9", "0.5.11", "0.5.19", "0.5.23"]
+    assert built.supported_releases()[:4] == ["0.5.9", "0.5.10", "0.5.10.post1", "0.5.11"]
     release = built.releases["0.5.11"]
     assert (release.glibc, release.python.versions) == ("2.34", ("3.11", "3.12"))
     assert release.requires == (
@@ -282,3 +292,99 @@ def test_a_cli_table_whose_header_names_another_release_is_refused(tmp_path: Pat
     with pytest.raises(KnowledgeError) as caught:
         kb.load_cli_table("sglang", "0.5.12", tmp_path)
     assert "sglang-0.5.12.json: its header says sglang 0.5.11" in str(caught.value)
+
+
+ASSERTS = kb.KNOWLEDGE_DIR / "asserts"
+
+
+@pytest.mark.parametrize("release", kb.load().supported_releases())
+def test_every_start_assert_a_release_makes_is_anticipated_or_unreachable(release: str) -> None:
+    """Each assert of the release's `_validate_mamba_*` / `_handle_*` (read from its wheel into
+    knowledge/asserts/) is covered by a `start_asserts` entry: the plan adds the flag or refuses,
+    or no setting reaches it. This is the check that would have caught no_buffer's overlap
+    schedule (0.5.14+)."""
+    knowledge = kb.load()
+    table = json.loads((ASSERTS / f"sglang-{release}.json").read_text())
+    assert table["version"] == release
+    uncovered = [
+        f"{function}: {message}"
+        for function, messages in table["asserts"].items()
+        for message in messages
+        if not any(rule.covers(function, message) for rule in knowledge.start_asserts)
+    ]
+    assert not uncovered, uncovered
+
+
+def test_every_start_assert_entry_covers_something() -> None:
+    """An entry no release's assert matches is stale data."""
+    knowledge = kb.load()
+    seen = [
+        (function, message)
+        for path in ASSERTS.glob("sglang-*.json")
+        for function, messages in json.loads(path.read_text())["asserts"].items()
+        for message in messages
+    ]
+    for rule in knowledge.start_asserts:
+        assert any(rule.covers(f, m) for f, m in seen), rule
+
+
+def test_the_no_buffer_overlap_assert_is_anticipated_by_the_rule_that_adds_the_flag() -> None:
+    """Remove `adds` from the no_buffer rules and the releases asserting it stand uncovered by
+    the plan: the rule and its assert entry agree."""
+    knowledge = kb.load()
+    for path in sorted(ASSERTS.glob("sglang-*.json")):
+        table = json.loads(path.read_text())
+        asserts_overlap = any(
+            "overlap schedule" in m for m in table["asserts"].get("validate_mamba_no_buffer", [])
+        )
+        rule = knowledge.no_buffer_rule(table["version"])
+        assert rule is not None
+        assert ("--disable-overlap-schedule" in rule.adds) == asserts_overlap, table["version"]
+
+
+def _committed(release: str) -> dict[str, Any]:
+    entry: dict[str, Any] = raw()["releases"][release]
+    return entry
+
+
+@pytest.mark.parametrize("release", kb.load().supported_releases())
+def test_intake_derives_each_committed_entry_offline(release: str) -> None:
+    """`python -m operations.kb --check` from the committed fixtures alone: every entry is what
+    the intake derives, but for a lane a person added beyond the draft."""
+    metadata = intake.metadata_path(release).read_text()
+    committed = _committed(release)
+    drafted = intake.draft(release, metadata, committed["glibc"])
+    problems = intake.differences(committed, drafted.entry)
+    assert all(p.endswith(": committed, not derived") for p in problems), problems
+
+
+def test_intake_check_passes_for_three_entries_and_fails_on_a_changed_one(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from operations.kb import __main__ as cli
+
+    releases = kb.load().supported_releases()
+    passing = [r for r in releases if cli.main(["--check", r]) == 0]
+    assert len(passing) >= 3, passing
+    changed = copy.deepcopy(_committed(passing[-1]))
+    changed["builds"]["cu130"]["packages"]["torch"]["version"] = "0.0.0+cu130"
+    monkeypatch.setattr(cli, "committed_entry", lambda release: changed)
+    assert cli.main(["--check", passing[-1]]) == 1
+    assert "builds.cu130.packages: committed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "wanted"),
+    [
+        (["--check", "0.5.x"], "is not a release number"),
+        (["--check", "9.9.9"], "no captured METADATA"),
+    ],
+)
+def test_intake_bad_input_is_one_line(
+    argv: list[str], wanted: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from operations.kb import __main__ as cli
+
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert wanted in err and len(err.strip().splitlines()) == 1, err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -11,6 +12,8 @@ from operations.facts.host import Model
 from operations.resolver import HostPlan, resolve
 from operations.units import exec_word as systemd_quote
 from tests.unit.builders import facts, make_settings
+
+RELEASES = kbmod.load().supported_releases()
 
 
 def plan(scenario: str = "rtx-pro-6000-x8", **settings: Any) -> HostPlan:
@@ -284,10 +287,10 @@ REFUSED: list[tuple[str, str, dict[str, Any], list[str]]] = [
         {"sglang_version": "0.5.8"},
         [
             (
-                "sglang_version '0.5.8' (set in test) is not in the knowledge base (supported: "
-                "0.5.9, 0.5.11, 0.5.19, 0.5.23); to add it, run 'python "
-                "scripts/gen_cli_table.py sglang 0.5.8' and add a 'releases' entry in "
-                "operations/knowledge/sglang.yaml (see operations/knowledge/cli/README.md)"
+                "sglang_version '0.5.8' (set in test) is not in the knowledge base (known: "
+                f"{len(RELEASES)} releases, {RELEASES[0]} to {RELEASES[-1]}; which fit this "
+                "host: 'python -m operations.releases INVENTORY'); to add it, run "
+                "'python -m operations.kb intake 0.5.8' (see docs/engine.md)"
             ),
             (
                 "sglang_version '0.5.8' (set in test) does not serve "
@@ -655,3 +658,50 @@ def test_the_rank_environment_is_in_the_unit_and_explained_in_the_plan() -> None
     )
     (decision,) = [d for d in p.decisions if d.what == "rank environment"]
     assert decision.value == "FLASHINFER_CUDA_ARCH_LIST=12.0a" and "sm75" in decision.why
+
+
+@pytest.mark.parametrize("release", [r for r in RELEASES if kbmod.load().no_buffer_rule(r)])
+def test_no_buffer_plans_what_the_release_asserts(release: str) -> None:
+    """An explicit no_buffer asserts the overlap schedule off at start where the release says so
+    (ServerArgs._validate_mamba_no_buffer): the plan adds the flag, and the release's own
+    table has it; older releases turn it off themselves and get nothing added."""
+    knowledge = kbmod.load()
+    rule = knowledge.no_buffer_rule(release)
+    assert rule is not None
+    lane = knowledge.releases[release].lanes[0]
+    scenario = "rtx-pro-6000-x8" if lane != "cu130" else "rtx-pro-6000-x8-driver-580"
+    model = {"model_name": "Qwen/Qwen3.5-27B"} if release == RELEASES[0] else {}
+    p = resolve(
+        make_settings(
+            sglang_version=release, cuda_lane=lane, mamba_cache_strategy="no_buffer", **model
+        ),
+        facts(scenario),
+    )
+    assert p.ranks, p.errors
+    argv = p.ranks[0].argv
+    start = json.loads((kbmod.KNOWLEDGE_DIR / "asserts" / f"sglang-{release}.json").read_text())
+    asserts_overlap = any(
+        "overlap schedule" in m for m in start["asserts"].get("validate_mamba_no_buffer", [])
+    )
+    assert ("--disable-overlap-schedule" in argv) == asserts_overlap, argv
+    assert ("--disable-overlap-schedule" in argv) == bool(rule.adds)
+
+
+@pytest.mark.parametrize(
+    ("speculative", "wanted"),
+    [
+        # extra_buffer asserts mamba_track_interval (256) >= speculative_num_draft_tokens.
+        ({"algorithm": "EAGLE", "num_steps": 3, "num_draft_tokens": 257}, "at most 256"),
+        # Without num_steps SGLang asserts eagle_topk and num_draft_tokens unset.
+        ({"algorithm": "EAGLE", "eagle_topk": 1}, "need num_steps"),
+    ],
+)
+def test_a_speculative_setting_sglang_asserts_on_is_refused(
+    speculative: dict[str, Any], wanted: str
+) -> None:
+    p = resolve(make_settings(speculative=speculative), facts())
+    assert not p.ranks and any(wanted in e for e in p.errors), p.errors
+    fine = resolve(
+        make_settings(speculative={**speculative, "num_steps": 3, "num_draft_tokens": 4}), facts()
+    )
+    assert not any(wanted in e for e in fine.errors), fine.errors
