@@ -38,10 +38,10 @@ from operations.drain import DrainPlan
 from operations.engine_spec import tools_uv_config
 from operations.facts.serve import Serving
 from operations.host_call import Commands
-from operations.host_files import put_file
+from operations.host_files import put_file, put_managed
 from operations.host_plan import HostReport
 from operations.host_scripts import script_text
-from operations.layout import ROUTER_MARKER, ROUTER_UNIT, SECRETS_FILE, TARGET
+from operations.layout import ROUTER_MARKER, ROUTER_UNIT, SECRETS_FILE, TARGET, ManagedFile
 from operations.monitoring import DASHBOARD_SOURCE
 from operations.pins import router_requirements
 from operations.resolver import Rank, RouterPlan
@@ -186,49 +186,41 @@ class ServeStep:
         s = self.report.settings
         # The units run as the service user, which the model step made (deploy.py runs it
         # first: the staged copy is readable by its group only).
-        put_file(
-            name="Serve: health-wait script",
-            src=script_text("wait_healthy.py"),
-            dest=WAIT_SCRIPT,
-            mode="755",
-            sha256_now=self.serving.files.get(WAIT_SCRIPT),
+        files = self.serving.files
+
+        def managed(path: str) -> ManagedFile:
+            return layout.managed_file(s, path)
+
+        put_managed(
+            "Serve: health-wait script", script_text("wait_healthy.py"), managed(WAIT_SCRIPT), files
         )
         if self.secret is not None:
             # A secret: mode 640 before the first byte, /etc/sglang 750 on every run.
-            put_file(
-                name="Serve: API key file (root and the service user only)",
-                src=self.secret,
-                dest=SECRETS_FILE,
-                mode="640",
-                group=s.service_user,
-                dir_mode="750",
-                dir_group=s.service_user,
-                secret=True,
+            put_managed(
+                "Serve: API key file (root and the service user only)",
+                self.secret,
+                managed(SECRETS_FILE),
+                files,
             )
         elif self.decided.remove_secret:
             server.shell(name="Serve: remove the API key file", commands=[f"rm -f {SECRETS_FILE}"])
         if self.drain is not None:
-            put_file(
-                name="Serve: router drain script",
-                src=script_text("router_workers.py"),
-                dest=layout.ROUTER_WORKERS_SCRIPT,
-                mode="755",
-                sha256_now=self.serving.files.get(layout.ROUTER_WORKERS_SCRIPT),
+            put_managed(
+                "Serve: router drain script",
+                script_text("router_workers.py"),
+                managed(layout.ROUTER_WORKERS_SCRIPT),
+                files,
             )
             if any(self.decided.batch_smoke):
                 # Each drained batch answers a chat request before it rejoins the router.
-                put_file(
-                    name="Smoke: request script",
-                    src=script_text("smoke.py"),
-                    dest=layout.SMOKE_SCRIPT,
-                    mode="755",
-                    sha256_now=self.serving.files.get(layout.SMOKE_SCRIPT),
+                put_managed(
+                    "Smoke: request script",
+                    script_text("smoke.py"),
+                    managed(layout.SMOKE_SCRIPT),
+                    files,
                 )
-        target = put_file(
-            name=f"Serve: {TARGET}",
-            src=TARGET_TEXT,
-            dest=layout.unit_path(TARGET),
-            sha256_now=self.serving.files.get(layout.unit_path(TARGET)),
+        target = put_managed(
+            f"Serve: {TARGET}", TARGET_TEXT, managed(layout.unit_path(TARGET)), files
         )
         self._monitoring()
         if self.plan.remove:
@@ -250,17 +242,18 @@ class ServeStep:
         watched = self.report.monitoring
         if watched is None:
             return
-        put_file(
-            name="Serve: Prometheus targets file",
-            src=watched.targets_text(),
-            dest=watched.targets_file,
-            sha256_now=self.serving.files.get(watched.targets_file),
+        s, files = self.report.settings, self.serving.files
+        put_managed(
+            "Serve: Prometheus targets file",
+            watched.targets_text(),
+            layout.managed_file(s, watched.targets_file),
+            files,
         )
-        put_file(
-            name="Serve: Grafana dashboard",
-            src=DASHBOARD_SOURCE,
-            dest=watched.dashboard_file,
-            sha256_now=self.serving.files.get(watched.dashboard_file),
+        put_managed(
+            "Serve: Grafana dashboard",
+            DASHBOARD_SOURCE,
+            layout.managed_file(s, watched.dashboard_file),
+            files,
         )
 
     def _out(self, ranks: Sequence[int], what: str) -> None:

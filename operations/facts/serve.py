@@ -545,23 +545,9 @@ class ServingState(FactBase[Serving]):
 
 
 def managed_paths(settings: Settings) -> list[str]:
-    """Files the serve step writes besides the rank units (checksummed by the fact)."""
-    paths = [
-        layout.WAIT_SCRIPT,
-        layout.SMOKE_SCRIPT,
-        layout.SECRETS_FILE,
-        layout.unit_path(layout.TARGET),
-        layout.unit_path(layout.ROUTER_UNIT),
-        # Written by the model step: read here, they cost a converged run no round trip.
-        layout.STAGE_SCRIPT,
-        layout.unit_path(layout.STAGE_UNIT),
-        # The monitoring files (operations/monitoring.py).
-        layout.TARGETS_FILE,
-        layout.DASHBOARD_FILE,
-    ]
-    if settings.router is not None:
-        paths.append(f"{layout.router_env(settings)}/{layout.ROUTER_MARKER}")
-    return paths
+    """Files the steps write besides the rank units, checksummed by the fact: the registry's
+    (layout.managed_files)."""
+    return layout.checksummed_paths(settings)
 
 
 def serving_state(settings: Settings) -> Serving:
