@@ -50,6 +50,9 @@ class RollPlan:
     remove: list[int] = field(default_factory=list)
     # Serving and unchanged: not touched.
     unchanged: list[Rank] = field(default_factory=list)
+    # Rolled although their unit file is what the plan says: the running process does not run
+    # it (a deploy killed between a unit's write and its restart), rank -> why.
+    pending: dict[int, str] = field(default_factory=dict)
 
     @property
     def rolled(self) -> list[Rank]:
@@ -66,6 +69,9 @@ def roll_plan(
     stopped at a failed batch (or a reboot in the middle of one) the fact shows the rolled
     ranks' files already new and the others old, so a re-run rolls exactly the rest.
     `secret_changed`: the API key file the ranks read with --config changed: all restart.
+    A file on disk is what *will* run; a rank whose process started before its unit file (or
+    the key file) last changed, or whose unit systemd has not reloaded, is "pending restart"
+    (`Serving.pending_restart`) and rolls in the same drained, health-gated batches.
     """
     plan = RollPlan(remove=sorted(set(serving.rank_files()) - {r.rank for r in ranks}))
     restart: list[Rank] = []
@@ -74,6 +80,9 @@ def roll_plan(
         if now is None or not now.running:
             plan.start.append(rank)
         elif now.unit_sha256 != sha256(rank.unit) or secret_changed:
+            restart.append(rank)
+        elif (why := serving.pending_restart(rank.rank)) is not None:
+            plan.pending[rank.rank] = why
             restart.append(rank)
         else:
             plan.unchanged.append(rank)
@@ -96,7 +105,9 @@ def router_restarts(serving: Serving, plan: RouterPlan) -> bool:
     unit = serving.files.get(layout.unit_path(layout.ROUTER_UNIT))
     router = serving.router
     installed = f"{plan.env_dir}/{layout.ROUTER_MARKER}" in serving.files
-    return unit != sha256(plan.unit) or router is None or router.active != "active" or not installed
+    if unit != sha256(plan.unit) or router is None or router.active != "active" or not installed:
+        return True
+    return router.pending_restart() is not None
 
 
 def smoke_targets(
@@ -144,6 +155,7 @@ class ServeJson(TypedDict):
     batches: list[list[int]]
     remove: list[int]
     unchanged: list[int]
+    pending: dict[str, str]
     secret_changed: bool
     remove_secret: bool
     router_restart: bool
@@ -200,7 +212,11 @@ class ServePlan:
                 if self.drain is not None
                 else " (not drain-protected: no router)"
             )
-            parts.append(f"restart (unit changed) in batches {order}{drained}")
+            why = "unit changed"
+            if plan.pending:
+                pending = ", ".join(f"{r}: {w}" for r, w in sorted(plan.pending.items()))
+                why = f"unit changed or pending restart ({pending})"
+            parts.append(f"restart ({why}) in batches {order}{drained}")
         if plan.remove:
             parts.append(f"stop and remove rank(s) {', '.join(map(str, plan.remove))}")
         return "; ".join(parts) or "every rank runs what the plan says: nothing to restart"
@@ -214,6 +230,7 @@ class ServePlan:
             "batches": [numbers(b) for b in self.roll.batches],
             "remove": self.roll.remove,
             "unchanged": numbers(self.roll.unchanged),
+            "pending": {str(r): why for r, why in sorted(self.roll.pending.items())},
             "secret_changed": self.secret_changed,
             "remove_secret": self.remove_secret,
             "router_restart": self.router_restart,

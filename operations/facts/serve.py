@@ -31,6 +31,9 @@ UNIT_PROPERTIES = (
     "NRestarts",
     "ExecMainStartTimestamp",
     "Environment",
+    # "yes" when the unit file (or a drop-in) changed on disk since systemd loaded it
+    # (org.freedesktop.systemd1(5), Unit properties: NeedDaemonReload).
+    "NeedDaemonReload",
 )
 GPU_QUERY = "index,name,memory.used,memory.total"
 GPU_TIMEOUT_S = 10  # a wedged driver must not hang the status
@@ -110,6 +113,28 @@ class UnitState:
     started_at: int | None = None
     # CUDA_VISIBLE_DEVICES from the unit's Environment=.
     visible_devices: str | None = None
+    # The unit file's modification time (epoch seconds, `stat -c %Y`); None when absent.
+    changed_at: int | None = None
+    # systemd's NeedDaemonReload: the file on disk is not the definition systemd holds.
+    need_reload: bool = False
+
+    def pending_restart(self, inputs_changed_at: int | None = None) -> str | None:
+        """Why the running process does not run what its unit file says now, or None: the
+        file changed after the process started (ExecMainStartTimestamp, which systemd sets
+        when it forks the main process: systemd.exec(5), org.freedesktop.systemd1(5)), or
+        systemd was not even reloaded. `inputs_changed_at`: when a file the process reads
+        only at start (the API key file) last changed. A kill between a unit's write and its
+        restart leaves exactly this (issue 31). Seconds: a file written in the second the
+        process started counts as read by it (the roll writes before it restarts)."""
+        if not self.running or self.started_at is None:
+            return None
+        if self.need_reload:
+            return "its unit file changed and systemd was not reloaded"
+        if self.changed_at is not None and self.changed_at > self.started_at:
+            return "its unit file changed after the process started"
+        if inputs_changed_at is not None and inputs_changed_at > self.started_at:
+            return "the API key file changed after the process started"
+        return None
 
     @property
     def exists(self) -> bool:
@@ -190,6 +215,9 @@ class Serving:
     router: UnitState | None = None
     # sha256 of each other managed file (target unit, scripts, secrets); absent when missing.
     files: dict[str, str] = field(default_factory=dict)
+    # Modification times (epoch seconds) of the files a rank reads only at its start (the API
+    # key file), by path; absent when missing.
+    changed_at: dict[str, int] = field(default_factory=dict)
     user_exists: bool = False
     # Environment name -> its marker; the name `current` points at.
     envs: dict[str, EngineEnv] = field(default_factory=dict)
@@ -211,6 +239,13 @@ class Serving:
     enabled: dict[str, str] = field(default_factory=dict)
     # What the EngineState fact reads, when asked with `engine=True` (a deploy); else None.
     engine: EngineHost | None = None
+
+    def pending_restart(self, rank: int) -> str | None:
+        """Why rank's process does not run what its unit file (and the key file) say now."""
+        unit = self.ranks.get(rank)
+        if unit is None:
+            return None
+        return unit.pending_restart(self.changed_at.get(layout.SECRETS_FILE))
 
     def rank_files(self) -> dict[int, UnitState]:
         """Ranks that have a unit file: what a crash-restart or a reboot runs."""
@@ -257,6 +292,7 @@ def _unit_props(props: dict[str, str]) -> dict[str, object]:
         # systemd keeps the last start time after the process exited.
         "started_at": started if pid else None,
         "visible_devices": devices,
+        "need_reload": props.get("NeedDaemonReload") == "yes",
     }
 
 
@@ -327,6 +363,7 @@ def parse_serving(lines: list[str]) -> Serving:
     units: dict[str, dict[str, object]] = {}
     values: dict[str, str] = {}
     files: dict[str, str] = {}
+    changed_at: dict[str, int] = {}
     envs: dict[str, EngineEnv] = {}
     health: dict[str, str] = {}
     load: dict[str, RankLoad] = {}
@@ -350,6 +387,13 @@ def parse_serving(lines: list[str]) -> Serving:
         elif word == "exec":
             name, _, command = rest.partition(" ")
             units.setdefault(name, {})["exec_start"] = command.strip() or None
+        elif word == "mtime":
+            when, _, name = rest.partition(" ")
+            if (seconds := _int(when)) is not None and name:
+                if name.startswith("/"):
+                    changed_at[name] = seconds
+                else:
+                    units.setdefault(name, {})["changed_at"] = seconds
         elif word == "file" and (summed := _sha256sum(rest)) is not None:
             files[summed[0]] = summed[1]
         elif word == "env":
@@ -393,6 +437,7 @@ def parse_serving(lines: list[str]) -> Serving:
         ranks=dict(sorted(ranks.items())),
         router=router,
         files=files,
+        changed_at=changed_at,
         user_exists=values.get("user") == "yes",
         envs=envs,
         engine_current=current,
@@ -482,6 +527,10 @@ class ServingState(FactBase[Serving]):
             f'for u in {layout.RANK_UNIT_GLOB}; do [ -f "$u" ] && set -- "$@" "$u"; done;',
             "[ $# -eq 0 ] || { sha256sum -- \"$@\" | sed 's/^/unit /';",
             "grep -H '^ExecStart=' -- \"$@\" | sed 's/^\\([^:]*\\):ExecStart=/exec \\1 /'; };",
+            # When each unit file, the router's and the API key file last changed: against
+            # ExecMainStartTimestamp, whether the process runs what the files say now.
+            f"stat -c 'mtime %Y %n' -- \"$@\" {layout.ROUTER_UNIT} {layout.SECRETS_FILE}",
+            "2>/dev/null;",
             'set -- "$@"',
             *wanted,
             ';[ $# -eq 0 ] || systemctl show "$@" --timestamp=unix',
