@@ -156,6 +156,7 @@ class ServeJson(TypedDict):
     remove: list[int]
     unchanged: list[int]
     pending: dict[str, str]
+    readmit: list[int]
     secret_changed: bool
     remove_secret: bool
     router_restart: bool
@@ -194,6 +195,9 @@ class ServePlan:
     prune_doomed: list[str] = field(default_factory=list)
     # How a batch leaves and rejoins the router (None: not drain-protected).
     drain: DrainPlan | None = None
+    # Serving, unchanged ranks the router does not list: an interrupted run took them out (a
+    # drain) and never put them back. They rejoin (router_workers in) with no restart.
+    readmit: list[int] = field(default_factory=list)
 
     def summary(self) -> str:
         """What this run does to the ranks, for the plan printed before any change."""
@@ -219,6 +223,11 @@ class ServePlan:
             parts.append(f"restart ({why}) in batches {order}{drained}")
         if plan.remove:
             parts.append(f"stop and remove rank(s) {', '.join(map(str, plan.remove))}")
+        if self.readmit:
+            parts.append(
+                f"put rank(s) {', '.join(map(str, self.readmit))} back into the router "
+                "(an earlier run took them out and did not finish)"
+            )
         return "; ".join(parts) or "every rank runs what the plan says: nothing to restart"
 
     def to_json(self) -> ServeJson:
@@ -231,6 +240,7 @@ class ServePlan:
             "remove": self.roll.remove,
             "unchanged": numbers(self.roll.unchanged),
             "pending": {str(r): why for r, why in sorted(self.roll.pending.items())},
+            "readmit": self.readmit,
             "secret_changed": self.secret_changed,
             "remove_secret": self.remove_secret,
             "router_restart": self.router_restart,
@@ -284,6 +294,7 @@ def serve_plan(
         doomed = sorted(p for p in present - keep if layout.copy_key(s, p) is not None)
     return ServePlan(
         roll=roll,
+        readmit=left_out(roll, serving, drain),
         secret=secret,
         secret_changed=secret_changed,
         remove_secret=secret is None and layout.SECRETS_FILE in serving.files,
@@ -294,6 +305,15 @@ def serve_plan(
         prune_doomed=doomed,
         drain=drain,
     )
+
+
+def left_out(roll: RollPlan, serving: Serving, drain: DrainPlan | None) -> list[int]:
+    """Unchanged, serving ranks the router does not list (when this host could read its list):
+    a run killed in a drain left them out. A rank being started or rolled rejoins anyway."""
+    listed = serving.router_workers
+    if drain is None or listed is None:
+        return []
+    return [r.rank for r in roll.unchanged if drain.worker(r.rank).rstrip("/") not in listed]
 
 
 def _asked_in_roll(rank: Rank, roll: RollPlan, drain: DrainPlan | None, s: Settings) -> bool:

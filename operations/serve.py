@@ -231,6 +231,8 @@ class ServeStep:
             systemd.daemon_reload(name="Serve: reload systemd")
         if target.will_change:
             systemd.service(name=f"Serve: enable {TARGET}", service=TARGET, enabled=True)
+        if self.decided.readmit:
+            self._in(self.decided.readmit, "left out by an earlier run")
         for number, (batch, asked) in enumerate(
             zip(self.plan.batches, self.decided.batch_smoke, strict=True), 1
         ):

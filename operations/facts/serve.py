@@ -96,6 +96,26 @@ with ThreadPoolExecutor(max(1, len(pairs) + len(pages))) as pool:
         print("metrics", key, answer)
 """
 
+# argv: timeout, the router's worker list URL (a GET, the knowledge base's `list_workers` call);
+# prints "router_workers ok" and "worker URL healthy|unhealthy" per worker the router lists, or
+# "router_workers error WHY". Answer shape: sglang-router's {"workers": [{"url", "is_healthy"}]}
+# (files/router_workers.py `listed` reads the same).
+_WORKERS = """\
+import json, sys, urllib.request
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+try:
+    with opener.open(sys.argv[2], timeout=float(sys.argv[1])) as r:
+        workers = json.loads(r.read(1 << 22)).get("workers", [])
+    lines = ["worker %s %s" % (str(w["url"]).rstrip("/"),
+             "healthy" if w.get("is_healthy") else "unhealthy") for w in workers]
+except Exception as e:
+    print("router_workers error " + type(e).__name__)
+else:
+    print("router_workers ok")
+    for line in lines:
+        print(line)
+"""
+
 
 @dataclass(frozen=True)
 class UnitState:
@@ -239,6 +259,10 @@ class Serving:
     enabled: dict[str, str] = field(default_factory=dict)
     # What the EngineState fact reads, when asked with `engine=True` (a deploy); else None.
     engine: EngineHost | None = None
+    # The router's workers (URL -> healthy) as this host read them, when asked with
+    # `router_list`; None when not asked or the router did not answer (router_workers_error).
+    router_workers: dict[str, bool] | None = None
+    router_workers_error: str | None = None
 
     def pending_restart(self, rank: int) -> str | None:
         """Why rank's process does not run what its unit file (and the key file) say now."""
@@ -370,6 +394,7 @@ def parse_serving(lines: list[str]) -> Serving:
     gpu_lines: list[str] = []
     enabled: dict[str, str] = {}
     engine_lines: list[str] = []
+    workers: dict[str, bool] | None = None
     for line in lines:
         key, eq, value = line.partition("=")
         if eq and " " not in key and key[:1].isupper():
@@ -412,6 +437,15 @@ def parse_serving(lines: list[str]) -> Serving:
             enabled[unit] = answer.strip()
         elif word == "engine":
             engine_lines.append(rest)
+        elif word == "router_workers":
+            if rest.strip() == "ok":
+                workers = {}
+            else:
+                values["router_workers_error"] = rest.removeprefix("error").strip() or "?"
+        elif word == "worker" and workers is not None:
+            url, _, healthy = rest.strip().rpartition(" ")
+            if url:
+                workers[url] = healthy == "healthy"
         elif word:
             values[word] = rest.strip()
     if block:
@@ -452,6 +486,8 @@ def parse_serving(lines: list[str]) -> Serving:
         # The engine lines end with dpkg's, which the deploy's host always prints (or nothing:
         # then the engine was not asked).
         engine=parse_engine_state(engine_lines) if engine_lines else None,
+        router_workers=workers,
+        router_workers_error=values.get("router_workers_error") or None,
     )
 
 
@@ -494,6 +530,9 @@ class ServingState(FactBase[Serving]):
     + enabled: units whose `systemctl is-enabled` answer to read
     + engine: also read what the EngineState fact reads (`Serving.engine`): the engine step's
       environments, uv, compilers and host packages, in the same round trip
+    + router_list: the router's worker list URL as this host reaches it (a GET): which of this
+      host's ranks the router lists (`Serving.router_workers`), so a rank an interrupted run
+      left out of the router is put back
     """
 
     def command(
@@ -511,6 +550,7 @@ class ServingState(FactBase[Serving]):
         timeout_s: float = 2.0,
         enabled: list[str] | None = None,
         engine: bool = False,
+        router_list: str | None = None,
     ) -> StringCommand:
         wanted: list[str | QuoteString] = [layout.unit_name(r) for r in ranks or []]
         if router:
@@ -579,6 +619,14 @@ class ServingState(FactBase[Serving]):
         for unit in enabled or []:
             parts += ['echo "enabled', QuoteString(unit), "$(systemctl is-enabled"]
             parts += [QuoteString(unit), '2>/dev/null)";']
+        if router_list:
+            parts += [
+                "if command -v python3 >/dev/null 2>&1; then python3 -c",
+                QuoteString(_WORKERS),
+                str(timeout_s),
+                QuoteString(router_list),
+                '; else echo "router_workers error python3 not found"; fi;',
+            ]
         if engine:
             # The EngineState fact's own script, its lines prefixed: one round trip for both.
             parts += ["(", state_script(engine_root), ") | sed 's/^/engine /';"]
@@ -599,9 +647,9 @@ def managed_paths(settings: Settings) -> list[str]:
     return layout.checksummed_paths(settings)
 
 
-def serving_state(settings: Settings) -> Serving:
-    """The ServingState fact as a deploy reads it. The engine, model and serve steps all ask
-    with these arguments, so pyinfra gathers it once per run."""
+def serving_state(settings: Settings, router_list: str | None = None) -> Serving:
+    """The ServingState fact as a deploy reads it (router_list: the router's worker list URL
+    as this host reaches it, behind a router). The plan asks it once per run."""
     return gathered(
         ServingState,
         engine_root=settings.engine_root,
@@ -610,4 +658,5 @@ def serving_state(settings: Settings) -> Serving:
         user=settings.service_user,
         enabled=[layout.STAGE_UNIT],
         engine=True,
+        router_list=router_list,
     )

@@ -15,6 +15,8 @@ whose `run_shell_command` is wrapped here (as tests/unit/test_plan_cli.py's reco
   outputs of the real command), the engine environment the plan names complete (seeded), the
   staged copy up to date (seeded: the ModelStaging answer of tests/doubles/ct200.py, with no
   file left to copy), the stage unit enabled;
+- the router lists the workers `router_workers.py in` put back, and not those `out` took out
+  (the fact's worker list answer, when it asks);
 - every command is recorded with the fact that asked for it (None: an operation's).
 
 Run as `python -c RUNNER IMAGE LOG WHAT ARGS...`; IMAGE (JSON) is read and written back.
@@ -88,6 +90,9 @@ def serving_answer(image: dict[str, Any], command: str) -> list[str]:
     for path in asked_paths(command):
         if path in files:
             lines.append(f"file {files[path]}  {path}")
+    if "router_workers ok" in command:
+        lines.append("router_workers ok")
+        lines += [f"worker {url} healthy" for url in image.get("listed", [])]
     lines.append("user yes")
     engine = image["engine"]
     marker = json.dumps({"release": engine["release"], "lane": engine["lane"]})
@@ -156,6 +161,19 @@ def remember(image: dict[str, Any], command: str, stdin: object) -> None:
         unit = dest.rsplit("/", 1)[-1]
         if dest == layout.unit_path(unit) and layout.rank_of(unit) is not None:
             image.setdefault("units", {})[unit] = data.decode()
+    if f"{layout.ROUTER_WORKERS_SCRIPT} --router" in command:
+        # router_workers.py ... in UNIT=URL...: the router lists them from then on (out:
+        # it does not).
+        words = shlex.split(command[command.index(layout.ROUTER_WORKERS_SCRIPT) :])
+        action = "in" if "in" in words else "out"
+        after = words[words.index(action) + 1 :]
+        urls = [w.split("=")[1].rstrip("/") for w in after if "=" in w]
+        listed = image.setdefault("listed", [])
+        for url in urls:
+            if action == "in" and url not in listed:
+                listed.append(url)
+            elif action == "out" and url in listed:
+                listed.remove(url)
     for mode, owner, group, directory in _DIRECTORY.findall(command):
         image.setdefault("dirs", {})[shlex.split(directory)[0]] = [mode, owner, group]
     for marker in re.findall(r"touch (\S+)", command):

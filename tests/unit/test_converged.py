@@ -195,3 +195,29 @@ def test_a_converged_host_reports_no_change(tmp_path: Path, configuration: str) 
     secret = {"FileAt"} if "api_key_file" in data else set()
     assert asked <= PLAN_FACTS | secret, asked
     assert "No changes" in second or "Changed: 0" in second or "changed" not in second.lower()
+
+
+def test_a_rank_a_killed_drain_left_out_of_the_router_is_put_back(tmp_path: Path) -> None:
+    """Issue 31: a deploy killed after `router_workers out` took rank 3 out and after its
+    restart (or with no restart at all), before `in`: its unit is the plan's, its process runs
+    it, and the router does not list it. The next run puts it back (no restart), the one after
+    changes nothing. Before, it stayed out for good."""
+    names, data = CONFIGURATIONS["router on the same host"]
+    inv = inventory(tmp_path, names, data)
+    image = seed(tmp_path, inv, names, data)
+    run(tmp_path, image, "pyinfra", "-y", str(inv), "deploy.py")
+    images = json.loads(image.read_text())
+    listed = images["@fake/ct200"]["listed"]
+    assert len(listed) == 8, listed
+    left_out = next(url for url in listed if url.endswith(":30003"))
+    listed.remove(left_out)
+    image.write_text(json.dumps(images))
+
+    out, seen = run(tmp_path, image, "pyinfra", "-y", str(inv), "deploy.py")
+
+    assert "put rank(s) 3 back into the router" in out, out
+    changes = operations_commands(seen)
+    assert len(changes) == 1 and " in sglang@3.service=" in changes[0], changes
+    assert left_out in json.loads(image.read_text())["@fake/ct200"]["listed"]
+    again, seen = run(tmp_path, image, "pyinfra", "-y", str(inv), "deploy.py")
+    assert operations_commands(seen) == [], again
