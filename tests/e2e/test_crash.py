@@ -1,5 +1,13 @@
 """Crash safety on real systemd (issue 31).
 
+A deploy killed (`kill -9` of pyinfra, which drops its SSH sessions with it) inside a roll,
+behind the real sglang-router 0.3.2: the kill is triggered by a marker the host writes at the
+point (a `systemctl` double that holds the first `daemon-reload` after rank 0's unit names the new
+release, i.e. between `_roll`'s unit write and its restart, with rank 0 drained out of the
+router), never by a sleep. Then: at most one batch is out, the killed run's lock does not block
+the next run, the next run converges (rank 0 pending restart is rolled and put back), the run
+after it changes nothing, and status agrees with every process.
+
 What runs is a fact: the ServingState fact's own command, run in a testbed container, tells a
 rank whose process runs what its unit file says from one whose file was rewritten after the
 process started (a deploy killed between `_roll`'s unit write and its restart), before and
@@ -10,14 +18,38 @@ after the daemon-reload, and the plan rolls exactly that rank. The unit runs a p
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from operations import layout
 from operations.facts.serve import Serving, ServingState, parse_serving
 from operations.host_files import sha256
+from operations.pins import router_file
 from operations.roll import ServePlan, roll_plan
-from tests.testbed import BootContainers, ContainerSpec
+from tests import testbed as tb
+from tests.doubles import wheels as doubles
+from tests.e2e.deploying import LANE, Indexes, make_indexes, start_deploy
+from tests.e2e.index import pinned_wheels, wait_for
+from tests.e2e.serving import (
+    RELEASE,
+    ROUTER_PORT,
+    base_data,
+    deploy,
+    http,
+    ok,
+    serve_ops,
+    serving_spec,
+    status_inventory,
+    unit_states,
+)
+from tests.e2e.serving import (
+    run_status as status_command,
+)
+from tests.testbed import BootContainers, Container, ContainerSpec
 from tests.unit.test_roll import ranks
 
 pytestmark = pytest.mark.e2e
@@ -96,3 +128,127 @@ def test_a_unit_rewritten_after_its_process_started_is_pending_restart(
     restarted = read(host)
     assert restarted.ranks[0].main_pid != started.ranks[0].main_pid
     assert restarted.pending_restart(0) is None, restarted.ranks[0]
+
+
+NEW_RELEASE = "0.5.19"
+REACHED = "/run/test-crash-reached"
+# TEST DOUBLE: systemctl as the deploy calls it, with one fault-injection point. While ARMED
+# exists and rank 0's unit file names the new release (the roll wrote it), the first
+# `daemon-reload` writes its PID to REACHED and holds (the test kills the deploy meanwhile);
+# everything else is the real /usr/bin/systemctl. Installed in /usr/local/sbin, first in
+# root's PATH over SSH (Debian's /etc/profile and sshd's default PATH).
+ARMED = "/run/test-crash-armed"
+SYSTEMCTL_DOUBLE = f"""#!/bin/sh
+# TEST DOUBLE (tests/e2e/test_crash.py): holds the roll between a unit write and its restart.
+if [ "$1" = daemon-reload ] && [ -e {ARMED} ] && grep -q {NEW_RELEASE}-{LANE} \\
+    /etc/systemd/system/sglang@0.service 2>/dev/null; then
+  rm -f {ARMED}
+  echo $$ > {REACHED}
+  exec sleep 600
+fi
+exec /usr/bin/systemctl "$@"
+"""
+
+
+@pytest.fixture(scope="module")
+def indexes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Indexes]:
+    out = tmp_path_factory.mktemp("crash-wheels")
+    made = make_indexes(
+        tmp_path_factory.mktemp("crash-index"),
+        {r: doubles.release_wheels(out / r, r, LANE) for r in (RELEASE, NEW_RELEASE)},
+    )
+    made.main.add(*pinned_wheels(router_file("0.3.2", "3.11")))
+    yield made
+    for index in made.all():
+        index.stop()
+
+
+@pytest.fixture(scope="module")
+def host(testbed: tb.Testbed) -> Iterator[Container]:
+    (container,) = testbed.boot(serving_spec())
+    yield container
+    testbed.destroy(container)
+
+
+def router_data(c: Container, indexes: Indexes, **extra: object) -> dict[str, object]:
+    router = {"host": c.name, "port": ROUTER_PORT, "bind": c.address}
+    return base_data(c, indexes, router=router, **extra)
+
+
+def listed(c: Container) -> dict[str, bool]:
+    status, body = http(f"http://{c.address}:{ROUTER_PORT}/workers")
+    assert status == 200, body
+    return {w["url"]: w["is_healthy"] for w in body["workers"]}
+
+
+def running_release(c: Container, rank: int) -> str:
+    """What rank's process runs: its /proc/PID/cmdline's interpreter (ENV/bin/python)."""
+    pid = unit_states(c, range(rank, rank + 1))[rank][1]
+    _, out, _ = c.ssh_run(f"tr '\\0' ' ' < /proc/{pid}/cmdline")
+    return NEW_RELEASE if f"{NEW_RELEASE}-{LANE}" in out else RELEASE
+
+
+def test_a_deploy_killed_between_a_unit_write_and_its_restart_is_finished_by_the_next(
+    host: Container, indexes: Indexes, tmp_path: Path
+) -> None:
+    c = host
+    ok(deploy(tmp_path, {c: router_data(c, indexes)}))
+    # Behind a router, a converged re-run changes nothing (issue 29).
+    again = deploy(tmp_path, {c: router_data(c, indexes)})
+    ok(again)
+    assert {k: v for k, v in again.statuses.items() if v != "No changes"} == {}, again
+
+    double = f"cat > /usr/local/sbin/systemctl <<'EOF'\n{SYSTEMCTL_DOUBLE}EOF\n"
+    assert c.ssh_run(f"{double}chmod 755 /usr/local/sbin/systemctl && touch {ARMED}")[0] == 0
+    held = None
+    try:
+        rolling = start_deploy(tmp_path, {c: router_data(c, indexes, sglang_version=NEW_RELEASE)})
+        # The host says when the roll is at the point; the deploy is killed there.
+        wait_for(
+            lambda: c.ssh_run(f"test -s {REACHED}")[0] == 0,
+            timeout=600,
+            what="the roll at rank 0's daemon-reload",
+        )
+        rolling.kill()
+        held = c.ssh_run(f"cat {REACHED}")[1].strip()
+    finally:
+        c.ssh_run(f"rm -f /usr/local/sbin/systemctl {ARMED} {REACHED}")
+        if held:
+            c.ssh_run(f"kill {held}")
+
+    # Killed there: rank 0's file names the new release, its process still runs the old one,
+    # and it is out of the router (one batch); the others serve, unchanged.
+    assert running_release(c, 0) == RELEASE
+    workers = listed(c)
+    assert f"http://{c.address}:30000" not in workers, workers
+    assert len(workers) == 7 and all(workers.values()), workers
+    status = run_status(tmp_path, c, router_data(c, indexes, sglang_version=NEW_RELEASE))
+    assert "pending restart" in status["ranks"][0]["state"], status["ranks"][0]
+
+    finished = deploy(tmp_path, {c: router_data(c, indexes, sglang_version=NEW_RELEASE)})
+    ok(finished)
+    backs = [k for k in serve_ops(finished) if "back into the router" in k]
+    assert len(backs) == 8, serve_ops(finished)
+    assert [running_release(c, r) for r in range(8)] == [NEW_RELEASE] * 8
+    workers = listed(c)
+    assert sorted(workers) == [f"http://{c.address}:{30000 + r}" for r in range(8)], workers
+    assert all(workers.values()), workers
+
+    converged = deploy(tmp_path, {c: router_data(c, indexes, sglang_version=NEW_RELEASE)})
+    ok(converged)
+    assert {k: v for k, v in converged.statuses.items() if v != "No changes"} == {}, converged
+    status = run_status(tmp_path, c, router_data(c, indexes, sglang_version=NEW_RELEASE))
+    pids = unit_states(c, range(8))
+    for row in status["ranks"]:
+        assert row["state"] == "active (running)", row
+        assert row["pid"] == pids[row["rank"]][1], row
+        assert row["sglang_version"] == NEW_RELEASE, row
+
+
+def run_status(tmp_path: Path, c: Container, data: dict[str, object]) -> dict[str, Any]:
+    """`python -m operations.status --json` for the host: its document."""
+    inventory = status_inventory(tmp_path, {c.name: {**c.host_data(), **data}})
+    proc = status_command(inventory, "--json")
+    doc: dict[str, Any] = json.loads(proc.stdout)
+    host_doc: dict[str, Any] = doc["hosts"][c.name]
+    return host_doc

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from operations.pins import router_file
 from tests import testbed as tb
 from tests.doubles import wheels as doubles
 from tests.e2e.deploying import LANE, Indexes, make_indexes
-from tests.e2e.index import pypi_wheels_with_deps, wait_for
+from tests.e2e.index import pinned_wheels, wait_for
 from tests.e2e.load import CLIENTS, Load
 from tests.e2e.serving import (
     RELEASE,
@@ -50,7 +51,7 @@ def indexes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Indexes]:
         tmp_path_factory.mktemp("roll-index"),
         {r: doubles.release_wheels(out / r, r, LANE) for r in (RELEASE, NEW_RELEASE)},
     )
-    made.main.add(*pypi_wheels_with_deps("sglang-router==0.3.2"))
+    made.main.add(*pinned_wheels(router_file("0.3.2", "3.11")))
     yield made
     for index in made.all():
         index.stop()
