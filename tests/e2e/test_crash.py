@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from operations.pins import router_file
 from operations.roll import ServePlan, roll_plan
 from tests import testbed as tb
 from tests.doubles import wheels as doubles
-from tests.e2e.deploying import LANE, Indexes, make_indexes, start_deploy
+from tests.e2e.deploying import LANE, Deploying, Indexes, make_indexes, start_deploy
 from tests.e2e.index import pinned_wheels, wait_for
 from tests.e2e.serving import (
     RELEASE,
@@ -132,12 +132,14 @@ def test_a_unit_rewritten_after_its_process_started_is_pending_restart(
 
 NEW_RELEASE = "0.5.19"
 REACHED = "/run/test-crash-reached"
-# TEST DOUBLE: systemctl as the deploy calls it, with one fault-injection point. While ARMED
-# exists and rank 0's unit file names the new release (the roll wrote it), the first
-# `daemon-reload` writes its PID to REACHED and holds (the test kills the deploy meanwhile);
-# everything else is the real /usr/bin/systemctl. Installed in /usr/local/sbin, first in
-# root's PATH over SSH (Debian's /etc/profile and sshd's default PATH).
 ARMED = "/run/test-crash-armed"
+UV = "/opt/sglang/tools/bin/uv"
+# TEST DOUBLES, each with one fault-injection point: while ARMED exists and the call is the one
+# named, the double writes its PID to REACHED and holds (the test kills the deploy meanwhile);
+# every other call is the real program's.
+# systemctl, installed in /usr/local/sbin (first in root's PATH over SSH): the first
+# `daemon-reload` after rank 0's unit file names the new release, i.e. between `_roll`'s unit
+# write and its restart (operations/serve.py), with rank 0 drained out of the router.
 SYSTEMCTL_DOUBLE = f"""#!/bin/sh
 # TEST DOUBLE (tests/e2e/test_crash.py): holds the roll between a unit write and its restart.
 if [ "$1" = daemon-reload ] && [ -e {ARMED} ] && grep -q {NEW_RELEASE}-{LANE} \\
@@ -148,6 +150,43 @@ if [ "$1" = daemon-reload ] && [ -e {ARMED} ] && grep -q {NEW_RELEASE}-{LANE} \\
 fi
 exec /usr/bin/systemctl "$@"
 """
+# uv, in place of the engine's own (moved to uv.real): its `sync` of the new engine, i.e. with
+# the new environment made by `uv venv` and not yet installed (operations/engine.py build_env).
+UV_DOUBLE = f"""#!/bin/sh
+# TEST DOUBLE (tests/e2e/test_crash.py): holds the engine install after `uv venv`.
+if [ "$1" = sync ] && [ -e {ARMED} ]; then
+  rm -f {ARMED}
+  echo $$ > {REACHED}
+  exec sleep 600
+fi
+exec {UV}.real "$@"
+"""
+
+
+def killed_at(c: Container, install: str, undo: str, run: Callable[[], Deploying]) -> None:
+    """Start `run` with the double `install` put in place and armed; kill -9 the deploy when
+    the host writes REACHED; then undo the double and end the held process by its PID."""
+    assert c.ssh_run(f"{install} && touch {ARMED}")[0] == 0
+    held = ""
+    try:
+        deploying = run()
+        try:
+            wait_for(
+                lambda: c.ssh_run(f"test -s {REACHED}")[0] == 0,
+                timeout=600,
+                what="the deploy at the fault-injection point",
+            )
+        finally:
+            deploying.kill()
+        held = c.ssh_run(f"cat {REACHED}")[1].strip()
+    finally:
+        c.ssh_run(f"{undo}; rm -f {ARMED} {REACHED}")
+        if held.isdigit():
+            c.ssh_run(f"kill {held}")
+
+
+def written_double(path: str, text: str) -> str:
+    return f"cat > {path} <<'EOF'\n{text}EOF\nchmod 755 {path}"
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +227,7 @@ def running_release(c: Container, rank: int) -> str:
     return NEW_RELEASE if f"{NEW_RELEASE}-{LANE}" in out else RELEASE
 
 
-def test_a_deploy_killed_between_a_unit_write_and_its_restart_is_finished_by_the_next(
+def test_a_deploy_killed_in_the_engine_install_or_between_a_unit_write_and_its_restart(
     host: Container, indexes: Indexes, tmp_path: Path
 ) -> None:
     c = host
@@ -198,23 +237,23 @@ def test_a_deploy_killed_between_a_unit_write_and_its_restart_is_finished_by_the
     ok(again)
     assert {k: v for k, v in again.statuses.items() if v != "No changes"} == {}, again
 
-    double = f"cat > /usr/local/sbin/systemctl <<'EOF'\n{SYSTEMCTL_DOUBLE}EOF\n"
-    assert c.ssh_run(f"{double}chmod 755 /usr/local/sbin/systemctl && touch {ARMED}")[0] == 0
-    held = None
-    try:
-        rolling = start_deploy(tmp_path, {c: router_data(c, indexes, sglang_version=NEW_RELEASE)})
-        # The host says when the roll is at the point; the deploy is killed there.
-        wait_for(
-            lambda: c.ssh_run(f"test -s {REACHED}")[0] == 0,
-            timeout=600,
-            what="the roll at rank 0's daemon-reload",
-        )
-        rolling.kill()
-        held = c.ssh_run(f"cat {REACHED}")[1].strip()
-    finally:
-        c.ssh_run(f"rm -f /usr/local/sbin/systemctl {ARMED} {REACHED}")
-        if held:
-            c.ssh_run(f"kill {held}")
+    def roll() -> Deploying:
+        return start_deploy(tmp_path, {c: router_data(c, indexes, sglang_version=NEW_RELEASE)})
+
+    # Killed inside the engine install: the new environment is made, not installed. Every rank
+    # still serves the old release, all in the router; nothing names the partial environment.
+    killed_at(
+        c, f"mv {UV} {UV}.real && {written_double(UV, UV_DOUBLE)}", f"mv -f {UV}.real {UV}", roll
+    )
+    _, partial, _ = c.ssh_run(f"ls -d /opt/sglang/envs/{NEW_RELEASE}-*")
+    assert partial.strip(), "the kill was not inside the install"
+    assert [running_release(c, r) for r in range(8)] == [RELEASE] * 8
+    workers = listed(c)
+    assert len(workers) == 8 and all(workers.values()), workers
+
+    # Killed between rank 0's unit write and its restart (the re-run first finishes the engine).
+    systemctl = "/usr/local/sbin/systemctl"
+    killed_at(c, written_double(systemctl, SYSTEMCTL_DOUBLE), f"rm -f {systemctl}", roll)
 
     # Killed there: rank 0's file names the new release, its process still runs the old one,
     # and it is out of the router (one batch); the others serve, unchanged.
