@@ -212,3 +212,26 @@ def test_a_stopped_rank_is_started_not_pending() -> None:
     host = killed_after_write(want, {2}, active="inactive")
     plan = roll_plan(want, host, batch_size=1)
     assert [r.rank for r in plan.start] == list(range(8)) and plan.pending == {}
+
+
+def test_ranks_the_router_does_not_list_are_put_back_without_a_restart() -> None:
+    """Issue 31: a run killed between a drain's `out` and its `in` leaves a converged rank out
+    of the router; the plan puts back exactly the serving, unchanged ranks it does not list."""
+    from operations import drain, kb
+    from operations.roll import left_out
+
+    s = make_settings(router={"host": "ct200", "port": 8000})
+    plan, _, _ = drain.decide("ct200", s, [("ct200", s)], kb.load())
+    assert plan is not None and plan.list_url() == "http://127.0.0.1:8000/workers"
+    want = ranks(router={"host": "ct200", "port": 8000})
+    listed = {plan.worker(r): True for r in range(8) if r != 2}
+    host = dataclasses.replace(serving_from(want), router_workers=listed)
+    assert left_out(roll_plan(want, host, batch_size=1), host, plan) == [2]
+    # Not read (the router did not answer): nothing is inferred.
+    unread = dataclasses.replace(host, router_workers=None)
+    assert left_out(roll_plan(want, unread, batch_size=1), unread, plan) == []
+    # Rank 2 rolls anyway (its unit changed): its batch rejoins, no second `in`.
+    changed = dataclasses.replace(host, ranks={**host.ranks})
+    changed.ranks[2] = dataclasses.replace(host.ranks[2], unit_sha256="0" * 64)
+    assert left_out(roll_plan(want, changed, batch_size=1), changed, plan) == []
+    assert left_out(roll_plan(want, host, batch_size=1), host, None) == []
