@@ -6,7 +6,7 @@ UV_VERSION := 0.13.9
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint typecheck unit e2e bench clean
+.PHONY: demo pve-demo test lint typecheck unit e2e bench clean
 
 # Bytecode at install: every pyinfra run imports ~500 modules, and where .pyc files are never
 # written (PYTHONDONTWRITEBYTECODE, a read-only checkout) compiling them costs ~0.7 s a run.
@@ -19,12 +19,26 @@ $(BIN)/.synced: uv.lock pyproject.toml
 demo: $(BIN)/.synced
 	$(BIN)/pyinfra inventory/demo.py deploy.py --dry
 
+# pve.py against a simulated Proxmox node (inventory/pve_demo.py): what it would change.
+pve-demo: $(BIN)/.synced
+	$(BIN)/pyinfra inventory/pve_demo.py pve.py --dry
+
 lint: $(BIN)/.synced
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
 typecheck: $(BIN)/.synced
 	$(BIN)/mypy
+
+# The layers (docs/architecture.md, "Tests, by layer"): fast (pure logic and pyinfra fixtures,
+# no process started), integration (unit tests that start pyinfra, uv, systemd-analyze or a host
+# script), unit (both), e2e (systemd containers over SSH). `make test` runs them all.
+.PHONY: fast integration
+fast: $(BIN)/.synced
+	$(BIN)/python -m pytest -p tests.spawn_audit -m "not e2e and not integration"
+
+integration: $(BIN)/.synced
+	$(BIN)/pytest -m "integration and not e2e"
 
 unit: $(BIN)/.synced
 	$(BIN)/pytest -m "not e2e"

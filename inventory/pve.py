@@ -15,20 +15,23 @@ More containers of the same node: more entries, each with its own name and pve_c
 
 import os
 
-from operations.reach import from_environment
+from operations.pve import name_the_node_on_connect_errors
+from operations.reach import from_environment, hint
 
 # Digits become the id; anything else is left to the settings check to refuse (one line naming
 # pve_ctid and the value), never a traceback while the inventory loads.
 _ctid = os.environ.get("CT200_CTID", "200")
+_node = from_environment("PVE_HOST", "pve", "the Proxmox node's address or SSH alias", host="ct200")
+_user = os.environ.get("PVE_USER", "root")
+# An unreachable node is reported as the node, not as the container the entry is named after.
+name_the_node_on_connect_errors("ct200", f"{_user}@{_node}", hint("ct200") or "")
 
 ct200 = [
     (
         "ct200",
         {
-            "ssh_hostname": from_environment(
-                "PVE_HOST", "pve", "the Proxmox node's address or SSH alias", host="ct200"
-            ),
-            "ssh_user": os.environ.get("PVE_USER", "root"),
+            "ssh_hostname": _node,
+            "ssh_user": _user,
             "pve_ctid": int(_ctid) if _ctid.isdigit() else _ctid,
         },
     )

@@ -8,6 +8,11 @@ rank of both as its workers.
                                  alias (default 127.0.0.1: the plan then warns that the router
                                  cannot reach ct201)
     CT200_USER, CT201_USER       SSH user (default: root)
+    CONTROL_PLANE_KEY_FILE       a file on this machine holding the router's control-plane key,
+                                 which both containers' drains send (docs/security.md, "The
+                                 router's control plane"); make one once with
+                                 python3 -c 'import secrets; print(secrets.token_urlsafe(32))'
+                                 > FILE (mode 600). Unset: the plan refuses ct200's router
 
     python -m operations.plan inventory/two.py               # both plans, the router's too
     pyinfra inventory/two.py deploy.py --dry                 # preview
@@ -39,5 +44,13 @@ def container(name: str, number: str) -> tuple[str, dict[str, object]]:
 # One group: its data holds for both. The router listens on ct200 beside its ranks (30000-30007).
 containers = (
     [container("ct200", "200"), container("ct201", "201")],
-    {"router": {"host": "ct200", "port": 8000, "policy": "cache_aware", "bind": "0.0.0.0"}},
+    {
+        "router": {
+            "host": "ct200",
+            "port": 8000,
+            "policy": "cache_aware",
+            "bind": "0.0.0.0",
+            "control_plane_key_file": os.environ.get("CONTROL_PLANE_KEY_FILE") or None,
+        }
+    },
 )

@@ -43,7 +43,6 @@ from pyinfra.connectors.util import make_unix_command_for_host
 from operations.inventory import inventory_settings, refuse
 
 LOCK_PATH = "/run/sglang-deploy.lock"
-EXIT_TIMEOUT = 3
 
 # Runs on the host with python3 (the staging script needs it anyway). Prints "busy HOLDER"
 # when it has to wait, then "locked" or "timeout HOLDER"; holds the lock until stdin closes.
@@ -192,11 +191,6 @@ class Request:
             return True
         refuse(self.state, self.host, why)
         return False
-
-
-def hold(state: State, host: Host, wait_s: int) -> str | None:
-    """Take this host's deploy lock for the rest of the run, now: `Request.answer`."""
-    return Request(state, host, wait_s).answer()
 
 
 def _since(began: float) -> str:

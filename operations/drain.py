@@ -6,7 +6,9 @@ base's `routers` entry: `DELETE /workers/{id}`), so no new request reaches it wh
 it already has finish; the step waits until its own /metrics shows nothing running or queued
 (`sglang:num_running_reqs` + `sglang:num_queue_reqs` = 0) for at most `drain_timeout_s`, then
 restarts it, waits for /health and a chat request, and only then puts it back
-(`POST /workers`). The serve step carries this out with files/router_workers.py; this module only
+(`POST /workers`). Every call sends the router's control-plane key (layout.CONTROL_PLANE_KEY_FILE,
+read on the host; resolver/router.py says how sglang-router checks it). The serve step carries
+this out with files/router_workers.py; this module only
 decides it (pure: settings and knowledge in, DrainPlan out), so `operations.plan` shows it.
 
 Without a router, clients talk to the ranks directly: a roll restarts each batch as before, and
@@ -37,6 +39,8 @@ class DrainPlan:
     timeout_s: int
     # How long the router may take to list a re-added rank healthy.
     readmit_timeout_s: int
+    # The control-plane key on this host, which every call sends (files/router_workers.py).
+    key_file: str = layout.CONTROL_PLANE_KEY_FILE
 
     def worker(self, rank: int) -> str:
         """The rank as the router names it (its --worker-urls entry, resolver.worker_urls)."""

@@ -74,7 +74,7 @@ from operations.host_files import put_file
 from operations.host_plan import HostReport
 from operations.host_scripts import script_text
 from operations.layout import EngineTree, env_python
-from operations.lock_check import LockSources, check_lock, lock_sources
+from operations.lock_check import LockArgs, LockSources, check_lock, lock_sources
 from operations.pins import PinError, uv_requirement
 from operations.redact import redact
 from operations.settings import Settings
@@ -468,10 +468,6 @@ class EngineStep:
     path: str
     switched: OperationMeta
 
-    def current_changed(self) -> bool:
-        """Pass as `_if=engine.current_changed` to restart servers only after a switch."""
-        return bool(self.switched.did_change())
-
 
 @deploy("Engine")
 def _engine_deploy(report: HostReport) -> EngineStep:
@@ -618,12 +614,11 @@ def _local_dir(state: State, host: Host, path: str) -> bool:
     return True
 
 
-def _sources(s: Settings, spec: EngineSpec) -> dict[str, Any]:
+def _sources(s: Settings, spec: EngineSpec) -> LockArgs:
     """Where a lock of `spec` may take its packages from, as operation arguments."""
     wheelhouse = EngineTree(s.engine_root).wheelhouse if s.wheelhouse else None
     files = _local_wheels(s.wheelhouse) if s.wheelhouse else None
-    registries, wheelhouse_arg, files_arg = lock_sources(s, spec, wheelhouse, files).to_args()
-    return {"registries": registries, "wheelhouse": wheelhouse_arg, "wheelhouse_files": files_arg}
+    return lock_sources(s, spec, wheelhouse, files).to_args()
 
 
 def _fetch_lock(s: Settings, spec: EngineSpec, controller_lock: str) -> None:

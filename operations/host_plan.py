@@ -23,6 +23,7 @@ from operations.facts.model import Staging, local_model, script_module
 from operations.facts.once import gathered, together
 from operations.facts.preflight import HostFacts, PreflightFacts
 from operations.facts.serve import Serving, referenced_models, serving_state
+from operations.resolver.router import open_binds
 from operations.settings import Settings
 from operations.staging import StageDecision, decide_stage, keep_keys, model_staging
 
@@ -208,6 +209,9 @@ def decide(
     drain, drained, drain_warnings = drainmod.decide(host_name, settings, everyone, knowledge)
     plan.decisions.append(drained)
     plan.warnings.extend(drain_warnings)
+    if (low_ram := preflight.ram_per_rank_warning(settings)) is not None:
+        plan.warnings.append(low_ram)
+    plan.warnings.extend(open_binds(settings, host_name))
     watched, watched_decision = monitoring.decide(host_name, settings)
     plan.decisions.append(watched_decision)
     decision = None

@@ -18,6 +18,8 @@ UNIT_DIR = "/etc/systemd/system"
 TARGET = "sglang.target"
 ROUTER_UNIT = "sglang-router.service"
 STAGE_UNIT = "sglang-stage-model.service"
+# On the Proxmox node (pve.py): makes the UVM device nodes at every boot, before pve-guests.
+NODE_UVM_UNIT = "nvidia-uvm-nodes.service"
 RANK_UNIT_GLOB = "sglang@*.service"
 _RANK_UNIT = re.compile(r"^sglang@(\d+)\.service$")
 
@@ -52,6 +54,12 @@ WAIT_SCRIPT = f"{SCRIPT_DIR}/wait_healthy.py"
 STAGE_SCRIPT = f"{SCRIPT_DIR}/stage_model.py"
 SMOKE_SCRIPT = f"{SCRIPT_DIR}/smoke.py"
 ROUTER_WORKERS_SCRIPT = f"{SCRIPT_DIR}/router_workers.py"
+# The router's control-plane key (root only, mode 600): systemd hands it to the router unit as
+# the credential CONTROL_PLANE_CREDENTIAL (LoadCredential=), the launcher reads it from there
+# and the drain script from here (docs/security.md "The router's control plane").
+CONTROL_PLANE_KEY_FILE = f"{CONFIG_DIR}/router-control-plane.key"
+CONTROL_PLANE_CREDENTIAL = "control-plane-key"
+ROUTER_LAUNCH_SCRIPT = f"{SCRIPT_DIR}/router_launch.py"
 ROUTER_MARKER = ".sglang-deploy-complete"
 
 # Monitoring: a Prometheus file_sd targets file and a Grafana dashboard (operations/monitoring.py).
@@ -188,11 +196,6 @@ def engine_env(engine_root: str, name: str) -> str:
     return EngineTree(engine_root).env(name)
 
 
-def engine_python(engine_root: str, name: str) -> str:
-    """The interpreter a rank unit runs: its own environment's, never the `current` link."""
-    return EngineTree(engine_root).python(name)
-
-
 def engine_current(engine_root: str) -> str:
     return EngineTree(engine_root).current
 
@@ -242,6 +245,12 @@ def managed_files(settings: Settings) -> tuple[ManagedFile, ...]:
         ManagedFile(TARGETS_FILE, "serve"),
         ManagedFile(DASHBOARD_FILE, "serve"),
         ManagedFile(unit_path(ROUTER_UNIT), "router"),
+        ManagedFile(ROUTER_LAUNCH_SCRIPT, "router", "755"),
+        # The router's control-plane key, on every host behind it (its digest says whether the
+        # router restarts: resolver/router.key_changes).
+        ManagedFile(
+            CONTROL_PLANE_KEY_FILE, "router", "600", secret=True, dir_mode="750", dir_group=user
+        ),
         ManagedFile(tree.uv_config, "engine", "600", secret=True, checksummed=False),
         ManagedFile(tree.pip_config, "engine", "600", secret=True, checksummed=False),
         ManagedFile(STAGE_SCRIPT, "model", "755"),
@@ -322,10 +331,6 @@ def stage_tree(settings: Settings) -> StageTree:
     return StageTree(settings.model_stage_dir, model_slug(settings))
 
 
-def models_dir(settings: Settings) -> str:
-    return stage_tree(settings).models
-
-
 def staged_model_link(settings: Settings) -> str:
     """STAGE_DIR/models/SLUG: the link to the newest complete copy (for people and status)."""
     return stage_tree(settings).link
@@ -404,8 +409,6 @@ def worker_url(address: str, port: int) -> str:
 
 # The OpenAI-compatible API a client uses (SGLang serves it under /v1; so does the router).
 API_PREFIX = "/v1"
-CHAT_PATH = f"{API_PREFIX}/chat/completions"
-MODELS_PATH = f"{API_PREFIX}/models"
 
 
 def api_base(address: str, port: int) -> str:
@@ -420,14 +423,6 @@ def metrics_url(address: str, port: int) -> str:
 
 def rank_api_base(settings: Settings, rank: int) -> str:
     return api_base(settings.server_host, settings.base_port + rank)
-
-
-def rank_chat_url(settings: Settings, rank: int) -> str:
-    return f"{local_url(settings.server_host, settings.base_port + rank)}{CHAT_PATH}"
-
-
-def rank_models_url(settings: Settings, rank: int) -> str:
-    return f"{local_url(settings.server_host, settings.base_port + rank)}{MODELS_PATH}"
 
 
 def router_api_base(settings: Settings) -> str | None:

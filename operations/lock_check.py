@@ -29,6 +29,7 @@ import tomllib
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypedDict
 
 from operations.engine_spec import EngineSpec, indexes
 from operations.redact import redact
@@ -39,6 +40,14 @@ PROJECT = "sglang-engine"  # engine_spec.project_toml's [project] name
 _SHA256 = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
+class LockArgs(TypedDict):
+    """LockSources as an operation's keyword arguments (engine.py's lock operations)."""
+
+    registries: list[str]
+    wheelhouse: str | None
+    wheelhouse_files: list[str] | None
+
+
 @dataclass(frozen=True)
 class LockSources:
     """Where a lock of this engine may take its packages from."""
@@ -47,10 +56,14 @@ class LockSources:
     wheelhouse: str | None = None  # the host's wheelhouse directory, offline
     wheelhouse_files: frozenset[str] | None = None  # the controller's wheel names, offline
 
-    def to_args(self) -> list[object]:
+    def to_args(self) -> LockArgs:
         """For an operation's or a FunctionCommand's arguments (plain values)."""
         files = sorted(self.wheelhouse_files) if self.wheelhouse_files is not None else None
-        return [list(self.registries), self.wheelhouse, files]
+        return {
+            "registries": list(self.registries),
+            "wheelhouse": self.wheelhouse,
+            "wheelhouse_files": files,
+        }
 
     @classmethod
     def from_args(

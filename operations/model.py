@@ -17,8 +17,7 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 from pyinfra import logger
 from pyinfra.api.arguments import ConnectorArguments
@@ -157,6 +156,19 @@ def staged(
     yield HostCall(_run_live, (shlex.join(argv), "staging the model"), {})
 
 
+# Root-only like the hub cache: only the staging run reads it. --copy-links: every link in
+# the controller's directory was checked by the link rule in the scan that gave local_digest
+# (stage_manifest.py: refused unless it resolves inside the source, or a hub snapshot's
+# repository folder, to a regular file), so rsync sends what each resolves to as a regular
+# file, with its size and mtime (what the digest keys on: the target's scan agrees with it).
+# Not --copy-unsafe-links (it copies the referent of a link that leaves the tree: a root-only
+# file too) nor --safe-links (it drops those: a hub snapshot's every link into ../../blobs/).
+SYNC_FLAGS = [
+    *("-a", "--copy-links", "--delete", "--chmod=D750,F640", "--partial-dir=.rsync-partial"),
+    "--info=progress2",
+]
+
+
 @operation(is_idempotent=False)
 def synced_from_controller(
     local_dir: str, target_dir: str, local_digest: str, target_digest: str | None
@@ -177,11 +189,7 @@ def synced_from_controller(
     yield from files.rsync._inner(
         src=local_dir.rstrip("/") + "/",
         dest=target_dir.rstrip("/") + "/",
-        # Root-only like the hub cache: only the staging run reads it.
-        flags=[
-            *("-a", "--delete", "--chmod=D750,F640", "--partial-dir=.rsync-partial"),
-            "--info=progress2",
-        ],
+        flags=SYNC_FLAGS,
     )
 
 
@@ -252,16 +260,6 @@ def fetched_from_hub(
 # ------------------------------------------------------------------------------ the step
 
 
-@dataclass
-class StageResult:
-    """What later steps need: whether the staged model changed in this run (restart ranks)."""
-
-    op: Any = None
-
-    def changed(self) -> bool:
-        return bool(self.op is not None and self.op.did_change())
-
-
 def slug_of(settings: Settings) -> str:
     return layout.model_slug(settings)
 
@@ -302,7 +300,7 @@ def enabled_at_boot(unit: str, now: str | None) -> Commands:
 
 
 @deploy("Model")
-def _stage_model(report: HostReport) -> StageResult:
+def _stage_model(report: HostReport) -> None:
     s = report.settings
     source = s.source
     slug = slug_of(s)
@@ -383,7 +381,7 @@ def _stage_model(report: HostReport) -> StageResult:
     )
     plan = decision.plan
     logger.info(f"{host.print_prefix}model {s.model_name}: {plan.mode}: {plan.why}")
-    op = staged(
+    staged(
         name=f"Stage {s.model_name} in {s.model_stage_dir} ({plan.mode})",
         source_dir=source.target_dir,
         stage_dir=s.model_stage_dir,
@@ -396,9 +394,8 @@ def _stage_model(report: HostReport) -> StageResult:
         keep=decision.keep_keys,
         group=s.service_user,
     )
-    return StageResult(op)
 
 
-# @deploy types every call as returning OperationMeta; this step returns a StageResult
-# (`stage_model(report).changed()`: did the staged model change, so the ranks restart).
-stage_model = cast(Callable[[HostReport], StageResult], _stage_model)
+# @deploy types every call as returning OperationMeta; this step returns nothing (a rank
+# restarts when its unit, which names the staged copy by path, changes: roll.py).
+stage_model = cast(Callable[[HostReport], None], _stage_model)

@@ -67,10 +67,49 @@ def model_bytes(settings: Settings, kb: Knowledge, measured: int | None) -> int 
     return measured
 
 
-def memory_needed(settings: Settings, size: int) -> int:
-    """The container memory limit a deploy needs: the model staged in tmpfs (its pages count
-    against the limit) plus dp_size ranks of ram_per_rank_gb. pve.py sizes the container by it."""
+# pve-container sets memory.high below the configured memory (memory.max): 128 MiB below it from
+# 16 GiB up, 1016/1024 of it below 16 GiB (proxmox/pve-container src/PVE/LXC/Config.pm,
+# calculate_memory_constraints). Above memory.high the container is throttled and reclaimed hard.
+HIGH_MARGIN = 128 * 1024**2
+HIGH_MARGIN_FROM = 16 * GIB
+
+
+def memory_high(limit: int) -> int:
+    """The memory.high pve-container derives from a container memory (memory.max) of limit bytes."""
+    return limit - HIGH_MARGIN if limit >= HIGH_MARGIN_FROM else limit * 1016 // 1024
+
+
+def memory_in_use(settings: Settings, size: int) -> int:
+    """What the deploy keeps in the container's memory: the model staged in tmpfs (its pages count
+    against the limit) plus dp_size ranks of ram_per_rank_gb."""
     return size + settings.dp_size * ram_per_rank(settings)
+
+
+# SGLang's host memory per server beside the weights, as docs/model.md ("Host memory per rank")
+# derives it: the default of ram_per_rank_gb; a value below it is warned about.
+RAM_PER_RANK_FLOOR_GB = 4.0
+
+
+def ram_per_rank_warning(settings: Settings) -> str | None:
+    """The plan's warning when ram_per_rank_gb is below RAM_PER_RANK_FLOOR_GB (pve.py's plan and
+    the container's both show it)."""
+    if settings.ram_per_rank_gb >= RAM_PER_RANK_FLOOR_GB:
+        return None
+    return (
+        f"ram_per_rank_gb = {settings.ram_per_rank_gb:g} (set in "
+        f"{settings.origin('ram_per_rank_gb')}) is below {RAM_PER_RANK_FLOOR_GB:g} GiB, SGLang's "
+        "host memory per server beside the weights (docs/model.md): ranks may be throttled at "
+        "memory.high or OOM-killed"
+    )
+
+
+def memory_needed(settings: Settings, size: int) -> int:
+    """The smallest container memory limit (memory.max) whose memory.high still holds
+    memory_in_use: pve.py sizes the container by it, preflight judges the container by it."""
+    use = memory_in_use(settings, size)
+    if use + HIGH_MARGIN >= HIGH_MARGIN_FROM:
+        return use + HIGH_MARGIN
+    return -(-use * 1024 // 1016)
 
 
 def stage_room(
@@ -85,8 +124,9 @@ def stage_room(
     limit = resources.memory_limit_bytes
     ranks = settings.dp_size * ram_per_rank(settings)
     need = int(copy_bytes * STAGE_HEADROOM)
+    # Both copies and the ranks must fit under memory.high, as memory_needed's rule does.
     in_memory = current_bytes + copy_bytes + ranks
-    if (free is None or free >= need) and (limit is None or limit >= in_memory):
+    if (free is None or free >= need) and (limit is None or memory_high(limit) >= in_memory):
         return StageRoom("beside", copy_bytes, f"{_gib(copy_bytes)} to copy, {_gib(free)} free")
     beside_why = (
         f"{_gib(need)} needed beside the current copy ({_gib(current_bytes)}), "
@@ -276,7 +316,8 @@ def check(
             fail(
                 "container memory",
                 f">= {_gib(needed)} (model {_gib(size)} in tmpfs + {s.dp_size} ranks x "
-                f"{_gib(ram_per_rank(s))}, ram_per_rank_gb)",
+                f"{_gib(ram_per_rank(s))}, ram_per_rank_gb, + Proxmox's 128 MiB memory.high "
+                "margin)",
                 _gib(limit),
                 "raise the container's memory limit (pct set CTID --memory MiB): /dev/shm "
                 "pages count against it",

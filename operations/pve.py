@@ -20,6 +20,8 @@ What Proxmox accepts, from its own sources (proxmox/pve-container, src/PVE/LXC/C
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import math
 import re
 import shlex
@@ -34,12 +36,15 @@ from pyinfra.api.operation import operation
 from pyinfra.api.state import State
 from pyinfra.context import host
 
-from operations import inventory, layout, preflight
+from operations import inventory, layout, preflight, units
 from operations import kb as kbmod
 from operations.facts.pve import (
     CtConfig,
+    DevEntry,
     GuestDriver,
     GuestState,
+    NodeUnitState,
+    NodeUvmUnit,
     NvidiaDeviceNodes,
     NvidiaDevices,
     NvidiaModuleVersion,
@@ -49,6 +54,7 @@ from operations.facts.pve import (
     PveVersions,
 )
 from operations.host_call import Commands
+from operations.host_files import put_file
 from operations.kb import Knowledge, version
 from operations.redact import redact
 from operations.settings import Settings
@@ -64,6 +70,14 @@ CONFIG_LOCK = "/run/lock/lxc/pve-config-{ctid}.lock"
 CONFIG_PATH = "/etc/pve/lxc/{ctid}.conf"
 # Inside the container: a root-only directory, never /tmp.
 DRIVER_CACHE = layout.PVE_DRIVER_CACHE
+# The mode every NVIDIA devN entry gives its node in the container. Without mode=,
+# pve-container makes the node 0660 owned by the container's root (src/PVE/LXC.pm,
+# create_passthrough_device_node), which the service user cannot open; 0666 is the mode
+# NVIDIA's own nvidia-modprobe gives the nodes on a node (NVIDIA/nvidia-modprobe,
+# modprobe-utils/nvidia-modprobe-utils.c, NV_DEVICE_FILE_MODE). docs/security.md, "GPU device
+# nodes on the Proxmox node", says why this and not a gid=.
+DEVICE_MODE = "0666"
+UVM_UNIT_TEMPLATE = "nvidia-uvm-nodes.service.j2"
 
 
 @dataclass(frozen=True)
@@ -74,6 +88,7 @@ class PveFacts:
     config: CtConfig
     status: str
     guest: GuestState
+    node_unit: NodeUnitState = field(default_factory=NodeUnitState)
 
 
 @dataclass
@@ -91,6 +106,13 @@ class PvePlan:
     form: str = ""
     options: list[tuple[str, str]] = field(default_factory=list)
     raw_lines: list[str] = field(default_factory=list)
+    # lxc.* lines to take out (a stale nvidia-uvm major), replaced by raw_lines.
+    raw_remove: list[str] = field(default_factory=list)
+    # The node's UVM boot unit: its text and what the run does to it ("write", "enable",
+    # "start"; empty: it is in place).
+    unit_text: str = ""
+    unit_steps: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
     restart: str = ""
     driver_version: str | None = None
     driver_current: list[str] = field(default_factory=list)
@@ -104,7 +126,7 @@ class PvePlan:
 
     @property
     def config_changes(self) -> bool:
-        return bool(self.options or self.raw_lines)
+        return bool(self.options or self.raw_lines or self.raw_remove)
 
     def restart_command(self) -> str:
         return f"pct reboot {self.ctid}"
@@ -130,12 +152,33 @@ def _pkg_version(text: str) -> Version:
     return version(re.sub(r"[^0-9.]", ".", text).strip("."))
 
 
+def usable_entry(entry: DevEntry) -> DevEntry:
+    """The entry as the service user can use it: mode=DEVICE_MODE, writable (deny-write
+    dropped); its uid and gid, if any, kept."""
+    options = {k: v for k, v in entry.options.items() if k != "deny-write"}
+    options["mode"] = DEVICE_MODE
+    return DevEntry(entry.path, options)
+
+
 def dev_options(config: CtConfig, nodes: list[str]) -> list[tuple[str, str]]:
-    """devN options for the nodes no devN entry passes yet, at the lowest free N."""
-    present = config.devices()
-    passed = set(present.values())
+    """devN options: an entry at the lowest free N for each node no devN entry passes yet, and
+    the existing entry of a node rewritten where it lacks mode=DEVICE_MODE or denies writes
+    (capability nodes aside: those stay as Proxmox makes them)."""
+    present = config.device_entries()
+    by_path = {e.path: k for k, e in present.items()}
     free = (f"dev{i}" for i in range(MAX_DEVICES) if f"dev{i}" not in present)
-    return [(next(free), node) for node in nodes if node not in passed]
+    out = []
+    for node in nodes:
+        key = by_path.get(node)
+        # The capability nodes gate privileged actions (mig-config: create and destroy MIG
+        # instances; NVIDIA MIG User Guide, "Device Nodes and Capabilities"): passed as Proxmox
+        # makes them, never widened; a rank does not need them.
+        caps = layout.is_caps_node(node)
+        if key is None:
+            out.append((next(free), node if caps else DevEntry(node, {"mode": DEVICE_MODE}).text()))
+        elif not caps and (fixed := usable_entry(present[key])) != present[key]:
+            out.append((key, fixed.text()))
+    return out
 
 
 def lxc_lines(devices: NvidiaDevices, nodes: list[str]) -> list[str]:
@@ -164,6 +207,18 @@ def lxc_lines(devices: NvidiaDevices, nodes: list[str]) -> list[str]:
             f"lxc.mount.entry: {caps} {caps.removeprefix('/')} none bind,optional,create=dir"
         )
     return lines
+
+
+def stale_uvm_lines(config: CtConfig, devices: NvidiaDevices) -> list[str]:
+    """`lxc.cgroup2.devices.allow: c N:* rwm` lines whose major N no driver of the node holds
+    now: nvidia-uvm's (dynamic) major of an earlier driver or kernel. A major another driver
+    holds is left alone (it is not ours to judge)."""
+    stale = []
+    for value in config.values("lxc.cgroup2.devices.allow"):
+        match = re.fullmatch(r"c\s+([0-9]+):\*\s+rwm", value.strip())
+        if match and int(match.group(1)) not in devices.all_majors:
+            stale.append(f"lxc.cgroup2.devices.allow: {value}")
+    return stale
 
 
 def missing_lines(config: CtConfig, lines: list[str]) -> list[str]:
@@ -227,6 +282,13 @@ def plan(host_name: str, settings: Settings, kb: Knowledge, facts: PveFacts) -> 
                 f"{host_name}: the node has no {required} (CUDA needs it); accepted: a node "
                 "where it exists: run 'nvidia-modprobe -u -c=0' (nvidia-uvm) or nvidia-smi once"
             )
+    if facts.node_unit.modprobe is None:
+        err(
+            f"{host_name}: the node has no nvidia-modprobe on PATH: nothing would make "
+            f"the UVM device nodes at the next boot, and a container whose devN "
+            "path is missing does not start; accepted: a node with nvidia-modprobe (Debian: "
+            "apt install nvidia-modprobe; NVIDIA's installer ships it)"
+        )
     if not result.ok:
         return result
 
@@ -240,6 +302,13 @@ def plan(host_name: str, settings: Settings, kb: Knowledge, facts: PveFacts) -> 
         result.form = "dev"
         result.options.extend(dev_options(facts.config, nodes))
         note(f"devices: {pve} has devN entries (pve-container >= {DEV_ENTRIES_SINCE})")
+        present = facts.config.devices()
+        fixed = [k for k, _ in result.options if k in present]
+        if fixed:
+            note(
+                f"devices: {', '.join(fixed)} lack mode={DEVICE_MODE}: pve-container makes such a "
+                "node 0660 owned by the container's root, which the service user cannot open"
+            )
     else:
         result.form = "lxc"
         lines = lxc_lines(facts.devices, nodes)
@@ -253,6 +322,13 @@ def plan(host_name: str, settings: Settings, kb: Knowledge, facts: PveFacts) -> 
             )
             return result
         result.raw_lines = missing_lines(facts.config, lines)
+        result.raw_remove = stale_uvm_lines(facts.config, facts.devices)
+        if result.raw_remove:
+            note(
+                f"devices: the config allows a major no driver of the node holds now (nvidia-uvm's "
+                f"is {facts.devices.major('nvidia-uvm')}, /proc/devices): an earlier driver's or "
+                "kernel's nvidia-uvm; replacing it"
+            )
         gpu_major = facts.devices.major("nvidia-frontend", "nvidia")
         wide = [
             v for v in facts.config.values("lxc.cgroup2.devices.allow") if f"{gpu_major}:*" in v
@@ -269,7 +345,40 @@ def plan(host_name: str, settings: Settings, kb: Knowledge, facts: PveFacts) -> 
         )
     passed = len(nodes) - (len(result.options) if result.form == "dev" else 0)
     if result.form == "dev":
-        note(f"devices: {len(nodes)} node(s) wanted, {passed} already passed through")
+        note(
+            f"devices: {len(nodes)} node(s) wanted, {passed} already passed through with "
+            f"mode={DEVICE_MODE}"
+        )
+
+    # The UVM nodes at every node boot, before pve-guests.service starts the containers.
+    unit = layout.NODE_UVM_UNIT
+    modprobe = facts.node_unit.modprobe or ""
+    result.unit_text = units.render(UVM_UNIT_TEMPLATE, modprobe=units.exec_word(modprobe))
+    want = hashlib.sha256(result.unit_text.encode()).hexdigest()
+    if facts.node_unit.sha256 != want:
+        result.unit_steps.append("write")
+    if facts.node_unit.enabled != "enabled" or "write" in result.unit_steps:
+        result.unit_steps.append("enable")
+    if facts.node_unit.active != "active":
+        result.unit_steps.append("start")
+    note(
+        f"boot: {unit} runs '{modprobe} -u -c=0' before pve-guests.service at every node boot"
+        + (f" ({', '.join(result.unit_steps)} now)" if result.unit_steps else " (in place)")
+    )
+
+    # Nesting, opt-in: lifts Proxmox's AppArmor mount denials (src/PVE/LXC.pm: without
+    # nesting=1, deny mount -> /proc/ and /sys/).
+    features = [f for f in (facts.config.get("features") or "").split(",") if f.strip()]
+    nesting = any(f.strip() == "nesting=1" for f in features)
+    if s.pve_nesting and not nesting:
+        kept = [f for f in features if not f.strip().startswith("nesting=")]
+        result.options.append(("features", ",".join([*kept, "nesting=1"])))
+        note("features: nesting=1 (pve_nesting), other features kept")
+    elif not nesting:
+        note(
+            "features: no nesting=1; if preflight says the rank sandbox fails with "
+            "226/NAMESPACE, set pve_nesting = true"
+        )
 
     # Memory: the same rule preflight checks inside the container, from a size the container
     # cannot inflate: measured by the node (real blocks), capped at the knowledge base's size
@@ -296,10 +405,13 @@ def plan(host_name: str, settings: Settings, kb: Knowledge, facts: PveFacts) -> 
         return result
     need = preflight.memory_needed(s, size)
     need_mib = math.ceil(need / MIB)
+    if (low := preflight.ram_per_rank_warning(s)) is not None:
+        result.warnings.append(low)
     current = _int(facts.config.get("memory"), DEFAULT_MEMORY_MIB)
     rule = (
         f"model {size / 1024**3:.1f} GiB in tmpfs ({sources}) + {s.dp_size} ranks x "
-        f"{s.ram_per_rank_gb:g} GiB (ram_per_rank_gb) = {need_mib} MiB"
+        f"{s.ram_per_rank_gb:g} GiB (ram_per_rank_gb) + pve-container's memory.high margin "
+        f"= {need_mib} MiB"
     )
     if node_mem is not None and need > node_mem:
         err(
@@ -387,7 +499,12 @@ def summary(host_name: str, result: PvePlan) -> str:
     if result.options:
         args = " ".join(f"--{k} {shlex.quote(v)}" for k, v in result.options)
         lines.append(f"  change: pct set {result.ctid} {args}")
+    lines += [f"  change: remove '{ln}'" for ln in result.raw_remove]
     lines += [f"  change: add '{ln}'" for ln in result.raw_lines]
+    if result.unit_steps:
+        steps = ", ".join(result.unit_steps)
+        lines.append(f"  change: {steps} {layout.NODE_UVM_UNIT} on the node")
+    lines += [f"  warning: {w}" for w in result.warnings]
     if result.ok and not result.config_changes:
         lines.append("  config: nothing to change")
     lines += [f"  refused: {e}" for e in result.errors]
@@ -399,17 +516,23 @@ def summary(host_name: str, result: PvePlan) -> str:
 
 @operation()
 def ct_config(
-    ctid: int, options: list[tuple[str, str]], raw_lines: list[str], why: str = ""
+    ctid: int,
+    options: list[tuple[str, str]],
+    raw_lines: list[str],
+    why: str = "",
+    raw_remove: list[str] | None = None,
 ) -> Commands:
     """
     Give the container the planned config entries; every other line stays as it is.
 
     + ctid: the container id
-    + options: ``pct set`` options (key, value), e.g. [("dev0", "/dev/nvidia0"), ("swap", "0")]
+    + options: ``pct set`` options (key, value), e.g. [("dev0", "/dev/nvidia0,mode=0666")]
     + raw_lines: lxc.* lines to add to the config's main section (pve-container before 5.0.7)
     + why: the plan's sentence, printed when nothing is to change
+    + raw_remove: lxc.* lines to take out of the main section first (a stale major)
     """
-    if not options and not raw_lines:
+    raw_remove = raw_remove or []
+    if not options and not raw_lines and not raw_remove:
         host.noop(why or f"container {ctid}: config already has the GPUs, memory and swap")
         return
     if options:
@@ -417,18 +540,42 @@ def ct_config(
         for key, value in options:
             args += [f"--{key}", QuoteString(value)]
         yield StringCommand("pct", "set", str(int(ctid)), *args)
-    if raw_lines:
+    if raw_lines or raw_remove:
         # pve-container makes the lock directory when it loads; a fresh boot may not have it yet.
+        # A line to remove is passed as "-LINE", one to add as "+LINE".
         yield StringCommand(
             "mkdir -p /run/lock/lxc &&",
             "flock",
             QuoteString(CONFIG_LOCK.format(ctid=int(ctid))),
             "perl",
             "-e",
-            QuoteString(_ADD_LINES),
+            QuoteString(_EDIT_LINES),
             QuoteString(CONFIG_PATH.format(ctid=int(ctid))),
-            *(QuoteString(line) for line in raw_lines),
+            *(QuoteString("-" + line) for line in raw_remove),
+            *(QuoteString("+" + line) for line in raw_lines),
         )
+
+
+@operation()
+def node_uvm_unit(text: str, steps: list[str]) -> Commands:
+    """
+    Install, enable and start the node's UVM boot unit (layout.NODE_UVM_UNIT), as planned.
+
+    + text: the unit's text
+    + steps: what the plan found missing: "write", "enable", "start" (empty: in place)
+    """
+    unit = layout.NODE_UVM_UNIT
+    if not steps:
+        host.noop(f"{unit} is installed, enabled and active")
+        return
+    if "write" in steps:
+        yield from put_file._inner(src=text, dest=layout.unit_path(unit), sha256_now=None)
+        yield "systemctl daemon-reload"
+    if "enable" in steps:
+        # reenable: a changed [Install] section gets its links anew.
+        yield f"systemctl reenable {unit}"
+    if "start" in steps or "write" in steps:
+        yield f"systemctl restart {unit}"
 
 
 @operation(is_idempotent=False)
@@ -475,12 +622,17 @@ def guest_driver(ctid: int, version_: str, url: str, current: list[str], sha256:
     yield StringCommand("pct", "exec", str(int(ctid)), "--", "sh", "-c", QuoteString(script))
 
 
-# Adds lines to the main section of a pct config (before the first [snapshot] or [pve:pending]
-# section), leaving every other byte as it was; the new text replaces the file by rename, as
-# Proxmox's own writer does (PVE::Tools::file_set_contents). Perl: every Proxmox node has it.
-_ADD_LINES = (
-    "my ($path, @add) = @ARGV; open(my $in, '<', $path) or die \"$path: $!\\n\"; "
-    "my @l = <$in>; close $in; my $at = scalar @l; "
+# Removes ("-LINE", whitespace runs compared as one space) and adds ("+LINE") lines in the main
+# section of a pct config (before the first [snapshot] or [pve:pending] section), leaving every
+# other byte as it was; the new text replaces the file by rename, as Proxmox's own writer does
+# (PVE::Tools::file_set_contents). Perl: every Proxmox node has it.
+_EDIT_LINES = (
+    "my ($path, @arg) = @ARGV; my @add = map { substr($_, 1) } grep { /^\\+/ } @arg; "
+    "my %del = map { my $x = substr($_, 1); $x =~ s/\\s+/ /g; ($x => 1) } grep { /^-/ } @arg; "
+    "open(my $in, '<', $path) or die \"$path: $!\\n\"; "
+    "my @l = <$in>; close $in; my $main = 1; my @k; for my $x (@l) { $main = 0 if $x =~ /^\\[/; "
+    "my $n = $x; chomp $n; $n =~ s/\\s+/ /g; $n =~ s/ $//; push @k, $x unless $main && $del{$n} } "
+    "@l = @k; my $at = scalar @l; "
     "for my $i (0 .. $#l) { if ($l[$i] =~ /^\\[/) { $at = $i; last } } "
     "$at-- while $at > 0 && $l[$at - 1] !~ /\\S/; "
     '$l[$at - 1] .= "\\n" if $at > 0 && $l[$at - 1] !~ /\\n\\z/; '
@@ -510,7 +662,8 @@ def gather(node: Host, settings: Settings) -> PveFacts:
         if status == "running"
         else GuestState(False)
     )
-    return PveFacts(versions, module, devices, config, status, guest)
+    node_unit = node.get_fact(NodeUvmUnit)
+    return PveFacts(versions, module, devices, config, status, guest, node_unit)
 
 
 def _advise(state: State, host: Host, command: str) -> bool:
@@ -547,12 +700,20 @@ def converge(state: State, node: Host) -> None:
             ),
         )
         return
+    for warning in result.warnings:
+        logger.warning(f"{node.print_prefix}{warning}")
     ctid = int(result.ctid or 0)
+    node_uvm_unit(
+        name=f"Proxmox: {layout.NODE_UVM_UNIT} (UVM nodes at every node boot)",
+        text=result.unit_text,
+        steps=result.unit_steps,
+    )
     config = ct_config(
         name=f"Proxmox: container {ctid} config (GPUs, memory, swap)",
         ctid=ctid,
         options=result.options,
         raw_lines=result.raw_lines,
+        raw_remove=result.raw_remove,
     )
     if result.driver_install and result.driver_version:
         guest_driver(
@@ -571,3 +732,46 @@ def converge(state: State, node: Host) -> None:
             command=result.restart_command(),
             _if=config.did_change,
         )
+
+
+# ----------------------------------------------------------------------------- the node's name
+
+_CONNECT_ERRORS = ("Could not connect", "Could not resolve hostname", "SSH error", "EOF error")
+
+
+class _NodeConnectErrors(logging.Filter):
+    """pyinfra logs a failed connection as "[NAME] Could not connect (...)" (pyinfra/api/host.py
+    Host.connect), NAME being the inventory name: for pve.py that is the container's name, while
+    the host it could not reach is the Proxmox node. This names the node, and what to check."""
+
+    def __init__(self, nodes: dict[str, tuple[str, str]]) -> None:
+        super().__init__()
+        self.nodes = nodes  # inventory name -> (node address, what to check)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        if not any(e in message for e in _CONNECT_ERRORS):
+            return True
+        for name, (address, check) in self.nodes.items():
+            if f"[{name}]" in _plain(message):
+                error = _plain(message).split(f"[{name}]", 1)[1].strip()
+                record.msg = (
+                    f"[{name}] the Proxmox node {address} (where pve.py runs pct for {name}): "
+                    f"{error}; {check}"
+                )
+                record.args = ()
+        return True
+
+
+def _plain(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+def name_the_node_on_connect_errors(name: str, address: str, check: str) -> None:
+    """Called by a pve inventory for each of its hosts (inventory/pve.py)."""
+    pyinfra_logger = logging.getLogger("pyinfra")
+    found = [f for f in pyinfra_logger.filters if isinstance(f, _NodeConnectErrors)]
+    node_filter = found[0] if found else _NodeConnectErrors({})
+    if not found:
+        pyinfra_logger.addFilter(node_filter)
+    node_filter.nodes[name] = (address, check)

@@ -22,14 +22,15 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypedDict
 
 from operations import layout
 from operations.drain import DrainPlan
 from operations.facts.serve import Serving, referenced_models
 from operations.host_files import sha256
 from operations.resolver import Rank, RouterPlan
+from operations.resolver.router import key_changes as router_key_changes
 from operations.settings import Settings
+from operations.vocabulary import ServeJson, SmokeJson  # the plan's words (re-exported)
 
 ROUTER_TARGET = "router"  # files/smoke.py ROUTER: judged by its chat answers alone
 
@@ -99,13 +100,15 @@ def secrets_text(settings: Settings) -> str | None:
     return f"api-key: {json.dumps(key)}\n"
 
 
-def router_restarts(serving: Serving, plan: RouterPlan) -> bool:
+def router_restarts(serving: Serving, plan: RouterPlan, key_changes: bool = False) -> bool:
     """Whether the serve step (re)starts the router this run: its environment is not installed,
-    its unit text is new, or it is not active."""
+    its unit text is new, it is not active, or its control-plane key is written this run
+    (`key_changes`, resolver/router.py)."""
     unit = serving.files.get(layout.unit_path(layout.ROUTER_UNIT))
     router = serving.router
     installed = f"{plan.env_dir}/{layout.ROUTER_MARKER}" in serving.files
-    if unit != sha256(plan.unit) or router is None or router.active != "active" or not installed:
+    stale = unit != sha256(plan.unit) or key_changes
+    if stale or router is None or router.active != "active" or not installed:
         return True
     return router.pending_restart() is not None
 
@@ -142,29 +145,6 @@ class SmokeRequests:
     python: str = ""
     targets: list[str] = field(default_factory=list)
     router_workers: list[str] = field(default_factory=list)
-
-
-class SmokeJson(TypedDict):
-    python: str
-    targets: list[str]
-    router_workers: list[str]
-
-
-class ServeJson(TypedDict):
-    start: list[int]
-    batches: list[list[int]]
-    remove: list[int]
-    unchanged: list[int]
-    pending: dict[str, str]
-    readmit: list[int]
-    secret_changed: bool
-    remove_secret: bool
-    router_restart: bool
-    batch_smoke: list[SmokeJson | None]
-    smoke: SmokeJson
-    prune_keep: list[str]
-    prune_doomed: list[str]
-    summary: str
 
 
 def _smoke_json(smoke: SmokeRequests) -> SmokeJson:
@@ -264,7 +244,9 @@ def serve_plan(
     secret = secrets_text(s)
     secret_changed = secret is not None and serving.files.get(layout.SECRETS_FILE) != sha256(secret)
     roll = roll_plan(ranks, serving, s.restart_batch_size, secret_changed)
-    router_restart = router is not None and router_restarts(serving, router)
+    router_restart = router is not None and router_restarts(
+        serving, router, router_key_changes(s, serving.files, runs_router=True)
+    )
 
     batch_smoke: list[SmokeRequests | None] = []
     for batch in roll.batches:

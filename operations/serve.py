@@ -21,6 +21,7 @@ A converged host gathers one fact here and changes nothing.
 
 from __future__ import annotations
 
+import secrets
 import shlex
 from collections.abc import Callable, Sequence
 from typing import cast
@@ -45,7 +46,10 @@ from operations.layout import ROUTER_MARKER, ROUTER_UNIT, SECRETS_FILE, TARGET, 
 from operations.monitoring import DASHBOARD_SOURCE
 from operations.pins import router_requirements
 from operations.resolver import Rank, RouterPlan
+from operations.resolver.router import control_key_text
+from operations.resolver.router import key_changes as router_key_changes
 from operations.roll import ServePlan, SmokeRequests
+from operations.smoke import smoke_requests
 
 WAIT_SCRIPT = layout.WAIT_SCRIPT
 
@@ -81,7 +85,12 @@ def wait_healthy(
 
 @operation(is_idempotent=False)
 def router_workers(
-    action: str, router: str, api: tuple[str, str, str], timeout_s: int, targets: list[str]
+    action: str,
+    router: str,
+    api: tuple[str, str, str],
+    timeout_s: int,
+    targets: list[str],
+    key_file: str = layout.CONTROL_PLANE_KEY_FILE,
 ) -> Commands:
     """
     Take ranks out of the router and wait for their in-flight requests, or put them back.
@@ -91,10 +100,12 @@ def router_workers(
     + api: the pinned release's (list, remove, add) calls, `METHOD /path`, from the knowledge base
     + timeout_s: out: the drain's bound; in: how long the router may take to list them healthy
     + targets: out: UNIT=WORKER_URL=METRICS_URL; in: UNIT=WORKER_URL
+    + key_file: the control-plane key on the host (its path only: the script reads it)
     """
     list_call, remove_call, add_call = api
     words = ["python3", layout.ROUTER_WORKERS_SCRIPT, "--router", router]
     words += ["--list", list_call, "--remove", remove_call, "--add", add_call]
+    words += ["--key-file", key_file]
     words += ["--timeout", str(timeout_s), action, *targets]
     yield shlex.join(words)
 
@@ -269,6 +280,7 @@ class ServeStep:
             router=drain.router_url,
             api=(drain.api.list_workers, drain.api.remove_worker, drain.api.add_worker),
             timeout_s=drain.timeout_s,
+            key_file=drain.key_file,
             targets=[f"{layout.unit_name(r)}={drain.worker(r)}={drain.metrics(r)}" for r in ranks],
         )
 
@@ -283,6 +295,7 @@ class ServeStep:
             router=drain.router_url,
             api=(drain.api.list_workers, drain.api.remove_worker, drain.api.add_worker),
             timeout_s=drain.readmit_timeout_s,
+            key_file=drain.key_file,
             targets=[f"{layout.unit_name(r)}={drain.worker(r)}" for r in ranks],
         )
 
@@ -373,8 +386,6 @@ class ServeStep:
         if self.drain is None:
             return
         if asked is not None:
-            from operations.smoke import smoke_requests  # smoke.py imports this module
-
             smoke_requests(
                 name=f"Serve: {what}: a chat request to {label} before it rejoins",
                 python=asked.python,
@@ -403,6 +414,8 @@ def _serve(report: HostReport) -> ServeStep:
     step = ServeStep(report)
     host.log(f"ranks: {step.summary()}", logger.info)
     step.run()
+    # After the ranks' work: this run's drains used the key the running router has.
+    _control_plane_key(report, step.serving)
     if report.router is not None:
         _route(report, step.serving, report.router, step.decided.router_restart)
     return step
@@ -485,6 +498,26 @@ def _python(report: HostReport) -> str:
     return report.plan.engine.python
 
 
+def _control_plane_key(report: HostReport, serving: Serving) -> None:
+    """The router's control-plane key on every host behind it (router_key_changes says when it
+    is written; a change restarts the router, roll.router_restarts): the controller's
+    router.control_plane_key_file, or, unset, one generated here once with the CSPRNG
+    (`secrets`) and kept. Root only: systemd hands the router unit a copy (LoadCredential=)."""
+    s = report.settings
+    if not router_key_changes(s, serving.files, runs_router=report.router is not None):
+        return
+    text = control_key_text(s)
+    put_file(
+        name="Router: control-plane key (root only)",
+        src=text if text is not None else secrets.token_urlsafe(32) + "\n",
+        dest=layout.CONTROL_PLANE_KEY_FILE,
+        mode="600",
+        dir_mode="750",
+        dir_group=s.service_user,
+        secret=True,
+    )
+
+
 def _route(report: HostReport, serving: Serving, plan: RouterPlan, restart: bool) -> None:
     s = report.settings
     tree = layout.engine_tree(s)
@@ -507,6 +540,13 @@ def _route(report: HostReport, serving: Serving, plan: RouterPlan, restart: bool
         version=plan.version,
         installed=installed,
         requirements=router_requirements(plan.version, _python(report)),
+    )
+    put_file(
+        name="Router: launcher (reads the control-plane key)",
+        src=script_text("router_launch.py"),
+        dest=layout.ROUTER_LAUNCH_SCRIPT,
+        mode="755",
+        sha256_now=serving.files.get(layout.ROUTER_LAUNCH_SCRIPT),
     )
     put_file(
         name=f"Router: {ROUTER_UNIT}",

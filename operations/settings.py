@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from pyinfra.api.host import Host
 
@@ -28,9 +28,24 @@ if TYPE_CHECKING:
 SCHEMA_PATH = Path(__file__).parent / "settings.schema.json"
 
 
+# One setting's entry in settings.schema.json, the keys read here (jsonschema reads them all).
+PropertySchema = TypedDict(
+    "PropertySchema",
+    {"type": str | list[str], "default": Any, "description": str, "x-accepts": str},
+    total=False,
+)
+
+
+class SettingsSchema(TypedDict):
+    """settings.schema.json, as this module and its tests read it."""
+
+    required: list[str]
+    properties: dict[str, PropertySchema]
+
+
 @cache
-def schema() -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads(SCHEMA_PATH.read_text())
+def schema() -> SettingsSchema:
+    loaded: SettingsSchema = json.loads(SCHEMA_PATH.read_text())
     return loaded
 
 
@@ -115,6 +130,10 @@ class Router:
     # Where the router serves its Prometheus metrics (on `bind`) [29000 on 0.0.0.0]: written on
     # its command line, listed in the Prometheus targets file (operations/monitoring.py).
     metrics_port: int = 29000
+    # The control-plane key (worker add/remove, sglang-router's --control-plane-api-keys) on the
+    # controller, written to every host behind the router; None: generated once on the router's
+    # host (one host only). docs/security.md "The router's control plane".
+    control_plane_key_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +185,7 @@ class Settings:
     deploy_lock_wait_s: int
     pve_ctid: int | None
     pve_restart: bool
+    pve_nesting: bool
     pve_install_driver: bool
     pve_driver_url: str
     pve_driver_hashes: Mapping[str, str]
@@ -214,7 +234,9 @@ def _merge(layers: Iterable[Layer]) -> tuple[dict[str, Any], dict[str, str]]:
     return merged, origins
 
 
-def _describe(error: jsonschema.ValidationError, props: Mapping[str, Any]) -> tuple[str, str]:
+def _describe(
+    error: jsonschema.ValidationError, props: Mapping[str, PropertySchema]
+) -> tuple[str, str]:
     """(key, what is accepted) for one schema error."""
     if error.validator == "required":
         missing = str(error.message).split("'")[1]
@@ -229,7 +251,7 @@ def _describe(error: jsonschema.ValidationError, props: Mapping[str, Any]) -> tu
 def load(host_name: str, layers: list[Layer]) -> Settings:
     """Merge the layers, validate, apply defaults; raise SettingsError listing every problem."""
     merged, origins = _merge(layers)
-    props: dict[str, Any] = schema()["properties"]
+    props = schema()["properties"]
     ours = {k: v for k, v in merged.items() if k in props}
     problems: list[str] = []
 
@@ -473,6 +495,7 @@ def controller_problems(host_name: str, settings: Settings) -> list[str]:
     """Checks of files on the controller (the API key, the wheelhouse): part of every
     inventory load."""
     problems = _wheelhouse_problems(host_name, settings) + _pin_problems(host_name, settings)
+    problems += _control_plane_key_problems(host_name, settings)
     if not settings.api_key_file:
         return problems
     path = Path(settings.api_key_file).expanduser()
@@ -495,6 +518,30 @@ def controller_problems(host_name: str, settings: Settings) -> list[str]:
         else:
             return problems
     return [*problems, f"{where}; {why}; accepted: a readable file holding one non-empty API key"]
+
+
+def _control_plane_key_problems(host_name: str, settings: Settings) -> list[str]:
+    """router.control_plane_key_file: a readable file of one key the router's parser takes."""
+    name = settings.router.control_plane_key_file if settings.router is not None else None
+    if not name:
+        return []
+    where = f"{host_name}: router.control_plane_key_file = {name!r} (set in "
+    where += f"{settings.origin('router')})"
+    try:
+        key = Path(name).expanduser().read_text().strip()
+    except FileNotFoundError:
+        why = "no such file on the controller"
+    except (OSError, UnicodeDecodeError) as exc:
+        why = f"cannot be read on the controller ({getattr(exc, 'strerror', None) or exc})"
+    else:
+        if len(key) < 16:
+            why = "the key is empty or shorter than 16 characters"
+        elif control_characters(key) or any(c.isspace() for c in key):
+            why = "the key holds whitespace or control characters (more than one line?)"
+        else:
+            return []
+    accepted = "accepted: a readable file holding one key of 16 or more characters, no spaces"
+    return [f"{where}; {why}; {accepted}"]
 
 
 def _same(value: Any) -> Any:

@@ -4,9 +4,12 @@
 model with *this* key? After the serve step, each rank the step started or rolled gets one
 request (GET /v1/models must list the served name, then one chat completion), and on the
 router's host a few go through the router, all sent on the host by the shipped script
-(files/smoke.py) with the engine environment's httpx (the openai client's transport). A wrong
-answer (an empty or malformed body, another model's name, an error status, no answer) fails the
-deploy, naming the rank with its journal tail. A run that restarted nothing asks nothing and
+(files/smoke.py) with the engine environment's httpx (the openai client's transport). Each asks
+"What is A + B? Reply with the number only." with two 3-digit integers drawn on the host for
+that request (greedy, thinking off through the chat template), and the reply must hold the sum.
+A wrong answer (a wrong or missing sum, an empty or malformed body, another model's name, an
+error status, no answer) fails the deploy, naming the rank, the question and the answer (masked
+as journals are) with its journal tail. A run that restarted nothing asks nothing and
 changes nothing. `smoke_requests: false` turns it off; the script is shipped either way, for
 `python -m operations.status --probe`.
 
@@ -28,7 +31,7 @@ from operations.host_files import put_file
 from operations.host_plan import HostReport
 from operations.host_scripts import script_text
 from operations.roll import ROUTER_TARGET
-from operations.serve import ServeStep
+from operations.serve_result import ServeResult as ServeStep
 
 SMOKE_SCRIPT = layout.SMOKE_SCRIPT
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from operations import layout
 from operations.facts.host import Resources
-from operations.facts.model import ModelStaging, Staging
+from operations.facts.model import ModelStaging, Staging, script_module
 from operations.facts.once import gathered
 from operations.preflight import stage_room
 from operations.settings import Settings
@@ -135,6 +135,17 @@ def model_staging(settings: Settings, key: str | None, keep: list[str]) -> Stagi
     return staging
 
 
+def _controller_refusal(path: str) -> str | None:
+    """Why the staging script's scan refuses the controller's directory (a link the rule
+    refuses, an unreadable file), None when it scans."""
+    module = script_module()
+    try:
+        module.scan(path)
+    except (OSError, module.StageError) as exc:
+        return str(exc)
+    return None
+
+
 def decide_stage(
     settings: Settings,
     resources: Resources | None,
@@ -154,6 +165,11 @@ def decide_stage(
     else:
         pending = False
     plan = decide(settings, resources, staging, pending)
+    if source.kind == "controller" and source.controller_dir is not None and key is None:
+        # The controller's scan (the link rule) refused its directory: nothing is sent.
+        why = _controller_refusal(source.controller_dir)
+        if why is not None:
+            plan = StagePlan("refuse", f"{why} (on the controller); nothing was copied")
     return StageDecision(
         plan, staging, frozenset(kept), pending, key, keep_keys(settings, kept, key)
     )

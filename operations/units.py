@@ -132,12 +132,16 @@ def rank_unit(
     )
 
 
-def router_unit(*, version: str, workers: int, port: int, user: str, argv: list[str]) -> str:
+def router_unit(
+    *, version: str, workers: int, port: int, user: str, argv: list[str], credential: str
+) -> str:
+    """`credential`: LoadCredential='s ID:PATH (the control-plane key, layout's constants)."""
     return render(
         ROUTER_TEMPLATE,
         description=text(f"sglang-router {version} in front of {workers} ranks, port {port}"),
         user=user,
         exec_start=exec_line(argv),
+        credential=path_word(credential),
         start_limit_burst=START_LIMIT_BURST,
         start_limit_interval_s=START_LIMIT_INTERVAL_S,
         limit_nofile=LIMIT_NOFILE,

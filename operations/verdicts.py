@@ -20,9 +20,10 @@ import importlib.util
 import json
 import os
 import sys
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import jsonschema
@@ -34,7 +35,7 @@ KEEP = 512
 RECORD = Path(importlib.util.cache_from_source(__file__)).parent / "schema-verdicts.json"
 
 
-def errors(schema: dict[str, Any], document: object) -> list[jsonschema.ValidationError]:
+def errors(schema: Mapping[str, object], document: object) -> list[jsonschema.ValidationError]:
     """Every error of `document` against the Draft 2020-12 `schema`, sorted by path; none,
     without importing jsonschema, when this schema passed this very document before."""
     key = digest("schema", _encoded(schema), _encoded(document))

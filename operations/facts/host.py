@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.facts import FactBase
 
-from operations import layout
+from operations import host_scripts, layout
+from operations.files.stage_manifest import CONFIG_MARKER as CONFIG_MARKER  # the fact's marker
 
 
 @dataclass(frozen=True)
@@ -202,13 +203,20 @@ class Model:
     quantization: str | None = None
 
 
-CONFIG_MARKER = "@@config.json"
+# Printed instead of the model's lines when the target has no python3 (the staging copy, and
+# so the reading of its source, need it).
+NO_PYTHON_MARKER = "@@no-python3"
 
 
 def parse_model(lines: list[str]) -> Model:
     if not lines or lines[0].strip() != "exists":
         return Model(exists=False)
     size = _int(lines[1]) if len(lines) > 1 else None
+    if NO_PYTHON_MARKER in lines:
+        return Model(
+            exists=True,
+            config_error="python3 is missing on the target (the source is read with it)",
+        )
     try:
         start = lines.index(CONFIG_MARKER) + 1
     except ValueError:
@@ -230,30 +238,26 @@ def parse_model(lines: list[str]) -> Model:
 
 class ModelSource(FactBase[Model]):
     """
-    Returns whether a model directory exists, its size and its architecture.
+    Returns whether a model directory exists, the bytes the staging copy takes from it, and
+    its architecture (config.json).
+
+    Read by the staging copy's own code (operations/files/stage_source.py, sent inline: its
+    scan and its link rule), so a Hugging Face cache snapshot, whose files are links into
+    ../../blobs/, is measured and read as it will be staged, and a config.json linked out of
+    the source (to a root-only file) is never read.
 
     + path: the model directory on the target
     """
 
     def command(self, path: str) -> StringCommand:
-        config = QuoteString(f"{path}/config.json")
         return StringCommand(
-            "if [ -d",
+            "if command -v python3 >/dev/null 2>&1; then python3 -c",
+            QuoteString(host_scripts.script_text("stage_source.py")),
             QuoteString(path),
-            "]; then echo exists; du -sb",
-            QuoteString(path),
-            # config.json is read only as the regular file it is: never through a link (one to
-            # a root-only file would be read as root and parsed into the plan).
-            "| cut -f1; if [ -f",
-            config,
-            "] && [ ! -L",
-            config,
-            "] && [ -r",
-            config,
-            f"]; then echo {CONFIG_MARKER}; cat",
-            config,
             # Never silent: pyinfra hands an empty output to default(), not to process().
-            "; fi; else echo missing; fi; true",
+            "; elif [ -d",
+            QuoteString(path),
+            f"]; then echo exists; echo; echo {NO_PYTHON_MARKER}; else echo missing; fi; true",
         )
 
     @staticmethod

@@ -8,21 +8,17 @@ and in the copy, so the plan and the run never disagree.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.facts import FactBase
-from pyinfra.api.host import Host
 
 from operations import host_scripts
-from operations.facts.host import CONFIG_MARKER, Model, ModelSource, parse_model
-from operations.settings import Settings
+from operations.facts.host import Model, parse_model
 
 SCRIPT = "stage_model.py"
 
@@ -176,22 +172,6 @@ class ModelStaging(FactBase[Staging]):
 
 
 def local_model(path: str) -> Model:
-    """ModelSource's answer for a directory on the controller (same parser, read here)."""
-    root = Path(path)
-    if not root.is_dir():
-        return Model(exists=False)
-    size = sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and ".cache" not in p.parts)
-    lines = ["exists", str(size)]
-    config = root / "config.json"
-    with contextlib.suppress(OSError):
-        lines += [CONFIG_MARKER, *config.read_text().splitlines()]
-    return parse_model(lines)
-
-
-def source_model(host: Host, settings: Settings) -> Model:
-    """The model the deploy will stage: read where it is now (controller or target)."""
-    source = settings.source
-    if source.kind == "controller" and source.controller_dir is not None:
-        return local_model(source.controller_dir)
-    model: Model = host.get_fact(ModelSource, path=source.target_dir)
-    return model
+    """ModelSource's answer for a directory on the controller: the same code (the staging
+    script's describe: its scan and its link rule) and the same parser, run here."""
+    return parse_model(script_module().describe(path))

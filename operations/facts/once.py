@@ -23,7 +23,7 @@ _ANSWERS: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictio
 
 
 def gathered(fact: type[FactBase[T]], **kwargs: Any) -> T:
-    answers = _ANSWERS.setdefault(host._get_module(), {})  # type: ignore[attr-defined]
+    answers = _ANSWERS.setdefault(ctx_host.get(), {})
     key = f"{fact.__module__}.{fact.__name__}:{json.dumps(kwargs, sort_keys=True, default=str)}"
     if key not in answers:
         answers[key] = host.get_fact(fact, **kwargs)

@@ -118,6 +118,8 @@ class NvidiaDevices:
     nodes: list[str] = field(default_factory=list)
     # NVIDIA driver name from /proc/devices' "Character devices:" section -> major number.
     majors: dict[str, int] = field(default_factory=dict)
+    # Every character device major /proc/devices lists, of any driver (sorted).
+    all_majors: list[int] = field(default_factory=list)
 
     @property
     def gpus(self) -> list[str]:
@@ -140,6 +142,7 @@ NODE_MARKER = "@@node="
 def parse_devices(lines: list[str]) -> NvidiaDevices:
     nodes: list[str] = []
     majors: dict[str, int] = {}
+    every: set[int] = set()
     section = None
     for line in lines:
         if line.startswith(NODE_MARKER):
@@ -152,9 +155,11 @@ def parse_devices(lines: list[str]) -> NvidiaDevices:
         if section != "Character devices:":
             continue
         number, _, name = stripped.partition(" ")
+        if number.isdigit():
+            every.add(int(number))
         if number.isdigit() and name.strip().startswith("nvidia"):
             majors.setdefault(name.strip(), int(number))
-    return NvidiaDevices(nodes=sorted(nodes), majors=majors)
+    return NvidiaDevices(nodes=sorted(nodes), majors=majors, all_majors=sorted(every))
 
 
 class NvidiaDeviceNodes(FactBase[NvidiaDevices]):
@@ -205,12 +210,41 @@ class CtConfig:
 
     def devices(self) -> dict[str, str]:
         """devN -> the device path of its entry (path is the property string's default key)."""
-        found: dict[str, str] = {}
-        for k, v in self.entries:
-            if re.fullmatch(r"dev[0-9]+", k):
-                first = v.split(",", 1)[0]
-                found[k] = first.removeprefix("path=")
-        return found
+        return {k: e.path for k, e in self.device_entries().items()}
+
+    def device_entries(self) -> dict[str, DevEntry]:
+        """devN -> its entry, options parsed (see parse_dev_entry)."""
+        return {k: parse_dev_entry(v) for k, v in self.entries if re.fullmatch(r"dev[0-9]+", k)}
+
+
+@dataclass(frozen=True)
+class DevEntry:
+    """One devN entry: the device path and its other options, as written (mode, uid, gid,
+    deny-write: proxmox/pve-container src/PVE/LXC/Config.pm, $dev_desc)."""
+
+    path: str
+    options: dict[str, str] = field(default_factory=dict)
+
+    def text(self) -> str:
+        """The entry as a property string: the path first (the default key, printed bare as
+        PVE::JSONSchema print_property_string does), then the options in sorted order."""
+        return ",".join([self.path, *(f"{k}={self.options[k]}" for k in sorted(self.options))])
+
+
+def parse_dev_entry(value: str) -> DevEntry:
+    """`[path=]<Path>[,deny-write=<1|0>][,gid=<int>][,mode=<octal>][,uid=<int>]`: the value
+    without a key is the path (its default_key)."""
+    path = ""
+    options: dict[str, str] = {}
+    for part in value.split(","):
+        key, eq, val = part.partition("=")
+        if not eq:
+            path = part.strip()
+        elif key.strip() == "path":
+            path = val.strip()
+        else:
+            options[key.strip()] = val.strip()
+    return DevEntry(path, options)
 
 
 KIND_MARKER = "@@kind="
@@ -369,3 +403,61 @@ class GuestDriver(FactBase[GuestState]):
 
     def process(self, output: list[str]) -> GuestState:
         return parse_guest(output)
+
+
+# ----------------------------------------------------------------------------- the node's boot
+
+
+@dataclass(frozen=True)
+class NodeUnitState:
+    """The node's UVM boot unit (layout.NODE_UVM_UNIT): its file's sha256 (None: absent),
+    `systemctl is-enabled` / `is-active` answers, and where nvidia-modprobe is (None: not on
+    PATH)."""
+
+    sha256: str | None = None
+    enabled: str = ""
+    active: str = ""
+    modprobe: str | None = None
+
+
+def parse_node_unit(lines: list[str]) -> NodeUnitState:
+    found: dict[str, str] = {}
+    for line in lines:
+        if line.startswith("@@") and "=" in line:
+            key, _, value = line[2:].partition("=")
+            found[key] = value.strip()
+    digest = found.get("sha256", "")
+    return NodeUnitState(
+        sha256=digest if re.fullmatch(r"[0-9a-f]{64}", digest) else None,
+        enabled=found.get("enabled", ""),
+        active=found.get("active", ""),
+        modprobe=found.get("modprobe") or None,
+    )
+
+
+class NodeUvmUnit(FactBase[NodeUnitState]):
+    """
+    Returns the state of the node's UVM boot unit and the path of nvidia-modprobe.
+
+    .. code:: python
+
+        NodeUnitState(sha256="ab...", enabled="enabled", active="active",
+                      modprobe="/usr/bin/nvidia-modprobe")
+    """
+
+    def command(self) -> str:
+        unit = layout.NODE_UVM_UNIT
+        path = shlex.quote(layout.unit_path(unit))
+        return (
+            f"[ -f {path} ] && echo \"@@sha256=$(sha256sum < {path} | cut -d' ' -f1)\"; "
+            f'echo "@@enabled=$(systemctl is-enabled {unit} 2>/dev/null)"; '
+            f'echo "@@active=$(systemctl is-active {unit} 2>/dev/null)"; '
+            'echo "@@modprobe=$(command -v nvidia-modprobe)"; true'
+        )
+
+    @staticmethod
+    def default() -> NodeUnitState:
+        return NodeUnitState()
+
+    def process(self, output: list[str]) -> NodeUnitState:
+        return parse_node_unit(output)

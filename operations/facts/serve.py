@@ -96,15 +96,25 @@ with ThreadPoolExecutor(max(1, len(pairs) + len(pages))) as pool:
         print("metrics", key, answer)
 """
 
-# argv: timeout, the router's worker list URL (a GET, the knowledge base's `list_workers` call);
+# argv: timeout, the router's worker list URL (a GET, the knowledge base's `list_workers` call),
+# the control-plane key file (root only; sent as a bearer token when it exists, as
+# files/router_workers.py does; the key never reaches a command line);
 # prints "router_workers ok" and "worker URL healthy|unhealthy" per worker the router lists, or
 # "router_workers error WHY". Answer shape: sglang-router's {"workers": [{"url", "is_healthy"}]}
 # (files/router_workers.py `listed` reads the same).
 _WORKERS = """\
 import json, sys, urllib.request
 opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+request = urllib.request.Request(sys.argv[2])
 try:
-    with opener.open(sys.argv[2], timeout=float(sys.argv[1])) as r:
+    with open(sys.argv[3], encoding="utf-8") as handle:
+        key = handle.read().strip()
+except OSError:
+    key = ""
+if key:
+    request.add_header("Authorization", "Bearer " + key)
+try:
+    with opener.open(request, timeout=float(sys.argv[1])) as r:
         workers = json.loads(r.read(1 << 22)).get("workers", [])
     lines = ["worker %s %s" % (str(w["url"]).rstrip("/"),
              "healthy" if w.get("is_healthy") else "unhealthy") for w in workers]
@@ -625,6 +635,7 @@ class ServingState(FactBase[Serving]):
                 QuoteString(_WORKERS),
                 str(timeout_s),
                 QuoteString(router_list),
+                QuoteString(layout.CONTROL_PLANE_KEY_FILE),
                 '; else echo "router_workers error python3 not found"; fi;',
             ]
         if engine:

@@ -70,7 +70,9 @@ def parse_probe(lines: list[str]) -> Probe:
 class SmokeProbe(FactBase[Probe]):
     """
     Returns each target's answer to GET /v1/models and one POST /v1/chat/completions with the
-    served model name and the API key from the host's secrets file (never on a command line).
+    served model name and the API key from the host's secrets file (never on a command line),
+    asking the deploy's question ("What is A + B?", new numbers each request): a reply without
+    the right sum is not answered, its `why` naming the question and the answer.
     A target whose listener is not the service user's, or whose unit is not active, is asked
     nothing: its verdict names the port and the owner.
 

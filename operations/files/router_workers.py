@@ -6,8 +6,13 @@ serve step makes behind a router (operations/drain.py decides it; the worker API
 from the knowledge base's `routers` entry for the pinned release, as `METHOD /path`):
 
     router_workers.py --router URL --list 'GET /workers' --remove 'DELETE /workers/{id}' \\
-        --add 'POST /workers' --timeout S out UNIT=WORKER_URL=METRICS_URL ...
+        --add 'POST /workers' --key-file PATH --timeout S out UNIT=WORKER_URL=METRICS_URL ...
     router_workers.py ... --timeout S in UNIT=WORKER_URL ...
+
+--key-file: the router's control-plane key (root only); each call sends it as
+`Authorization: Bearer KEY` (sglang-router 0.3.2, src/auth/middleware.rs:214-361). A missing
+file sends none (a router from before the key, started without one); a router that refuses
+the call (401, 403) fails the step, naming the file, never the key.
 
 out: each worker the router lists is removed (the router sends it nothing new; what it already
      sent finishes), then each rank's own /metrics is read until sglang:num_running_reqs plus
@@ -45,6 +50,25 @@ class RouterError(Exception):
     pass
 
 
+class RouterRefused(RouterError):
+    """The router answered, and refused the control-plane key (or its absence)."""
+
+
+# The control-plane key, read once from --key-file (None: the file is absent).
+KEY: str | None = None
+
+
+def read_key(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            key = handle.read().strip()
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise RouterError(f"control-plane key {path}: {error.strerror}") from None
+    return key or None
+
+
 def call(base: str, spec: str, body: Any = None, **ids: str) -> Any:
     """One worker API call, `METHOD /path` with {id} filled in; the decoded JSON answer."""
     method, _, path = spec.partition(" ")
@@ -52,11 +76,20 @@ def call(base: str, spec: str, body: Any = None, **ids: str) -> Any:
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, method=method)
     request.add_header("Content-Type", "application/json")
+    if KEY is not None:
+        request.add_header("Authorization", f"Bearer {KEY}")
     try:
         with _DIRECT.open(request, timeout=REQUEST_TIMEOUT_S) as response:
             raw = response.read()
     except urllib.error.HTTPError as error:
         detail = error.read().decode(errors="replace")[:300]
+        if error.code in (401, 403):
+            sent = "the key in --key-file" if KEY is not None else "no key (--key-file absent)"
+            raise RouterRefused(
+                f"{method} {url}: {error.code} {detail.strip()}: the router refused {sent}; "
+                "its control-plane key and this host's must be the same "
+                "(router.control_plane_key_file, docs/security.md)"
+            ) from error
         raise RouterError(f"{method} {url}: {error.code} {detail}") from error
     except (urllib.error.URLError, OSError) as error:
         raise RouterError(f"{method} {url}: {error}") from error
@@ -88,6 +121,8 @@ def take_out(args: argparse.Namespace, targets: list[tuple[str, str, str]]) -> i
     start = time.monotonic()
     try:
         workers = listed(args)
+    except RouterRefused:
+        raise
     except RouterError as error:
         print(f"router does not answer ({error}): the ranks restart undrained", flush=True)
         return 0
@@ -140,6 +175,8 @@ def put_back(args: argparse.Namespace, targets: list[tuple[str, str]]) -> int:
     start = time.monotonic()
     try:
         workers = listed(args)
+    except RouterRefused:
+        raise
     except RouterError as error:
         # A router that starts later reads every rank from its --worker-urls.
         print(f"router does not answer ({error}): nothing to put back into", flush=True)
@@ -174,11 +211,14 @@ def main() -> int:
     parser.add_argument("--list", required=True)
     parser.add_argument("--remove", required=True)
     parser.add_argument("--add", required=True)
+    parser.add_argument("--key-file", default="")
     parser.add_argument("--timeout", type=float, required=True)
     parser.add_argument("action", choices=("out", "in"))
     parser.add_argument("targets", nargs="+")
     args = parser.parse_args()
+    global KEY
     try:
+        KEY = read_key(args.key_file) if args.key_file else None
         if args.action == "out":
             out = [tuple(t.split("=", 2)) for t in args.targets]
             return take_out(args, [(u, w.rstrip("/"), m) for u, w, m in out])

@@ -13,6 +13,18 @@ GET /v1/models (the served name must be listed) and then COUNT times POST /v1/ch
 another model's name, or no answer at all fails that target. The deploy's smoke step and
 `python -m operations.status --probe` both run it.
 
+Each chat request asks a question whose answer is known here and differs every request (issue
+27): "What is A + B? Reply with the number only.", A and B two 3-digit integers drawn on the
+host (`secrets`), `temperature: 0`, thinking disabled through the chat template
+(`chat_template_kwargs: {"enable_thinking": false}`: SGLang's ChatCompletionRequest has the
+field, python/sglang/srt/entrypoints/openai/protocol.py, and `_apply_jinja_template` passes it
+to the tokenizer's apply_chat_template, serving_chat.py: 0.5.10 wheel lines 618 and 481-482,
+0.5.11 lines 646 and 585-586, 0.5.23 lines 1020 and 2166-2167; sglang-router 0.3.2 forwards it,
+src/protocols/chat.rs:353). The reply's content must hold the sum (judge_sum): a fluent answer
+with a wrong number fails the target, naming the question and the answer, masked as journals
+are. Keep the contract exactly this shape (two integers joined by `+`, the sum the answer): the
+server double answers it (tests/doubles/packages/sglang/_server_double.py).
+
     smoke.py --model NAME --timeout S --service-user USER [--key-file FILE] [--json] [--journal]
         [--unit NAME=UNIT]... [--router-worker UNIT=URL]... NAME=URL[*COUNT]...
 
@@ -35,6 +47,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import re
+import secrets
 import sys
 import time
 from collections.abc import Callable
@@ -42,13 +56,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from operations.files.hostsafe import JOURNAL_LINES, journal, listening, refusal
+from operations.files.hostsafe import JOURNAL_LINES, journal, listening, mask_journal, refusal
 
 # The router answers GET /v1/models itself, not from a worker (sglang-router 0.3.2 lists
 # "unknown": seen in tests/e2e/test_smoke.py), so through it only the chat answers are judged.
 ROUTER = "router"
-QUESTION = "Reply with one word: ready?"
-MAX_TOKENS = 16
+# The prompt contract (doubles of a model answer it: keep its shape): two integers joined by
+# `+`, the sum the answer.
+QUESTION = "What is {a} + {b}? Reply with the number only."
+# "742", or an echo "317 + 425 = 742" (Qwen tokenises digits one by one): well under 32.
+MAX_TOKENS = 32
+# Thinking off through the chat template (the module docstring: where SGLang reads it).
+TEMPLATE_KWARGS = {"enable_thinking": False}
 BODY_SHOWN = 120  # characters of a bad body quoted in the verdict
 
 
@@ -100,8 +119,61 @@ def judge_models(status: int | None, body: str, model: str) -> str | None:
     return None
 
 
-def judge_chat(status: int | None, body: str, model: str) -> tuple[str | None, int | None]:
-    """(why the chat completion answer is wrong or None, completion tokens)."""
+def operands() -> tuple[int, int]:
+    """Two random 3-digit integers, a new pair for every request."""
+    return 100 + secrets.randbelow(900), 100 + secrets.randbelow(900)
+
+
+def question(a: int, b: int) -> str:
+    return QUESTION.format(a=a, b=b)
+
+
+# Integers and decimals as a model writes them ("742", "1,042", "742.0", "-742"); not part of a
+# longer number or word.
+_NUMBER = re.compile(r"(?<![\w.,])-?\d+(?:,\d{3})*(?:\.\d+)?(?![\w])")
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def answer_text(content: str) -> str:
+    """What a reply's content answers, its thinking left out. Qwen3's format is
+    `(<think>)*(.*)</think>` (the opening tag may be in the prompt, not the output: SGLang's
+    Qwen3Detector, python/sglang/srt/parser/reasoning_parser.py): what follows the last
+    </think> is the answer; an opened <think> that never closed is all thinking (cut off)."""
+    if THINK_CLOSE in content:
+        return content.rsplit(THINK_CLOSE, 1)[1].strip()
+    if THINK_OPEN in content:
+        return ""
+    return content.strip()
+
+
+def numbers(text: str) -> list[float]:
+    return [float(m.group().replace(",", "")) for m in _NUMBER.finditer(text)]
+
+
+def judge_sum(content: str, a: int, b: int) -> str | None:
+    """Why `content` does not answer "What is A + B?" truthfully; None when it does.
+
+    Right: the sum is among the answer's numbers and every other number is one of the two
+    operands (an echo, "317 + 425 = 742"). Several candidates ("742 or 743"), working
+    ("300 + 400 = 700, ...") or a wrong number fail: a rank that hedges has not answered."""
+    found = numbers(answer_text(content))
+    if not found:
+        return "no number in the answer"
+    total = a + b
+    if total not in found:
+        return f"the sum is {total}"
+    others = sorted({n for n in found if n not in (total, a, b)})
+    if others:
+        extra = ", ".join(f"{n:g}" for n in others)
+        return f"the sum is {total}, and it also says {extra}"
+    return None
+
+
+def judge_chat(
+    status: int | None, body: str, model: str, asked: tuple[int, int] | None = None
+) -> tuple[str | None, int | None]:
+    """(why the chat completion answer is wrong or None, completion tokens). `asked`: the
+    operands of the question (None: the answer's truth is not judged)."""
     what = "POST /v1/chat/completions"
     data, why = _json_object(status, body, what)
     if data is None:
@@ -121,6 +193,20 @@ def judge_chat(status: int | None, body: str, model: str) -> tuple[str | None, i
     tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
     if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
         return f"{what}: 200 without usage.completion_tokens {_quote(body)}", None
+    if asked is not None:
+        said = message.get("content")
+        content = said if isinstance(said, str) else ""
+        wrong = judge_sum(content, *asked)
+        if wrong is not None:
+            if not content.strip():
+                # Only reasoning_content: thinking was not disabled (or not by this template).
+                wrong += ": the content is empty, all of it reasoning (thinking not disabled)"
+            asked_text = question(*asked)
+            return (
+                f"{what}: not a truthful answer: asked {asked_text!r}, answered "
+                f"{_quote(content)} ({wrong})",
+                None,
+            )
     return None, tokens
 
 
@@ -183,6 +269,17 @@ def _no_guard() -> str | None:
     return None
 
 
+def chat_request(model: str, a: int, b: int) -> dict[str, Any]:
+    """The OpenAI chat request asking "What is A + B?", greedy, thinking off."""
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": question(a, b)}],
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "chat_template_kwargs": dict(TEMPLATE_KWARGS),
+    }
+
+
 def ask(
     name: str,
     base: str,
@@ -213,26 +310,22 @@ def ask(
             why = f"GET /v1/models: no answer ({body})"
         if why is not None:
             return Verdict(name, False, why=why)
-    request = {
-        "model": model,
-        "messages": [{"role": "user", "content": QUESTION}],
-        "max_tokens": MAX_TOKENS,
-        "temperature": 0,
-    }
     latencies: list[float] = []
     tokens = 0
     for _ in range(count):
         if not first and (stop := refused()) is not None:
             return replace(stop, requests=len(latencies))
         first = False
+        asked = operands()
+        request = chat_request(model, *asked)
         started = time.monotonic()
-        status, body = _raw(lambda: client.post(f"{base}/chat/completions", json=request))
+        status, body = _raw(lambda: client.post(f"{base}/chat/completions", json=request))  # noqa: B023
         latencies.append(time.monotonic() - started)
-        why, got = judge_chat(status, body, model)
+        why, got = judge_chat(status, body, model, asked)
         if status is None:
             why = f"POST /v1/chat/completions: no answer ({body})"
         if why is not None:
-            return Verdict(name, False, latencies[-1], requests=len(latencies), why=why)
+            return Verdict(name, False, round(latencies[-1], 3), requests=len(latencies), why=why)
         tokens += got or 0
     latency = round(max(latencies), 3) if latencies else None
     return Verdict(name, True, latency, tokens, len(latencies))
@@ -296,7 +389,12 @@ def main(argv: list[str] | None = None) -> int:
             return Verdict(name, False, why=f"{type(error).__name__}: {error}")
 
     with ThreadPoolExecutor(max(1, len(targets))) as pool:
-        verdicts = list(pool.map(one, targets))
+        # A reply is the model's text, shown as a journal is: masked, the key included.
+        known = (key,) if key else ()
+        verdicts = [
+            replace(v, why=mask_journal(v.why, known)) if v.why else v
+            for v in pool.map(one, targets)
+        ]
     for verdict in verdicts:
         if args.json:
             print("smoke", json.dumps(asdict(verdict)), flush=True)

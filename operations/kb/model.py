@@ -422,10 +422,6 @@ class Knowledge:
         """The lane whose builds are CUDA `cuda` (its toolkit_driver is that CUDA's driver)."""
         return next((lane for lane in self.lanes.values() if lane.cuda == cuda), None)
 
-    def lanes_for_release(self, release: str) -> list[str]:
-        entry = self.releases.get(release)
-        return entry.lanes if entry is not None else []
-
     def backend_rule(self, backend: str, release: str) -> GpuRule | None:
         """The backend's GPU rule for `release`; None: not a known backend."""
         entry = self.attention_backends.get(backend)

@@ -1,9 +1,27 @@
 """The router: its command line (every rank of every host as a worker) and unit, for the host
-that runs it, checked against sglang-router's own option table and the hosts' rank ports."""
+that runs it, checked against sglang-router's own option table and the hosts' rank ports; its
+control-plane key; and the plan's warnings about what it and the ranks leave open.
+
+The control plane (sglang-router 0.3.2, read in its sdist): `POST /workers`, `GET /workers`
+and `DELETE /workers/{id}` are one route group (src/server.rs:634-639) behind
+`control_plane_auth_middleware` when `--control-plane-api-keys` (or JWT) is configured, else
+behind the plain `--api-key` check, which lets everything through when no key is set
+(src/server.rs:641-656; src/middleware.rs:114-148). The control-plane check wants
+`Authorization: Bearer KEY` and answers 401 without it or for a wrong key, 403 for a key of
+role `user` (src/auth/middleware.rs:214-361; keys kept as SHA-256, compared in constant time,
+src/auth/config.rs:123-237). A worker added through `POST /workers` is then sent client
+requests with the client's own `Authorization` header (src/routers/header_utils.rs:207-219,
+src/routers/http/router.rs:544-557): an open control plane hands a stranger every client's
+bearer key. So the router always starts with one admin key (files/router_launch.py reads it
+from a systemd credential), and every drain call sends it (files/router_workers.py).
+"""
 
 from __future__ import annotations
 
+import hashlib
+import ipaddress
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from operations import kb as kbmod
 from operations import layout, units
@@ -32,6 +50,66 @@ def worker_urls(all_settings: list[tuple[str, Settings]]) -> list[str]:
     ]
 
 
+# What the launcher adds to the options in its own process (files/router_launch.py): checked
+# against the release's option table like the rest of the command line.
+CONTROL_PLANE_OPTION = "--control-plane-api-keys"
+ROUTER_MODULE = "sglang_router.launch_router"
+
+
+def control_key_text(settings: Settings) -> str | None:
+    """The control-plane key file's text from the controller (router.control_plane_key_file;
+    checked by settings.controller_problems); None: generated on the router's host."""
+    router = settings.router
+    if router is None or not router.control_plane_key_file:
+        return None
+    return Path(router.control_plane_key_file).expanduser().read_text().strip() + "\n"
+
+
+def key_changes(settings: Settings, files: dict[str, str], runs_router: bool) -> bool:
+    """Whether this run writes the control-plane key on this host: the controller's key is not
+    the one there, or (generated, on the router's own host only) there is none yet. `files`:
+    the ServingState fact's sha256s."""
+    if settings.router is None:
+        return False
+    text = control_key_text(settings)
+    if text is None:
+        return runs_router and layout.CONTROL_PLANE_KEY_FILE not in files
+    return files.get(layout.CONTROL_PLANE_KEY_FILE) != hashlib.sha256(text.encode()).hexdigest()
+
+
+def _loopback(address: str) -> bool:
+    if address in ("localhost",):
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def open_binds(settings: Settings, host_name: str) -> list[str]:
+    """Warnings: what this host serves to anyone who reaches it (no api_key_file)."""
+    if settings.api_key_file:
+        return []
+    found = []
+    if not _loopback(settings.server_host):
+        last = settings.base_port + settings.dp_size - 1
+        found.append(
+            f"{host_name}: server_host {settings.server_host} (set in "
+            f"{settings.origin('server_host')}) with no api_key_file: ranks on ports "
+            f"{settings.base_port}-{last} answer anyone who reaches that address; set "
+            "api_key_file (docs/security.md)"
+        )
+    router = settings.router
+    if router is not None and router.host == host_name and not _loopback(router.bind):
+        found.append(
+            f"{host_name}: router bind {router.bind}:{router.port} (set in "
+            f"{settings.origin('router')}) with no api_key_file: anyone who reaches it is "
+            "served, and the router forwards each client's bearer key to the ranks; set "
+            "api_key_file (docs/security.md, the router's control plane)"
+        )
+    return found
+
+
 def resolve_router(
     settings: Settings, host_name: str, all_settings: list[tuple[str, Settings]]
 ) -> RouterPlan:
@@ -42,8 +120,9 @@ def resolve_router(
     workers = worker_urls(all_settings)
     argv = [
         layout.env_python(env_dir),
-        "-m",
-        "sglang_router.launch_router",
+        # The launcher adds the control-plane key in its own process (files/router_launch.py).
+        layout.ROUTER_LAUNCH_SCRIPT,
+        ROUTER_MODULE,
         "--worker-urls",
         *workers,
         "--policy",
@@ -85,9 +164,24 @@ def resolve_router(
             f"{router.version}' (see operations/knowledge/cli/README.md)"
         )
     else:
-        found, warned = cli_problems(argv[3:], table, "router command line")
+        launched = [*argv[3:], CONTROL_PLANE_OPTION, "sglang-deploy:sglang-deploy:admin:KEY"]
+        found, warned = cli_problems(launched, table, "router command line")
         errors += found
         warnings += warned
+        if CONTROL_PLANE_OPTION not in table.options:
+            errors.append(
+                f"router version {router.version!r}: sglang-router {router.version} has no "
+                f"{CONTROL_PLANE_OPTION}, so its worker API (add, remove) would be open to "
+                "anyone who reaches its port; pin a release that has it (0.3.2)"
+            )
+    others = [name for name, s in all_settings if name != host_name and s.dp_size > 0]
+    if others and not router.control_plane_key_file:
+        errors.append(
+            f"router.control_plane_key_file (set in {settings.origin('router')}): not set, and "
+            f"the router on {host_name} serves the ranks of {', '.join(others)} too, whose "
+            "drains must send its control-plane key; accepted: a file on the controller "
+            "holding one key (e.g. `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
+        )
     if router.metrics_port == router.port:
         errors.append(
             f"router metrics_port {router.metrics_port} (set in {settings.origin('router')}) is "
@@ -116,6 +210,7 @@ def resolve_router(
         port=router.port,
         user=settings.service_user,
         argv=argv,
+        credential=f"{layout.CONTROL_PLANE_CREDENTIAL}:{layout.CONTROL_PLANE_KEY_FILE}",
     )
     return RouterPlan(
         argv=argv,

@@ -4,14 +4,38 @@ Decisions, Ranks and engine) and the shapes `python -m operations.plan --json` p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from operations.engine_spec import EngineSpec
 from operations.facts.gpu import NvidiaSmi
 from operations.facts.host import Model
+from operations.vocabulary import (  # the plan's words, re-exported for the resolver's users
+    Decision,
+    DecisionJson,
+    EngineJson,
+    MonitoringJson,
+    PinJson,
+    PlanJson,
+    RankJson,
+    RouterJson,
+    StagingJson,
+    TargetGroupJson,
+)
 
-if TYPE_CHECKING:
-    from operations.roll import ServeJson
+__all__ = [
+    "Decision",
+    "DecisionJson",
+    "EngineJson",
+    "Facts",
+    "HostPlan",
+    "MonitoringJson",
+    "PinJson",
+    "PlanJson",
+    "Rank",
+    "RankJson",
+    "RouterJson",
+    "StagingJson",
+    "TargetGroupJson",
+]
 
 
 @dataclass(frozen=True)
@@ -27,13 +51,6 @@ class Facts:
     device_nodes: tuple[str, ...] | None = None
     # The host's python3 version ("3.11.2", HostResources); None: not gathered.
     python: str | None = None
-
-
-@dataclass(frozen=True)
-class Decision:
-    what: str
-    value: str
-    why: str
 
 
 @dataclass(frozen=True)
@@ -77,81 +94,6 @@ class HostPlan:
                 for r in self.ranks
             ],
         }
-
-
-class DecisionJson(TypedDict):
-    what: str
-    value: str
-    why: str
-
-
-class PinJson(TypedDict):
-    requirement: str
-    index: str
-    index_lane: str
-
-
-class EngineJson(TypedDict):
-    name: str
-    requirements: list[str]
-    pins: list[PinJson]
-    overrides: list[str]
-    excludes: list[str]
-    python: str
-    unproven: list[str]
-
-
-class RankJson(TypedDict):
-    rank: int
-    argv: list[str]
-    env: dict[str, str]
-    unit: str
-    engine_env: str
-    model_path: str
-
-
-class RouterJson(TypedDict):
-    argv: list[str]
-    unit: str
-
-
-class TargetGroupJson(TypedDict):
-    """One Prometheus file_sd target group (operations/monitoring.py)."""
-
-    targets: list[str]
-    labels: dict[str, str]
-
-
-class MonitoringJson(TypedDict):
-    targets_file: str
-    dashboard_file: str
-    targets: list[TargetGroupJson]
-
-
-class PlanJson(TypedDict):
-    """One host's plan as `python -m operations.plan --json` prints it."""
-
-    errors: list[str]
-    warnings: list[str]
-    decisions: list[DecisionJson]
-    engine: EngineJson | None
-    ranks: list[RankJson]
-    router: NotRequired[RouterJson]
-    monitoring: NotRequired[MonitoringJson]
-    # The HostReport's decisions on the host's state (host_plan.py): the staged copy's key,
-    # how it is staged, and what the serve and smoke steps do (operations/roll.py).
-    model_key: NotRequired[str | None]
-    staging: NotRequired[StagingJson]
-    serve: NotRequired[ServeJson]
-
-
-class StagingJson(TypedDict):
-    mode: str
-    what: str
-    why: str
-    key: str | None
-    keep: list[str]
-    source_pending: bool
 
 
 def _engine_json(spec: EngineSpec | None) -> EngineJson | None:

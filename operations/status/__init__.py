@@ -1,21 +1,6 @@
 """Whether every replica is serving, per host and rank, in one screen (docs/status.md).
 
-    python -m operations.status INVENTORY [--data KEY=VALUE ...] [--json] [--probe]
-
-Loads the inventory as pyinfra does (operations/plan.py), reads one fact per host
-(operations/facts/serve.py, the deploy's own serving fact: one SSH round trip whatever the
-number of ranks; with it each rank's /health and its running and queued requests from /metrics)
-and prints a table
-per host, or one JSON document with --json. Exit status: 0 when every configured rank of every
-host (and each host's router) is healthy, 1 when any is not or a host could not be read, 2 when
-the command itself could not run (no such inventory, bad arguments).
-
---probe also sends each rank (and the router) one chat request as a client does, on the host,
-with the deploy's smoke script (operations/facts/smoke.py: a second round trip per host), and
-adds whether it answered, its latency and its tokens; a rank that does not answer is exit 1.
-A rank whose port another user holds, or whose unit is not active (a stopped rank), is asked
-nothing and the API key is not sent: its row names the port and the owner.
-Without it, status sends no request and changes nothing.
+The command and its help: operations/status/cli.py (`python -m operations.status --help`).
 """
 
 from operations.status.cli import main

@@ -32,7 +32,7 @@ def _one_line(error: BaseException | str) -> str:
     return " ".join(lines) or type(error).__name__
 
 
-def run(inventory_path: str, override: dict[str, Any], probe: bool = False) -> list[HostResult]:
+def run(inventory_path: str, override: dict[str, object], probe: bool = False) -> list[HostResult]:
     """One result per inventory host, in inventory order."""
     from operations.plan import build_state
 

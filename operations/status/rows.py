@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TypedDict
 
 from operations import layout
 from operations.facts.serve import ROUTER_KEY, RankLoad, Serving, UnitState
@@ -18,6 +18,66 @@ from operations.settings import Settings
 EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_ERROR = 0, 1, 2
 HUB_MARKER = layout.HUB_MARKER
 PROBE_TIMEOUT_S = 2.0
+
+
+class ServingArgs(TypedDict):
+    """The ServingState fact's arguments status asks with (operations/facts/serve.py)."""
+
+    engine_root: str
+    model_link: str
+    ranks: list[int]
+    router: bool
+    health_urls: dict[str, str]
+    metrics_urls: dict[str, str] | None
+    hub_marker: str | None
+    gpus: bool
+    timeout_s: float
+
+
+class ProbeArgs(TypedDict):
+    """The SmokeProbe fact's arguments (operations/facts/smoke.py)."""
+
+    python: str
+    model: str
+    targets: dict[str, str]
+    timeout_s: float
+    service_user: str
+    units: dict[str, str]
+    router_workers: list[str]
+
+
+class RequestsRow(TypedDict, total=False):
+    """A rank's running and queued requests from /metrics, or why they are missing (none of
+    them for a unit found beyond dp_size)."""
+
+    metrics: str
+    running_reqs: int | None
+    queued_reqs: int | None
+
+
+class AnswerRow(TypedDict):
+    """A rank's (or the router's) answer to the probe's chat request."""
+
+    answered: bool
+    latency_s: float | None
+    tokens: int | None
+    answer: str | None
+
+
+class HostJson(TypedDict):
+    reachable: bool
+    error: str | None
+    healthy: bool
+    probed: bool
+    ranks: list[dict[str, object]]  # asdict(RankStatus)
+    router: dict[str, object] | None  # asdict(RouterStatus)
+
+
+class StatusJson(TypedDict):
+    """`python -m operations.status --json`."""
+
+    hosts: dict[str, HostJson]
+    healthy: bool
 
 
 @dataclass(frozen=True)
@@ -137,7 +197,7 @@ class HostResult:
                 line += " (" + "; ".join(silent) + ")"
         return line
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> HostJson:
         return {
             "reachable": self.reachable,
             "error": self.error,
@@ -168,7 +228,7 @@ def metrics_urls(settings: Settings) -> dict[str, str] | None:
     }
 
 
-def _requests(settings: Settings, load: RankLoad | None) -> dict[str, Any]:
+def _requests(settings: Settings, load: RankLoad | None) -> RequestsRow:
     """running_reqs, queued_reqs and why they are missing, from the fact's /metrics answer."""
     if not settings.enable_metrics:
         return {"metrics": "off (enable_metrics is false)"}
@@ -186,7 +246,7 @@ def _requests(settings: Settings, load: RankLoad | None) -> dict[str, Any]:
     }
 
 
-def fact_args(settings: Settings, host_name: str) -> dict[str, Any]:
+def fact_args(settings: Settings, host_name: str) -> ServingArgs:
     """The ServingState arguments for a host with these settings (probes and GPUs included)."""
     urls = {str(rank): layout.rank_health_url(settings, rank) for rank in range(settings.dp_size)}
     router = router_url(settings, host_name)
@@ -329,7 +389,7 @@ def host_result(name: str, settings: Settings, status: Serving) -> HostResult:
     )
 
 
-def probe_args(settings: Settings, host_name: str, status: Serving) -> dict[str, Any]:
+def probe_args(settings: Settings, host_name: str, status: Serving) -> ProbeArgs:
     """The SmokeProbe arguments: every configured rank and this host's router, asked with the
     python of the environment a rank's unit runs (it has httpx, through openai)."""
     targets = {str(rank): layout.rank_api_base(settings, rank) for rank in range(settings.dp_size)}
@@ -352,7 +412,7 @@ def probe_args(settings: Settings, host_name: str, status: Serving) -> dict[str,
     }
 
 
-def _answer(probe: Probe, key: str) -> dict[str, Any]:
+def _answer(probe: Probe, key: str) -> AnswerRow:
     found = probe.answers.get(key)
     if found is None:
         found = ProbeAnswer(False, why=probe.error or "no verdict from the smoke script")
@@ -372,14 +432,14 @@ def with_probe(result: HostResult, probe: Probe) -> HostResult:
     return replace(result, ranks=ranks, router=router, probed=True)
 
 
-def to_json(results: Iterable[HostResult]) -> dict[str, Any]:
+def to_json(results: Iterable[HostResult]) -> StatusJson:
     results = list(results)
-    document = {
+    document: StatusJson = {
         "hosts": {r.name: r.to_json() for r in results},
         "healthy": all(r.healthy for r in results),
     }
     # Errors quote settings and connection messages: no URL credential may reach the JSON.
-    redacted: dict[str, Any] = redact_data(document)
+    redacted: StatusJson = redact_data(document)
     return redacted
 
 

@@ -5,10 +5,10 @@ through sudo and one secret file goes through `put_file(secret=True)`."""
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import host, state
 
-from operations.deploy_lock import hold
+from operations.deploy_lock import Request
 from operations.host_files import put_file
 
-why = hold(state, host, 60)
+why = Request(state, host, 60).answer()
 if why is not None:
     raise PyinfraError(why)
 

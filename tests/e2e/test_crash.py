@@ -215,8 +215,10 @@ def router_data(c: Container, indexes: Indexes, **extra: object) -> dict[str, ob
 
 
 def listed(c: Container) -> dict[str, bool]:
-    status, body = http(f"http://{c.address}:{ROUTER_PORT}/workers")
-    assert status == 200, body
+    # The worker API wants the router's control-plane key (docs/security.md).
+    _, key, _ = c.ssh_run(f"cat {layout.CONTROL_PLANE_KEY_FILE}")
+    status, body = http(f"http://{c.address}:{ROUTER_PORT}/workers", key=key.strip())
+    assert status == 200, status
     return {w["url"]: w["is_healthy"] for w in body["workers"]}
 
 

@@ -9,6 +9,7 @@ before; the engine, installed by whichever test deploys first, is converged for 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -77,6 +78,28 @@ class Model:
 
     def temporaries(self) -> list[str]:
         return [e for e in served_entries(self.c) if e.startswith(f".{self.slug}.tmp-")]
+
+
+HUB_REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+def hub_snapshot_commands(cache: str, files: dict[str, str]) -> str:
+    """Shell that lays out a Hugging Face cache snapshot as huggingface_hub does (0.34.4
+    file_download.py: blobs/ETAG, snapshots/REV/FILE a relative link into ../../blobs/): each
+    entry of files is FILE -> a shell command printing its content. Returns the snapshot's
+    path on the last line it echoes."""
+    repo = f"{cache}/models--e2e-org--snap"
+    snap = f"{repo}/snapshots/{HUB_REVISION}"
+    steps = [f"rm -rf {repo}", f"mkdir -p {repo}/blobs {snap} {repo}/refs"]
+    for name, make in files.items():
+        steps += [
+            f"{make} > {repo}/blobs/tmp",
+            f"h=$(sha256sum {repo}/blobs/tmp | cut -d' ' -f1)",
+            f"mv {repo}/blobs/tmp {repo}/blobs/$h",
+            f"ln -s ../../blobs/$h {snap}/{name}",
+        ]
+    steps.append(f"echo {HUB_REVISION} > {repo}/refs/main")
+    return " && ".join(steps)
 
 
 def sh(c: Container, cmd: str) -> str:
@@ -291,16 +314,66 @@ def test_a_hub_source_is_downloaded_once_and_the_token_kept_out(
 def test_a_controller_source_is_sent_with_rsync(
     host: Container, indexes: Indexes, tmp_path: Path
 ) -> None:
-    local = tmp_path / "controller-model"
-    local.mkdir()
-    (local / "config.json").write_text(CONFIG)
-    (local / "model-00001-of-00001.safetensors").write_bytes(os.urandom(3_000_000))
+    """The controller's directory is a Hugging Face cache snapshot (every file a link into
+    ../../blobs/): scanned there by the link rule, rsynced with --copy-links, so the target's
+    cache holds regular files with the same digest and a re-run sends nothing."""
+    repo = tmp_path / "hub" / "models--e2e-org--ctl"
+    local = repo / "snapshots" / HUB_REVISION
+    local.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    for name, content in {
+        "config.json": CONFIG.encode(),
+        "model-00001-of-00001.safetensors": os.urandom(3_000_000),
+    }.items():
+        blob = repo / "blobs" / hashlib.sha256(content).hexdigest()
+        blob.write_bytes(content)
+        (local / name).symlink_to(f"../../blobs/{blob.name}")
     data: dict[str, Any] = {"model_source": f"controller:{local}", "model_name": "e2e/ctl"}
 
     first = ok(deploy(host, indexes, tmp_path, data))
     assert "stage: copying 2 file(s)" in first, first
     cache = make_settings(model_source=f"controller:{local}").source.target_dir
     assert tree_sums(host, f"{MODELS}/e2e--ctl") == tree_sums(host, cache)
+    assert sh(host, f"find {cache}/ -type l") == ""  # the links' content, as regular files
     again = deploy(host, indexes, tmp_path, data)
     assert "unchanged: staged copy matches the source" in ok(again), again
     assert again.status("Sync the model from the controller").startswith("No changes"), again
+
+
+def test_a_hub_cache_snapshot_is_staged_as_regular_files_and_served_a_link_out_refused(
+    host: Container, indexes: Indexes, tmp_path: Path
+) -> None:
+    """model_source a Hugging Face cache snapshot (every file a link into ../../blobs/): once,
+    every link was refused and such a source could not be deployed. A link that leaves the
+    repository's folder (to a root-only file) is refused by name before anything changes,
+    its target never read; without it the snapshot is staged as regular files and served."""
+    cache = "/srv/hf-cache/hub"
+    shard = f"head -c {SHARD_MB}M /dev/urandom"
+    files = {
+        "config.json": f"echo {shlex.quote(CONFIG)}",
+        "model-00001-of-00002.safetensors": shard,
+        "model-00002-of-00002.safetensors": shard,
+    }
+    sh(host, hub_snapshot_commands(cache, files))
+    snap = f"{cache}/models--e2e-org--snap/snapshots/{HUB_REVISION}"
+    secret = "root-only-e2e-4d7a"
+    sh(host, f"umask 077 && echo {secret} > /root/hub-secret")
+    sh(host, f"ln -s ../../../../../../root/hub-secret {snap}/tokenizer.json")
+    data = {"model_source": snap, "model_name": "e2e/snap"}
+    before = host.snapshot([MODELS])
+
+    refused = deploy(host, indexes, tmp_path, data)
+    assert refused.rc != 0, str(refused)
+    assert f"{snap}/tokenizer.json is a symbolic link" in refused.output, str(refused)
+    assert "that leaves" in refused.output and secret not in refused.output
+    assert host.snapshot([MODELS]) == before
+
+    sh(host, f"rm {snap}/tokenizer.json")
+    text = ok(deploy(host, indexes, tmp_path, data))
+    assert "stage: copying 3 file(s)" in text, text
+    served = f"{MODELS}/e2e--snap"
+    assert sh(host, f"find {served}/ -type l") == ""  # regular files, not links
+    assert tree_sums(host, served) == tree_sums(host, snap)  # sha256sum follows the links
+    assert rank_model_path(host) == f"{MODELS}/{sh(host, f'readlink {served}').strip()}"
+    assert serving(host)
+    assert host.ssh_run(f"grep -rl {secret} /dev/shm /var/log 2>/dev/null")[1] == ""

@@ -2,11 +2,13 @@
 container playing a Proxmox node.
 
 The node is a double (tests/doubles/pct, tests/doubles/pveversion): /etc/pve/lxc/CTID.conf files
-that `pct` reads and writes with Proxmox's syntax. The node's /proc/devices and
-/proc/driver/nvidia/version are the captured fixtures of tests/fixtures/pve, bound over the
-container's own /proc, so the facts run their real commands. GPU device nodes are /dev/null
-binds, as in every testbed container. One container serves the whole module; each test writes
-the container configs it starts from.
+that `pct` reads and writes with Proxmox's syntax, a `pct start` that refuses a missing devN path
+as pve-container's prestart hook does, UVM nodes that exist only after the nvidia-modprobe double
+ran, and a pve-guests.service double that starts container 200 (a node boot, played by hand).
+The node's /proc/devices and /proc/driver/nvidia/version are the captured fixtures of
+tests/fixtures/pve, bound over the container's own /proc, so the facts run their real commands.
+GPU device nodes are /dev/null binds, as in every testbed container. One container serves the
+whole module; each test writes the container configs it starts from.
 """
 
 from __future__ import annotations
@@ -78,6 +80,8 @@ def node(testbed: tb.Testbed) -> Iterator[Container]:
         "/usr/local/sbin/pct": ((DOUBLES / "pct").read_text(), 0o755),
         "/usr/local/bin/lxc-info": ((DOUBLES / "lxc-info").read_text(), 0o755),
         "/usr/local/bin/pveversion": ((DOUBLES / "pveversion").read_text(), 0o755),
+        "/usr/bin/nvidia-modprobe": ((DOUBLES / "nvidia-modprobe").read_text(), 0o755),
+        "/etc/systemd/system/pve-guests.service": (DOUBLES / "pve-guests.service").read_text(),
         "/etc/pve-double/pveversion.txt": (FIXTURES / "pveversion-8.1.txt").read_text(),
         "/srv/pve-double/driver/nvidia/version": (
             FIXTURES / "nvidia-version-open-565.txt"
@@ -133,8 +137,11 @@ def pve(tmp_path: Path, c: Container, data: dict[str, Any], *args: str) -> Run:
     return run_deploy(tmp_path, {c: settings}, *args, deploy_file="pve.py", timeout=RUN_TIMEOUT_S)
 
 
-# tiny model (4 KiB) + 1 rank x 1 GiB, rounded up to whole MiB: preflight's memory rule.
-MEMORY_MIB = 1025
+# tiny model (4 KiB) + 1 rank x 1 GiB, so that pve-container's memory.high (1016/1024 of the
+# memory below 16 GiB, Config.pm calculate_memory_constraints) still holds it, in whole MiB:
+# preflight.memory_needed.
+MEMORY_MIB = 1033
+UNIT = "nvidia-uvm-nodes.service"
 
 
 def test_bare_config_converges_keeps_other_lines_and_second_run_changes_nothing(
@@ -153,7 +160,7 @@ def test_bare_config_converges_keeps_other_lines_and_second_run_changes_nothing(
     main, _, section = text.partition("\n[before-gpus]\n")
     lines = main.splitlines()
     for i, name in enumerate(NODES):
-        assert f"dev{i}: /dev/{name}" in lines, text
+        assert f"dev{i}: /dev/{name},mode=0666" in lines, text
     assert f"memory: {MEMORY_MIB}" in lines and "swap: 0" in lines, text
     # Every line pve.py does not own survives byte for byte, in its order; the snapshot too.
     kept = [ln for ln in lines if ln in unrelated(200)]
@@ -167,6 +174,7 @@ def test_bare_config_converges_keeps_other_lines_and_second_run_changes_nothing(
     again = pve(tmp_path, node, {})
     assert again.rc == 0, again.output
     assert again.status("config (GPUs, memory, swap)").startswith("No changes"), again.output
+    assert again.status(UNIT).startswith("No changes"), again.output
     assert node.snapshot(SNAPSHOT) == converged
     assert "pct reboot 200" not in again.output
 
@@ -184,7 +192,11 @@ def test_before_pve_8_1_raw_lxc_lines_with_the_node_majors(node: Container, tmp_
     fixture = node.root / "etc/pve-double/pveversion.txt"
     fixture.write_text((FIXTURES / "pveversion-7.4.txt").read_text())
     try:
-        write_config(node, 201, bare(201))
+        # nvidia-uvm's major of an earlier driver (505: no driver holds it in /proc/devices).
+        stale = "lxc.cgroup2.devices.allow: c 505:* rwm"
+        write_config(
+            node, 201, bare(201).replace("bind,create=file\n", f"bind,create=file\n{stale}\n", 1)
+        )
         run = pve(tmp_path, node, {"pve_ctid": 201})
         assert run.rc == 0, run.output
         text = read_config(node, 201)
@@ -204,6 +216,8 @@ def test_before_pve_8_1_raw_lxc_lines_with_the_node_majors(node: Container, tmp_
             assert line in main.splitlines(), text
         assert "dev0:" not in text
         assert "lxc.cgroup2.devices.allow: c 195:* rwm" not in text
+        # Replaced, not kept beside the new major.
+        assert stale not in text and text.count("c 510:* rwm") == 1, text
         assert "[before-gpus]\n" + section == SNAPSHOT_SECTION.format(ctid=201)
         converged = node.snapshot(SNAPSHOT)
         again = pve(tmp_path, node, {"pve_ctid": 201})
@@ -274,3 +288,65 @@ def test_driver_user_space_installed_only_with_opt_in(node: Container, tmp_path:
         assert again.rc == 0, again.output
         assert f"user space is {MODULE}, the node module's version" in again.output
         assert again.status("NVIDIA user space") == "not run", again.output
+
+
+def node_boot(c: Container) -> tuple[int, str]:
+    """A node reboot as the container sees it: every unit stopped, the UVM nodes gone (nothing
+    made them yet), container 200 stopped; then the boot's pve-guests.service starts it, after
+    whatever units it wants and is ordered behind. Returns its rc and the pct double's log."""
+    ssh(
+        c,
+        f"systemctl stop pve-guests.service {UNIT} 2>/dev/null; pct stop 200; "
+        "for n in /dev/nvidia-uvm /dev/nvidia-uvm-tools; do "
+        'umount "$n" 2>/dev/null; rm -f "$n"; done; : > /var/log/pct-double.log',
+    )
+    rc, _, _ = c.ssh_run("systemctl start pve-guests.service")
+    return rc, (c.root / "var/log/pct-double.log").read_text()
+
+
+def test_uvm_nodes_at_every_node_boot_and_gpu_nodes_the_service_user_can_open(
+    node: Container, tmp_path: Path
+) -> None:
+    """The failure first: devN entries as an earlier pve.py wrote them (bare, no unit on the
+    node). After a node boot the UVM nodes are gone and the prestart refuses the container.
+    pve.py then installs and enables the boot unit and gives every entry mode=0666; after the
+    next boot the container starts with nodes the service user can open; a re-run changes
+    nothing."""
+    old = [f"dev{i}: /dev/{name}" for i, name in enumerate(NODES)]
+    write_config(node, 200, BARE_MAIN.format(ctid=200) + "\n".join(old) + "\nswap: 0\n")
+    ssh(node, f"systemctl disable --now {UNIT} 2>/dev/null; rm -f /etc/systemd/system/{UNIT}")
+    ssh(node, "systemctl daemon-reload")
+    rc, log = node_boot(node)
+    assert rc != 0, log
+    assert "start 200 refused: Could not get mode or device ID of /dev/nvidia-uvm" in log, log
+    assert "status: stopped" in ssh(node, "pct status 200")
+    # What the user did by hand before: make the nodes once, start the container.
+    ssh(node, "nvidia-modprobe -u -c=0 && pct start 200")
+    devices = (node.root / "var/lib/pct-double/200.devices").read_text().splitlines()
+    assert "/dev/nvidia0 0660 0 0" in devices, devices  # root's only: sglang cannot open it
+
+    run = pve(tmp_path, node, {})
+    assert run.rc == 0, run.output
+    assert "dev0 " in run.output or "lack mode=0666" in run.output, run.output
+    lines = read_config(node, 200).splitlines()
+    for i, name in enumerate(NODES):
+        assert f"dev{i}: /dev/{name},mode=0666" in lines, lines
+    assert ssh(node, f"systemctl is-enabled {UNIT}").strip() == "enabled"
+    assert "pve-guests.service" in ssh(node, f"systemctl show -p Before --value {UNIT}").split()
+
+    rc, log = node_boot(node)
+    assert rc == 0, log
+    assert "status: running" in ssh(node, "pct status 200")
+    assert ssh(node, "stat -c '%a %U' /dev/nvidia-uvm /dev/nvidia-uvm-tools").split() == [
+        "666",
+        "root",
+        "666",
+        "root",
+    ]
+    devices = (node.root / "var/lib/pct-double/200.devices").read_text().splitlines()
+    assert devices == [f"/dev/{name} 0666 0 0" for name in NODES], devices
+
+    again = pve(tmp_path, node, {})
+    assert again.rc == 0, again.output
+    assert again.status(UNIT).startswith("No changes"), again.output
+    assert again.status("config (GPUs, memory, swap)").startswith("No changes"), again.output

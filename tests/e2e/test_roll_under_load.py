@@ -51,6 +51,8 @@ def indexes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Indexes]:
         tmp_path_factory.mktemp("roll-index"),
         {r: doubles.release_wheels(out / r, r, LANE) for r in (RELEASE, NEW_RELEASE)},
     )
+    # Exactly the pinned router set (operations/pins), as tests/e2e/serving.py serves it: the
+    # deploy installs it with --require-hashes, and PyPI's newest dependencies are not pinned.
     made.main.add(*pinned_wheels(router_file("0.3.2", "3.11")))
     yield made
     for index in made.all():
@@ -77,8 +79,10 @@ def router_data(c: Container, indexes: Indexes, **extra: object) -> dict[str, ob
 
 
 def router_workers(c: Container) -> dict[str, bool]:
-    status, body = http(f"http://{c.address}:{ROUTER_PORT}/workers")
-    assert status == 200, body
+    # The worker API wants the router's control-plane key (docs/security.md).
+    _, key, _ = c.ssh_run("cat /etc/sglang/router-control-plane.key")
+    status, body = http(f"http://{c.address}:{ROUTER_PORT}/workers", key=key.strip())
+    assert status == 200, status
     return {w["url"]: w["is_healthy"] for w in body["workers"]}
 
 

@@ -38,6 +38,7 @@ from tests.testbed import Container, ContainerSpec
 pytestmark = pytest.mark.e2e
 
 API_KEY = "sk-test-6f1d2e0a9b8c4d3e"
+CONTROL_KEY = "cp-test-0a1b2c3d4e5f60718293"
 
 
 @pytest.fixture(scope="module")
@@ -194,17 +195,29 @@ def test_two_hosts_behind_one_router_and_the_api_key_stays_secret(
     a, b = hosts
     key_file = tmp_path / "api-key"
     key_file.write_text(API_KEY + "\n")
-    router = {"host": a.name, "port": ROUTER_PORT, "bind": a.address, "policy": "round_robin"}
+    # Both hosts' drains send the router's control-plane key: one file on the controller.
+    control_key = tmp_path / "control-plane-key"
+    control_key.write_text(CONTROL_KEY + "\n")
+    router = {
+        "host": a.name,
+        "port": ROUTER_PORT,
+        "bind": a.address,
+        "policy": "round_robin",
+        "control_plane_key_file": str(control_key),
+    }
     common = {"dp_size": 2, "router": router, "api_key_file": str(key_file)}
     run = deploy(
         tmp_path,
         {a: base_data(a, indexes, **common), b: base_data(b, indexes, **common)},
     )
     ok(run)
-    assert API_KEY not in run.output
-
+    assert API_KEY not in run.output and CONTROL_KEY not in run.output
     url = f"http://{a.address}:{ROUTER_PORT}"
     wait_for(lambda: http(f"{url}/health")[0] == 200, timeout=60, what="router healthy")
+    # The worker API is closed: 401 without the control-plane key, both hosts' ranks with it.
+    assert http(f"{url}/workers")[0] == 401
+    status, listed = http(f"{url}/workers", key=CONTROL_KEY)
+    assert status == 200 and len(listed["workers"]) == 4, listed
     ranks = [(c, 30000 + r) for c in (a, b) for r in range(2)]
     before = {(c.name, port): requests_served(c, port) for c, port in ranks}
     sent = 40
@@ -236,7 +249,14 @@ def test_two_hosts_behind_one_router_and_the_api_key_stays_secret(
         _, mode, _ = c.ssh_run("stat -c '%a %U %G' /etc/sglang/secrets.yaml")
         assert mode.split() == ["640", "root", "sglang"]
         _, cmdlines, _ = c.ssh_run("cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '")
-        assert API_KEY not in cmdlines
+        assert API_KEY not in cmdlines and CONTROL_KEY not in cmdlines
+        # The control-plane key: root only, on both hosts, in that one file.
+        _, files, _ = c.ssh_run(
+            f"grep -rl -- {CONTROL_KEY} /etc /opt /usr/local /var/lib/sglang 2>/dev/null; true"
+        )
+        assert files.split() == ["/etc/sglang/router-control-plane.key"], files
+        _, mode, _ = c.ssh_run("stat -c '%a %U %G' /etc/sglang/router-control-plane.key")
+        assert mode.split() == ["600", "root", "root"]
         assert "--config /etc/sglang/secrets.yaml" in cmdlines
 
     converge(tmp_path, a, indexes)

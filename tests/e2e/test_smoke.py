@@ -12,6 +12,7 @@ deploy that must converge, so no test depends on another's order.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -84,12 +85,25 @@ def test_eight_started_ranks_each_answer_one_request_and_a_rerun_asks_nothing(
     assert unit_states(a, range(8)) == pids
 
 
+# A wrong sum, as the deploy and status name it: the question asked and the answer given.
+WRONG = re.compile(
+    r"not a truthful answer: asked 'What is (\d{3}) \+ (\d{3})\? Reply with the number only\.', "
+    r"answered '(\d+)' \(the sum is (\d+)\)"
+)
+
+
+def wrong_sums(text: str) -> list[tuple[int, ...]]:
+    return [tuple(int(n) for n in found.groups()) for found in WRONG.finditer(text)]
+
+
 @pytest.mark.parametrize(
     ("rank", "reply", "why", "journal"),
     [
         (3, "malformed", "200 with a malformed body", "serving Qwen/Qwen3.6-27B"),
         # Another model's server (its /v1/models and its start line name that model).
         (6, "wrong-model", "serves ['other-org/another-model']", "serving other-org/another"),
+        # Fluent, well-formed and wrong (silently wrong kernels, issue 27): the sum plus one.
+        (2, "wrong-sum", "not a truthful answer: asked 'What is ", "serving Qwen/Qwen3.6-27B"),
     ],
 )
 def test_a_rank_that_answers_garbage_fails_the_deploy_naming_it(
@@ -120,6 +134,18 @@ def test_a_rank_that_answers_garbage_fails_the_deploy_naming_it(
         assert health(a, 30000 + rank) == 200, "healthy by /health, and still refused"
         others = [f"sglang@{r}.service: did NOT" for r in range(8) if r != rank]
         assert not any(line in run.output for line in others), run
+        if reply == "wrong-sum":
+            # The question's numbers, the answer given and the true sum, all named.
+            ((x, y, said, total),) = wrong_sums(run.output)
+            assert total == x + y and said == total + 1, run
+            # status --probe asks the same question (new numbers) and judges it the same way.
+            rc, out = status(tmp_path, {a: base_data(a, indexes)}, "--probe")
+            line = " ".join(out.split())  # the summary line, however the console wrapped it
+            assert rc == 1, out
+            assert "7/8 ranks answered a chat request" in line, out
+            assert f"rank {rank}: POST /v1/chat/completions: not a truthful answer" in line, out
+            ((x, y, said, total),) = wrong_sums(line)
+            assert total == x + y and said == total + 1, out
     finally:
         a.ssh_run(f"rm -rf {dropin}; systemctl daemon-reload; systemctl restart {unit}")
     wait_for(lambda: health(a, 30000 + rank) == 200, timeout=60, what=f"rank {rank} back")
@@ -132,6 +158,9 @@ def test_two_hosts_behind_the_router_answer_and_every_rank_is_reached(
     key_file = tmp_path / "api-key"
     key_file.write_text(API_KEY + "\n")
     router = {"host": a.name, "port": ROUTER_PORT, "bind": a.address, "policy": "round_robin"}
+    # Two hosts behind one router: both drains send the control-plane key from this file.
+    (tmp_path / "cp-key").write_text("cp-smoke-test-key-5e6f7a8b9c0d\n")
+    router["control_plane_key_file"] = str(tmp_path / "cp-key")
     common = {"router": router, "api_key_file": str(key_file)}
     data = {a: base_data(a, indexes, **common), b: base_data(b, indexes, **common)}
     run = deploy(tmp_path, data)

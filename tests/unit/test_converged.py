@@ -38,7 +38,7 @@ CONFIGURATIONS: dict[str, tuple[list[str], dict[str, Any]]] = {
     "router on the same host": (["ct200"], {"router": {"host": "@fake/ct200", "port": 8000}}),
     "router on another host": (
         ["ct200", "ct201"],
-        {"router": {"host": "@fake/ct201", "port": 8000}},
+        {"router": {"host": "@fake/ct201", "port": 8000, "control_plane_key_file": "CPKEY"}},
     ),
     "api key": (["ct200"], {"api_key_file": "KEYFILE"}),
     "api key behind a router": (
@@ -64,7 +64,11 @@ def inventory(tmp_path: Path, names: list[str], data: dict[str, Any]) -> Path:
     locks = tmp_path / "locks"
     locks.mkdir(exist_ok=True)
     data = {"engine_lock_dir": str(locks), **data}
+    # The router's control-plane key, shared by the hosts behind it (router.control_plane_key_file).
+    control = tmp_path / "control-plane.key"
+    control.write_text("cp-key-converged-0123456789abcdef\n")
     text = json.dumps(data).replace("KEYFILE", str(key)).replace("MODELDIR", str(model))
+    text = text.replace("CPKEY", str(control))
     path = tmp_path / "inventory.py"
     path.write_text(
         textwrap.dedent(
@@ -164,7 +168,7 @@ def rank_unit(path: str) -> bool:
 
 
 def operations_commands(seen: list[list[Any]]) -> list[str]:
-    return [f"{host}: {cmd[:200]}" for host, fact, cmd in seen if fact is None]
+    return [f"{host}: {cmd}" for host, fact, cmd in seen if fact is None]
 
 
 @pytest.mark.parametrize("configuration", list(CONFIGURATIONS))

@@ -5,10 +5,13 @@ drain script's reading of a rank's request gauges (the server double's real /met
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from operations import drain, host_scripts, kb, resolver
 from operations.settings import Settings
@@ -87,6 +90,7 @@ def test_rank_units_stop_after_the_drain() -> None:
             assert stop is not None and int(stop.group(1)) > seconds
 
 
+@pytest.mark.integration
 def test_the_drain_script_reads_running_and_queued_requests_from_the_double(
     tmp_path: Path,
 ) -> None:
@@ -107,3 +111,298 @@ def test_the_drain_script_reads_running_and_queued_requests_from_the_double(
     assert script.in_flight(served.as_uri()) == 3
     served.write_text("# no gauges\n")
     assert script.in_flight(served.as_uri()) is None
+
+
+# -- the router's control plane (docs/security.md "The router's control plane") --------------
+
+KEY = "k3y-0f-the-c0ntrol-plane-9a8b7c6d"
+
+
+class ControlPlane:
+    """A double of sglang-router 0.3.2's worker API behind its control-plane check: `GET/POST
+    /workers`, `DELETE /workers/{id}` answer 401 unless `Authorization: Bearer KEY`
+    (src/auth/middleware.rs:214-361, src/server.rs:634-656; the POST and DELETE are queued jobs
+    answered 202, src/core/worker_service.rs:225-259). `key=None`: the router as started
+    before, with no key (the middleware lets everything through, src/middleware.rs:114-148)."""
+
+    def __init__(self, key: str | None) -> None:
+        import http.server
+        import threading
+
+        self.workers: dict[str, dict[str, object]] = {}
+        self.calls: list[tuple[str, str, str | None]] = []
+        plane = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _handle(self) -> None:
+                auth = self.headers.get("Authorization")
+                plane.calls.append((self.command, self.path, auth))
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if key is not None and auth != f"Bearer {key}":
+                    self._send(401, b"Invalid authentication token")
+                elif self.command == "GET":
+                    listed = [{"id": i, **w} for i, w in plane.workers.items()]
+                    self._send(200, json.dumps({"workers": listed}).encode())
+                elif self.command == "POST":
+                    url = json.loads(body)["url"]
+                    plane.workers[f"id-{len(plane.calls)}"] = {"url": url, "is_healthy": True}
+                    self._send(202, b"{}")
+                else:
+                    plane.workers.pop(self.path.rsplit("/", 1)[1], None)
+                    self._send(202, b"{}")
+
+            def _send(self, code: int, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = do_DELETE = _handle
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+def run_drain(tmp_path: Path, plane: ControlPlane, key_file: Path, *args: str) -> tuple[int, str]:
+    script = tmp_path / "router_workers.py"
+    script.write_text(host_scripts.script_text("router_workers.py"))  # what the host runs
+    api = ["--list", "GET /workers", "--remove", "DELETE /workers/{id}", "--add", "POST /workers"]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--router",
+            plane.url,
+            *api,
+            "--key-file",
+            str(key_file),
+            "--timeout",
+            "5",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+@pytest.mark.integration
+def test_every_drain_call_sends_the_control_plane_key(tmp_path: Path) -> None:
+    key_file = tmp_path / "key"
+    key_file.write_text(KEY + "\n")
+    plane = ControlPlane(KEY)
+    try:
+        rank = "http://127.0.0.1:9"
+        rc, out = run_drain(tmp_path, plane, key_file, "in", f"sglang@0.service={rank}")
+        assert rc == 0 and "readmitted sglang@0.service" in out, out
+        assert [w["url"] for w in plane.workers.values()] == [rank]
+        rc, out = run_drain(tmp_path, plane, key_file, "out", f"sglang@0.service={rank}=")
+        assert rc == 0 and plane.workers == {}, out
+        assert {c[0] for c in plane.calls} == {"GET", "POST", "DELETE"}
+        assert {c[2] for c in plane.calls} == {f"Bearer {KEY}"}
+    finally:
+        plane.stop()
+
+
+@pytest.mark.integration
+def test_a_refused_key_fails_the_drain_naming_the_file_not_the_key(tmp_path: Path) -> None:
+    """Refused is not "the router does not answer" (which lets a roll go on undrained): the step
+    fails, names the key file and the setting, and never prints the key."""
+    wrong = tmp_path / "key"
+    wrong.write_text("n0t-the-r1ght-key-at-all-123456\n")
+    plane = ControlPlane(KEY)
+    try:
+        plane.workers["id-0"] = {"url": "http://127.0.0.1:9", "is_healthy": True}
+        for args in (
+            ("out", "sglang@0.service=http://127.0.0.1:9="),
+            ("in", "sglang@0.service=http://127.0.0.1:9"),
+        ):
+            rc, out = run_drain(tmp_path, plane, wrong, *args)
+            assert rc == 1, out
+            assert "401" in out and "router.control_plane_key_file" in out, out
+            assert "n0t-the-r1ght" not in out and KEY not in out
+            assert "does not answer" not in out
+        assert list(plane.workers) == ["id-0"]  # nothing changed
+        # No key file (a router from before the key): nothing sent, refused just the same.
+        rc, out = run_drain(tmp_path, plane, tmp_path / "absent", "out", "u=http://127.0.0.1:9=")
+        assert rc == 1 and "no key (--key-file absent)" in out, out
+        assert all(c[2] is None for c in plane.calls[-1:])
+    finally:
+        plane.stop()
+
+
+@pytest.mark.integration
+def test_the_router_before_the_key_took_anyones_workers(tmp_path: Path) -> None:
+    """The failure this guards against, on the double of the router as it was started: with no
+    control-plane key, a call without any key adds a stranger's server and removes a worker."""
+    plane = ControlPlane(None)
+    try:
+        plane.workers["id-0"] = {"url": "http://127.0.0.1:9", "is_healthy": True}
+        rc, out = run_drain(
+            tmp_path, plane, tmp_path / "absent", "in", "stranger=http://127.0.0.1:7"
+        )
+        assert rc == 0, out
+        assert "http://127.0.0.1:7" in [w["url"] for w in plane.workers.values()]
+        assert all(c[2] is None for c in plane.calls)
+    finally:
+        plane.stop()
+
+
+FAKE_ROUTER = """
+import json, os, sys
+def parse_router_args(args):
+    return list(args)
+def launch_router(args):
+    cmdline = open("/proc/self/cmdline", "rb").read().decode()
+    print(json.dumps({"args": args, "cmdline": cmdline}))
+"""
+
+
+def run_launcher(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """files/router_launch.py as the router unit runs it, with a stand-in for sglang_router's
+    parse_router_args/launch_router (launch_router.py:63-105 in the 0.3.2 sdist) that records
+    the list it is given and the process's own command line."""
+    package = tmp_path / "site" / "sglang_router"
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").write_text("")
+    (package / "launch_router.py").write_text(FAKE_ROUTER)
+    script = tmp_path / "router_launch.py"
+    script.write_text(host_scripts.script_text("router_launch.py"))
+    return subprocess.run(
+        [sys.executable, str(script), "sglang_router.launch_router", "--port", "8000"],
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "site"), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.integration
+def test_the_launcher_hands_the_key_to_the_parser_never_to_a_command_line(tmp_path: Path) -> None:
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    (credentials / "control-plane-key").write_text(KEY + "\n")
+    proc = run_launcher(tmp_path, {"CREDENTIALS_DIRECTORY": str(credentials)})
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout)
+    # sglang-router's own format, id:name:role:key (router_args.py:1028-1049), role admin.
+    assert seen["args"] == [
+        "--port",
+        "8000",
+        "--control-plane-api-keys",
+        f"sglang-deploy:sglang-deploy drain:admin:{KEY}",
+    ]
+    assert KEY not in seen["cmdline"]
+    # No credential: one line, exit 2, and the router is not started (open).
+    for env in ({}, {"CREDENTIALS_DIRECTORY": str(tmp_path / "none")}):
+        proc = run_launcher(tmp_path, env)
+        assert proc.returncode == 2 and proc.stdout == "", proc
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_the_router_unit_loads_the_key_as_a_credential_and_no_key_is_in_it() -> None:
+    s = with_router()
+    router = resolver.resolve_router(s, "ct200", [("ct200", s)])
+    assert router.errors == []
+    assert "LoadCredential=control-plane-key:/etc/sglang/router-control-plane.key" in router.unit
+    assert router.argv[1:3] == [
+        "/usr/local/lib/sglang-deploy/router_launch.py",
+        "sglang_router.launch_router",
+    ]
+    assert "--control-plane-api-keys" not in router.argv  # the launcher adds it, in-process
+
+
+def test_a_router_release_without_control_plane_keys_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    table = kb.load_cli_table("sglang-router", "0.3.2")
+    assert table is not None
+    options = {k: v for k, v in table.options.items() if k != "--control-plane-api-keys"}
+    bare = dataclasses.replace(table, options=options)
+    # resolver/router.py asks the kb package for the table (kbmod.load_cli_table).
+    monkeypatch.setattr(kb, "load_cli_table", lambda *_: bare)
+    s = with_router()
+    router = resolver.resolve_router(s, "ct200", [("ct200", s)])
+    assert any("has no --control-plane-api-keys" in e for e in router.errors), router.errors
+
+
+def test_a_router_in_front_of_other_hosts_needs_a_controller_key_file(tmp_path: Path) -> None:
+    a = with_router()
+    b = dataclasses.replace(with_router(), server_host="10.0.0.2")
+    router = resolver.resolve_router(a, "ct200", [("ct200", a), ("ct201", b)])
+    assert any("router.control_plane_key_file" in e and "ct201" in e for e in router.errors)
+    key_file = tmp_path / "key"
+    key_file.write_text(KEY + "\n")
+    a = with_router(control_plane_key_file=str(key_file))
+    router = resolver.resolve_router(a, "ct200", [("ct200", a), ("ct201", b)])
+    assert router.errors == []
+
+
+def test_the_key_is_written_once_or_when_the_controllers_changes(tmp_path: Path) -> None:
+    from operations.host_files import sha256
+    from operations.layout import CONTROL_PLANE_KEY_FILE
+    from operations.resolver.router import key_changes
+
+    generated = with_router()
+    assert key_changes(generated, {}, runs_router=True) is True  # none yet: generated this run
+    assert key_changes(generated, {CONTROL_PLANE_KEY_FILE: "ab" * 32}, True) is False  # kept
+    assert key_changes(generated, {}, runs_router=False) is False  # never on another host
+    key_file = tmp_path / "key"
+    key_file.write_text(KEY + "\n")
+    given = with_router(control_plane_key_file=str(key_file))
+    for runs_router in (True, False):  # the controller's key: on every host behind the router
+        assert (
+            key_changes(given, {CONTROL_PLANE_KEY_FILE: sha256(KEY + "\n")}, runs_router) is False
+        )
+        assert key_changes(given, {CONTROL_PLANE_KEY_FILE: "ab" * 32}, runs_router) is True
+        assert key_changes(given, {}, runs_router) is True
+    assert key_changes(make_settings(), {}, runs_router=True) is False  # no router
+
+
+def test_open_binds_are_warned_about() -> None:
+    from operations.resolver.router import open_binds
+
+    s = with_router()  # bind 0.0.0.0, server_host 127.0.0.1, no api_key_file
+    found = open_binds(s, "ct200")
+    assert len(found) == 1 and "router bind 0.0.0.0:8000" in found[0]
+    assert "forwards each client's bearer key" in found[0]
+    wide = dataclasses.replace(s, server_host="0.0.0.0")
+    assert len(open_binds(wide, "ct200")) == 2
+    assert "server_host 0.0.0.0" in open_binds(wide, "ct200")[0]
+    assert open_binds(with_router(bind="127.0.0.1"), "ct200") == []
+    assert open_binds(dataclasses.replace(wide, api_key_file="/k"), "ct200") == []
+    assert open_binds(s, "ct201") == []  # the router's bind is its own host's warning
+
+
+def test_a_bad_control_plane_key_file_is_one_line_naming_the_setting(tmp_path: Path) -> None:
+    from operations.settings import controller_problems
+
+    def problems(text: str | None) -> list[str]:
+        path = tmp_path / "cp-key"
+        path.unlink(missing_ok=True)
+        if text is not None:
+            path.write_text(text)
+        return controller_problems("ct200", with_router(control_plane_key_file=str(path)))
+
+    assert problems(KEY + "\n") == []
+    for text, why in (
+        (None, "no such file on the controller"),
+        ("short\n", "shorter than 16 characters"),
+        ("two words in one key here\n", "whitespace or control characters"),
+    ):
+        found = problems(text)
+        assert len(found) == 1 and "router.control_plane_key_file" in found[0], found
+        assert why in found[0] and "\n" not in found[0]

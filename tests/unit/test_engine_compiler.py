@@ -34,6 +34,8 @@ from tests.doubles import cuda_redist, wheels
 from tests.e2e.index import pypi_wheel
 from tests.needs import missing
 
+pytestmark = pytest.mark.integration  # installs the real compiler wheels, runs nvcc and the check
+
 CHECK = Path(engine_check.__file__)
 TESTS = Path(__file__).resolve().parents[1]
 DOUBLES, FIXTURES = TESTS / "doubles", TESTS / "fixtures"

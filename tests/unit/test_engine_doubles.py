@@ -26,6 +26,8 @@ from tests.e2e.index import free_port, wait_for
 from tests.needs import missing
 from tests.snapshot_index import find_python
 
+pytestmark = pytest.mark.integration  # runs the engine doubles in a python
+
 RELEASE = "0.5.11"
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 DOUBLES = Path(__file__).resolve().parents[1] / "doubles"

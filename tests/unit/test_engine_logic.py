@@ -322,6 +322,7 @@ PINS: dict[str, str | None] = {
 MODULES = ["torch", "torchvision", "torchaudio", "sgl_kernel", "flashinfer"]
 
 
+@pytest.mark.integration
 def test_a_good_environment_on_the_captured_host_passes(doubles: Doubles, tmp_path: Path) -> None:
     text = run_check(doubles, tmp_path)
 
@@ -339,6 +340,7 @@ def test_a_good_environment_on_the_captured_host_passes(doubles: Doubles, tmp_pa
     assert judged(text) == []
 
 
+@pytest.mark.integration
 def test_torch_that_cannot_see_the_gpus_is_refused_naming_build_driver_and_fix(
     doubles: Doubles, tmp_path: Path
 ) -> None:
@@ -362,6 +364,7 @@ def test_torch_that_cannot_see_the_gpus_is_refused_naming_build_driver_and_fix(
     assert "found version 12080" in warning
 
 
+@pytest.mark.integration
 def test_fewer_gpus_than_gpu_count_are_named(doubles: Doubles, tmp_path: Path) -> None:
     text = run_check(doubles, tmp_path, gpus=2)
 
@@ -372,6 +375,7 @@ def test_fewer_gpus_than_gpu_count_are_named(doubles: Doubles, tmp_path: Path) -
     ]
 
 
+@pytest.mark.integration
 def test_a_gpu_of_another_arch_is_named_with_the_driver_refusing_the_kernel(
     doubles: Doubles, tmp_path: Path
 ) -> None:
@@ -387,6 +391,7 @@ def test_a_gpu_of_another_arch_is_named_with_the_driver_refusing_the_kernel(
     ]
 
 
+@pytest.mark.integration
 def test_a_compiler_that_cannot_build_for_the_gpu_fails_the_check(
     doubles: Doubles, tmp_path: Path
 ) -> None:
@@ -404,6 +409,7 @@ def test_a_compiler_that_cannot_build_for_the_gpu_fails_the_check(
     assert said in problem and "check the host compiler (g++) is installed" in problem
 
 
+@pytest.mark.integration
 def test_sm120_must_be_compiled_in(doubles: Doubles, tmp_path: Path) -> None:
     old = double_wheels.torch_wheel(tmp_path / "w", "2.11.0+cu128", archs=("sm_80", "sm_90"))
     problems = judged(run_check(doubles, tmp_path, replace={"torch": old}))
@@ -415,6 +421,7 @@ def test_sm120_must_be_compiled_in(doubles: Doubles, tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.integration
 def test_a_kernel_of_another_cuda_major_is_named_with_its_build(
     doubles: Doubles, tmp_path: Path
 ) -> None:
@@ -435,6 +442,7 @@ def test_a_kernel_of_another_cuda_major_is_named_with_its_build(
     assert len(problems) == 2
 
 
+@pytest.mark.integration
 def test_wrong_installed_versions_are_named(doubles: Doubles, tmp_path: Path) -> None:
     other = double_wheels.sglang_wheel(tmp_path / "w", "0.5.9")
     vision = double_wheels.companion_wheel(tmp_path / "w", "torchvision", "0.26.0+cu130", "13.0")
@@ -448,6 +456,7 @@ def test_wrong_installed_versions_are_named(doubles: Doubles, tmp_path: Path) ->
                                 "rerun the deploy")  # fmt: skip
 
 
+@pytest.mark.integration
 def test_a_check_that_printed_nothing_says_so(doubles: Doubles, tmp_path: Path) -> None:
     text = run_check(doubles, tmp_path, argument="{not json")
 

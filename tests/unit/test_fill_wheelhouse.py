@@ -45,6 +45,9 @@ def lock_for(index: LocalIndex, tmp_path: Path, bad: str | None = None) -> Path:
     return lock
 
 
+pytestmark = pytest.mark.integration  # runs the wheelhouse script with uv against a local index
+
+
 def test_every_locked_wheel_lands_checked(index: LocalIndex, tmp_path: Path) -> None:
     dest = tmp_path / "wheelhouse"
     assert fill_wheelhouse.fill(lock_for(index, tmp_path), dest, "3.11", "2.36") == []

@@ -220,6 +220,8 @@ def case_router_converged(tmp_path: Path) -> tuple[Settings, Gathered, dict[str,
     files = {
         layout.unit_path(layout.ROUTER_UNIT): sha256(first.router.unit),
         f"{first.router.env_dir}/{layout.ROUTER_MARKER}": "cd" * 32,
+        # The control-plane key generated on the host by an earlier run: kept as it is.
+        layout.CONTROL_PLANE_KEY_FILE: "ef" * 32,
     }
     serving = serving_of(first.plan.ranks, files=files, router=UnitState(active="active"))
     return (s, gathered(serving, staging(NEW)), {"router_restart": False, "smoke": []})

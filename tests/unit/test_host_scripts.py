@@ -22,9 +22,11 @@ FILES = host_scripts.FILES
 # Every script the deploy writes to a host or sends inline, and what it prints for --help.
 SHIPPED = {
     "stage_model.py": "Stage a model directory into a tmpfs",
+    "stage_source.py": None,  # the ModelSource fact's, inline; argv is the source only
     "smoke.py": "--service-user",
     "wait_healthy.py": "--service-user",
     "router_workers.py": "--router",
+    "router_launch.py": None,
     "engine_check.py": None,
     "cuda_toolkit.py": None,
 }
@@ -33,6 +35,7 @@ PARTS = {
     "smoke.py": ["hostsafe"],
     "wait_healthy.py": ["hostsafe"],
     "stage_model.py": ["stage_manifest", "stage_tree", "stage_copy", "stage_run"],
+    "stage_source.py": ["stage_manifest"],
 }
 
 
@@ -52,6 +55,7 @@ def test_each_bundle_imports_the_standard_library_only(main: str) -> None:
     assert imports_of(text) <= set(sys.stdlib_module_names) | {"__future__"}, main
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("main", [m for m, said in SHIPPED.items() if said])
 def test_each_bundle_runs_alone_in_a_bare_interpreter(main: str, tmp_path: Path) -> None:
     """Written as put_file writes it, run with no project on any path: `--help` works."""
@@ -128,6 +132,7 @@ def test_the_inline_staging_script_fits_in_one_argument() -> None:
     assert len(script_text().encode()) < host_scripts.ARG_STRLEN_MAX // 2
 
 
+@pytest.mark.integration
 def test_the_inline_staging_script_runs_as_the_fact_sends_it(tmp_path: Path) -> None:
     command = ModelStaging().command(str(tmp_path / "none"), str(tmp_path), "m").get_raw_value()
     proc = subprocess.run(
@@ -170,6 +175,7 @@ def test_an_import_cycle_is_refused(tmp_path: Path) -> None:
         host_scripts.bundle(main, tmp_path)
 
 
+@pytest.mark.integration
 def test_each_module_is_inlined_once_where_it_is_first_imported(tmp_path: Path) -> None:
     write(tmp_path, "a.py", '"""A."""\n\nfrom __future__ import annotations\n\nA = 1\n')
     write(tmp_path, "b.py", "from operations.files.a import A\n\nB = A + 1\n")

@@ -62,7 +62,7 @@ def test_loads_and_every_release_has_its_cli_table() -> None:
     ],
 )
 def test_lanes_by_release(release: str, lanes: list[str]) -> None:
-    assert kb.load().lanes_for_release(release) == lanes
+    assert kb.load().releases[release].lanes == lanes
 
 
 def test_every_entry_cites_a_known_source() -> None:

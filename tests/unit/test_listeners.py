@@ -116,7 +116,9 @@ if uid >= 0:
 MODEL = sys.argv[2]
 class Handler(http.server.BaseHTTPRequestHandler):
     def _answer(self, body):
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.request_body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if callable(body):
+            body = body()
         seen = {"request": self.requestline, "auth": self.headers.get("Authorization")}
         print(json.dumps(seen), flush=True)
         data = json.dumps(body).encode()
@@ -127,9 +129,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self._answer({"data": [{"id": MODEL}]} if self.path.endswith("/models") else {})
     def do_POST(self):
-        message = {"role": "assistant", "content": "Ready."}
-        self._answer({"model": MODEL, "choices": [{"message": message}],
-                      "usage": {"completion_tokens": 2}})
+        self._answer(self._sum)
+    def _sum(self):  # the smoke's question (files/smoke.py QUESTION), answered right
+        text = json.loads(self.request_body)["messages"][-1]["content"]
+        a, b = text.removeprefix("What is ").split("?")[0].split(" + ")
+        message = {"role": "assistant", "content": str(int(a) + int(b))}
+        usage = {"completion_tokens": 2}
+        return {"model": MODEL, "choices": [{"message": message}], "usage": usage}
     def log_message(self, *args):
         pass
 server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
@@ -260,6 +266,7 @@ def run_wait(tmp_path: Path, user: str, url: str) -> subprocess.CompletedProcess
     )
 
 
+@pytest.mark.integration
 @root_only
 def test_a_port_held_by_another_user_is_sent_nothing_and_named(
     tmp_path: Path, listeners: Any
@@ -277,6 +284,7 @@ def test_a_port_held_by_another_user_is_sent_nothing_and_named(
     assert KEY not in proc.stdout + proc.stderr
 
 
+@pytest.mark.integration
 @root_only
 def test_the_service_users_listener_of_an_active_unit_gets_the_key(
     tmp_path: Path, listeners: Any
@@ -293,6 +301,7 @@ def test_the_service_users_listener_of_an_active_unit_gets_the_key(
     assert {r["auth"] for r in received} == {f"Bearer {KEY}"}
 
 
+@pytest.mark.integration
 @root_only
 def test_a_stopped_ranks_port_is_sent_nothing_even_by_status(
     tmp_path: Path, listeners: Any
@@ -313,6 +322,7 @@ def test_a_stopped_ranks_port_is_sent_nothing_even_by_status(
     )
 
 
+@pytest.mark.integration
 @root_only
 def test_through_the_router_nothing_is_sent_while_a_local_ranks_port_is_another_users(
     tmp_path: Path, listeners: Any
@@ -331,6 +341,7 @@ def test_through_the_router_nothing_is_sent_while_a_local_ranks_port_is_another_
     ) in proc.stdout, proc.stdout
 
 
+@pytest.mark.integration
 @root_only
 def test_the_health_wait_takes_no_200_from_another_users_listener(
     tmp_path: Path, listeners: Any
@@ -346,6 +357,7 @@ def test_the_health_wait_takes_no_200_from_another_users_listener(
     ) in proc.stdout, proc.stdout
 
 
+@pytest.mark.integration
 @root_only
 def test_the_health_wait_takes_a_200_from_the_service_users_listener(
     tmp_path: Path, listeners: Any

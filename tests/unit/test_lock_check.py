@@ -167,5 +167,8 @@ def test_an_offline_lock_names_the_controllers_wheels_without_hashes() -> None:
 @pytest.mark.parametrize("registries", [[], ["https://pypi.org/simple"]])
 def test_sources_round_trip_through_operation_arguments(registries: list[str]) -> None:
     made = LockSources(tuple(registries), "/opt/sglang/wheelhouse", frozenset(["a.whl"]))
-    registries_arg, wheelhouse_arg, files_arg = made.to_args()
-    assert LockSources.from_args(registries_arg, wheelhouse_arg, files_arg) == made  # type: ignore[arg-type]
+    args = made.to_args()
+    assert (
+        LockSources.from_args(args["registries"], args["wheelhouse"], args["wheelhouse_files"])
+        == made
+    )

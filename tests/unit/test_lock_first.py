@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 # What the plan and the steps import, and the lock must not wait for.
 HEAVY = ("operations.host_plan", "operations.kb", "operations.resolver", "rich", "jsonschema")
@@ -30,6 +32,7 @@ def test_deploy_py_asks_for_the_lock_before_importing_the_steps() -> None:
     assert steps and all(asked < line for line in steps)
 
 
+@pytest.mark.integration
 def test_asking_for_the_lock_imports_nothing_heavy() -> None:
     code = (
         "import sys, operations.deploy_lock, operations.stack_order\n"

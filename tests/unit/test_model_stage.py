@@ -149,6 +149,7 @@ def unprivileged() -> tuple[str, dict[str, Any]]:
     return "/usr/bin/python3", {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []}
 
 
+@pytest.mark.integration
 def test_unreadable_sources_are_refused_by_the_script_as_a_user_bound_by_permissions() -> None:
     # Outside pytest's 0700 tmp tree, so that nobody can reach everything but what is locked.
     with tempfile.TemporaryDirectory(prefix="stage-unreadable-") as name:
@@ -224,6 +225,7 @@ def test_full_verify_finds_a_damaged_copy_and_restages(src: Path, shm: Path) -> 
     assert same_tree(src, served(shm))
 
 
+@pytest.mark.integration
 def test_hub_checksums_enter_the_manifest(tmp_path: Path) -> None:
     dest = tmp_path / "hub"
     log = tmp_path / "hf.log"
@@ -245,6 +247,7 @@ def test_hub_checksums_enter_the_manifest(tmp_path: Path) -> None:
     assert "hf_secret_value" not in log.read_text()
 
 
+@pytest.mark.integration
 def test_fetch_hub_downloads_once_with_the_token_only_in_the_environment(tmp_path: Path) -> None:
     log = tmp_path / "hf.log"
     token = tmp_path / "token"
@@ -264,6 +267,7 @@ def test_fetch_hub_downloads_once_with_the_token_only_in_the_environment(tmp_pat
     assert "hf_secret_value" not in first.stdout + first.stderr + log.read_text()
 
 
+@pytest.mark.integration
 def test_failed_download_leaves_no_marker(tmp_path: Path) -> None:
     env = {**os.environ, "HF_DOUBLE_LOG": str(tmp_path / "log"), "HF_DOUBLE_FAIL": "1"}
     argv = [sys.executable, str(SCRIPT), "fetch-hub", "--cli", str(HF_DOUBLE)]
@@ -273,6 +277,7 @@ def test_failed_download_leaves_no_marker(tmp_path: Path) -> None:
     assert not (tmp_path / "d" / sm.HUB_MARKER).exists()
 
 
+@pytest.mark.integration
 def test_cli_prints_progress_then_json(tmp_path: Path) -> None:
     src = make_model(tmp_path / "src", shards=2, shard_bytes=3_000_000)
     shm = tmp_path / "shm"
@@ -289,6 +294,7 @@ def test_cli_prints_progress_then_json(tmp_path: Path) -> None:
     assert json.loads(lines[-1])["changed"] is True
 
 
+@pytest.mark.integration
 def test_sigterm_removes_the_copy_in_progress(tmp_path: Path) -> None:
     src = make_model(tmp_path / "src", shards=2, shard_bytes=20_000_000)
     shm = tmp_path / "shm"

@@ -93,6 +93,7 @@ def test_the_file_is_file_sd_json_and_stable() -> None:
     assert plan.dashboard_file.rsplit("/", 1)[0] == plan.targets_file.rsplit("/", 1)[0]
 
 
+@pytest.mark.integration
 def test_the_plan_json_shows_the_targets() -> None:
     rc, doc = plan_json()
     assert rc == 0
@@ -196,6 +197,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@pytest.mark.integration
 def test_the_probe_script_reads_the_request_gauges(pages: str) -> None:
     """The fact's own script, run as the host runs it, against a real HTTP server."""
     refused = f"http://127.0.0.1:{_free_port()}/metrics"

@@ -127,6 +127,7 @@ def test_every_compiler_the_knowledge_base_pins_is_captured_and_no_other() -> No
         assert re.search(rf"^\| {re.escape(version)} \| .*\| `[0-9a-f]{{64}}` \|", source, re.M)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("lane", REDIST_LANES)
 def test_the_doubles_version_is_the_releases_captured_lines(
     installed: dict[str, tuple[Path, str]], lane: str
@@ -146,6 +147,7 @@ def test_the_doubles_version_is_the_releases_captured_lines(
     assert run.stdout == "\n".join(expected) + "\n"
 
 
+@pytest.mark.integration  # the fixture runs the host's install script, which runs nvcc
 @pytest.mark.parametrize("lane", REDIST_LANES)
 def test_the_deploy_reads_the_lanes_release_from_the_double(
     installed: dict[str, tuple[Path, str]], lane: str
@@ -156,6 +158,7 @@ def test_the_deploy_reads_the_lanes_release_from_the_double(
     assert said.endswith(release_line(version))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("lane", REDIST_LANES)
 def test_the_double_takes_exactly_the_targets_its_release_takes(
     installed: dict[str, tuple[Path, str]], lane: str, tmp_path: Path

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration  # runs the nvidia-smi double
+
 TESTS = Path(__file__).resolve().parent.parent
 DOUBLE = TESTS / "doubles" / "nvidia-smi"
 FIXTURES = TESTS / "fixtures" / "nvidia-smi"

@@ -18,6 +18,8 @@ from operations.resolver import resolve
 from operations.serve import ranks_label
 from tests.unit.builders import QWEN36, facts, make_settings
 
+pytestmark = pytest.mark.integration  # runs pyinfra, the plan and status commands
+
 ROOT = Path(__file__).resolve().parents[2]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
 DEMO = "inventory/demo.py"

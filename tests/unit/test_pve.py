@@ -3,6 +3,7 @@ tests/fixtures/pve (see SOURCE.md there), settings through the real loader."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import subprocess
@@ -16,6 +17,7 @@ from operations import preflight
 from operations.facts.pve import (
     CtConfig,
     GuestState,
+    NodeUnitState,
     NvidiaDevices,
     parse_ct_config,
     parse_devices,
@@ -42,6 +44,7 @@ def node_devices(gpus: int = 8, caps: bool = False, uvm: bool = True) -> NvidiaD
     return parse_devices([f"@@node={n}" for n in nodes] + fixture("proc-devices.txt"))
 
 
+MODPROBE = "/usr/bin/nvidia-modprobe"
 BARE = ["arch: amd64", "cores: 16", "hostname: ct200", "memory: 2048", "ostype: debian"]
 
 
@@ -54,6 +57,7 @@ def facts(
     devices: NvidiaDevices | None = None,
     status: str = "running",
     guest: GuestState | None = None,
+    node_unit: NodeUnitState | None = None,
 ) -> PveFacts:
     lines = [f"@@kind={kind}", *(BARE if config is None else config)]
     return PveFacts(
@@ -63,6 +67,7 @@ def facts(
         config=parse_ct_config(lines),
         status=status,
         guest=guest or GuestState(running=True, driver_versions=["565.57.01"]),
+        node_unit=node_unit or NodeUnitState(modprobe=MODPROBE),
     )
 
 
@@ -83,10 +88,11 @@ def test_bare_config_gets_every_gpu_node_memory_and_swap() -> None:
     assert result.ok, result.errors
     assert result.form == "dev"
     devs = [(k, v) for k, v in result.options if k.startswith("dev")]
-    assert devs == [(f"dev{i}", f"/dev/nvidia{i}") for i in range(8)] + [
-        ("dev8", "/dev/nvidiactl"),
-        ("dev9", "/dev/nvidia-uvm"),
-        ("dev10", "/dev/nvidia-uvm-tools"),
+    # mode=0666: without it pve-container makes the node 0660 root:root in the container.
+    assert devs == [(f"dev{i}", f"/dev/nvidia{i},mode=0666") for i in range(8)] + [
+        ("dev8", "/dev/nvidiactl,mode=0666"),
+        ("dev9", "/dev/nvidia-uvm,mode=0666"),
+        ("dev10", "/dev/nvidia-uvm-tools,mode=0666"),
     ]
     size = preflight.model_bytes(make_settings(), KB, None)
     assert size is not None
@@ -101,7 +107,8 @@ def test_bare_config_gets_every_gpu_node_memory_and_swap() -> None:
 def test_memory_follows_preflight_rule_with_measured_model() -> None:
     guest = GuestState(running=True, driver_versions=["565.57.01"], model_bytes=10 * 1024**3)
     result = planned(facts(guest=guest), dp_size=4, ram_per_rank_gb=2)
-    assert ("memory", str(10 * 1024 + 4 * 2 * 1024)) in result.options
+    # + 128 MiB: pve-container's memory.high is memory - 128 MiB from 16 GiB up.
+    assert ("memory", str(10 * 1024 + 4 * 2 * 1024 + 128)) in result.options
 
 
 def test_converged_config_changes_nothing() -> None:
@@ -117,7 +124,7 @@ def test_more_memory_than_needed_is_kept_and_existing_dev_entries_reused() -> No
     config = [*BARE[:3], "dev0: path=/dev/nvidia0,mode=0666", "dev3: /dev/tty0"]
     config += ["memory: 999999", "swap: 0"]
     result = planned(facts(config=config))
-    assert result.options[0] == ("dev1", "/dev/nvidia1")
+    assert result.options[0] == ("dev1", "/dev/nvidia1,mode=0666")
     assert ("dev3", "/dev/nvidia2") not in result.options
     assert not [o for o in result.options if o[0] in ("memory", "swap")]
 
@@ -229,6 +236,7 @@ def test_ct_config_devices_parse_path_forms() -> None:
     assert config.devices() == {"dev0": "/dev/nvidia0", "dev7": "/dev/nvidiactl"}
 
 
+@pytest.mark.integration
 def test_a_sparse_model_file_cannot_size_the_nodes_memory(tmp_path: Path) -> None:
     """The attack: a container's model directory holds a sparse file that claims 1 TiB (du -sb
     inside the container said so, and a container's root may fake du). The GuestDriver fact's
@@ -270,7 +278,7 @@ def test_the_model_size_is_capped_at_the_knowledge_base_and_memtotal() -> None:
     capped = planned(facts(guest=huge), dp_size=1, ram_per_rank_gb=1)
     known = KB.models[make_settings().model_name].size_gb
     assert known is not None
-    want = math.ceil((int(known * 1e9) + 1024**3) / MIB)
+    want = math.ceil((int(known * 1e9) + 1024**3) / MIB) + 128
     assert ("memory", str(want)) in capped.options, capped.options
     # An unknown model: capped at the node's MemTotal, which then refuses the ranks on top.
     small_node = GuestState(
@@ -278,3 +286,216 @@ def test_the_model_size_is_capped_at_the_knowledge_base_and_memtotal() -> None:
     )
     refused = planned(facts(guest=small_node), model_name="org/unknown-model")
     assert any("more than the node's MemTotal (65536 MiB)" in e for e in refused.errors), refused
+
+
+def test_existing_nvidia_entries_without_mode_0666_are_rewritten_and_then_left_alone() -> None:
+    """Entries an earlier pve.py (or a user) wrote bare: pve-container makes their nodes 0660
+    owned by the container's root (src/PVE/LXC.pm create_passthrough_device_node), so they
+    are rewritten in place (same devN), uid/gid kept, deny-write dropped."""
+    config = [
+        *BARE[:3],
+        "dev0: /dev/nvidia0",
+        "dev1: path=/dev/nvidia1,gid=44,mode=0660",
+        "dev2: /dev/nvidia2,deny-write=1,mode=0666",
+        "dev3: /dev/nvidia3,mode=0666",
+        "dev4: /dev/tty0",
+    ]
+    result = planned(facts(config=config, devices=node_devices(gpus=4)), gpu_count=4)
+    devs = dict(o for o in result.options if o[0].startswith("dev"))
+    assert devs["dev0"] == "/dev/nvidia0,mode=0666"
+    assert devs["dev1"] == "/dev/nvidia1,gid=44,mode=0666"
+    assert devs["dev2"] == "/dev/nvidia2,mode=0666"
+    assert "dev3" not in devs and "dev4" not in devs, devs
+    assert any("dev0, dev1, dev2 lack mode=0666" in n for n in result.notes), result.notes
+    rewritten = [ln for ln in config if ln.split(":")[0] not in devs]
+    rewritten += [f"{k}: {v}" for k, v in result.options if k.startswith("dev")]
+    again = planned(facts(config=rewritten, devices=node_devices(gpus=4)), gpu_count=4)
+    assert not [o for o in again.options if o[0].startswith("dev")], again.options
+
+
+def test_the_uvm_boot_unit_is_installed_once_and_refused_without_nvidia_modprobe() -> None:
+    fresh = planned(facts())
+    assert fresh.unit_steps == ["write", "enable", "start"]
+    text = fresh.unit_text
+    assert f"ExecStart={MODPROBE} -u -c=0\n" in text
+    assert "Before=pve-guests.service\n" in text and "Type=oneshot\n" in text
+    assert "WantedBy=multi-user.target pve-guests.service\n" in text
+    assert "nvidia-uvm-nodes.service on the node" in summary("ct200", fresh)
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    state = NodeUnitState(sha256=digest, enabled="enabled", active="active", modprobe=MODPROBE)
+    assert planned(facts(node_unit=state)).unit_steps == []
+    # Edited by hand: written back and re-enabled (its [Install] may differ).
+    edited = NodeUnitState(sha256="0" * 64, enabled="enabled", active="active", modprobe=MODPROBE)
+    assert planned(facts(node_unit=edited)).unit_steps == ["write", "enable"]
+    missing = planned(facts(node_unit=NodeUnitState(modprobe=None)))
+    assert not missing.ok and any("no nvidia-modprobe on PATH" in e for e in missing.errors)
+    assert not missing.options
+
+
+def test_a_stale_uvm_major_is_replaced_not_doubled() -> None:
+    """After a driver or kernel update nvidia-uvm got another dynamic major: the old line (a
+    major no driver holds now) is removed, the new one added; a major another driver holds
+    (misc, 10) is the user's and stays."""
+    config = [
+        *BARE,
+        "lxc.cgroup2.devices.allow: c 195:0 rwm",
+        "lxc.cgroup2.devices.allow: c 505:* rwm",
+        "lxc.cgroup2.devices.allow: c 10:* rwm",
+    ]
+    result = planned(facts(pve="pveversion-7.4.txt", config=config), gpu_count=1)
+    assert result.raw_remove == ["lxc.cgroup2.devices.allow: c 505:* rwm"]
+    assert "lxc.cgroup2.devices.allow: c 510:* rwm" in result.raw_lines
+    assert "remove 'lxc.cgroup2.devices.allow: c 505:* rwm'" in summary("ct200", result)
+    fixed = [ln for ln in config if "505" not in ln] + result.raw_lines
+    again = planned(facts(pve="pveversion-7.4.txt", config=fixed), gpu_count=1)
+    assert again.raw_remove == [] and again.raw_lines == []
+
+
+@pytest.mark.parametrize("in_use_mib", [1025, 8 * 1024, 16 * 1024 - 128, 16 * 1024, 60 * 1024])
+def test_memory_needed_leaves_pve_containers_memory_high_margin(in_use_mib: int) -> None:
+    """preflight.memory_needed is the one rule: pve.py sets it, preflight judges the container
+    by it. Its memory.high (Config.pm calculate_memory_constraints) holds what is in use, and
+    1 MiB less would not."""
+    s = make_settings(dp_size=1, ram_per_rank_gb=0)
+    size = in_use_mib * MIB
+    need = preflight.memory_needed(s, size)
+    mib = math.ceil(need / MIB)
+    assert preflight.memory_high(mib * MIB) >= size
+    assert preflight.memory_high((mib - 1) * MIB) < size
+
+
+def test_nesting_only_with_the_setting_and_other_features_kept() -> None:
+    config = [*BARE, "features: keyctl=1"]
+    told = planned(facts(config=config))
+    assert not [o for o in told.options if o[0] == "features"]
+    assert any("set pve_nesting = true" in n for n in told.notes), told.notes
+    on = planned(facts(config=config), pve_nesting=True)
+    assert ("features", "keyctl=1,nesting=1") in on.options
+    done = planned(facts(config=[*BARE, "features: keyctl=1,nesting=1"]), pve_nesting=True)
+    assert not [o for o in done.options if o[0] == "features"]
+
+
+def test_ram_per_rank_below_sglangs_host_use_is_warned() -> None:
+    low = planned(facts(), ram_per_rank_gb=1)
+    assert any("ram_per_rank_gb = 1 (set in" in w for w in low.warnings), low.warnings
+    assert "warning: ram_per_rank_gb" in summary("ct200", low)
+    assert planned(facts()).warnings == []
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.integration
+def test_pve_demo_previews_a_simulated_node_and_refuses_a_real_run() -> None:
+    """`make pve-demo`: pve.py's real facts and plan over pyinfra's @fake connector answering as
+    CT200's node (tests/doubles/pve_node.py); a run without --dry is refused up front."""
+    pyinfra = str(REPO / ".venv" / "bin" / "pyinfra")
+    dry = subprocess.run(
+        [pyinfra, "inventory/pve_demo.py", "pve.py", "--dry"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = dry.stdout + dry.stderr
+    assert dry.returncode == 0, out
+    assert "--dev0 /dev/nvidia0,mode=0666" in out and "--dev9 /dev/nvidia-uvm,mode=0666" in out
+    assert "write, enable, start nvidia-uvm-nodes.service on the node" in out, out
+    assert "Traceback" not in out
+    real = subprocess.run(
+        [pyinfra, "-y", "inventory/pve_demo.py", "pve.py"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert real.returncode != 0
+    assert "simulates a Proxmox node: run it with --dry" in real.stderr, real.stderr
+    assert "Traceback" not in real.stdout + real.stderr
+
+
+def test_an_unreachable_node_is_named_as_the_node(caplog: pytest.LogCaptureFixture) -> None:
+    """pyinfra logs "[ct200] Could not connect (...)" (Host.connect) under the inventory name,
+    which for pve.py is the container's: the message names the node and what to check."""
+    import logging
+
+    from operations.pve import name_the_node_on_connect_errors
+
+    name_the_node_on_connect_errors("ct9", "root@pve9", "PVE_HOST=pve9: check it")
+    log = logging.getLogger("pyinfra")
+    with caplog.at_level(logging.ERROR, logger="pyinfra"):
+        log.error("[\x1b[1mct9\x1b[0m] \x1b[31mCould not connect (Errno 111)\x1b[0m")
+        log.error("[ct8] Could not connect (Errno 111)")
+    first, other = (r.getMessage() for r in caplog.records)
+    assert first == (
+        "[ct9] the Proxmox node root@pve9 (where pve.py runs pct for ct9): "
+        "Could not connect (Errno 111); PVE_HOST=pve9: check it"
+    ), first
+    assert other == "[ct8] Could not connect (Errno 111)"
+
+
+@pytest.mark.integration
+def test_the_raw_line_edit_removes_and_adds_in_the_main_section_only(tmp_path: Path) -> None:
+    """ct_config's perl edit, run for real on a config file: the stale line goes from the main
+    section (inner spacing aside), the same line in a snapshot section stays, the new line comes
+    at the end of the main section, every other byte is kept."""
+    import shlex
+
+    from operations.pve import _EDIT_LINES
+
+    conf = tmp_path / "200.conf"
+    main = "arch: amd64\nlxc.cgroup2.devices.allow: c  505:* rwm\nswap: 0\n"
+    snapshot = "\n[before]\nlxc.cgroup2.devices.allow: c 505:* rwm\n"
+    conf.write_text(main + snapshot)
+    args = ["-lxc.cgroup2.devices.allow: c 505:* rwm", "+lxc.cgroup2.devices.allow: c 510:* rwm"]
+    script = " ".join(shlex.quote(a) for a in ["perl", "-e", _EDIT_LINES, str(conf), *args])
+    subprocess.run(["sh", "-c", script], check=True)
+    assert conf.read_text() == (
+        "arch: amd64\nswap: 0\nlxc.cgroup2.devices.allow: c 510:* rwm\n" + snapshot
+    )
+
+
+def test_the_container_plan_warns_about_low_ram_per_rank_too(tmp_path: Path) -> None:
+    """The same warning in the container's plan (host_plan.decide), from the one function."""
+    from operations.facts.serve import Serving
+    from tests.unit.test_host_report import gathered, report, staging
+
+    facts = gathered(Serving(), staging(None))
+    low = report(make_settings(ram_per_rank_gb=0.5), facts).plan.warnings
+    assert any("ram_per_rank_gb = 0.5 (set in" in w for w in low), low
+    default = report(make_settings(), facts).plan.warnings
+    assert not any("ram_per_rank_gb" in w for w in default), default
+
+
+@pytest.mark.integration
+def test_the_uvm_boot_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
+    import shutil
+
+    analyze = shutil.which("systemd-analyze")
+    assert analyze, "systemd-analyze is part of systemd (Debian: apt-get install systemd)"
+    modprobe = tmp_path / "nvidia-modprobe"
+    modprobe.write_text("#!/bin/sh\n")
+    modprobe.chmod(0o755)
+    text = planned(facts(node_unit=NodeUnitState(modprobe=str(modprobe)))).unit_text
+    (tmp_path / "nvidia-uvm-nodes.service").write_text(text)
+    (tmp_path / "pve-guests.service").write_text(
+        (REPO / "tests/doubles/pve-guests.service").read_text()
+    )
+    proc = subprocess.run(
+        [analyze, "verify", "--man=no", "./nvidia-uvm-nodes.service"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0 and not proc.stderr.strip(), proc.stderr
+
+
+def test_capability_nodes_are_passed_but_never_widened() -> None:
+    """The capability nodes gate privileged actions (mig-config): no mode=0666 for them."""
+    config = [*BARE, "dev0: /dev/nvidia-caps/nvidia-cap1"]
+    result = planned(facts(config=config, devices=node_devices(gpus=1, caps=True)), gpu_count=1)
+    devs = dict(o for o in result.options if o[0].startswith("dev"))
+    assert "dev0" not in devs, devs
+    assert "/dev/nvidia-caps/nvidia-cap2" in devs.values(), devs
+    assert devs["dev1"] == "/dev/nvidia0,mode=0666", devs

@@ -30,6 +30,8 @@ from tests.snapshot_index import (
     lock,
 )
 
+pytestmark = pytest.mark.integration  # resolves locks with uv against local indexes
+
 KB = kb_module.load()
 CASES = build_cases(KB)
 

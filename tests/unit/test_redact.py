@@ -117,6 +117,7 @@ def host(tmp_path: Path) -> dict[str, str]:
     return {**env, "PATH": f"{bin_dir}:{env['PATH']}"}
 
 
+@pytest.mark.integration
 def test_a_failed_ranks_journal_shown_by_the_health_wait_holds_no_key(
     host: dict[str, str],
 ) -> None:
@@ -133,6 +134,7 @@ def test_a_failed_ranks_journal_shown_by_the_health_wait_holds_no_key(
     assert KEY not in proc.stdout + proc.stderr
 
 
+@pytest.mark.integration
 def test_a_failed_ranks_journal_shown_by_the_smoke_step_holds_no_key(
     host: dict[str, str], tmp_path: Path
 ) -> None:

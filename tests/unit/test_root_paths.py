@@ -23,7 +23,10 @@ from operations.settings import Settings
 from tests.unit.builders import QWEN36, gpu_facts, make_settings
 
 NOBODY = 65534
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="plants directories owned by others")
+pytestmark = [
+    pytest.mark.integration,  # runs the facts' shell commands
+    pytest.mark.skipif(os.geteuid() != 0, reason="plants directories owned by others"),
+]
 
 
 def host_resources(settings: Settings) -> Resources:

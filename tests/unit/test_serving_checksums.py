@@ -8,7 +8,11 @@ import hashlib
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from operations.facts.serve import ServingState, parse_serving
+
+pytestmark = pytest.mark.integration  # runs the ServingState fact's command
 
 
 def test_every_managed_file_is_read_back_under_its_path(tmp_path: Path) -> None:

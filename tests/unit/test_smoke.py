@@ -6,6 +6,10 @@ The requests themselves, with httpx on the host, run end to end
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +21,7 @@ from operations.host_files import sha256
 from operations.host_scripts import load
 from operations.resolver import Rank, RouterPlan
 from operations.roll import router_restarts, smoke_targets
+from tests.doubles import wheels
 from tests.unit.builders import make_settings
 
 MODEL = "Qwen/Qwen3.6-27B"
@@ -27,7 +32,10 @@ ROOT = Path(__file__).resolve().parents[2]
 script = load("smoke.py", "smoke_script")
 
 
-def reply(model: str = MODEL, **changes: Any) -> str:
+ASKED = (317, 425)  # "What is 317 + 425?"
+
+
+def reply(model: str = MODEL, content: str | None = "742", **changes: Any) -> str:
     """A chat completion as SGLang's ChatCompletionResponse serialises it."""
     body: dict[str, Any] = {
         "id": "chatcmpl-1",
@@ -37,7 +45,7 @@ def reply(model: str = MODEL, **changes: Any) -> str:
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": "Ready.", "reasoning_content": None},
+                "message": {"role": "assistant", "content": content, "reasoning_content": None},
                 "finish_reason": "stop",
             }
         ],
@@ -54,13 +62,173 @@ MODELS = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}
 
 def test_a_right_answer_passes_with_its_tokens() -> None:
     assert script.judge_models(200, MODELS, MODEL) is None
-    assert script.judge_chat(200, reply(), MODEL) == (None, 12)
+    assert script.judge_chat(200, reply(), MODEL, ASKED) == (None, 12)
 
 
-def test_a_reasoning_models_first_tokens_may_all_be_reasoning() -> None:
-    message = {"role": "assistant", "content": None, "reasoning_content": "Let me think"}
+def test_the_question_is_the_prompt_contract_and_differs_every_request() -> None:
+    # Two integers joined by `+`, the sum the answer: the doubles parse exactly this shape.
+    assert script.question(317, 425) == "What is 317 + 425? Reply with the number only."
+    request = script.chat_request(MODEL, 317, 425)
+    assert request == {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": script.question(317, 425)}],
+        "max_tokens": script.MAX_TOKENS,
+        "temperature": 0,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    pairs = {script.operands() for _ in range(50)}
+    assert all(100 <= n <= 999 for pair in pairs for n in pair)
+    assert len(pairs) > 40  # fresh numbers each time, not one pair a run
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "742",
+        "742.",
+        " The answer is 742.\n",
+        "317 + 425 = 742",  # an echo of the question: its operands may appear
+        "742.0",
+        "<think>\n\n</think>\n\n742",  # an empty thinking block (enable_thinking false)
+        "300 + 400 is 700...</think>\n\n742",  # Qwen3's opening tag in the prompt
+    ],
+)
+def test_the_right_sum_passes(content: str) -> None:
+    assert script.judge_sum(content, *ASKED) is None
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        ("743", "the sum is 742"),
+        ("-742", "the sum is 742"),
+        ("7420", "the sum is 742"),
+        ("742 or 743", "the sum is 742, and it also says 743"),
+        ("300 + 400 = 700, so 742", "the sum is 742, and it also says 300, 400, 700"),
+        ("317 + 425", "the sum is 742"),
+        ("Sure!", "no number in the answer"),
+        ("", "no number in the answer"),
+        ("<think>\nLet me add 317 and 425: 742", "no number in the answer"),  # cut off thinking
+        ("<think>742</think>\n\nI cannot say.", "no number in the answer"),
+    ],
+)
+def test_a_wrong_sum_or_no_answer_fails_and_says_why(content: str, why: str) -> None:
+    assert script.judge_sum(content, *ASKED) == why
+
+
+def test_a_wrong_answer_names_the_question_and_the_answer() -> None:
+    verdict, tokens = script.judge_chat(200, reply(content="The answer is 743."), MODEL, ASKED)
+    assert verdict == (
+        "POST /v1/chat/completions: not a truthful answer: asked 'What is 317 + 425? Reply with "
+        "the number only.', answered 'The answer is 743.' (the sum is 742)"
+    )
+    assert tokens is None
+
+
+def test_an_answer_all_in_reasoning_content_is_no_answer() -> None:
+    # A reasoning parser put every token into reasoning_content: thinking was not disabled.
+    message = {"role": "assistant", "content": None, "reasoning_content": "Let me add 317 and"}
     body = reply(choices=[{"index": 0, "message": message, "finish_reason": "length"}])
+    verdict, _ = script.judge_chat(200, body, MODEL, ASKED)
+    assert verdict is not None
+    assert "no number in the answer: the content is empty, all of it reasoning" in verdict
+    # Without a question (shape only), reasoning alone is still a well-formed answer.
     assert script.judge_chat(200, body, MODEL) == (None, 12)
+
+
+class _Answer:
+    def __init__(self, text: str) -> None:
+        self.status_code, self.text = 200, text
+
+
+class _Httpx:
+    TimeoutException = TimeoutError
+    HTTPError = OSError
+
+
+def test_a_wrong_answer_is_shown_masked_as_a_journal_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """main() judges, then prints each verdict masked: a reply that echoes the key (or a
+    token=...) never shows it. (The requests themselves are httpx's: end to end.)"""
+    key = "sk-smoke-echo-5c1d9e"
+    body = reply(content=f"{key} token=hf_abc 743")
+
+    class Client:
+        def get(self, url: str) -> _Answer:
+            return _Answer(MODELS)
+
+        def post(self, url: str, json: Any) -> _Answer:
+            assert json == script.chat_request(MODEL, *ASKED)
+            return _Answer(body)
+
+    monkeypatch.setattr(script, "operands", lambda: ASKED)
+    monkeypatch.setattr(script, "guard_for", lambda *args: script._no_guard)
+    monkeypatch.setattr(script, "_client", lambda *args: Client())
+    monkeypatch.setattr(script, "_httpx", lambda: _Httpx)
+    key_file = tmp_path / "secrets.yaml"
+    key_file.write_text(f"api-key: {json.dumps(key)}\n")
+    argv = ["--model", MODEL, "--timeout", "5", "--key-file", str(key_file)]
+    argv += ["--service-user", "sglang", "sglang@3.service=http://127.0.0.1:30003/v1"]
+    assert script.main(argv) == 1
+    out = capsys.readouterr().out
+    assert key not in out and "hf_abc" not in out, out
+    assert out == (
+        "sglang@3.service: did NOT answer as a client expects: POST /v1/chat/completions: "
+        "not a truthful answer: asked 'What is 317 + 425? Reply with the number only.', answered "
+        "'*** token='***' 743' (the sum is 742)\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def double_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The SGLang server double's wheel (0.5.11) unpacked: a PYTHONPATH."""
+    out = tmp_path_factory.mktemp("sglang-double")
+    with zipfile.ZipFile(wheels.sglang_wheel(out, "0.5.11")) as zf:
+        zf.extractall(out / "site")
+    return out / "site"
+
+
+def double_replies(site: Path, requests: list[dict[str, Any]], reply: str) -> list[list[str]]:
+    """What the server double answers each request with (its reply_text, in its own
+    interpreter), SGLANG_DOUBLE_REPLY=`reply`."""
+    code = (
+        "import json, sys; from sglang._server_double import reply_text; "
+        "print(json.dumps([reply_text(r, sys.argv[1], 'm') for r in json.loads(sys.argv[2])]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, reply, json.dumps(requests)],
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    answers: list[list[str]] = json.loads(proc.stdout)
+    return answers
+
+
+@pytest.mark.integration
+def test_the_double_answers_the_smokes_question_and_a_wrong_rank_is_caught(
+    double_site: Path,
+) -> None:
+    asked = [script.operands() for _ in range(5)]
+    requests = [script.chat_request(MODEL, a, b) for a, b in asked]
+    right = double_replies(double_site, requests, "")
+    assert [
+        script.judge_sum(content, *ab) for (content, _), ab in zip(right, asked, strict=True)
+    ] == [None] * 5
+    wrong = double_replies(double_site, requests, "wrong-sum")
+    for (content, finish), (a, b) in zip(wrong, asked, strict=True):
+        assert (content, finish) == (str(a + b + 1), "stop")  # fluent, well-formed, wrong
+        assert script.judge_sum(content, a, b) == f"the sum is {a + b}"
+    # Thinking not disabled: a Qwen3 model thinks first, and no answer comes in MAX_TOKENS.
+    thinking = [{k: v for k, v in r.items() if k != "chat_template_kwargs"} for r in requests]
+    for (content, finish), ab in zip(double_replies(double_site, thinking, ""), asked, strict=True):
+        assert content.startswith("<think>") and finish == "length"
+        assert script.judge_sum(content, *ab) == "no number in the answer"
+    # Any other prompt: the greeting other tests send ("hi").
+    (hello,) = double_replies(double_site, [{"messages": [{"role": "user", "content": "hi"}]}], "")
+    assert hello == ["Hello from the SGLang test double serving m.", "stop"]
 
 
 @pytest.mark.parametrize(
@@ -86,7 +254,7 @@ def test_a_reasoning_models_first_tokens_may_all_be_reasoning() -> None:
     ],
 )
 def test_a_wrong_chat_answer_fails_and_says_why(status: int | None, body: str, why: str) -> None:
-    verdict, tokens = script.judge_chat(status, body, MODEL)
+    verdict, tokens = script.judge_chat(status, body, MODEL, ASKED)
     assert verdict is not None and why in verdict and tokens is None
 
 

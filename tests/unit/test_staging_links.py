@@ -1,5 +1,6 @@
 """A model source is often a shared mount another user (or host) writes: the staging copy runs
-as root and takes regular files only. A link anywhere in the source (a file, a directory, the hub
+as root. A link in the source is followed only by the link rule (test_staging_hub.py: inside the
+source's root, to a regular file); one that leaves the source (a file, a directory, the hub
 marker, the hub's metadata) is refused with its path, or ignored where it is only a hint; it is
 never followed. The attack: tokenizer.json in the source links to a root-only file, and a copy
 staged root:GROUP 0640 would hand that file's content to every rank."""
@@ -16,6 +17,8 @@ import pytest
 
 from operations.facts.model import script_module
 from tests.unit.shipped import script_path
+
+pytestmark = pytest.mark.integration  # runs the staging script
 
 sm = script_module()
 SECRET = "root-only-secret-4f1c"

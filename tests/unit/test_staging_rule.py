@@ -126,6 +126,7 @@ def test_the_plan_is_what_the_stage_run_does(
         assert Path(path_of(shm, kept)).is_dir()
 
 
+@pytest.mark.integration
 def test_the_fact_passes_key_and_keep_to_the_script(tmp_path: Path) -> None:
     """The ModelStaging fact's own command line (the script inline, `python3 -c`), run here."""
     src, shm, _ = build(tmp_path, Tree([("k0", "old"), ("k1", "new")], "k1"))

@@ -166,6 +166,7 @@ def test_full_verify_repairs_without_the_served_name_ever_missing_a_copy(
     assert not [p for p in link.parent.iterdir() if ".tmp-" in p.name or p.name.endswith(".old")]
 
 
+@pytest.mark.integration
 @as_root
 def test_with_the_servers_group_the_weights_are_not_world_readable(
     src: Path, shm: Path, tmp_path: Path

@@ -379,6 +379,10 @@ GARBAGE_1 = (
     """'{"id": "chatcmpl-double", "object": "chat.completion", "choi'"""
 )
 NOT_DEPLOYED = "no engine environment or smoke script on the host (run the deploy)"
+WRONG_1 = (
+    "POST /v1/chat/completions: not a truthful answer: asked 'What is 867 + 313? Reply with the "
+    "number only.', answered '1181' (the sum is 1180)"
+)
 # One answer: (answered, latency_s, tokens, what the row says).
 Answer = tuple[bool | None, float | None, int | None, str | None]
 
@@ -395,6 +399,13 @@ Answer = tuple[bool | None, float | None, int | None, str | None]
         (
             "one-rank-answers-garbage",
             [(False, None, None, REFUSED_0), (False, 0.004, None, GARBAGE_1)],
+            (True, 0.02, 12, "ok"),
+            1,
+        ),
+        (
+            # Fluent but wrong: not answering truthfully is not answering (exit 1).
+            "one-rank-answers-wrong-sums",
+            [(True, 0.004, 12, "ok"), (False, 0.002, None, WRONG_1)],
             (True, 0.02, 12, "ok"),
             1,
         ),
@@ -448,6 +459,7 @@ def test_the_probe_is_one_round_trip_and_reports_what_each_rank_answered(
     assert st.exit_status([result]) == exit_status
 
 
+@pytest.mark.integration
 def test_the_cli_reports_an_unreachable_host_in_one_line(tmp_path: Path) -> None:
     path = write_inventory(tmp_path)
     run = [sys.executable, "-m", "operations.status", str(path)]
@@ -465,6 +477,7 @@ def test_the_cli_reports_an_unreachable_host_in_one_line(tmp_path: Path) -> None
     assert doc["hosts"]["@fake/ct200"]["healthy"] is True
 
 
+@pytest.mark.integration
 def test_a_host_with_invalid_settings_is_not_contacted(tmp_path: Path) -> None:
     path = tmp_path / "inventory.py"
     bad = {"model_source": "/srv/models/qwen", "dp_size": "eight", "fake_delay": 0}
@@ -478,6 +491,7 @@ def test_a_host_with_invalid_settings_is_not_contacted(tmp_path: Path) -> None:
     assert result.summary() == "ct200: not checked: settings: dp_size ..."
 
 
+@pytest.mark.integration
 def test_a_missing_inventory_is_exit_2() -> None:
     run = [sys.executable, "-m", "operations.status", "no/such/inventory.py"]
     proc = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -78,6 +78,7 @@ def rendered(settings: Settings, nodes: tuple[str, ...] | None) -> dict[str, str
     return out
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("case", list(CASES))
 def test_every_rendered_unit_passes_systemd_analyze_verify(case: str, tmp_path: Path) -> None:
     analyze = shutil.which("systemd-analyze")

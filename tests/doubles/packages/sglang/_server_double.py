@@ -32,10 +32,22 @@ It behaves like the real server where a deploy can observe it, with the standard
   SchedulerMetricsCollector); a roll reads both to know when a rank has drained. The double
   queues nothing (every request runs at once), so its queue gauge is always 0.
 
+- the smoke's question (operations/files/smoke.py QUESTION, the prompt contract: two integers
+  joined by `+` in the last user message, "What is 317 + 425? Reply with the number only.") is
+  answered with the sum, as a model that computes right does; any other prompt gets a fixed
+  greeting. With thinking not disabled (`chat_template_kwargs` without `"enable_thinking":
+  false`) it answers as a Qwen3 model does by default: SGLang's comment on the qwen3 reasoning
+  parser's models reads "Models that thinking by default, and can be disabled by setting
+  enable_thinking=False" (serving_chat.py _get_reasoning_from_request, 0.5.11 wheel lines
+  1396-1397), their output is `(<think>)*(.*)</think>`
+  (parser/reasoning_parser.py, Qwen3Detector), and no answer comes within the smoke's few tokens:
+  the content is an unfinished <think> block, finish_reason "length".
+
 Test-only knob: SGLANG_DOUBLE_REPLY (set in a unit drop-in) makes this rank answer garbage, as a
 broken or misconfigured server would: "malformed" (200, a cut-off JSON body), "empty" (200, no
-body), "wrong-model" (it serves another model: /v1/models and the reply name it). Unset: a
-well-formed answer.
+body), "wrong-model" (it serves another model: /v1/models and the reply name it), "wrong-sum"
+(a fluent, well-formed answer whose number is wrong, the sum plus one: silently wrong kernels,
+issue 27). Unset: a well-formed, right answer.
 """
 
 from __future__ import annotations
@@ -43,6 +55,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -56,7 +69,9 @@ from sglang._double_build import VERSION
 LOAD_SECONDS_ENV = "SGLANG_DOUBLE_LOAD_SECONDS"
 REPLY_ENV = "SGLANG_DOUBLE_REPLY"
 GENERATE_SECONDS_ENV = "SGLANG_DOUBLE_GENERATE_SECONDS"
-REPLIES = ("", "malformed", "empty", "wrong-model")
+REPLIES = ("", "malformed", "empty", "wrong-model", "wrong-sum")
+# The prompt contract (see the docstring): two integers joined by `+`.
+SUM_QUESTION = re.compile(r"(-?\d+)\s*\+\s*(-?\d+)")
 OTHER_MODEL = "other-org/another-model"
 # What one canned exchange counts (usage and /metrics agree).
 PROMPT_TOKENS, COMPLETION_TOKENS = 8, 12
@@ -181,6 +196,30 @@ def metrics_text(state: _State) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _last_user_text(request: dict[str, Any]) -> str:
+    messages = request.get("messages")
+    for message in reversed(messages if isinstance(messages, list) else []):
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, list):  # OpenAI content parts
+                parts = [p.get("text") for p in content if isinstance(p, dict)]
+                return " ".join(p for p in parts if isinstance(p, str))
+            return content if isinstance(content, str) else ""
+    return ""
+
+
+def reply_text(request: dict[str, Any], reply: str, served: str) -> tuple[str, str]:
+    """(content, finish_reason) the double answers `request` with (see the docstring)."""
+    found = SUM_QUESTION.search(_last_user_text(request))
+    if found is None:
+        return f"Hello from the SGLang test double serving {served}.", "stop"
+    a, b = int(found.group(1)), int(found.group(2))
+    kwargs = request.get("chat_template_kwargs")
+    if not (isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False):
+        return f"<think>\nThe user asks for {a} + {b}. Let me add them digit by digit,", "length"
+    return str(a + b + 1 if reply == "wrong-sum" else a + b), "stop"
+
+
 def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "sglang-double/" + VERSION
@@ -287,7 +326,7 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             if state.reply == "malformed":
                 self._send(200, b'{"id": "chatcmpl-double", "object": "chat.completion", "choi')
                 return
-            content = f"Hello from the SGLang test double serving {state.served_model}."
+            content, finish = reply_text(request, state.reply, state.served_model)
             model = OTHER_MODEL if state.reply == "wrong-model" else request.get("model")
             self._send(
                 200,
@@ -306,7 +345,7 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
                                 "tool_calls": None,
                             },
                             "logprobs": None,
-                            "finish_reason": "stop",
+                            "finish_reason": finish,
                             "matched_stop": None,
                         }
                     ],

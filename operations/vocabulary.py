@@ -1,0 +1,119 @@
+"""The plan's shared words: a `Decision`, and the shapes `python -m operations.plan --json`
+prints a host's plan in (`PlanJson` and its parts, `ServeJson` for the serve and smoke steps).
+
+The resolver (operations/resolver/), the serve plan (operations/roll.py), the drain plan
+(operations/drain.py) and the host report (operations/host_plan.py) all speak them; they live
+here, importing nothing of the package, so none of those modules has to import another to name
+them (tests/unit/test_import_graph.py: no circles). operations.resolver and operations.roll
+re-export them where their users have always imported them from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NotRequired, TypedDict
+
+
+@dataclass(frozen=True)
+class Decision:
+    what: str
+    value: str
+    why: str
+
+
+class DecisionJson(TypedDict):
+    what: str
+    value: str
+    why: str
+
+
+class PinJson(TypedDict):
+    requirement: str
+    index: str
+    index_lane: str
+
+
+class EngineJson(TypedDict):
+    name: str
+    requirements: list[str]
+    pins: list[PinJson]
+    overrides: list[str]
+    excludes: list[str]
+    python: str
+    unproven: list[str]
+
+
+class RankJson(TypedDict):
+    rank: int
+    argv: list[str]
+    env: dict[str, str]
+    unit: str
+    engine_env: str
+    model_path: str
+
+
+class RouterJson(TypedDict):
+    argv: list[str]
+    unit: str
+
+
+class TargetGroupJson(TypedDict):
+    """One Prometheus file_sd target group (operations/monitoring.py)."""
+
+    targets: list[str]
+    labels: dict[str, str]
+
+
+class MonitoringJson(TypedDict):
+    targets_file: str
+    dashboard_file: str
+    targets: list[TargetGroupJson]
+
+
+class PlanJson(TypedDict):
+    """One host's plan as `python -m operations.plan --json` prints it."""
+
+    errors: list[str]
+    warnings: list[str]
+    decisions: list[DecisionJson]
+    engine: EngineJson | None
+    ranks: list[RankJson]
+    router: NotRequired[RouterJson]
+    monitoring: NotRequired[MonitoringJson]
+    # The HostReport's decisions on the host's state (host_plan.py): the staged copy's key,
+    # how it is staged, and what the serve and smoke steps do (operations/roll.py).
+    model_key: NotRequired[str | None]
+    staging: NotRequired[StagingJson]
+    serve: NotRequired[ServeJson]
+
+
+class StagingJson(TypedDict):
+    mode: str
+    what: str
+    why: str
+    key: str | None
+    keep: list[str]
+    source_pending: bool
+
+
+class SmokeJson(TypedDict):
+    python: str
+    targets: list[str]
+    router_workers: list[str]
+
+
+class ServeJson(TypedDict):
+    start: list[int]
+    batches: list[list[int]]
+    remove: list[int]
+    unchanged: list[int]
+    pending: dict[str, str]
+    readmit: list[int]
+    secret_changed: bool
+    remove_secret: bool
+    router_restart: bool
+    batch_smoke: list[SmokeJson | None]
+    smoke: SmokeJson
+    prune_keep: list[str]
+    prune_doomed: list[str]
+    summary: str
