@@ -26,6 +26,8 @@ from operations.settings import defaults
 from tests.unit.builders import make_settings
 from tests.unit.simulated_host import RUNNER, asked_paths
 
+pytestmark = pytest.mark.integration  # runs pyinfra and the plan command
+
 ROOT = Path(__file__).resolve().parents[2]
 SLUG = "Qwen--Qwen3.6-27B"
 FAKE = '{"fake_delay": 0, "fake_delay_jitter": 0}'
