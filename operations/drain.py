@@ -46,6 +46,12 @@ class DrainPlan:
         """The rank as the router names it (its --worker-urls entry, resolver.worker_urls)."""
         return layout.worker_url(self.server_host, self.base_port + rank)
 
+    def list_url(self) -> str | None:
+        """The router's worker list as a GET URL (what the ServingState fact reads to find
+        this host's ranks an interrupted run left out); None when the call is not a GET."""
+        method, _, path = self.api.list_workers.partition(" ")
+        return self.router_url.rstrip("/") + path if method == "GET" and "{" not in path else None
+
     def metrics(self, rank: int) -> str:
         """The rank's own /metrics, as its host reaches it."""
         return layout.metrics_url(self.server_host, self.base_port + rank)

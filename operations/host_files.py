@@ -47,13 +47,14 @@ from __future__ import annotations
 import base64
 import hashlib
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from pyinfra import logger
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.exceptions import OperationError
-from pyinfra.api.operation import operation
+from pyinfra.api.operation import OperationMeta, operation
 from pyinfra.context import host
 from pyinfra.context import state as run_state
 from pyinfra.facts.files import FileContents
@@ -61,6 +62,7 @@ from pyinfra.operations.util.files import generate_color_diff
 
 from operations.facts.files import FileAt, PathState
 from operations.host_call import Commands
+from operations.layout import ManagedFile
 
 
 def content_bytes(src: str | bytes | Path) -> bytes:
@@ -211,4 +213,25 @@ def put_file(
         "-c",
         QuoteString(_write_script(dest, owner, group, mode)),
         _stdin=base64.b64encode(data).decode(),
+    )
+
+
+def put_managed(
+    name: str, src: str | bytes | Path, file: ManagedFile, digests: Mapping[str, str]
+) -> OperationMeta:
+    """put_file of a registry entry (layout.managed_files): its mode, owners and secrecy from
+    the entry, and, when the ServingState fact checksums it, the digest the fact read
+    (`digests`: Serving.files) as sha256_now, so a converged run rewrites nothing."""
+    checked = file.checksummed and not file.secret
+    return put_file(
+        name=name,
+        src=src,
+        dest=file.path,
+        owner=file.owner,
+        group=file.group,
+        mode=file.mode,
+        dir_mode=file.dir_mode,
+        dir_group=file.dir_group,
+        secret=file.secret,
+        sha256_now=digests.get(file.path) if checked else False,
     )

@@ -110,7 +110,7 @@ class Gathered:
     model_key: str | None
 
 
-def gather(host: Host, settings: Settings) -> Gathered:
+def gather(host: Host, settings: Settings, router_list: str | None = None) -> Gathered:
     """The facts of one host, each asked once per run (once.gathered), all at the same time:
     the preflight facts, what serves and the staging plan.
 
@@ -137,7 +137,7 @@ def gather(host: Host, settings: Settings) -> Gathered:
         tuple[HostFacts, Serving, "Staging | None"],
         together(
             preflight_facts,
-            lambda: serving_state(settings),
+            lambda: serving_state(settings, router_list),
             lambda: model_staging(settings, key, []),
         ),
     )
@@ -175,7 +175,13 @@ def plan_for_host(
     host: Host, settings: Settings, inventory_settings: list[tuple[str, Settings]] | None = None
 ) -> HostReport:
     """`inventory_settings`: every host's settings, by name, for the router's worker list."""
-    return decide(host.name, settings, gather(host, settings), kbmod.load(), inventory_settings)
+    knowledge = kbmod.load()
+    everyone = inventory_settings or [(host.name, settings)]
+    drain, _, _ = drainmod.decide(host.name, settings, everyone, knowledge)
+    listing = drain.list_url() if drain is not None else None
+    return decide(
+        host.name, settings, gather(host, settings, listing), knowledge, inventory_settings
+    )
 
 
 def decide(

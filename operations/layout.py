@@ -205,6 +205,86 @@ def router_env(settings: Settings) -> str:
     return engine_tree(settings).router_env(version)
 
 
+# -- the registry of managed files -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ManagedFile:
+    """One file a deploy step writes on a host (besides the rank units, which the ServingState
+    fact reads by their glob, RANK_UNIT_GLOB): where, with what mode and owners, by which step,
+    and whether the ServingState fact checksums it on every run. When it does, that digest is
+    the `sha256_now` its write gets (`host_files.put_managed`): a converged run rewrites
+    nothing and asks no FileAt fact for it. A secret's mode and owners are read on every run
+    (FileAt), whatever the fact says."""
+
+    path: str
+    step: str  # "engine", "model", "serve", "router"
+    mode: str = "644"
+    group: str = "root"
+    secret: bool = False
+    # False: written only together with what it belongs to (an environment being built, a
+    # download), which a converged run never redoes, so no run needs its digest.
+    checksummed: bool = True
+    dir_mode: str = "755"
+    dir_group: str = "root"
+    owner: str = "root"
+
+
+def managed_files(settings: Settings) -> tuple[ManagedFile, ...]:
+    """Every file the deploy's steps write on the host, one entry each: ServingState's paths
+    (`checksummed_paths`) and every digest handed to put_file derive from here, and
+    tests/unit/test_converged.py fails on a write of a path not listed. Add a file here."""
+    tree = engine_tree(settings)
+    user = settings.service_user
+    files = (
+        ManagedFile(WAIT_SCRIPT, "serve", "755"),
+        ManagedFile(SMOKE_SCRIPT, "serve", "755"),
+        ManagedFile(ROUTER_WORKERS_SCRIPT, "serve", "755"),
+        ManagedFile(SECRETS_FILE, "serve", "640", user, True, dir_mode="750", dir_group=user),
+        ManagedFile(unit_path(TARGET), "serve"),
+        ManagedFile(TARGETS_FILE, "serve"),
+        ManagedFile(DASHBOARD_FILE, "serve"),
+        ManagedFile(unit_path(ROUTER_UNIT), "router"),
+        ManagedFile(ROUTER_LAUNCH_SCRIPT, "router", "755"),
+        # The router's control-plane key, on every host behind it (its digest says whether the
+        # router restarts: resolver/router.key_changes).
+        ManagedFile(
+            CONTROL_PLANE_KEY_FILE, "router", "600", secret=True, dir_mode="750", dir_group=user
+        ),
+        ManagedFile(tree.uv_config, "engine", "600", secret=True, checksummed=False),
+        ManagedFile(tree.pip_config, "engine", "600", secret=True, checksummed=False),
+        ManagedFile(STAGE_SCRIPT, "model", "755"),
+        ManagedFile(unit_path(STAGE_UNIT), "model"),
+    )
+    if settings.router is None:
+        return files
+    router = router_env(settings)
+    return (
+        *files,
+        # Touched last by the router's install: its environment is complete.
+        ManagedFile(f"{router}/{ROUTER_MARKER}", "router"),
+        ManagedFile(env_requirements(router), "router", checksummed=False),
+    )
+
+
+def checksummed_paths(settings: Settings) -> list[str]:
+    """The paths the ServingState fact checksums: the registry's checksummed entries."""
+    return [f.path for f in managed_files(settings) if f.checksummed]
+
+
+def managed_file(settings: Settings, path: str) -> ManagedFile:
+    """The registry's entry for `path`; a path not in the registry is a bug, said at once."""
+    for entry in managed_files(settings):
+        if entry.path == path:
+            return entry
+    raise KeyError(f"{path} is not in layout.managed_files: add it there")
+
+
+def env_requirements(env: str) -> str:
+    """The pinned requirements an environment was installed from (kept inside it)."""
+    return f"{env}/requirements.txt"
+
+
 # -- the staged model ------------------------------------------------------------------------
 
 

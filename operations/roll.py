@@ -51,6 +51,9 @@ class RollPlan:
     remove: list[int] = field(default_factory=list)
     # Serving and unchanged: not touched.
     unchanged: list[Rank] = field(default_factory=list)
+    # Rolled although their unit file is what the plan says: the running process does not run
+    # it (a deploy killed between a unit's write and its restart), rank -> why.
+    pending: dict[int, str] = field(default_factory=dict)
 
     @property
     def rolled(self) -> list[Rank]:
@@ -67,6 +70,9 @@ def roll_plan(
     stopped at a failed batch (or a reboot in the middle of one) the fact shows the rolled
     ranks' files already new and the others old, so a re-run rolls exactly the rest.
     `secret_changed`: the API key file the ranks read with --config changed: all restart.
+    A file on disk is what *will* run; a rank whose process started before its unit file (or
+    the key file) last changed, or whose unit systemd has not reloaded, is "pending restart"
+    (`Serving.pending_restart`) and rolls in the same drained, health-gated batches.
     """
     plan = RollPlan(remove=sorted(set(serving.rank_files()) - {r.rank for r in ranks}))
     restart: list[Rank] = []
@@ -75,6 +81,9 @@ def roll_plan(
         if now is None or not now.running:
             plan.start.append(rank)
         elif now.unit_sha256 != sha256(rank.unit) or secret_changed:
+            restart.append(rank)
+        elif (why := serving.pending_restart(rank.rank)) is not None:
+            plan.pending[rank.rank] = why
             restart.append(rank)
         else:
             plan.unchanged.append(rank)
@@ -99,7 +108,9 @@ def router_restarts(serving: Serving, plan: RouterPlan, key_changes: bool = Fals
     router = serving.router
     installed = f"{plan.env_dir}/{layout.ROUTER_MARKER}" in serving.files
     stale = unit != sha256(plan.unit) or key_changes
-    return stale or router is None or router.active != "active" or not installed
+    if stale or router is None or router.active != "active" or not installed:
+        return True
+    return router.pending_restart() is not None
 
 
 def smoke_targets(
@@ -164,6 +175,9 @@ class ServePlan:
     prune_doomed: list[str] = field(default_factory=list)
     # How a batch leaves and rejoins the router (None: not drain-protected).
     drain: DrainPlan | None = None
+    # Serving, unchanged ranks the router does not list: an interrupted run took them out (a
+    # drain) and never put them back. They rejoin (router_workers in) with no restart.
+    readmit: list[int] = field(default_factory=list)
 
     def summary(self) -> str:
         """What this run does to the ranks, for the plan printed before any change."""
@@ -182,9 +196,18 @@ class ServePlan:
                 if self.drain is not None
                 else " (not drain-protected: no router)"
             )
-            parts.append(f"restart (unit changed) in batches {order}{drained}")
+            why = "unit changed"
+            if plan.pending:
+                pending = ", ".join(f"{r}: {w}" for r, w in sorted(plan.pending.items()))
+                why = f"unit changed or pending restart ({pending})"
+            parts.append(f"restart ({why}) in batches {order}{drained}")
         if plan.remove:
             parts.append(f"stop and remove rank(s) {', '.join(map(str, plan.remove))}")
+        if self.readmit:
+            parts.append(
+                f"put rank(s) {', '.join(map(str, self.readmit))} back into the router "
+                "(an earlier run took them out and did not finish)"
+            )
         return "; ".join(parts) or "every rank runs what the plan says: nothing to restart"
 
     def to_json(self) -> ServeJson:
@@ -196,6 +219,8 @@ class ServePlan:
             "batches": [numbers(b) for b in self.roll.batches],
             "remove": self.roll.remove,
             "unchanged": numbers(self.roll.unchanged),
+            "pending": {str(r): why for r, why in sorted(self.roll.pending.items())},
+            "readmit": self.readmit,
             "secret_changed": self.secret_changed,
             "remove_secret": self.remove_secret,
             "router_restart": self.router_restart,
@@ -251,6 +276,7 @@ def serve_plan(
         doomed = sorted(p for p in present - keep if layout.copy_key(s, p) is not None)
     return ServePlan(
         roll=roll,
+        readmit=left_out(roll, serving, drain),
         secret=secret,
         secret_changed=secret_changed,
         remove_secret=secret is None and layout.SECRETS_FILE in serving.files,
@@ -261,6 +287,15 @@ def serve_plan(
         prune_doomed=doomed,
         drain=drain,
     )
+
+
+def left_out(roll: RollPlan, serving: Serving, drain: DrainPlan | None) -> list[int]:
+    """Unchanged, serving ranks the router does not list (when this host could read its list):
+    a run killed in a drain left them out. A rank being started or rolled rejoins anyway."""
+    listed = serving.router_workers
+    if drain is None or listed is None:
+        return []
+    return [r.rank for r in roll.unchanged if drain.worker(r.rank).rstrip("/") not in listed]
 
 
 def _asked_in_roll(rank: Rank, roll: RollPlan, drain: DrainPlan | None, s: Settings) -> bool:

@@ -39,10 +39,10 @@ from operations.drain import DrainPlan
 from operations.engine_spec import tools_uv_config
 from operations.facts.serve import Serving
 from operations.host_call import Commands
-from operations.host_files import put_file
+from operations.host_files import put_file, put_managed
 from operations.host_plan import HostReport
 from operations.host_scripts import script_text
-from operations.layout import ROUTER_MARKER, ROUTER_UNIT, SECRETS_FILE, TARGET
+from operations.layout import ROUTER_MARKER, ROUTER_UNIT, SECRETS_FILE, TARGET, ManagedFile
 from operations.monitoring import DASHBOARD_SOURCE
 from operations.pins import router_requirements
 from operations.resolver import Rank, RouterPlan
@@ -197,50 +197,40 @@ class ServeStep:
         s = self.report.settings
         # The units run as the service user, which the model step made (deploy.py runs it
         # first: the staged copy is readable by its group only).
-        put_file(
-            name="health-wait script",
-            src=script_text("wait_healthy.py"),
-            dest=WAIT_SCRIPT,
-            mode="755",
-            sha256_now=self.serving.files.get(WAIT_SCRIPT),
+        files = self.serving.files
+
+        def managed(path: str) -> ManagedFile:
+            return layout.managed_file(s, path)
+
+        put_managed(
+            "health-wait script", script_text("wait_healthy.py"), managed(WAIT_SCRIPT), files
         )
         if self.secret is not None:
             # A secret: mode 640 before the first byte, /etc/sglang 750 on every run.
-            put_file(
-                name="API key file",
-                src=self.secret,
-                dest=SECRETS_FILE,
-                mode="640",
-                group=s.service_user,
-                dir_mode="750",
-                dir_group=s.service_user,
-                secret=True,
+            put_managed(
+                "API key file",
+                self.secret,
+                managed(SECRETS_FILE),
+                files,
             )
         elif self.decided.remove_secret:
             server.shell(name="remove the API key file", commands=[f"rm -f {SECRETS_FILE}"])
         if self.drain is not None:
-            put_file(
-                name="drain script",
-                src=script_text("router_workers.py"),
-                dest=layout.ROUTER_WORKERS_SCRIPT,
-                mode="755",
-                sha256_now=self.serving.files.get(layout.ROUTER_WORKERS_SCRIPT),
+            put_managed(
+                "drain script",
+                script_text("router_workers.py"),
+                managed(layout.ROUTER_WORKERS_SCRIPT),
+                files,
             )
             if any(self.decided.batch_smoke):
                 # Each drained batch answers a chat request before it rejoins the router.
-                put_file(
-                    name="smoke script",
-                    src=script_text("smoke.py"),
-                    dest=layout.SMOKE_SCRIPT,
-                    mode="755",
-                    sha256_now=self.serving.files.get(layout.SMOKE_SCRIPT),
+                put_managed(
+                    "smoke script",
+                    script_text("smoke.py"),
+                    managed(layout.SMOKE_SCRIPT),
+                    files,
                 )
-        target = put_file(
-            name=f"{TARGET}",
-            src=TARGET_TEXT,
-            dest=layout.unit_path(TARGET),
-            sha256_now=self.serving.files.get(layout.unit_path(TARGET)),
-        )
+        target = put_managed(f"{TARGET}", TARGET_TEXT, managed(layout.unit_path(TARGET)), files)
         self._monitoring()
         if self.plan.remove:
             self._remove()
@@ -250,6 +240,8 @@ class ServeStep:
             systemd.daemon_reload(name="reload systemd")
         if target.will_change:
             systemd.service(name=f"enable {TARGET}", service=TARGET, enabled=True)
+        if self.decided.readmit:
+            self._in(self.decided.readmit, "left out by an earlier run")
         for number, (batch, asked) in enumerate(
             zip(self.plan.batches, self.decided.batch_smoke, strict=True), 1
         ):
@@ -261,17 +253,18 @@ class ServeStep:
         watched = self.report.monitoring
         if watched is None:
             return
-        put_file(
-            name="Prometheus targets file",
-            src=watched.targets_text(),
-            dest=watched.targets_file,
-            sha256_now=self.serving.files.get(watched.targets_file),
+        s, files = self.report.settings, self.serving.files
+        put_managed(
+            "Prometheus targets file",
+            watched.targets_text(),
+            layout.managed_file(s, watched.targets_file),
+            files,
         )
-        put_file(
-            name="Grafana dashboard",
-            src=DASHBOARD_SOURCE,
-            dest=watched.dashboard_file,
-            sha256_now=self.serving.files.get(watched.dashboard_file),
+        put_managed(
+            "Grafana dashboard",
+            DASHBOARD_SOURCE,
+            layout.managed_file(s, watched.dashboard_file),
+            files,
         )
 
     def _out(self, ranks: Sequence[int], what: str) -> None:

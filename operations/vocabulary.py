@@ -107,6 +107,8 @@ class ServeJson(TypedDict):
     batches: list[list[int]]
     remove: list[int]
     unchanged: list[int]
+    pending: dict[str, str]
+    readmit: list[int]
     secret_changed: bool
     remove_secret: bool
     router_restart: bool

@@ -31,6 +31,9 @@ UNIT_PROPERTIES = (
     "NRestarts",
     "ExecMainStartTimestamp",
     "Environment",
+    # "yes" when the unit file (or a drop-in) changed on disk since systemd loaded it
+    # (org.freedesktop.systemd1(5), Unit properties: NeedDaemonReload).
+    "NeedDaemonReload",
 )
 GPU_QUERY = "index,name,memory.used,memory.total"
 GPU_TIMEOUT_S = 10  # a wedged driver must not hang the status
@@ -93,6 +96,36 @@ with ThreadPoolExecutor(max(1, len(pairs) + len(pages))) as pool:
         print("metrics", key, answer)
 """
 
+# argv: timeout, the router's worker list URL (a GET, the knowledge base's `list_workers` call),
+# the control-plane key file (root only; sent as a bearer token when it exists, as
+# files/router_workers.py does; the key never reaches a command line);
+# prints "router_workers ok" and "worker URL healthy|unhealthy" per worker the router lists, or
+# "router_workers error WHY". Answer shape: sglang-router's {"workers": [{"url", "is_healthy"}]}
+# (files/router_workers.py `listed` reads the same).
+_WORKERS = """\
+import json, sys, urllib.request
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+request = urllib.request.Request(sys.argv[2])
+try:
+    with open(sys.argv[3], encoding="utf-8") as handle:
+        key = handle.read().strip()
+except OSError:
+    key = ""
+if key:
+    request.add_header("Authorization", "Bearer " + key)
+try:
+    with opener.open(request, timeout=float(sys.argv[1])) as r:
+        workers = json.loads(r.read(1 << 22)).get("workers", [])
+    lines = ["worker %s %s" % (str(w["url"]).rstrip("/"),
+             "healthy" if w.get("is_healthy") else "unhealthy") for w in workers]
+except Exception as e:
+    print("router_workers error " + type(e).__name__)
+else:
+    print("router_workers ok")
+    for line in lines:
+        print(line)
+"""
+
 
 @dataclass(frozen=True)
 class UnitState:
@@ -110,6 +143,28 @@ class UnitState:
     started_at: int | None = None
     # CUDA_VISIBLE_DEVICES from the unit's Environment=.
     visible_devices: str | None = None
+    # The unit file's modification time (epoch seconds, `stat -c %Y`); None when absent.
+    changed_at: int | None = None
+    # systemd's NeedDaemonReload: the file on disk is not the definition systemd holds.
+    need_reload: bool = False
+
+    def pending_restart(self, inputs_changed_at: int | None = None) -> str | None:
+        """Why the running process does not run what its unit file says now, or None: the
+        file changed after the process started (ExecMainStartTimestamp, which systemd sets
+        when it forks the main process: systemd.exec(5), org.freedesktop.systemd1(5)), or
+        systemd was not even reloaded. `inputs_changed_at`: when a file the process reads
+        only at start (the API key file) last changed. A kill between a unit's write and its
+        restart leaves exactly this (issue 31). Seconds: a file written in the second the
+        process started counts as read by it (the roll writes before it restarts)."""
+        if not self.running or self.started_at is None:
+            return None
+        if self.need_reload:
+            return "its unit file changed and systemd was not reloaded"
+        if self.changed_at is not None and self.changed_at > self.started_at:
+            return "its unit file changed after the process started"
+        if inputs_changed_at is not None and inputs_changed_at > self.started_at:
+            return "the API key file changed after the process started"
+        return None
 
     @property
     def exists(self) -> bool:
@@ -190,6 +245,9 @@ class Serving:
     router: UnitState | None = None
     # sha256 of each other managed file (target unit, scripts, secrets); absent when missing.
     files: dict[str, str] = field(default_factory=dict)
+    # Modification times (epoch seconds) of the files a rank reads only at its start (the API
+    # key file), by path; absent when missing.
+    changed_at: dict[str, int] = field(default_factory=dict)
     user_exists: bool = False
     # Environment name -> its marker; the name `current` points at.
     envs: dict[str, EngineEnv] = field(default_factory=dict)
@@ -211,6 +269,17 @@ class Serving:
     enabled: dict[str, str] = field(default_factory=dict)
     # What the EngineState fact reads, when asked with `engine=True` (a deploy); else None.
     engine: EngineHost | None = None
+    # The router's workers (URL -> healthy) as this host read them, when asked with
+    # `router_list`; None when not asked or the router did not answer (router_workers_error).
+    router_workers: dict[str, bool] | None = None
+    router_workers_error: str | None = None
+
+    def pending_restart(self, rank: int) -> str | None:
+        """Why rank's process does not run what its unit file (and the key file) say now."""
+        unit = self.ranks.get(rank)
+        if unit is None:
+            return None
+        return unit.pending_restart(self.changed_at.get(layout.SECRETS_FILE))
 
     def rank_files(self) -> dict[int, UnitState]:
         """Ranks that have a unit file: what a crash-restart or a reboot runs."""
@@ -257,6 +326,7 @@ def _unit_props(props: dict[str, str]) -> dict[str, object]:
         # systemd keeps the last start time after the process exited.
         "started_at": started if pid else None,
         "visible_devices": devices,
+        "need_reload": props.get("NeedDaemonReload") == "yes",
     }
 
 
@@ -327,12 +397,14 @@ def parse_serving(lines: list[str]) -> Serving:
     units: dict[str, dict[str, object]] = {}
     values: dict[str, str] = {}
     files: dict[str, str] = {}
+    changed_at: dict[str, int] = {}
     envs: dict[str, EngineEnv] = {}
     health: dict[str, str] = {}
     load: dict[str, RankLoad] = {}
     gpu_lines: list[str] = []
     enabled: dict[str, str] = {}
     engine_lines: list[str] = []
+    workers: dict[str, bool] | None = None
     for line in lines:
         key, eq, value = line.partition("=")
         if eq and " " not in key and key[:1].isupper():
@@ -350,6 +422,13 @@ def parse_serving(lines: list[str]) -> Serving:
         elif word == "exec":
             name, _, command = rest.partition(" ")
             units.setdefault(name, {})["exec_start"] = command.strip() or None
+        elif word == "mtime":
+            when, _, name = rest.partition(" ")
+            if (seconds := _int(when)) is not None and name:
+                if name.startswith("/"):
+                    changed_at[name] = seconds
+                else:
+                    units.setdefault(name, {})["changed_at"] = seconds
         elif word == "file" and (summed := _sha256sum(rest)) is not None:
             files[summed[0]] = summed[1]
         elif word == "env":
@@ -368,6 +447,15 @@ def parse_serving(lines: list[str]) -> Serving:
             enabled[unit] = answer.strip()
         elif word == "engine":
             engine_lines.append(rest)
+        elif word == "router_workers":
+            if rest.strip() == "ok":
+                workers = {}
+            else:
+                values["router_workers_error"] = rest.removeprefix("error").strip() or "?"
+        elif word == "worker" and workers is not None:
+            url, _, healthy = rest.strip().rpartition(" ")
+            if url:
+                workers[url] = healthy == "healthy"
         elif word:
             values[word] = rest.strip()
     if block:
@@ -393,6 +481,7 @@ def parse_serving(lines: list[str]) -> Serving:
         ranks=dict(sorted(ranks.items())),
         router=router,
         files=files,
+        changed_at=changed_at,
         user_exists=values.get("user") == "yes",
         envs=envs,
         engine_current=current,
@@ -407,6 +496,8 @@ def parse_serving(lines: list[str]) -> Serving:
         # The engine lines end with dpkg's, which the deploy's host always prints (or nothing:
         # then the engine was not asked).
         engine=parse_engine_state(engine_lines) if engine_lines else None,
+        router_workers=workers,
+        router_workers_error=values.get("router_workers_error") or None,
     )
 
 
@@ -449,6 +540,9 @@ class ServingState(FactBase[Serving]):
     + enabled: units whose `systemctl is-enabled` answer to read
     + engine: also read what the EngineState fact reads (`Serving.engine`): the engine step's
       environments, uv, compilers and host packages, in the same round trip
+    + router_list: the router's worker list URL as this host reaches it (a GET): which of this
+      host's ranks the router lists (`Serving.router_workers`), so a rank an interrupted run
+      left out of the router is put back
     """
 
     def command(
@@ -466,6 +560,7 @@ class ServingState(FactBase[Serving]):
         timeout_s: float = 2.0,
         enabled: list[str] | None = None,
         engine: bool = False,
+        router_list: str | None = None,
     ) -> StringCommand:
         wanted: list[str | QuoteString] = [layout.unit_name(r) for r in ranks or []]
         if router:
@@ -482,6 +577,10 @@ class ServingState(FactBase[Serving]):
             f'for u in {layout.RANK_UNIT_GLOB}; do [ -f "$u" ] && set -- "$@" "$u"; done;',
             "[ $# -eq 0 ] || { sha256sum -- \"$@\" | sed 's/^/unit /';",
             "grep -H '^ExecStart=' -- \"$@\" | sed 's/^\\([^:]*\\):ExecStart=/exec \\1 /'; };",
+            # When each unit file, the router's and the API key file last changed: against
+            # ExecMainStartTimestamp, whether the process runs what the files say now.
+            f"stat -c 'mtime %Y %n' -- \"$@\" {layout.ROUTER_UNIT} {layout.SECRETS_FILE}",
+            "2>/dev/null;",
             'set -- "$@"',
             *wanted,
             ';[ $# -eq 0 ] || systemctl show "$@" --timestamp=unix',
@@ -530,6 +629,15 @@ class ServingState(FactBase[Serving]):
         for unit in enabled or []:
             parts += ['echo "enabled', QuoteString(unit), "$(systemctl is-enabled"]
             parts += [QuoteString(unit), '2>/dev/null)";']
+        if router_list:
+            parts += [
+                "if command -v python3 >/dev/null 2>&1; then python3 -c",
+                QuoteString(_WORKERS),
+                str(timeout_s),
+                QuoteString(router_list),
+                QuoteString(layout.CONTROL_PLANE_KEY_FILE),
+                '; else echo "router_workers error python3 not found"; fi;',
+            ]
         if engine:
             # The EngineState fact's own script, its lines prefixed: one round trip for both.
             parts += ["(", state_script(engine_root), ") | sed 's/^/engine /';"]
@@ -545,30 +653,14 @@ class ServingState(FactBase[Serving]):
 
 
 def managed_paths(settings: Settings) -> list[str]:
-    """Files the serve step writes besides the rank units (checksummed by the fact)."""
-    paths = [
-        layout.WAIT_SCRIPT,
-        layout.SMOKE_SCRIPT,
-        layout.SECRETS_FILE,
-        layout.CONTROL_PLANE_KEY_FILE,
-        layout.ROUTER_LAUNCH_SCRIPT,
-        layout.unit_path(layout.TARGET),
-        layout.unit_path(layout.ROUTER_UNIT),
-        # Written by the model step: read here, they cost a converged run no round trip.
-        layout.STAGE_SCRIPT,
-        layout.unit_path(layout.STAGE_UNIT),
-        # The monitoring files (operations/monitoring.py).
-        layout.TARGETS_FILE,
-        layout.DASHBOARD_FILE,
-    ]
-    if settings.router is not None:
-        paths.append(f"{layout.router_env(settings)}/{layout.ROUTER_MARKER}")
-    return paths
+    """Files the steps write besides the rank units, checksummed by the fact: the registry's
+    (layout.managed_files)."""
+    return layout.checksummed_paths(settings)
 
 
-def serving_state(settings: Settings) -> Serving:
-    """The ServingState fact as a deploy reads it. The engine, model and serve steps all ask
-    with these arguments, so pyinfra gathers it once per run."""
+def serving_state(settings: Settings, router_list: str | None = None) -> Serving:
+    """The ServingState fact as a deploy reads it (router_list: the router's worker list URL
+    as this host reaches it, behind a router). The plan asks it once per run."""
     return gathered(
         ServingState,
         engine_root=settings.engine_root,
@@ -577,4 +669,5 @@ def serving_state(settings: Settings) -> Serving:
         user=settings.service_user,
         enabled=[layout.STAGE_UNIT],
         engine=True,
+        router_list=router_list,
     )

@@ -276,10 +276,14 @@ def describe_health(answer: str | None, probe_error: str | None) -> str:
     return answer.replace("error:", "error ")
 
 
-def describe_unit(unit: UnitState | None) -> str:
+def describe_unit(unit: UnitState | None, why: str | None = None) -> str:
+    """systemd's state; with a running process that does not run what its unit file says
+    (`why`: Serving.pending_restart), "pending restart" and why."""
     if unit is None or not unit.exists:
         return "missing"
-    return f"{unit.active or '?'} ({unit.sub or '?'})"
+    state = f"{unit.active or '?'} ({unit.sub or '?'})"
+    why = why or unit.pending_restart()
+    return f"{state}, pending restart: {why}" if why else state
 
 
 def _uptime(unit: UnitState | None, now: int | None) -> int | None:
@@ -322,7 +326,7 @@ def rank_rows(settings: Settings, status: Serving) -> list[RankStatus]:
         if rank not in expected and (unit is None or not unit.exists):
             continue
         answer = status.health.get(str(rank))
-        state = describe_unit(unit)
+        state = describe_unit(unit, status.pending_restart(rank))
         healthy = unit is not None and unit.exists and unit.active == "active" and answer == "200"
         index = _gpu_index(unit, rank)
         gpu = gpus.get(index) if index is not None else None

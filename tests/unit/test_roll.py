@@ -140,3 +140,98 @@ def test_dp_size_shrinking_removes_the_extra_units_and_leaves_the_rest_alone() -
     plan = roll_plan(ranks(dp_size=4), serving_from(ranks()), batch_size=1)
     assert plan.remove == [4, 5, 6, 7]
     assert plan.batches == [] and [r.rank for r in plan.unchanged] == [0, 1, 2, 3]
+
+
+# -- what runs is a fact (issue 31) ------------------------------------------------------------
+# A deploy killed after a batch's unit files were written and before its restart: the files
+# name the new release, the processes still run the old one. Before, roll_plan compared files
+# only and said "every rank runs what the plan says: nothing to restart" on every later run.
+STARTED = 1796066000
+
+
+def killed_after_write(want: list[Rank], written: set[int], active: str = "active") -> Serving:
+    """The host after such a kill: every unit file is `want`'s, every rank started at STARTED,
+    the ranks in `written` had their file rewritten after that."""
+    host = serving_from(want)
+    return dataclasses.replace(
+        host,
+        ranks={
+            r: dataclasses.replace(
+                u,
+                started_at=STARTED,
+                main_pid=4000 + r,
+                changed_at=STARTED + 30 if r in written else STARTED - 30,
+                active=active,
+            )
+            for r, u in host.ranks.items()
+        },
+    )
+
+
+def test_a_rank_whose_process_is_older_than_its_unit_file_is_pending_restart() -> None:
+    from operations.roll import ServePlan
+
+    want = ranks(sglang_version="0.5.19", cuda_lane="cu129")
+    plan = roll_plan(want, killed_after_write(want, {3}), batch_size=1)
+    assert numbers(plan.batches) == [[3]]
+    assert plan.pending == {3: "its unit file changed after the process started"}
+    summary = ServePlan(roll=plan).summary()
+    assert "nothing to restart" not in summary and "pending restart (3: " in summary
+
+
+def test_a_unit_systemd_was_not_reloaded_for_is_pending_restart() -> None:
+    want = ranks()
+    host = killed_after_write(want, set())
+    host.ranks[5] = dataclasses.replace(host.ranks[5], need_reload=True)
+    plan = roll_plan(want, host, batch_size=2)
+    assert numbers(plan.batches) == [[5]] and set(plan.pending) == {5}
+
+
+def test_an_api_key_file_newer_than_the_processes_rolls_them_all() -> None:
+    want = ranks()
+    host = dataclasses.replace(
+        killed_after_write(want, set()), changed_at={"/etc/sglang/secrets.yaml": STARTED + 5}
+    )
+    plan = roll_plan(want, host, batch_size=4)
+    assert numbers(plan.batches) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert set(plan.pending.values()) == {"the API key file changed after the process started"}
+
+
+def test_a_unit_written_before_its_process_started_is_converged() -> None:
+    want = ranks()
+    plan = roll_plan(want, killed_after_write(want, set()), batch_size=1)
+    assert plan.batches == [] and plan.pending == {}
+    # Written in the second the process started: the roll writes before it restarts.
+    same = killed_after_write(want, set())
+    same.ranks[0] = dataclasses.replace(same.ranks[0], changed_at=STARTED)
+    assert roll_plan(want, same, batch_size=1).batches == []
+
+
+def test_a_stopped_rank_is_started_not_pending() -> None:
+    want = ranks()
+    host = killed_after_write(want, {2}, active="inactive")
+    plan = roll_plan(want, host, batch_size=1)
+    assert [r.rank for r in plan.start] == list(range(8)) and plan.pending == {}
+
+
+def test_ranks_the_router_does_not_list_are_put_back_without_a_restart() -> None:
+    """Issue 31: a run killed between a drain's `out` and its `in` leaves a converged rank out
+    of the router; the plan puts back exactly the serving, unchanged ranks it does not list."""
+    from operations import drain, kb
+    from operations.roll import left_out
+
+    s = make_settings(router={"host": "ct200", "port": 8000})
+    plan, _, _ = drain.decide("ct200", s, [("ct200", s)], kb.load())
+    assert plan is not None and plan.list_url() == "http://127.0.0.1:8000/workers"
+    want = ranks(router={"host": "ct200", "port": 8000})
+    listed = {plan.worker(r): True for r in range(8) if r != 2}
+    host = dataclasses.replace(serving_from(want), router_workers=listed)
+    assert left_out(roll_plan(want, host, batch_size=1), host, plan) == [2]
+    # Not read (the router did not answer): nothing is inferred.
+    unread = dataclasses.replace(host, router_workers=None)
+    assert left_out(roll_plan(want, unread, batch_size=1), unread, plan) == []
+    # Rank 2 rolls anyway (its unit changed): its batch rejoins, no second `in`.
+    changed = dataclasses.replace(host, ranks={**host.ranks})
+    changed.ranks[2] = dataclasses.replace(host.ranks[2], unit_sha256="0" * 64)
+    assert left_out(roll_plan(want, changed, batch_size=1), changed, plan) == []
+    assert left_out(roll_plan(want, host, batch_size=1), host, None) == []

@@ -519,3 +519,15 @@ def test_a_missing_inventory_is_exit_2() -> None:
     run = [sys.executable, "-m", "operations.status", "no/such/inventory.py"]
     proc = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "no such file" in proc.stderr
+
+
+def test_a_rank_that_does_not_run_its_unit_file_shows_pending_restart() -> None:
+    """Issue 31: rank 1's file changed after its process started, rank 2's and systemd was not
+    reloaded (a deploy killed between the write and the restart); rank 0 runs its file."""
+    r = result(fact("killed-between-write-and-restart"), dp_size=3)
+    states = [row.state for row in r.ranks]
+    assert states == [
+        "active (running)",
+        "active (running), pending restart: its unit file changed after the process started",
+        "active (running), pending restart: its unit file changed and systemd was not reloaded",
+    ]

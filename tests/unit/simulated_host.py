@@ -1,0 +1,239 @@
+"""TEST DOUBLE: a host that remembers what a deploy wrote, behind pyinfra's @fake connector.
+
+The real `pyinfra INVENTORY deploy.py` (or the plan command) runs with pyinfra's @fake connector,
+whose `run_shell_command` is wrapped here (as tests/unit/test_plan_cli.py's recorder does):
+
+- every file a deploy writes through `host_files.put_file` (a `sh -c` script whose stdin is the
+  base64 content, moved onto its destination by `mv -f "$tmp" DEST`) is kept in the image, by
+  its sha256: the next run's ServingState fact reads it back, but only for the paths the fact's
+  own command names (its `sha256sum -- PATH...`), as GNU sha256sum would: a managed file the
+  fact does not ask about is absent to the deploy, as on a real host;
+- a rank unit written is loaded and running from then on (the deploy's reload and restart
+  follow its write; the e2e tests prove those on real systemd);
+- the ServingState answer is composed from the image in the fact's own line format
+  (operations/facts/serve.py parse_serving; tests/facts/serve.ServingState/ holds captured
+  outputs of the real command), the engine environment the plan names complete (seeded), the
+  staged copy up to date (seeded: the ModelStaging answer of tests/doubles/ct200.py, with no
+  file left to copy), the stage unit enabled;
+- the router lists the workers `router_workers.py in` put back, and not those `out` took out
+  (the fact's worker list answer, when it asks);
+- every command is recorded with the fact that asked for it (None: an operation's).
+
+Run as `python -c RUNNER IMAGE LOG WHAT ARGS...`; IMAGE (JSON) is read and written back.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import shlex
+from typing import Any
+
+from operations import layout
+
+NOW = 1796066650
+STARTED = NOW - 600
+ENGINE_SIGNATURE = "sed 's/^/engine /'"
+SERVING_SIGNATURE = f"for u in {layout.RANK_UNIT_GLOB}"
+STAGING_SIGNATURE = "Stage a model directory into a tmpfs"
+_MOVE = re.compile(r"""mv -f "\$tmp" ([^\s;]+)""")
+_OWNERS = re.compile(r'chown ([^\s;]+) "\$tmp"; chmod ([^\s;]+) "\$tmp"')
+_DIRECTORY = re.compile(r"install -d -m (\S+) -o (\S+) -g (\S+) ([^\s;]+)")
+FILE_AT_SIGNATURE = 'stat -c "dir directory'
+_FILE_AT = re.compile(r"d=(\S+); f=(\S+); ")
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def asked_paths(command: str) -> list[str]:
+    """The paths the ServingState command checksums (`sha256sum -- PATH... 2>/dev/null | sed
+    's/^/file /'`)."""
+    head, found, _ = command.partition(" 2>/dev/null | sed 's/^/file /'")
+    if not found:
+        return []
+    _, found, words = head.rpartition("sha256sum --")
+    return shlex.split(words) if found else []
+
+
+def serving_answer(image: dict[str, Any], command: str) -> list[str]:
+    """The ServingState fact's output on the imaged host."""
+    lines = [f"now {NOW}"]
+    units: dict[str, str] = image.get("units", {})
+    for name, text in sorted(units.items()):
+        lines.append(f"unit {_sha(text.encode())}  {name}")
+    for name, text in sorted(units.items()):
+        for line in text.splitlines():
+            if line.startswith("ExecStart="):
+                lines.append(f"exec {name} {line.removeprefix('ExecStart=')}")
+    shown = sorted(units)
+    if layout.ROUTER_UNIT in command and layout.unit_path(layout.ROUTER_UNIT) in image["files"]:
+        shown.append(layout.ROUTER_UNIT)
+    for pid, name in enumerate(shown, 4000):
+        rank = layout.rank_of(name)
+        env = f"CUDA_VISIBLE_DEVICES={rank}" if rank is not None else ""
+        lines += [
+            f"Id={name}",
+            "LoadState=loaded",
+            "ActiveState=active",
+            "SubState=running",
+            f"MainPID={pid}",
+            "NRestarts=0",
+            f"ExecMainStartTimestamp=@{STARTED}",
+            f"Environment={env}",
+            "",
+        ]
+    files: dict[str, str] = image["files"]
+    for path in asked_paths(command):
+        if path in files:
+            lines.append(f"file {files[path]}  {path}")
+    if "router_workers ok" in command:
+        lines.append("router_workers ok")
+        lines += [f"worker {url} healthy" for url in image.get("listed", [])]
+    lines.append("user yes")
+    engine = image["engine"]
+    marker = json.dumps({"release": engine["release"], "lane": engine["lane"]})
+    lines.append(f"env {engine['name']} {marker}")
+    lines.append(f"engine_current envs/{engine['name']}")
+    lines.append(f"model_target .{image['slug']}@{image['key']}")
+    lines.append(f"enabled {layout.STAGE_UNIT} enabled")
+    lines += [
+        f"engine env={engine['name']} {STARTED}",
+        f"engine current=envs/{engine['name']}",
+        f"engine uv=uv {engine['uv']}",
+        *(f"engine toolkit={t}" for t in engine["toolkits"]),
+        "engine package=libnuma1 installed",
+        "engine package=g++ installed",
+    ]
+    return lines
+
+
+def file_at_answer(image: dict[str, Any], command: str) -> list[str]:
+    """The FileAt fact's output (operations/facts/files.py) for a file the image holds."""
+    found = _FILE_AT.search(command)
+    if not found:
+        return ["end"]
+    directory, path = (shlex.split(w)[0] for w in found.groups())
+    lines = []
+    if directory in image.get("dirs", {}):
+        lines.append("dir directory " + " ".join(image["dirs"][directory]))
+    if path in image["files"] and path in image.get("meta", {}):
+        lines.append("file file " + " ".join(image["meta"][path]))
+        lines.append(f"sha256 {image['files'][path]}")
+    return [*lines, "end"]
+
+
+def staging_answer(image: dict[str, Any]) -> list[str]:
+    staged = image["staging"]
+    copy = {"digest": staged["digest"], "bytes": staged["bytes"], "files": staged["files"]}
+    return [
+        json.dumps(
+            {
+                "source": copy,
+                "error": None,
+                "staged": copy,
+                "leftovers": [],
+                "hub_revision": staged.get("hub_revision"),
+                "copy_bytes": 0,
+                "changed_files": [],
+                "mismatched": [],
+                "up_to_date": True,
+                "current": f"{staged['models']}/.{image['slug']}@{image['key']}",
+            }
+        )
+    ]
+
+
+def remember(image: dict[str, Any], command: str, stdin: object) -> None:
+    """What an operation's command leaves on the imaged host."""
+    moved = _MOVE.search(command)
+    if moved and isinstance(stdin, str):
+        dest = shlex.split(moved.group(1))[0]
+        data = base64.b64decode(stdin)
+        image["files"][dest] = _sha(data)
+        owners = _OWNERS.search(command)
+        if owners:
+            owner, _, group = shlex.split(owners.group(1))[0].partition(":")
+            image.setdefault("meta", {})[dest] = [shlex.split(owners.group(2))[0], owner, group]
+        unit = dest.rsplit("/", 1)[-1]
+        if dest == layout.unit_path(unit) and layout.rank_of(unit) is not None:
+            image.setdefault("units", {})[unit] = data.decode()
+    if f"{layout.ROUTER_WORKERS_SCRIPT} --router" in command:
+        # router_workers.py ... in UNIT=URL...: the router lists them from then on (out:
+        # it does not).
+        words = shlex.split(command[command.index(layout.ROUTER_WORKERS_SCRIPT) :])
+        action = "in" if "in" in words else "out"
+        after = words[words.index(action) + 1 :]
+        urls = [w.split("=")[1].rstrip("/") for w in after if "=" in w]
+        listed = image.setdefault("listed", [])
+        for url in urls:
+            if action == "in" and url not in listed:
+                listed.append(url)
+            elif action == "out" and url in listed:
+                listed.remove(url)
+    for mode, owner, group, directory in _DIRECTORY.findall(command):
+        image.setdefault("dirs", {})[shlex.split(directory)[0]] = [mode, owner, group]
+    for marker in re.findall(r"touch (\S+)", command):
+        path = shlex.split(marker)[0]
+        if path.endswith(layout.ROUTER_MARKER):
+            image["files"][path] = _sha(b"")
+
+
+RUNNER = """
+import atexit, contextvars, json, sys
+from pyinfra.api import facts
+from pyinfra.connectors.fake import FakeConnector
+from pyinfra.connectors.util import CommandOutput, OutputLine
+from tests.unit import simulated_host as sim
+
+asking = contextvars.ContextVar("asking", default=None)
+seen = []
+get_fact = facts._get_fact
+run = FakeConnector.run_shell_command
+image_path, out, what = sys.argv[1], sys.argv[2], sys.argv[3]
+images = json.load(open(image_path))
+
+def in_fact(state, host, cls, *args, **kwargs):
+    token = asking.set(cls.__name__)
+    try:
+        return get_fact(state, host, cls, *args, **kwargs)
+    finally:
+        asking.reset(token)
+
+def command(self, cmd, *args, **kwargs):
+    text = cmd if isinstance(cmd, str) else cmd.get_raw_value()
+    masked = cmd if isinstance(cmd, str) else cmd.get_masked_value()
+    fact = asking.get()
+    seen.append([self.host.name, fact, masked])
+    image = images[self.host.name]
+    answer = None
+    if not image["engine"]:
+        pass  # not seeded yet: the plain @fake answers (the plan that seeds it)
+    elif sim.SERVING_SIGNATURE in text and sim.ENGINE_SIGNATURE in text:
+        answer = sim.serving_answer(image, text)
+    elif sim.FILE_AT_SIGNATURE in text:
+        answer = sim.file_at_answer(image, text)
+    elif sim.STAGING_SIGNATURE in text:
+        answer = sim.staging_answer(image)
+    if fact is None:
+        sim.remember(image, text, kwargs.get("_stdin"))
+    if answer is not None:
+        return True, CommandOutput([OutputLine("stdout", line) for line in answer])
+    return run(self, cmd, *args, **kwargs)
+
+def save():
+    open(out, "w").write(json.dumps(seen))
+    open(image_path, "w").write(json.dumps(images))
+
+facts._get_fact, FakeConnector.run_shell_command = in_fact, command
+atexit.register(save)
+sys.argv = [what, *sys.argv[4:]]
+if what == "plan":
+    from operations.plan import main
+else:
+    from pyinfra_cli.main import main
+sys.exit(main())
+"""
