@@ -250,6 +250,7 @@ def _gen() -> Any:
     return script_module("gen_cli_table")
 
 
+@pytest.mark.integration
 def test_the_torch_free_build_reads_a_parser_behind_heavy_imports(tmp_path: Path) -> None:
     """The stubbed method (scripts/cli_table_stubs.py) on a release-shaped package whose
     server_args imports torch and triton at the top, probes a vendor plugin and gates a choice

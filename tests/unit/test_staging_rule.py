@@ -199,7 +199,7 @@ def test_gather_asks_every_fact_at_once_and_the_plan_again_only_for_a_kept_lefto
         return tuple(call() for call in calls)  # once.together without a host: in turn
 
     monkeypatch.setattr(host_plan, "gathered", fake_gathered)
-    monkeypatch.setattr(host_plan, "serving_state", lambda s: serving)
+    monkeypatch.setattr(host_plan, "serving_state", lambda s, router_list=None: serving)
     monkeypatch.setattr(host_plan, "together", in_turn)
     monkeypatch.setattr(staging, "gathered", fake_gathered)
 
