@@ -129,6 +129,7 @@ def gather(host: Host, settings: Settings) -> Gathered:
             engine_root=settings.engine_root,
             roots=[path for _, path in preflight.root_paths(settings)],
             model_path=source.target_dir if on_target else None,
+            access=preflight.access_probe(settings),
         )
         return found
 
@@ -186,7 +187,7 @@ def decide(
 ) -> HostReport:
     """The host's report from its settings and facts: pure (tests/unit/test_host_report.py)."""
     gpu, resources, model = facts.host.gpu, facts.host.resources, facts.model
-    failures = preflight.check(settings, knowledge, gpu, resources, model)
+    failures = preflight.check(settings, knowledge, gpu, resources, model, facts.host.access)
     resolver_facts = resolver.Facts(
         gpu=gpu,
         model=model,
@@ -202,6 +203,7 @@ def decide(
     drain, drained, drain_warnings = drainmod.decide(host_name, settings, everyone, knowledge)
     plan.decisions.append(drained)
     plan.warnings.extend(drain_warnings)
+    plan.warnings.extend(preflight.access_warnings(settings, facts.host.access))
     watched, watched_decision = monitoring.decide(host_name, settings)
     plan.decisions.append(watched_decision)
     decision = None
