@@ -89,12 +89,13 @@ class PreflightFacts(FactBase[HostFacts]):
             HostResources().command(stage_dir=stage_dir, engine_root=engine_root, roots=roots),
             ");",
         ]
-        if model_path is not None:
-            parts += [f"echo '{SECTION}model'; (", ModelSource().command(path=model_path), ");"]
         if access is not None:
             user, nodes, properties = access
             command = GpuNodeAccess().command(user, list(nodes), list(properties))
             parts += [f"echo '{SECTION}access'; (", command, ");"]
+        # Last: config.json is printed as it is, maybe without a final newline.
+        if model_path is not None:
+            parts += [f"echo '{SECTION}model'; (", ModelSource().command(path=model_path), ");"]
         parts.append("true")
         return StringCommand(*parts)
 

@@ -1,0 +1,104 @@
+"""The real CT200's GPU nodes, played: who can open them, in which sandbox (issue 27).
+
+One container behaves like an unprivileged Proxmox guest whose `devN` entries name no mode: a
+user namespace (systemd-nspawn --private-users) and GPU nodes that are real character devices,
+0660, owned by the container's root (pve-container's create_passthrough_device_node). Root's
+nvidia-smi answers there, so only a check as the service user can see that no rank could open
+a GPU. The deploy is refused by name before anything is installed; the same container with the
+nodes made 0666 (what `pct set CTID --devN /dev/nvidiaK,mode=0666` gives) passes the gate, its
+sandbox probe works in the user namespace, and the plan says that no device filter holds there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import testbed as tb
+from tests.e2e.test_preflight import (
+    GOOD_DATA,
+    MODEL_FILES,
+    assert_passed_gate,
+    deploy,
+    panel,
+    refusal,
+    snapshot,
+    went_on,
+)
+from tests.testbed import Container, ContainerSpec
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def locked(testbed: tb.Testbed) -> Iterator[Container]:
+    (c,) = testbed.boot(
+        ContainerSpec(gpu_node_mode=0o660, private_users=True, extra_files=MODEL_FILES)
+    )
+    try:
+        yield c
+    finally:
+        testbed.destroy(c)
+
+
+def test_root_opens_the_nodes_the_service_user_cannot(locked: Container) -> None:
+    # The failure, played: root's nvidia-smi answers, a plain user's fails as NVML fails.
+    rc, out, _ = locked.ssh_run("nvidia-smi -L")
+    assert rc == 0 and out.startswith("GPU 0:"), out
+    rc, out, _ = locked.ssh_run("setpriv --reuid=nobody --regid=nogroup --clear-groups nvidia-smi")
+    assert (rc, out) == (4, "Failed to initialize NVML: Insufficient Permissions\n")
+
+
+def test_0660_root_nodes_are_refused_by_name_before_anything_changes(
+    locked: Container, tmp_path: Path
+) -> None:
+    locked.ssh_run("chmod 0660 /dev/nvidia* && chown 0:0 /dev/nvidia*")
+    before = snapshot(locked)
+
+    run = deploy(tmp_path, {locked: GOOD_DATA})
+
+    assert run.rc != 0, run.output
+    shown = panel(run, locked)
+    assert f"{locked.name}: refused" in shown, run.output
+    logged = refusal(run, locked)
+    for text in (
+        "GPU access",
+        "/dev/nvidiactl (owner 0:0, mode 0660)",
+        "/dev/nvidia-uvm (owner 0:0, mode 0660)",
+        "/dev/nvidia7 (owner 0:0, mode 0660)",
+        "pct set CTID --devN /dev/nvidia0,mode=0666",
+    ):
+        assert text in logged, f"{text!r} not in the refusal:\n{run.output}"
+    # The sandbox itself works in this user-namespaced container: no NAMESPACE refusal.
+    assert "rank sandbox" not in logged, run.output
+    assert not went_on(run, locked), run.output
+    assert snapshot(locked) == before
+    _, out, _ = locked.ssh_run("ls /etc/systemd/system | grep -c '^sglang@' || true")
+    assert out.strip() == "0", out
+
+
+def test_0666_nodes_pass_and_the_plan_says_no_filter_holds(
+    locked: Container, tmp_path: Path
+) -> None:
+    locked.ssh_run("chmod 0666 /dev/nvidia*")
+    try:
+        run = deploy(tmp_path, {locked: GOOD_DATA}, "--dry")
+    finally:
+        locked.ssh_run("chmod 0660 /dev/nvidia*")
+
+    assert f"{locked.name}: ready" in panel(run, locked), run.output
+    # This testbed's systemd cannot attach device filters (no delegated devices controller),
+    # and says nothing about it: the probe's open of /dev/nvidia1 under rank 0's DeviceAllow=
+    # is what tells.
+    assert "every rank can open every GPU" in run.output, run.output
+
+
+def test_0666_nodes_go_on_past_the_gate(locked: Container, tmp_path: Path) -> None:
+    locked.ssh_run("chmod 0666 /dev/nvidia*")
+    try:
+        run = deploy(tmp_path, {locked: GOOD_DATA})
+    finally:
+        locked.ssh_run("chmod 0660 /dev/nvidia*")
+    assert_passed_gate(run, locked)
