@@ -127,6 +127,17 @@ def rank_sandbox(
     ]
 
 
+def check_sandbox(
+    user: str, gpu_count: int, device_nodes: tuple[str, ...] | None
+) -> list[tuple[str, str]]:
+    """The engine check's sandbox: a rank's, with every GPU of the host allowed (the check
+    runs a kernel on each; a rank is allowed only its own)."""
+    found = rank_sandbox(user, 0, device_nodes)
+    at = max(i for i, (k, _) in enumerate(found) if k == "DeviceAllow") + 1
+    others = [("DeviceAllow", f"{path_word(layout.gpu_node(i))} rw") for i in range(1, gpu_count)]
+    return [*found[:at], *others, *found[at:]]
+
+
 def device_allow(gpu: int, device_nodes: tuple[str, ...] | None) -> list[str]:
     """DeviceAllow= lines for one rank: its own GPU and the nodes CUDA needs. Optional nodes
     only when the host has them (`device_nodes` from HostResources; None: not gathered)."""
