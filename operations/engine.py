@@ -399,6 +399,8 @@ def _verify(
     )
     probe = parse_probe(output.stdout + "\n" + output.stderr)
     problems = evaluate(probe, spec, Driver(*driver))
+    if user is not None and probe.user is not None and probe.user != user and not problems:
+        problems = [f"the engine check ran as {probe.user}, not as the service user {user}"]
     if NAMESPACE_MARKER in output.stdout:
         problems = [
             f"the engine check's unit ({CHECK_UNIT}, a rank unit's sandbox, as {user}) could "
@@ -413,8 +415,9 @@ def _verify(
             "and the serving ranks are unchanged:" + "".join(f"\n    {p}" for p in problems)
         )
         return False
+    where = f" as {user}, in a rank's sandbox" if user else ""
     logger.info(
-        f"{host.print_prefix}engine {spec.name} passed its check on {spec.gpu_count} GPU(s)"
+        f"{host.print_prefix}engine {spec.name} passed its check on {spec.gpu_count} GPU(s)" + where
     )
     return True
 
