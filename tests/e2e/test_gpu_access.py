@@ -43,6 +43,18 @@ def locked(testbed: tb.Testbed) -> Iterator[Container]:
         testbed.destroy(c)
 
 
+def test_the_container_is_what_it_plays(locked: Container) -> None:
+    # Its root is an unprivileged uid of this machine, and its nodes are 0660 char devices of
+    # the container's root, not binds of /dev/null.
+    _, uid_map, _ = locked.ssh_run("cat /proc/self/uid_map")
+    assert uid_map.split() == ["0", str(locked.uid_base), "65536"], uid_map
+    _, nodes, _ = locked.ssh_run("stat -c '%n %F %u:%g %a' /dev/nvidiactl /dev/nvidia0")
+    assert nodes.splitlines() == [
+        "/dev/nvidiactl character special file 0:0 660",
+        "/dev/nvidia0 character special file 0:0 660",
+    ], nodes
+
+
 def test_root_opens_the_nodes_the_service_user_cannot(locked: Container) -> None:
     # The failure, played: root's nvidia-smi answers, a plain user's fails as NVML fails.
     rc, out, _ = locked.ssh_run("nvidia-smi -L")
