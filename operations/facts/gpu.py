@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 
@@ -191,6 +192,8 @@ def parse_gpu_access(lines: list[str]) -> GpuAccess:
             path, _, result = value.strip().rpartition("|")
             if path:
                 opened[path] = result
+        elif key == "cached":
+            continue
         elif key == "probe_rc":
             rc = int(value) if value.strip().isdigit() else None
         elif line.strip():
@@ -226,19 +229,28 @@ class GpuNodeAccess(FactBase[GpuAccess]):
     def command(
         self, user: str, nodes: list[str], properties: list[tuple[str, str]]
     ) -> StringCommand:
+        probe: list[str | QuoteString] = [
+            f"systemd-run --wait --pipe --collect --quiet --unit={PROBE_UNIT}-$$",
+            ' -p User="$run_as"',
+        ]
+        for key, value in properties:
+            probe += [" -p ", QuoteString(f"{key}={value}")]
+        probe += [f" {layout.SYSTEM_PYTHON} -c ", QuoteString(_PROBE_SCRIPT)]
+        # What the probe is: a new sandbox or script is a new cache key.
+        digest = hashlib.sha256(
+            StringCommand(*probe, _separator="").get_raw_value().encode()
+        ).hexdigest()
         words: list[str | QuoteString] = ["u=", QuoteString(user), "; set --"]
         for node in nodes:
             words += [" ", QuoteString(node)]
-        words.append("; " + _ACCESS_SCRIPT + " systemd-run --wait --pipe --collect --quiet")
-        words.append(f' --unit={PROBE_UNIT}-$$ -p User="$run_as"')
-        for key, value in properties:
-            words += [" -p ", QuoteString(f"{key}={value}")]
         words += [
-            f" {layout.SYSTEM_PYTHON} -c ",
-            QuoteString(_PROBE_SCRIPT),
-            ' "$@" 2>&1 </dev/null;',
+            f"; d={layout.PROBE_CACHE_DIR}; k={digest[:16]}; ",
+            _ACCESS_SCRIPT,
+            " out=$(",
+            *probe,
+            ' "$@" 2>&1 </dev/null; echo "probe_rc=$?"); ',
+            _CACHE_SAVE,
         ]
-        words.append(' echo "probe_rc=$?"; fi')
         return StringCommand(*words, _separator="")
 
     @staticmethod
@@ -249,14 +261,32 @@ class GpuNodeAccess(FactBase[GpuAccess]):
         return parse_gpu_access(output)
 
 
-# $u: the service user; "$@": the nodes. The unit name carries the shell's pid ($$), so two
-# probes never share one; --collect removes it even when it failed.
+# $u: the service user; "$@": the nodes; $d: the cache directory; $k: the probe's digest.
+# The unit name carries the shell's pid ($$), so two probes never share one; --collect removes
+# it even when it failed. A probe that passed is kept under /run (gone at the next boot), named
+# by a key of the boot, the user's ids, each node's owner, mode and ctime (a chmod, chown or
+# setfacl changes it) and the probe itself: a converged deploy starts no unit. The directory is
+# root's, 0700, never a link, or the cache is not used.
 _ACCESS_SCRIPT = " ".join(
     (
-        'if id -u "$u" >/dev/null 2>&1; then',
-        'echo "svc=$(id -u "$u")|$(id -g "$u")|$(id -G "$u" | tr " " ,)"; run_as=$u;',
+        'svc=; if id -u "$u" >/dev/null 2>&1; then',
+        'svc="svc=$(id -u "$u")|$(id -g "$u")|$(id -G "$u" | tr " " ,)"; echo "$svc"; run_as=$u;',
         "else run_as=nobody; fi;",
         'for n in "$@"; do [ -c "$n" ] && stat -c "node=%n|%u|%g|%a" -- "$n"; done;',
-        "if [ -d /run/systemd/system ] && command -v systemd-run >/dev/null; then",
+        'key=$( { cat /proc/sys/kernel/random/boot_id; echo "$svc $k";',
+        'for n in "$@"; do stat -c "%n|%u|%g|%a|%Z|%t|%T" -- "$n" 2>/dev/null; done; }',
+        "| sha256sum | cut -c1-32); c=$d/gpu-probe-$key;",
+        'safe() { [ -d "$d" ] && [ ! -L "$d" ] && [ "$(stat -c %u:%a "$d")" = 0:700 ]; };',
+        'if safe && [ -f "$c" ] && [ ! -L "$c" ]; then cat "$c"; echo cached=1;',
+        "elif [ -d /run/systemd/system ] && command -v systemd-run >/dev/null; then",
+    )
+)
+_CACHE_SAVE = " ".join(
+    (
+        'printf "%s\\n" "$out";',
+        'case $out in *"probe_rc=0")',
+        '{ [ -e "$d" ] || [ -L "$d" ] || mkdir -m 700 "$d"; } 2>/dev/null;',
+        'if safe; then rm -f "$d"/gpu-probe-*;',
+        'printf "%s\\n" "$out" > "$c.tmp" && mv -f "$c.tmp" "$c"; fi;; esac; fi; true',
     )
 )

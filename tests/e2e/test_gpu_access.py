@@ -107,10 +107,27 @@ def test_0666_nodes_pass_and_the_plan_says_no_filter_holds(
     assert "every rank can open every GPU" in run.output, run.output
 
 
-def test_0666_nodes_go_on_past_the_gate(locked: Container, tmp_path: Path) -> None:
+def probes_started(c: Container) -> int:
+    _, out, _ = c.ssh_run(
+        "journalctl -o cat --no-pager | grep -c 'sglang-deploy-gpu-probe-.*Deactivated'"
+    )
+    return int(out.strip() or 0)
+
+
+def test_0666_nodes_go_on_past_the_gate_and_a_rerun_starts_no_probe(
+    locked: Container, tmp_path: Path
+) -> None:
     locked.ssh_run("chmod 0666 /dev/nvidia*")
     try:
         run = deploy(tmp_path, {locked: GOOD_DATA})
+        started = probes_started(locked)
+        again = deploy(tmp_path, {locked: GOOD_DATA}, "--dry")
+        started_again = probes_started(locked)
     finally:
         locked.ssh_run("chmod 0660 /dev/nvidia*")
     assert_passed_gate(run, locked)
+    assert started >= 1
+    # Nothing about the nodes, the user or the probe changed: its result was kept (under
+    # /run, until the next boot), and the same verdict came without a unit.
+    assert started_again == started, again.output
+    assert f"{locked.name}: ready" in panel(again, locked), again.output
