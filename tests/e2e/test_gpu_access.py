@@ -11,6 +11,7 @@ sandbox probe works in the user namespace, and the plan says that no device filt
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +29,8 @@ from tests.e2e.test_preflight import (
     went_on,
 )
 from tests.testbed import Container, ContainerSpec
+
+DOUBLES = Path(__file__).resolve().parent.parent / "doubles" / "packages"
 
 pytestmark = pytest.mark.e2e
 
@@ -61,6 +64,30 @@ def test_root_opens_the_nodes_the_service_user_cannot(locked: Container) -> None
     assert rc == 0 and out.startswith("GPU 0:"), out
     rc, out, _ = locked.ssh_run("setpriv --reuid=nobody --regid=nogroup --clear-groups nvidia-smi")
     assert (rc, out) == (4, "Failed to initialize NVML: Insufficient Permissions\n")
+
+
+def test_the_cuda_doubles_fail_for_a_user_who_cannot_open_the_nodes(locked: Container) -> None:
+    # The torch and CUDA driver doubles, as the engine check would import them: as root they
+    # see the GPUs; as a user the nodes refuse, cuInit is 999 and torch warns as real torch does.
+    where = locked.root / "srv" / "doubles"
+    for package in ("torch", "cuda"):
+        shutil.copytree(DOUBLES / package, where / package, dirs_exist_ok=True)
+    (where / "torch" / "_double_build.py").write_text(
+        'VERSION = "2.11.0+cu128"\nCUDA = "12.8"\nARCH_LIST = ["sm_120"]\n'
+    )
+    (where / "probe.py").write_text(
+        "import warnings\nwarnings.simplefilter('always')\nimport torch\n"
+        "from cuda.bindings import driver\n"
+        "print(torch.cuda.is_available(), int(driver.cuInit(0)[0]))\n"
+    )
+    command = "cd /srv/doubles && python3 probe.py"
+    rc, out, err = locked.ssh_run(command)
+    assert (rc, out) == (0, "True 0\n"), err
+    rc, out, err = locked.ssh_run(
+        "cd /srv/doubles && setpriv --reuid=nobody --regid=nogroup --clear-groups python3 probe.py"
+    )
+    assert (rc, out) == (0, "False 999\n"), err
+    assert "Unexpected error from cudaGetDeviceCount()" in err and "Error 999" in err, err
 
 
 def test_0660_root_nodes_are_refused_by_name_before_anything_changes(

@@ -187,12 +187,14 @@ def cuGetErrorString(error: CUresult) -> tuple[CUresult, bytes]:
 
 def cuInit(flags: int) -> tuple[CUresult]:
     global _initialised
+    # First the nodes: libcuda loads for any user, opening the nodes is what fails (and the
+    # nvidia-smi double this one asks fails for that user too).
+    if _nodes_denied():
+        return (CUresult.CUDA_ERROR_UNKNOWN,)
     if not _driver_loaded():
         raise RuntimeError("Failed to dlopen libcuda.so.1")
     if _visible() == 0:
         return (CUresult.CUDA_ERROR_NO_DEVICE,)
-    if _nodes_denied():
-        return (CUresult.CUDA_ERROR_UNKNOWN,)
     _initialised = True
     return (CUresult.CUDA_SUCCESS,)
 

@@ -43,6 +43,10 @@ def _nodes() -> list[str]:
 
 
 def _driver_ok() -> bool:
+    # First the nodes: cuInit opens them as this user before anything else can answer.
+    if _driver.nodes_denied():
+        warnings.warn(UNEXPECTED, stacklevel=3)
+        return False
     driver = _driver.cuda_version()
     if driver is None:
         warnings.warn(NO_DRIVER, stacklevel=3)
@@ -50,9 +54,6 @@ def _driver_ok() -> bool:
     build_major = int(CUDA.split(".")[0])
     if driver[0] < build_major:
         warnings.warn(TOO_OLD.format(found=driver[0] * 1000 + driver[1] * 10), stacklevel=3)
-        return False
-    if _driver.nodes_denied():
-        warnings.warn(UNEXPECTED, stacklevel=3)
         return False
     return True
 
