@@ -57,6 +57,7 @@ from pyinfra.context import host
 from pyinfra.context import state as pyinfra_state
 from pyinfra.operations import files
 
+from operations import units
 from operations.engine_probe import Driver, evaluate, parse_probe
 from operations.engine_spec import (
     EngineError,
@@ -76,13 +77,54 @@ from operations.host_scripts import script_text
 from operations.layout import EngineTree, env_python
 from operations.lock_check import LockArgs, LockSources, check_lock, lock_sources
 from operations.pins import PinError, uv_requirement
+from operations.preflight import NESTING_FIX
 from operations.redact import redact
+from operations.serve import service_user
 from operations.settings import Settings
 from operations.toolkit import REDIST_DIR, host_packages, install_toolkit, redist_dir, sync_archives
 
 LOCK_FILE = "uv.lock"  # in each environment and project: the resolved set
 # The engine check, run on the host by verify_env; engine_probe.py reads and judges its output.
 CHECK_SCRIPT = script_text("engine_check.py")
+CHECK_UNIT = "sglang-deploy-engine-check"
+NAMESPACE_MARKER = "@@sandbox-namespace"
+# The probe unit's ExecStart: the argument and the script come on stdin, so no `$` or `%` of
+# theirs ever meets systemd's own expansion of an ExecStart= line.
+_CHECK_BOOT = (
+    "import sys; spec = sys.stdin.readline(); source = sys.stdin.read(); "
+    "sys.argv = ['engine_check.py', spec]; "
+    "exec(compile(source, 'engine_check.py', 'exec'), {'__name__': '__main__'})"
+)
+
+
+def check_command(
+    python: str, argument: str, user: str | None, properties: list[tuple[str, str]]
+) -> StringCommand:
+    """The engine check as a rank runs: a transient unit (`systemd-run --wait --pipe`) as the
+    service user, with the rank unit's own sandbox (units.check_sandbox), so identity, device
+    access and sandbox are proven with the kernel before `current` moves. user None: as the
+    operation's own user (root), for a host without systemd."""
+    feed = ["{ printf '%s\\n'", _q(argument), "; printf '%s'", _q(CHECK_SCRIPT), "; } |"]
+    if user is None:
+        return StringCommand(*feed, _q(python), "-c", _q(_CHECK_BOOT))
+    words = [
+        *feed,
+        f"systemd-run --wait --pipe --collect --quiet --unit={CHECK_UNIT}-$$",
+        "-p",
+        _q(f"User={user}"),
+        "-p",
+        _q(f"Group={user}"),
+    ]
+    for key, value in properties:
+        words += ["-p", _q(f"{key}={value}")]
+    words += [
+        _q(python),
+        "-c",
+        _q(_CHECK_BOOT),
+        # 226: systemd could not set up the unit's namespaces (systemd.exec(5) EXIT_NAMESPACE).
+        f"; rc=$?; [ $rc -ne 226 ] || echo {NAMESPACE_MARKER}; exit $rc",
+    ]
+    return StringCommand(*words)
 
 
 # -- the prune policy -----------------------------------------------------------------------
@@ -336,6 +378,8 @@ def _verify(
     wanted: Mapping[str, object],
     driver: list[str | None],
     engine_root: str,
+    user: str | None = None,
+    device_nodes: list[str] | None = None,
 ) -> bool:
     spec = EngineSpec.from_json(wanted)
     tools = spec.toolkit
@@ -348,11 +392,21 @@ def _verify(
         }
     )
     # As the operation's commands run: as root through sudo when the host says `_sudo`.
+    nodes = tuple(device_nodes) if device_nodes is not None else None
+    properties = units.check_sandbox(user, spec.gpu_count, nodes) if user else []
     status, output = run(
-        host, arguments, StringCommand(_q(env_python(env)), "-c", _q(CHECK_SCRIPT), _q(argument))
+        host, arguments, check_command(env_python(env), argument, user, properties)
     )
     probe = parse_probe(output.stdout + "\n" + output.stderr)
     problems = evaluate(probe, spec, Driver(*driver))
+    if user is not None and probe.user is not None and probe.user != user and not problems:
+        problems = [f"the engine check ran as {probe.user}, not as the service user {user}"]
+    if NAMESPACE_MARKER in output.stdout:
+        problems = [
+            f"the engine check's unit ({CHECK_UNIT}, a rank unit's sandbox, as {user}) could "
+            "not start: exit status 226/NAMESPACE, systemd cannot set up its mount namespace in "
+            f"this container: {NESTING_FIX}"
+        ]
     if not status and not problems:
         problems = [f"the engine check failed: {output.stderr.strip()[-500:]}"]
     if problems:
@@ -361,8 +415,9 @@ def _verify(
             "and the serving ranks are unchanged:" + "".join(f"\n    {p}" for p in problems)
         )
         return False
+    where = f" as {user}, in a rank's sandbox" if user else ""
     logger.info(
-        f"{host.print_prefix}engine {spec.name} passed its check on {spec.gpu_count} GPU(s)"
+        f"{host.print_prefix}engine {spec.name} passed its check on {spec.gpu_count} GPU(s)" + where
     )
     return True
 
@@ -374,18 +429,24 @@ def verify_env(
     driver_version: str | None = None,
     driver_cuda: str | None = None,
     state: Mapping[str, Any] | None = None,
+    user: str | None = None,
+    device_nodes: list[str] | None = None,
 ) -> Commands:
     """
-    The engine check, before anything points at the new environment: the installed builds are
-    the pins; torch is the lane's CUDA build, sees every GPU with the expected capability and
-    runs a small CUDA operation on each; the kernel, flashinfer, torchvision, torchaudio and
-    the launch module import. Then write its marker: from here on it is complete.
+    The engine check, before anything points at the new environment, as a rank runs (the
+    service user, in a transient unit with the rank unit's sandbox, every GPU allowed): the
+    installed builds are the pins; torch is the lane's CUDA build, sees every GPU with the
+    expected capability and runs a small CUDA operation on each; the kernel, flashinfer,
+    torchvision, torchaudio and the launch module import. Then write its marker: from here on
+    it is complete.
 
     + engine_root: the engine root on the host
     + spec: what the environment must hold (an EngineSpec or its to_json())
     + driver_version/driver_cuda: the host's driver as preflight's nvidia-smi read it, for the
       advice in a failure
     + state: the EngineState the plan read (ServingState.engine); read here when omitted
+    + user: the service user the check runs as (it must exist); None runs it as root, bare
+    + device_nodes: the host's NVIDIA nodes (HostResources), for the optional DeviceAllow= lines
     """
     if not isinstance(spec, EngineSpec):
         spec = EngineSpec.from_json(spec)
@@ -394,7 +455,11 @@ def verify_env(
         host.noop(f"{spec.name} passed its check when it was installed")
         return
     env = _env_dir(engine_root, spec.name)
-    yield HostCall(_verify, (env, spec.to_json(), [driver_version, driver_cuda], engine_root), {})
+    yield HostCall(
+        _verify,
+        (env, spec.to_json(), [driver_version, driver_cuda], engine_root, user, device_nodes),
+        {},
+    )
     marker = json.dumps(spec.marker(), sort_keys=True)
     yield (
         f"printf '%s\\n' {_q(marker)} > {_q(env + '/' + MARKER + '.tmp')} && "
@@ -500,7 +565,9 @@ def _engine_deploy(report: HostReport) -> EngineStep:
     if not complete:
         gpu = report.gpu
         driver = Driver(gpu.driver_version if gpu else None, gpu.cuda_version if gpu else None)
-        _install(s, spec, driver, controller_lock, state)
+        user_exists = serving is not None and serving.user_exists
+        nodes = report.resources.device_nodes if report.resources is not None else None
+        _install(s, spec, driver, controller_lock, state, user_exists, nodes)
     elif not os.path.isfile(controller_lock):
         _fetch_lock(s, spec, controller_lock)
     # The fact read above, passed on: read again, it would cost a round trip per operation
@@ -629,7 +696,13 @@ def _fetch_lock(s: Settings, spec: EngineSpec, controller_lock: str) -> None:
 
 
 def _install(
-    s: Settings, spec: EngineSpec, driver: Driver, controller_lock: str, state: EngineHost
+    s: Settings,
+    spec: EngineSpec,
+    driver: Driver,
+    controller_lock: str,
+    state: EngineHost,
+    user_exists: bool = False,
+    device_nodes: list[str] | None = None,
 ) -> None:
     root = s.engine_root
     wheelhouse_dir = EngineTree(root).wheelhouse if s.wheelhouse else None
@@ -675,13 +748,22 @@ def _install(
         offline=bool(s.wheelhouse),
         state=state,
     )
+    # The check runs as the ranks will: their user must exist first (the model step's
+    # call then finds it).
+    service_user(
+        name=f"service user {s.service_user}",
+        user=s.service_user,
+        exists=user_exists,
+    )
     verify_env(
-        name="check on the GPUs",
+        name=f"check on the GPUs (as {s.service_user}, in a rank's sandbox)",
         engine_root=root,
         spec=spec,
         driver_version=driver.version,
         driver_cuda=driver.cuda,
         state=state,
+        user=s.service_user,
+        device_nodes=device_nodes,
     )
     if not os.path.isfile(controller_lock):
         _fetch_lock(s, spec, controller_lock)

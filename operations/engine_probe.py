@@ -38,6 +38,7 @@ class Probe:
     errors: tuple[str, ...] = ()
     compile: str | None = None  # "ok" or nvcc's error; None: not asked (no toolkit)
     kernel_runs: tuple[str, ...] = ()  # per GPU: the compiled kernel loaded and run
+    user: str | None = None  # the user the check ran as
 
 
 def parse_probe(text: str) -> Probe:
@@ -66,6 +67,7 @@ def parse_probe(text: str) -> Probe:
         ),
         compile=data.get("compile"),
         kernel_runs=tuple(data.get("kernel_runs") or ()),
+        user=data.get("user"),
     )
 
 

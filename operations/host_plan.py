@@ -130,6 +130,7 @@ def gather(host: Host, settings: Settings, router_list: str | None = None) -> Ga
             engine_root=settings.engine_root,
             roots=[path for _, path in preflight.root_paths(settings)],
             model_path=source.target_dir if on_target else None,
+            access=preflight.access_probe(settings),
         )
         return found
 
@@ -193,7 +194,7 @@ def decide(
 ) -> HostReport:
     """The host's report from its settings and facts: pure (tests/unit/test_host_report.py)."""
     gpu, resources, model = facts.host.gpu, facts.host.resources, facts.model
-    failures = preflight.check(settings, knowledge, gpu, resources, model)
+    failures = preflight.check(settings, knowledge, gpu, resources, model, facts.host.access)
     resolver_facts = resolver.Facts(
         gpu=gpu,
         model=model,
@@ -212,6 +213,7 @@ def decide(
     if (low_ram := preflight.ram_per_rank_warning(settings)) is not None:
         plan.warnings.append(low_ram)
     plan.warnings.extend(open_binds(settings, host_name))
+    plan.warnings.extend(preflight.access_warnings(settings, facts.host.access))
     watched, watched_decision = monitoring.decide(host_name, settings)
     plan.decisions.append(watched_decision)
     decision = None

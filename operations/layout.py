@@ -366,6 +366,10 @@ CUDA_OPTIONAL_NODES = ("/dev/nvidia-uvm-tools",)
 CAPS_DIR = "/dev/nvidia-caps"
 
 
+# Preflight's GPU access probe keeps a result that passed here (gone at the next boot).
+PROBE_CACHE_DIR = "/run/sglang-deploy"
+
+
 def gpu_node(index: int) -> str:
     return f"{GPU_NODE_PREFIX}{index}"
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
-from operations import layout
-from operations.facts.gpu import NvidiaSmi
+from operations import layout, units
+from operations.facts.gpu import PROBE_UNIT, GpuAccess, NodeAccess, NvidiaSmi
 from operations.facts.host import Model, PathStat, Resources
 from operations.kb import Knowledge, version
 from operations.settings import Settings
@@ -29,6 +29,13 @@ MISMATCH_FIX = (
 NO_DRIVER_FIX = (
     "pass the GPUs into the container (lxc.cgroup2.devices.allow c 195:* rwm and bind-mount "
     f"{layout.GPU_NODE_GLOB}) and check that the node's driver is loaded (nvidia-smi on the node)"
+)
+
+
+NESTING_FIX = (
+    "on the Proxmox node turn on nesting for the container (pct set CTID --features nesting=1, "
+    "or pve.py with pve_nesting: true) and restart it: without it the AppArmor profile denies "
+    "the mounts a sandboxed unit needs (pve-container make_apparmor_config)"
 )
 
 
@@ -159,6 +166,131 @@ def root_paths(settings: Settings) -> list[tuple[str, str]]:
     return roots
 
 
+def gpu_nodes(settings: Settings) -> list[str]:
+    """The nodes a deploy's ranks open: the driver's control nodes and every GPU's."""
+    return [*layout.CUDA_NODES, *(layout.gpu_node(i) for i in range(settings.gpu_count))]
+
+
+def access_probe(settings: Settings) -> tuple[str, list[str], list[tuple[str, str]]]:
+    """What GpuNodeAccess is asked: the service user, the nodes, rank 0's own sandbox."""
+    return (
+        settings.service_user,
+        gpu_nodes(settings),
+        units.rank_sandbox(settings.service_user, 0, None),
+    )
+
+
+def _node_text(node: NodeAccess) -> str:
+    return f"{node.path} (owner {node.uid}:{node.gid}, mode {node.mode:04o})"
+
+
+def _node_fix(nodes: list[NodeAccess]) -> str:
+    lines = "; ".join(f"pct set CTID --devN {n.path},mode=0666" for n in nodes)
+    return (
+        f"on the Proxmox node give each node mode 0666 in the container's config ({lines}: N "
+        "is the entry that passes that node; `pyinfra inventory/pve.py pve.py` writes them "
+        "so), then restart the container; a chmod inside the container is lost at its next "
+        "start (pve-container makes the nodes 0660 root:root when a devN names no mode)"
+    )
+
+
+def denied_nodes(settings: Settings, access: GpuAccess) -> list[NodeAccess]:
+    """The nodes the service user cannot open read-write. An existing user: what opening
+    them in the probe unit gave (EACCES: mode, owner, group or ACL). A user still to be made
+    (a new system user in a group of its own, never a node's owner or group): only the
+    node's bits for other users count."""
+    found = []
+    for path in gpu_nodes(settings):
+        node = access.nodes.get(path)
+        if node is None:
+            continue  # a missing node: the "GPU device nodes" check names it
+        if access.user_ids is not None and node.opened is not None:
+            denied = node.opened == "EACCES"
+        elif access.user_ids is not None:
+            uid, gid, groups = access.user_ids
+            bits = 6 if node.uid == uid else 3 if {gid, *groups} & {node.gid} else 0
+            denied = (node.mode >> bits) & 0o6 != 0o6
+        else:
+            denied = node.mode & 0o6 != 0o6 or node.opened == "EACCES"
+        if denied:
+            found.append(node)
+    return found
+
+
+def filter_holds(settings: Settings, access: GpuAccess) -> bool | None:
+    """Whether a rank's DeviceAllow= holds: in the probe (rank 0's sandbox) a GPU node outside
+    it gave EPERM (True) or opened (False); None when no such node was tried. systemd only
+    logs "Proceeding WITHOUT applying ACL (all devices will be accessible)!" for the first
+    unit with a device ACL since it started (systemd src/core/cgroup.c, the warning after
+    bpf_devices_apply_policy), and nothing at all where the devices controller of cgroup v1
+    is not delegated: opening the node is the only proof."""
+    others = [access.nodes.get(layout.gpu_node(i)) for i in range(1, settings.gpu_count)]
+    results = [n.opened for n in others if n is not None and n.opened in ("ok", "EPERM")]
+    if not results:
+        return None
+    return all(r == "EPERM" for r in results)
+
+
+def access_warnings(settings: Settings, access: GpuAccess | None) -> list[str]:
+    """What the plan must say about isolation between ranks."""
+    if access is None or filter_holds(settings, access) is not False:
+        return []
+    return [
+        "GPU isolation: systemd in this container cannot apply a rank's DeviceAllow= (a "
+        f"transient unit allowed only {layout.gpu_node(0)} opened the other GPUs): every rank "
+        "can open every GPU of the container. The ranks still each use their own GPU (CUDA_VISIBLE_"
+        "DEVICES), but nothing enforces it"
+    ]
+
+
+def access_failures(settings: Settings, access: GpuAccess | None) -> list[Failure]:
+    s = settings
+    if access is None or not access.asked:
+        return []
+    failures = []
+    denied = denied_nodes(s, access)
+    if denied:
+        who = (
+            f"{s.service_user} (uid {access.user_ids[0]})"
+            if access.user_ids
+            else f"{s.service_user} (to be made: a new system user, not the owner or group of "
+            "any node)"
+        )
+        failures.append(
+            Failure(
+                "GPU access",
+                f"{who} can open {', '.join(gpu_nodes(s))} read-write: the ranks run as "
+                f"{s.service_user}, and a root check proves nothing for them",
+                "; ".join(_node_text(n) for n in denied),
+                _node_fix(denied),
+            )
+        )
+    if access.probe_rc == 226:
+        failures.append(
+            Failure(
+                "rank sandbox",
+                f"a transient unit ({PROBE_UNIT}) with a rank unit's sandbox (ProtectSystem="
+                "strict, PrivateTmp, ...) starts in this container",
+                "exit status 226/NAMESPACE: systemd could not set up the unit's mount "
+                f"namespace ({access.probe_error or 'no message'})",
+                NESTING_FIX,
+            )
+        )
+    elif access.probe_rc not in (None, 0):
+        failures.append(
+            Failure(
+                "rank sandbox",
+                f"a transient unit ({PROBE_UNIT}) with a rank unit's sandbox runs as "
+                f"{s.service_user} and opens the GPU nodes",
+                f"exit status {access.probe_rc}: {access.probe_error or 'no message'}",
+                "run the deploy on a systemd host whose systemd-run works (journalctl -u "
+                f"'{PROBE_UNIT}-*' says why it failed); a sandbox that cannot start here "
+                f"cannot start a rank either: {NESTING_FIX}",
+            )
+        )
+    return failures
+
+
 def _components(path: str) -> list[str]:
     parts = [p for p in path.split("/") if p]
     return ["/"] + ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
@@ -211,6 +343,7 @@ def check(
     gpu: NvidiaSmi,
     resources: Resources,
     model: Model,
+    access: GpuAccess | None = None,
 ) -> list[Failure]:
     s = settings
     failures: list[Failure] = []
@@ -277,6 +410,8 @@ def check(
             "... bind), "
             "nvidia-uvm included: CUDA needs it",
         )
+
+    failures += access_failures(s, access)
 
     size = model_bytes(s, kb, model.size_bytes)
     source = s.source

@@ -89,6 +89,55 @@ def text(value: str) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", value.replace("%", "%%"))
 
 
+# The rank unit's sandbox (systemd.exec(5)), one list for the rank template and for the transient
+# unit preflight probes it with (operations/facts/gpu.py GpuAccess: `systemd-run -p K=V ...`),
+# so what preflight proves is what a rank gets. ReadWritePaths= (the home) and DevicePolicy= /
+# DeviceAllow= (the rank's GPU) are per unit: see rank_sandbox.
+SANDBOX: tuple[tuple[str, str], ...] = (
+    ("NoNewPrivileges", "yes"),
+    ("CapabilityBoundingSet", ""),
+    ("ProtectSystem", "strict"),
+    ("ProtectHome", "yes"),
+    ("PrivateTmp", "yes"),
+    ("ProtectKernelTunables", "yes"),
+    ("ProtectKernelModules", "yes"),
+    ("ProtectKernelLogs", "yes"),
+    ("ProtectControlGroups", "yes"),
+    ("ProtectClock", "yes"),
+    ("ProtectHostname", "yes"),
+    ("RestrictNamespaces", "yes"),
+    ("RestrictRealtime", "yes"),
+    ("RestrictSUIDSGID", "yes"),
+    ("RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6 AF_NETLINK"),
+    ("LockPersonality", "yes"),
+    ("SystemCallArchitectures", "native"),
+)
+
+
+def rank_sandbox(
+    user: str, gpu: int, device_nodes: tuple[str, ...] | None
+) -> list[tuple[str, str]]:
+    """Every sandbox property of rank `gpu`'s unit, in the order the template writes them."""
+    return [
+        ("DevicePolicy", "closed"),
+        *(("DeviceAllow", allow) for allow in device_allow(gpu, device_nodes)),
+        *SANDBOX[:3],
+        ("ReadWritePaths", f"-{path_word(layout.service_home(user))}"),
+        *SANDBOX[3:],
+    ]
+
+
+def check_sandbox(
+    user: str, gpu_count: int, device_nodes: tuple[str, ...] | None
+) -> list[tuple[str, str]]:
+    """The engine check's sandbox: a rank's, with every GPU of the host allowed (the check
+    runs a kernel on each; a rank is allowed only its own)."""
+    found = rank_sandbox(user, 0, device_nodes)
+    at = max(i for i, (k, _) in enumerate(found) if k == "DeviceAllow") + 1
+    others = [("DeviceAllow", f"{path_word(layout.gpu_node(i))} rw") for i in range(1, gpu_count)]
+    return [*found[:at], *others, *found[at:]]
+
+
 def device_allow(gpu: int, device_nodes: tuple[str, ...] | None) -> list[str]:
     """DeviceAllow= lines for one rank: its own GPU and the nodes CUDA needs. Optional nodes
     only when the host has them (`device_nodes` from HostResources; None: not gathered)."""
@@ -117,7 +166,6 @@ def rank_unit(
         RANK_TEMPLATE,
         description=text(f"SGLang rank {rank}: {model_name} on GPU {gpu}, port {port}"),
         user=user,
-        home=path_word(layout.service_home(user)),
         environment=[env_assignment(k, v) for k, v in env.items()],
         exec_start=exec_line(argv),
         stage_unit=layout.STAGE_UNIT,
@@ -127,7 +175,7 @@ def rank_unit(
         start_limit_burst=START_LIMIT_BURST,
         start_limit_interval_s=START_LIMIT_INTERVAL_S,
         limit_nofile=LIMIT_NOFILE,
-        device_allow=device_allow(gpu, device_nodes),
+        sandbox=[f"{k}={v}" for k, v in rank_sandbox(user, gpu, device_nodes)],
         identifier=f"sglang-{rank}",
     )
 

@@ -1,5 +1,6 @@
 """What preflight reads of a host, in one round trip: the GPUs (NvidiaGpus), the container's
-resources (HostResources) and, for a source on the target, the model directory (ModelSource).
+resources (HostResources), who can open the GPU nodes (GpuNodeAccess) and, for a source on the
+target, the model directory (ModelSource).
 
 Each part is the other fact's own command, run in a subshell after a section line, and parsed by
 that fact's own `process` (or its `default` when the part printed nothing), so the plan reads
@@ -15,7 +16,7 @@ from typing import Any
 from pyinfra.api.command import StringCommand
 from pyinfra.api.facts import FactBase
 
-from operations.facts.gpu import NvidiaGpus, NvidiaSmi
+from operations.facts.gpu import GpuAccess, GpuNodeAccess, NvidiaGpus, NvidiaSmi
 from operations.facts.host import HostResources, Model, ModelSource, Resources
 
 SECTION = "@@preflight "
@@ -27,6 +28,8 @@ class HostFacts:
     resources: Resources
     # The model directory on the target; None when it was not asked (a controller source).
     model: Model | None = None
+    # Who can open the GPU nodes (GpuNodeAccess); None when it was not asked.
+    access: GpuAccess | None = None
 
 
 def _part(fact: type[FactBase[Any]], lines: list[str] | None) -> Any:
@@ -50,7 +53,8 @@ def parse_host_facts(lines: list[str]) -> HostFacts:
     gpu = _part(NvidiaGpus, sections.get("gpu", []))
     resources = _part(HostResources, sections.get("resources", []))
     model = _part(ModelSource, sections.get("model"))
-    return HostFacts(gpu=gpu, resources=resources, model=model)
+    access = _part(GpuNodeAccess, sections.get("access"))
+    return HostFacts(gpu=gpu, resources=resources, model=model, access=access)
 
 
 class PreflightFacts(FactBase[HostFacts]):
@@ -67,6 +71,7 @@ class PreflightFacts(FactBase[HostFacts]):
 
     + stage_dir, engine_root, roots: as HostResources
     + model_path: the model directory on the target (ModelSource), None to skip it
+    + access: (service user, nodes, a rank's sandbox properties) for GpuNodeAccess; None skips it
     """
 
     def command(
@@ -75,6 +80,7 @@ class PreflightFacts(FactBase[HostFacts]):
         engine_root: str,
         roots: Sequence[str] = (),
         model_path: str | None = None,
+        access: tuple[str, Sequence[str], Sequence[tuple[str, str]]] | None = None,
     ) -> StringCommand:
         parts: list[str | StringCommand] = [
             f"echo '{SECTION}gpu'; (",
@@ -83,6 +89,11 @@ class PreflightFacts(FactBase[HostFacts]):
             HostResources().command(stage_dir=stage_dir, engine_root=engine_root, roots=roots),
             ");",
         ]
+        if access is not None:
+            user, nodes, properties = access
+            command = GpuNodeAccess().command(user, list(nodes), list(properties))
+            parts += [f"echo '{SECTION}access'; (", command, ");"]
+        # Last: config.json is printed as it is, maybe without a final newline.
         if model_path is not None:
             parts += [f"echo '{SECTION}model'; (", ModelSource().command(path=model_path), ");"]
         parts.append("true")

@@ -119,8 +119,18 @@ def check_compiler(spec: dict, out: dict, devices: int) -> None:  # type: ignore
             out["kernel_runs"].append(_error(exc))
 
 
+def _user() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
+
+
 def main(spec: dict) -> dict:  # type: ignore[type-arg]
-    out: dict = {"versions": {}, "imports": {}, "devices": []}  # type: ignore[type-arg]
+    # Who the check ran as: the deploy runs it as the service user and refuses any other.
+    out: dict = {"versions": {}, "imports": {}, "devices": [], "user": _user()}  # type: ignore[type-arg]
     for project in ["sglang", *spec["packages"]]:
         try:
             out["versions"][project] = metadata.version(project)

@@ -470,3 +470,35 @@ def test_cu130_on_a_580_driver_host_converges_from_the_indexes(
     again = deploy(host580, tmp_path, data)
     ok(again)
     assert set(again.engine_ops().values()) == {"No changes"}, again
+
+
+def test_the_check_runs_as_the_service_user_in_a_user_namespaced_container(
+    boot_containers: tb.BootContainers, indexes: Indexes, tmp_path: Path
+) -> None:
+    """An unprivileged-Proxmox-like guest (user namespace, real 0666 character nodes, as
+    `pct set --devN ...,mode=0666` leaves them): the engine check's transient unit, as the
+    service user with a rank's sandbox, starts there and passes."""
+    (guest,) = boot_containers(
+        ContainerSpec(
+            private_users=True,
+            gpu_node_mode=0o666,
+            extra_files={f"{MODEL_DIR}/config.json": MODEL_CONFIG},
+        )
+    )
+    root = "/opt/sglang-userns"
+    data = {
+        **indexes.data(),
+        "engine_root": root,
+        "sglang_version": OLD,
+        "server_host": guest.address,
+    }
+
+    run = deploy(guest, tmp_path, data)
+
+    ok(run)
+    # The check ran in its own transient unit (systemd logs it starting), as the service user
+    # (the check reports the user it ran as, and the step refuses any other).
+    started = sh(guest, "journalctl -o cat --no-pager | grep -c 'sglang-deploy-engine-check-'")
+    assert int(started) >= 1, started
+    assert "passed its check on 8 GPU(s) as sglang, in a rank's sandbox" in run.output, run
+    assert current(guest, root) == f"envs/{env_name(OLD)}"

@@ -18,6 +18,7 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -37,8 +38,12 @@ DOUBLE_FIXTURE_DIR_IN_CONTAINER = "etc/nvidia-smi-double"
 
 WORK_BASE = Path(os.environ.get("SGLANG_TESTBED_WORKDIR", "/var/tmp/sglang-deploy-testbed"))
 LOCK_BASE = Path("/run/sglang-deploy-testbed")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 FIRST_OCTET, LAST_OCTET = 10, 250
 SSH_PORT = 22
+# A user-namespaced container shares the machine's network namespace, which its root does not
+# own: it cannot bind a port below 1024 there (ip_unprivileged_port_start), so sshd listens here.
+USERNS_SSH_PORT = 2222
 
 BOOT_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0
@@ -83,6 +88,18 @@ class ContainerSpec:
     extra_files: absolute path inside the container -> content, or (content, mode).
     sudo_user: a non-root user, made at boot, who has the testbed's key and passwordless sudo;
         host_data() then connects as that user with `_sudo: True` (ssh_run stays root's).
+    gpu_node_mode: None binds /dev/null (0666) as every GPU node (the kind default). A mode
+        (0o660) makes each node a real character device of that mode, owned by the container's
+        root (uid and gid 0, or the user namespace's base), as pve-container creates a `devN`
+        passthrough node without `mode=` (proxmox/pve-container src/PVE/LXC.pm,
+        create_passthrough_device_node: `$passthrough_mode = 0660` unless `$device->{mode}`).
+        The node is major 1 minor 3, the device of /dev/null: the one char device nspawn's
+        device policy lets a container open, so only its mode and owner differ.
+    private_users: boot in a user namespace (systemd-nspawn --private-users=BASE:65536
+        --private-users-ownership=chown), as an unprivileged Proxmox container runs: the
+        container's root is an unprivileged uid on the machine, and systemd inside cannot
+        attach device cgroup programs. BASE is fixed per address so nodes can be owned by the
+        container's root before boot.
     """
 
     scenario: str | Path | None = "rtx-pro-6000-x8"
@@ -93,6 +110,8 @@ class ContainerSpec:
     # /proc, nspawn resolves SRC inside the container, so ship it with extra_files.
     binds: Sequence[str] = ()
     sudo_user: str | None = None
+    gpu_node_mode: int | None = None
+    private_users: bool = False
 
     def device_nodes(self) -> list[str]:
         nodes = list(self.devices) if self.devices is not None else scenario_devices(self.scenario)
@@ -121,7 +140,7 @@ class _AddressLease:
                 handle.close()
                 continue
             # A container leaked by an earlier, killed run holds the port without the lock.
-            if _port_free(f"127.0.0.{octet}", SSH_PORT):
+            if all(_port_free(f"127.0.0.{octet}", p) for p in (SSH_PORT, USERNS_SSH_PORT)):
                 return cls(octet, handle)
             handle.close()
         raise TestbedSetupError(f"no free address in 127.0.0.{start}-{LAST_OCTET}")
@@ -169,6 +188,7 @@ class Container:
         self.root = workdir / "rootfs"
         self.key_path = key_path
         self.log_path = workdir / "nspawn.log"
+        self.node_dir = workdir / "nodes"
         self.boot_seconds: float | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
@@ -199,7 +219,7 @@ class Container:
         # Containers share the host's network namespace: each sshd must stay on its own address.
         _write(
             self.root / "etc/ssh/sshd_config.d/testbed.conf",
-            f"ListenAddress {self.address}\nUseDNS no\n",
+            f"ListenAddress {self.address}:{self.ssh_port}\nUseDNS no\n",
             0o644,
         )
         _write(self.root / "etc/hostname", f"{self.name}\n", 0o644)
@@ -233,19 +253,82 @@ class Container:
             "--keep-unit",
             "-M",
             self.name,
-            *[f"--bind=/dev/null:/dev/{node}" for node in self.spec.device_nodes()],
+            *self._device_binds(),
             *[f"--bind-ro={bind}" for bind in self.spec.binds],
         ]
+        if self.spec.private_users:
+            cmd += [
+                f"--private-users={self.uid_base}:65536",
+                "--private-users-ownership=chown",
+            ]
         self._log = self.log_path.open("ab")
         self._boot_started = time.monotonic()
+        cgroups = self._own_cgroups() if self.spec.private_users else []
+
+        def before_exec() -> None:
+            _die_with_parent()
+            # nspawn hands the cgroup it runs in to the namespace's root: never the machine's
+            # root cgroup (the container's systemd then fails: "Failed to create /init.scope").
+            for group in cgroups:
+                (group / "cgroup.procs").write_text("0\n")
+
         self._proc = subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=before_exec,
         )
+
+    def _own_cgroups(self) -> list[Path]:
+        """A cgroup of its own in each hierarchy systemd uses (cgroup v2, or v1's name=systemd
+        and the v2 `unified` one of a hybrid machine), for a user-namespaced container."""
+        tops = [CGROUP_ROOT / name for name in ("systemd", "unified")]
+        tops = [t for t in tops if (t / "cgroup.procs").is_file()] or [CGROUP_ROOT]
+        found = []
+        for top in tops:
+            group = top / self.name
+            group.mkdir(exist_ok=True)
+            found.append(group)
+        self._cgroups = found
+        return found
+
+    def _remove_cgroups(self) -> None:
+        for group in getattr(self, "_cgroups", []):
+            # Depth first: the container's systemd made its own groups below ours.
+            for sub in sorted(group.rglob("*"), key=lambda p: -len(p.parts)):
+                if sub.is_dir():
+                    with contextlib.suppress(OSError):
+                        sub.rmdir()
+            with contextlib.suppress(OSError):
+                group.rmdir()
+        self._cgroups = []
+
+    @property
+    def ssh_port(self) -> int:
+        return USERNS_SSH_PORT if self.spec.private_users else SSH_PORT
+
+    @property
+    def uid_base(self) -> int:
+        """The machine uid the container's root is (0 without a user namespace)."""
+        # nspawn's own `pick` range is 0x00080000-0x6FFF0000; one 64 Ki block per address.
+        return (0x100 + self._lease.octet) << 16 if self.spec.private_users else 0
+
+    def _device_binds(self) -> list[str]:
+        nodes = self.spec.device_nodes()
+        if self.spec.gpu_node_mode is None:
+            return [f"--bind=/dev/null:/dev/{node}" for node in nodes]
+        self.node_dir.mkdir(exist_ok=True)
+        binds = []
+        for node in nodes:
+            path = self.node_dir / node.replace("/", "_")
+            if not path.exists():
+                os.mknod(path, stat.S_IFCHR | self.spec.gpu_node_mode, os.makedev(1, 3))
+            os.chown(path, self.uid_base, self.uid_base)
+            os.chmod(path, self.spec.gpu_node_mode)
+            binds.append(f"--bind={path}:/dev/{node}")
+        return binds
 
     def wait_ready(self, timeout: float = BOOT_TIMEOUT_S) -> None:
         """Poll until sshd answers and systemd has finished booting."""
@@ -295,6 +378,7 @@ class Container:
                 proc.kill()
                 proc.wait(timeout=timeout)
         self._proc = None
+        self._remove_cgroups()
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -346,7 +430,7 @@ class Container:
         user = self.spec.sudo_user
         return {
             "ssh_hostname": self.address,
-            "ssh_port": SSH_PORT,
+            "ssh_port": self.ssh_port,
             "ssh_user": user or "root",
             "ssh_key": str(self.key_path),
             "ssh_known_hosts_file": "/dev/null",
@@ -385,7 +469,7 @@ class Container:
         client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
         client.connect(
             self.address,
-            port=SSH_PORT,
+            port=self.ssh_port,
             username="root",
             key_filename=str(self.key_path),
             timeout=timeout,

@@ -67,7 +67,7 @@ def test_ctx_host_get_and_use_are_how_a_greenlet_gets_the_host() -> None:
     state = _state()
     target = next(iter(state.inventory))
     config = state.config
-    assert ctx_host.get() is None
+    before = ctx_host.get()
     with ctx_host.use(target), ctx_config.use(config):
         assert ctx_host.get() is target
         assert ctx_config.get() is config
@@ -78,7 +78,7 @@ def test_ctx_host_get_and_use_are_how_a_greenlet_gets_the_host() -> None:
                 return ctx_host.get()
 
         seen_inside = gevent.spawn(inside).get()
-    assert ctx_host.get() is None, "ctx_host.use no longer restores the previous host"
+    assert ctx_host.get() is before, "ctx_host.use no longer restores the previous host"
     # A new greenlet sees no host: why once.together wraps every call in ctx_host.use.
     assert seen_bare is None, (
         "pyinfra's host is no longer greenlet-local: operations/facts/once.together can drop "

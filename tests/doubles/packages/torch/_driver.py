@@ -3,10 +3,17 @@
 The testbed has no libcuda; its nvidia-smi double (tests/doubles/nvidia-smi) replays a captured
 host, so this asks it what the real libcuda would answer: the banner's "CUDA Version" (what
 cuDriverGetVersion reports) and each GPU's compute capability.
+
+The driver opens its device nodes read-write as the calling user (libcuda opens /dev/nvidiactl,
+/dev/nvidia-uvm and each /dev/nvidiaN); `nodes_denied` is that open, and a node this user may
+not open makes cuInit fail with CUDA_ERROR_UNKNOWN (999), as a user without access to the nodes
+sees it ("failed call to cuInit: CUDA_ERROR_UNKNOWN" as non-root, tensorflow/tensorflow#7653).
 """
 
 from __future__ import annotations
 
+import glob
+import os
 import re
 import subprocess
 from functools import cache
@@ -38,3 +45,19 @@ def capabilities() -> list[tuple[int, int]]:
         if major.isdigit() and minor.isdigit():
             caps.append((int(major), int(minor)))
     return caps
+
+
+DRIVER_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm")
+
+
+def nodes_denied() -> list[str]:
+    """The device nodes this user may not open read-write (missing nodes are not denied)."""
+    denied = []
+    for node in [*DRIVER_NODES, *sorted(glob.glob("/dev/nvidia[0-9]*"))]:
+        try:
+            os.close(os.open(node, os.O_RDWR))
+        except FileNotFoundError:
+            continue
+        except PermissionError:
+            denied.append(node)
+    return denied

@@ -11,6 +11,10 @@ passed as ints (addresses), as cuda-python accepts them.
   loader does when the driver library is absent; no /dev/nvidiaN node (or
   CUDA_VISIBLE_DEVICES="") is CUDA_ERROR_NO_DEVICE; an ordinal past the GPUs,
   CUDA_ERROR_INVALID_DEVICE; any call before cuInit, CUDA_ERROR_NOT_INITIALIZED.
+- cuInit opens /dev/nvidiactl, /dev/nvidia-uvm and each /dev/nvidiaN read-write as the calling
+  user, as libcuda does; a node it may not open is CUDA_ERROR_UNKNOWN (999, "unknown error"):
+  what a user without access to the nodes gets ("failed call to cuInit: CUDA_ERROR_UNKNOWN",
+  tensorflow/tensorflow#7653).
 - cuModuleLoadData reads a cubin as a driver does, from its ELF header (tests/doubles/nvcc
   writes one, and so does the real nvcc 13.0.88 in the cu130 lane's e2e test): not an ELF of
   e_machine 190 (EM_CUDA) is CUDA_ERROR_INVALID_IMAGE; an SM the GPU cannot run (another major,
@@ -47,6 +51,7 @@ class CUresult(enum.IntEnum):
     CUDA_ERROR_NO_BINARY_FOR_GPU = 209
     CUDA_ERROR_INVALID_HANDLE = 400
     CUDA_ERROR_NOT_FOUND = 500
+    CUDA_ERROR_UNKNOWN = 999
 
 
 _STRINGS = {
@@ -61,6 +66,7 @@ _STRINGS = {
     "device",
     CUresult.CUDA_ERROR_INVALID_HANDLE: "invalid resource handle",
     CUresult.CUDA_ERROR_NOT_FOUND: "named symbol not found",
+    CUresult.CUDA_ERROR_UNKNOWN: "unknown error",
 }
 
 
@@ -139,6 +145,18 @@ def _visible() -> int:
     return min(len(glob.glob(DEVICE_GLOB)), len(_capabilities()))
 
 
+def _nodes_denied() -> list[str]:
+    denied = []
+    for node in ["/dev/nvidiactl", "/dev/nvidia-uvm", *sorted(glob.glob(DEVICE_GLOB))]:
+        try:
+            os.close(os.open(node, os.O_RDWR))
+        except FileNotFoundError:
+            continue
+        except PermissionError:
+            denied.append(node)
+    return denied
+
+
 # -- state ----------------------------------------------------------------------------------
 
 _initialised = False
@@ -169,6 +187,10 @@ def cuGetErrorString(error: CUresult) -> tuple[CUresult, bytes]:
 
 def cuInit(flags: int) -> tuple[CUresult]:
     global _initialised
+    # First the nodes: libcuda loads for any user, opening the nodes is what fails (and the
+    # nvidia-smi double this one asks fails for that user too).
+    if _nodes_denied():
+        return (CUresult.CUDA_ERROR_UNKNOWN,)
     if not _driver_loaded():
         raise RuntimeError("Failed to dlopen libcuda.so.1")
     if _visible() == 0:

@@ -6,6 +6,11 @@
   a UserWarning "CUDA initialization: The NVIDIA driver on your system is too old (found
   version 12080)..." and is_available() False (tests/fixtures/cuda-errors/SOURCE.md); a newer
   minor of the same major runs (CUDA minor-version compatibility);
+- a device node the calling user cannot open read-write is cuInit's CUDA_ERROR_UNKNOWN (999,
+  torch/_driver.py), which real torch reports from cudaGetDeviceCount as a UserWarning
+  "CUDA initialization: Unexpected error from cudaGetDeviceCount()... Error 999: unknown
+  error" and is_available() False (c10/cuda/CUDAFunctions.cpp, device_count_impl; the same
+  text with error 801 in dusty-nv/jetson-containers#1136, a non-root user);
 - get_arch_list() is the build's list, empty when CUDA is not available, as in real torch.
 """
 
@@ -26,6 +31,11 @@ TOO_OLD = (
     "install a PyTorch version that has been compiled with your version of the CUDA driver."
 )
 NO_DRIVER = "CUDA initialization: Found no NVIDIA driver on your system."
+UNEXPECTED = (
+    "CUDA initialization: Unexpected error from cudaGetDeviceCount(). Did you run some cuda "
+    "functions before calling NumCudaDevices() that might have already set an error? Error "
+    "999: unknown error"
+)
 
 
 def _nodes() -> list[str]:
@@ -33,6 +43,10 @@ def _nodes() -> list[str]:
 
 
 def _driver_ok() -> bool:
+    # First the nodes: cuInit opens them as this user before anything else can answer.
+    if _driver.nodes_denied():
+        warnings.warn(UNEXPECTED, stacklevel=3)
+        return False
     driver = _driver.cuda_version()
     if driver is None:
         warnings.warn(NO_DRIVER, stacklevel=3)
