@@ -226,7 +226,7 @@ def test_good_host_passes_preflight(hosts: Hosts, tmp_path: Path) -> None:
 
     assert_passed_gate(run, hosts.good)
     shown = panel(run, hosts.good)
-    assert "8 x NVIDIA RTX PRO 6000 Blackwell Server Edition driver 570.172.08" in shown
+    assert "8 x NVIDIA RTX PRO 6000 Blackwell Server Edition, driver 570.172.08" in shown
     assert "preflight failed" not in shown
 
 
