@@ -172,6 +172,15 @@ def _complete(state: EngineHost, name: str) -> bool:
     return bool(env and env["complete"])
 
 
+def installs(report: HostReport) -> bool:
+    """Whether this run builds the planned engine (it is not complete on the host): the engine
+    step then makes the service user before its check, and the model step need not."""
+    serving, spec = report.serving, report.plan.engine
+    if serving is None or serving.engine is None or spec is None:
+        return True
+    return not _complete(serving.engine, spec.name)
+
+
 @operation(is_idempotent=False)
 def require_wheels(wheelhouse: str, requirements: list[str]) -> Commands:
     """
@@ -756,7 +765,7 @@ def _install(
         exists=user_exists,
     )
     verify_env(
-        name=f"check on the GPUs (as {s.service_user}, in a rank's sandbox)",
+        name="check on the GPUs",
         engine_root=root,
         spec=spec,
         driver_version=driver.version,

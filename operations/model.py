@@ -32,6 +32,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import files, systemd
 
 from operations import layout, units
+from operations.engine import installs as engine_installs
 from operations.facts.model import script_module, script_text
 from operations.host_call import Commands, HostCall, run
 from operations.host_files import put_file
@@ -373,12 +374,14 @@ def _stage_model(report: HostReport) -> None:
             token_file=TOKEN_FILE if token else None,
         )
 
-    # The staged copy is readable by the servers' group only: the user exists before it.
-    service_user(
-        name=f"service user {s.service_user}",
-        user=s.service_user,
-        exists=serving.user_exists,
-    )
+    # The staged copy is readable by the servers' group only: the user exists before it
+    # (made by the engine step, before its check, when this run builds the engine).
+    if not engine_installs(report):
+        service_user(
+            name=f"service user {s.service_user}",
+            user=s.service_user,
+            exists=serving.user_exists,
+        )
     plan = decision.plan
     logger.info(f"{host.print_prefix}model {s.model_name}: {plan.mode}: {plan.why}")
     staged(

@@ -5,6 +5,8 @@ what to prune."""
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -336,6 +338,7 @@ def test_a_good_environment_on_the_captured_host_passes(doubles: Doubles, tmp_pa
         devices=tuple(Device(i, "12.0", "ok") for i in range(8)),
         compile="ok",
         kernel_runs=("ok",) * 8,
+        user=pwd.getpwuid(os.geteuid()).pw_name,  # the check names who ran it
     ), text
     assert judged(text) == []
 

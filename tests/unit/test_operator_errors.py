@@ -335,7 +335,7 @@ def lock(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
 @pytest.mark.parametrize(
     ("release", "texts"),
     [
-        ("0.5.22", ["sglang_version '0.5.22'", "not in the knowledge base", "0.5.11"]),
+        ("0.5.99", ["sglang_version '0.5.99'", "not in the knowledge base", "operations.releases"]),
         ("0.5.23", ["cuda_lane 'cu128'", "has no cu128", "offers cu130"]),
     ],
 )
