@@ -37,19 +37,26 @@ MODEL_DIR = "/srv/models/qwen"
 ROUTER_PORT = 8000
 
 
-@pytest.fixture(scope="module", name="indexes")
-def serving_indexes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Indexes]:
-    out = tmp_path_factory.mktemp("serve-wheels")
+def release_indexes(
+    tmp_path_factory: pytest.TempPathFactory, name: str, releases: tuple[str, ...]
+) -> Iterator[Indexes]:
+    """The package indexes for a serving test: each release's wheel doubles, and the real
+    router and its web stack from PyPI, served like everything else: exactly the pinned set
+    (operations/pins), which the deploy installs with --require-hashes. Stopped after."""
+    out = tmp_path_factory.mktemp(f"{name}-wheels")
     made = make_indexes(
-        tmp_path_factory.mktemp("serve-index"),
-        {RELEASE: doubles.release_wheels(out, RELEASE, LANE)},
+        tmp_path_factory.mktemp(f"{name}-index"),
+        {r: doubles.release_wheels(out / r, r, LANE) for r in releases},
     )
-    # The real router and its web stack, from PyPI, served like everything else: exactly the
-    # pinned set (operations/pins), which the deploy installs with --require-hashes.
     made.main.add(*pinned_wheels(router_file("0.3.2", "3.11")))
     yield made
     for index in made.all():
         index.stop()
+
+
+@pytest.fixture(scope="module", name="indexes")
+def serving_indexes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Indexes]:
+    yield from release_indexes(tmp_path_factory, "serve", (RELEASE,))
 
 
 def base_data(container: Container, indexes: Indexes, **extra: Any) -> dict[str, Any]:

@@ -28,12 +28,10 @@ import pytest
 from operations import layout
 from operations.facts.serve import Serving, ServingState, parse_serving
 from operations.host_files import sha256
-from operations.pins import router_file
 from operations.roll import ServePlan, roll_plan
 from tests import testbed as tb
-from tests.doubles import wheels as doubles
-from tests.e2e.deploying import LANE, Deploying, Indexes, make_indexes, start_deploy
-from tests.e2e.index import pinned_wheels, wait_for
+from tests.e2e.deploying import LANE, Deploying, Indexes, start_deploy
+from tests.e2e.index import wait_for
 from tests.e2e.serving import (
     RELEASE,
     ROUTER_PORT,
@@ -41,6 +39,7 @@ from tests.e2e.serving import (
     deploy,
     http,
     ok,
+    release_indexes,
     serve_ops,
     serving_spec,
     status_inventory,
@@ -191,15 +190,7 @@ def written_double(path: str, text: str) -> str:
 
 @pytest.fixture(scope="module")
 def indexes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Indexes]:
-    out = tmp_path_factory.mktemp("crash-wheels")
-    made = make_indexes(
-        tmp_path_factory.mktemp("crash-index"),
-        {r: doubles.release_wheels(out / r, r, LANE) for r in (RELEASE, NEW_RELEASE)},
-    )
-    made.main.add(*pinned_wheels(router_file("0.3.2", "3.11")))
-    yield made
-    for index in made.all():
-        index.stop()
+    yield from release_indexes(tmp_path_factory, "crash", (RELEASE, NEW_RELEASE))
 
 
 @pytest.fixture(scope="module")

@@ -16,11 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from operations.pins import router_file
 from tests import testbed as tb
-from tests.doubles import wheels as doubles
-from tests.e2e.deploying import LANE, Indexes, make_indexes
-from tests.e2e.index import pinned_wheels, wait_for
+from tests.e2e.deploying import LANE, Indexes
+from tests.e2e.index import wait_for
 from tests.e2e.load import CLIENTS, Load
 from tests.e2e.serving import (
     RELEASE,
@@ -30,6 +28,7 @@ from tests.e2e.serving import (
     health,
     http,
     ok,
+    release_indexes,
     serve_ops,
     serving_spec,
     unit_states,
@@ -46,17 +45,7 @@ DROPIN = "/run/systemd/system/sglang@.service.d"
 
 @pytest.fixture(scope="module")
 def indexes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Indexes]:
-    out = tmp_path_factory.mktemp("roll-wheels")
-    made = make_indexes(
-        tmp_path_factory.mktemp("roll-index"),
-        {r: doubles.release_wheels(out / r, r, LANE) for r in (RELEASE, NEW_RELEASE)},
-    )
-    # Exactly the pinned router set (operations/pins), as tests/e2e/serving.py serves it: the
-    # deploy installs it with --require-hashes, and PyPI's newest dependencies are not pinned.
-    made.main.add(*pinned_wheels(router_file("0.3.2", "3.11")))
-    yield made
-    for index in made.all():
-        index.stop()
+    yield from release_indexes(tmp_path_factory, "roll", (RELEASE, NEW_RELEASE))
 
 
 @pytest.fixture(scope="module")
