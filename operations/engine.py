@@ -24,7 +24,7 @@ host, a rebuild, a rollback) uploads that lock and installs exactly it (`uv sync
 with a wheelhouse `uv pip install` of the exported set: exact versions, and their hashes when
 the lock has them).
 
-An environment gets its marker file (facts/engine.py MARKER) only after the engine check passed,
+An environment gets its marker file (layout.ENGINE_MARKER) only after the engine check passed,
 so a cut download, a full disk or a failed check leaves a partial environment that `current`
 never points to and that the next run removes. Everything the step decides is pure and tested
 on its own; the operations only turn those decisions into commands. See docs/engine.md.
@@ -36,10 +36,10 @@ import json
 import os
 import re
 import shlex
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from pyinfra import logger
 from pyinfra.api.arguments import ConnectorArguments
@@ -54,28 +54,18 @@ from pyinfra.api.host import Host
 from pyinfra.api.operation import OperationMeta, operation
 from pyinfra.api.state import State
 from pyinfra.context import host
-from pyinfra.context import state as pyinfra_state
 from pyinfra.operations import files
 
 from operations import units
+from operations.engine_plan import EnginePlan
 from operations.engine_probe import Driver, evaluate, parse_probe
-from operations.engine_spec import (
-    EngineError,
-    EngineSpec,
-    indexes,
-    lock_path,
-    missing_wheels,
-    pip_config,
-    project_toml,
-)
-from operations.facts.engine import MARKER, EngineHost, EngineState, WheelhouseFiles
-from operations.facts.serve import referenced_env_names
+from operations.engine_spec import EngineError, EngineSpec, indexes
 from operations.host_call import Commands, HostCall, run
 from operations.host_files import put_file
 from operations.host_plan import HostReport
 from operations.host_scripts import script_text
-from operations.layout import EngineTree, env_python
-from operations.lock_check import LockArgs, LockSources, check_lock, lock_sources
+from operations.layout import LOCK_FILE, EngineTree, env_python
+from operations.lock_check import LockSources, check_lock
 from operations.pins import PinError, uv_requirement
 from operations.preflight import NESTING_FIX
 from operations.redact import redact
@@ -83,7 +73,6 @@ from operations.serve import service_user
 from operations.settings import Settings
 from operations.toolkit import REDIST_DIR, host_packages, install_toolkit, redist_dir, sync_archives
 
-LOCK_FILE = "uv.lock"  # in each environment and project: the resolved set
 # The engine check, run on the host by verify_env; engine_probe.py reads and judges its output.
 CHECK_SCRIPT = script_text("engine_check.py")
 CHECK_UNIT = "sglang-deploy-engine-check"
@@ -127,24 +116,6 @@ def check_command(
     return StringCommand(*words)
 
 
-# -- the prune policy -----------------------------------------------------------------------
-
-
-def envs_to_prune(
-    state: EngineHost, target: str, keep: int, serving: str | Iterable[str] | None = None
-) -> list[str]:
-    """Environments to delete once `target` is current: partial ones (never the target, which
-    its build step replaces), and complete ones beyond the `keep` most recently activated. The
-    environment that was serving while this run started is kept too: its servers run until the
-    serve step restarts them."""
-    complete = [n for n, e in state["envs"].items() if e["complete"] and n != target]
-    complete.sort(key=lambda n: (state["envs"][n]["activated_at"] or 0, n), reverse=True)
-    kept = {target, *complete[: max(keep - 1, 0)]}
-    # Every environment a rank unit names (facts.serve.referenced_env_names) is kept too.
-    kept.update([serving] if isinstance(serving, str) else serving or ())
-    return sorted(n for n in state["envs"] if n not in kept)
-
-
 # -- operations -----------------------------------------------------------------------------
 
 
@@ -160,37 +131,15 @@ def _project_dir(engine_root: str, name: str) -> str:
     return EngineTree(engine_root).project(name)
 
 
-def _state(engine_root: str) -> EngineHost:
-    state: EngineHost | None = host.get_fact(EngineState, engine_root=engine_root)
-    # None when the connector could not answer (pyinfra's @fake connector in `make demo`):
-    # plan as for a host with no engine yet.
-    return state or {"current": None, "envs": {}, "uv": None}
-
-
-def _complete(state: EngineHost, name: str) -> bool:
-    env = state["envs"].get(name)
-    return bool(env and env["complete"])
-
-
-def installs(report: HostReport) -> bool:
-    """Whether this run builds the planned engine (it is not complete on the host): the engine
-    step then makes the service user before its check, and the model step need not."""
-    serving, spec = report.serving, report.plan.engine
-    if serving is None or serving.engine is None or spec is None:
-        return True
-    return not _complete(serving.engine, spec.name)
-
-
 @operation(is_idempotent=False)
-def require_wheels(wheelhouse: str, requirements: list[str]) -> Commands:
+def require_wheels(wheelhouse: str, missing: list[str], is_dir: bool = True) -> Commands:
     """
     Fail the host before any change when the controller's wheelhouse lacks a pinned wheel.
 
     + wheelhouse: the directory of wheels on the controller
-    + requirements: the pinned `name==version` requirements
+    + missing: the pinned `name==version` requirements no wheel there satisfies (the plan's)
+    + is_dir: whether the wheelhouse is a directory
     """
-    is_dir = os.path.isdir(wheelhouse)
-    missing = missing_wheels(tuple(requirements), _local_wheels(wheelhouse) if is_dir else [])
     if not missing:
         host.noop(f"the wheelhouse {wheelhouse} holds every pinned wheel")
         return
@@ -206,7 +155,7 @@ def _fail(state: State, host: Host, message: str) -> bool:
 
 
 @operation()
-def sync_wheelhouse(src: str, dest: str) -> Commands:
+def sync_wheelhouse(src: str, dest: str, todo: list[str], count: int) -> Commands:
     """
     Copy the controller's wheels to the host: only files missing there or of another size
     (wheels are immutable by name, so a different size means a cut upload). Every file is
@@ -216,12 +165,11 @@ def sync_wheelhouse(src: str, dest: str) -> Commands:
 
     + src: the wheelhouse on the controller
     + dest: its copy on the host
+    + todo: the wheels it lacks or holds at another size (the plan's, from WheelhouseFiles)
+    + count: the wheels of src
     """
-    remote = host.get_fact(WheelhouseFiles, path=dest)
-    local = _local_wheels(src)
-    todo = [n for n in local if remote.get(n) != os.path.getsize(os.path.join(src, n))]
     if not todo:
-        host.noop(f"{dest} already holds the {len(local)} wheel(s) of {src}")
+        host.noop(f"{dest} already holds the {count} wheel(s) of {src}")
         return
     yield StringCommand("mkdir", "-p", _q(f"{dest}/.partial"))
     for file_name in todo:
@@ -236,17 +184,8 @@ def sync_wheelhouse(src: str, dest: str) -> Commands:
     yield StringCommand(f"cd {_q(dest + '/.partial')} && mv -f -- {names} ..")
 
 
-def _local_wheels(directory: str) -> list[str]:
-    # os.walk and os.path rather than pathlib or listdir: pyinfra-testing fakes local files
-    # through those (local_files in an operation fixture).
-    _, _, names = next(os.walk(directory), ("", [], []))
-    return sorted(n for n in names if n.endswith(".whl"))
-
-
 @operation()
-def bootstrap_uv(
-    engine_root: str, version: str, state: Mapping[str, Any] | None = None
-) -> Commands:
+def bootstrap_uv(engine_root: str, version: str, installed: str | None) -> Commands:
     """
     Install uv (exactly `version`) under ENGINE_ROOT/tools with the system Python's venv and
     pip, which read ENGINE_ROOT/pip.conf when there is one (a main index or the wheelhouse):
@@ -255,10 +194,9 @@ def bootstrap_uv(
 
     + engine_root: the engine root on the host
     + version: the uv release
-    + state: the EngineState the plan read (ServingState.engine); read here when omitted
+    + installed: the uv release there now (the plan's EngineState), None: none
     """
-    found = (_state(engine_root) if state is None else cast(EngineHost, state))["uv"]
-    if found == version:
+    if installed == version:
         host.noop(f"uv {version} is installed")
         return
     pinned = uv_requirement(version)
@@ -266,7 +204,7 @@ def bootstrap_uv(
         raise PinError(f"uv {version}: no pinned hash in operations/pins/uv.txt")
     tree = EngineTree(engine_root)
     tools, conf = tree.tools, tree.pip_config
-    requirements = f"{tools}/requirements.txt"
+    requirements = tree.tools_requirements
     yield (
         f"rm -rf {_q(tools)} && python3 -m venv {_q(tools)} && "
         f"printf '%s\\n' {_q(pinned)} > {_q(requirements)} && "
@@ -289,6 +227,7 @@ def lock_env(
     engine_root: str,
     env_name: str,
     controller_lock: str,
+    upload: bool,
     registries: list[str] | None = None,
     wheelhouse: str | None = None,
     wheelhouse_files: list[str] | None = None,
@@ -301,11 +240,13 @@ def lock_env(
     + engine_root: the engine root on the host
     + env_name: the environment's name (release-lane-hash)
     + controller_lock: where the lock lives on the controller
+    + upload: whether the controller has it (the plan's)
     + registries/wheelhouse/wheelhouse_files: where its packages may come from
       (lock_check.LockSources); no check when registries is None
     """
-    project = _project_dir(engine_root, env_name)
-    if os.path.isfile(controller_lock):
+    tree = EngineTree(engine_root)
+    project = tree.project(env_name)
+    if upload:
         if registries is not None:
             sources = LockSources.from_args(registries, wheelhouse, wheelhouse_files)
             with open(controller_lock) as lock:
@@ -316,13 +257,13 @@ def lock_env(
         # The project directory exists (its pyproject.toml was written just before).
         yield from put_file._inner(
             src=Path(controller_lock),
-            dest=f"{project}/{LOCK_FILE}",
+            dest=tree.project_lock(env_name),
             mode="600",
             sha256_now=None,
         )
         return
     yield (
-        f"cd {_q(project)} && rm -f uv.lock && {_uv(engine_root)} lock {_cache(engine_root)} "
+        f"cd {_q(project)} && rm -f {LOCK_FILE} && {_uv(engine_root)} lock {_cache(engine_root)} "
         "--no-progress --no-python-downloads"
     )
 
@@ -333,7 +274,7 @@ def build_env(
     env_name: str,
     python: str,
     offline: bool,
-    state: Mapping[str, Any] | None = None,
+    now: str = "absent",
 ) -> Commands:
     """
     Create ENGINE_ROOT/envs/ENV_NAME and install exactly the project's lock into it; a partial
@@ -344,23 +285,23 @@ def build_env(
     + python: the CPython minor the engine is locked for ("3.11"): the host's own, which uv
       must find (it never downloads one)
     + offline: install the exported lock from the wheelhouse (hashes checked), not the indexes
-    + state: the EngineState the plan read (ServingState.engine); read here when omitted
+    + now: the environment on the host as the plan read it: "complete", "partial" or "absent"
     """
-    state = _state(engine_root) if state is None else cast(EngineHost, state)
-    env = _env_dir(engine_root, env_name)
-    if _complete(state, env_name):
+    tree = EngineTree(engine_root)
+    env = tree.env(env_name)
+    if now == "complete":
         host.noop(f"{env_name} is installed")
         return
-    project = _project_dir(engine_root, env_name)
+    project = tree.project(env_name)
     uv, cache = _uv(engine_root), _cache(engine_root)
-    if env_name in state["envs"]:
+    if now == "partial":
         yield f"rm -rf {_q(env)}"
     yield (
         f"{uv} venv {cache} --no-progress --no-python-downloads --python-preference only-system "
         f"--python {_q(python)} {_q(env)}"
     )
     if offline:
-        requirements = f"{project}/requirements.txt"
+        requirements = tree.project_requirements(env_name)
         yield (
             f"cd {_q(project)} && {uv} export --frozen --no-header --no-annotate "
             f"--no-emit-project --format requirements-txt -o {_q(requirements)} --quiet"
@@ -376,7 +317,7 @@ def build_env(
             "--no-progress --no-python-downloads --no-install-project"
         )
     # The lock lives with the environment: every package it holds, versions and hashes.
-    yield f"cp {_q(project + '/uv.lock')} {_q(env + '/' + LOCK_FILE)}"
+    yield f"cp {_q(tree.project_lock(env_name))} {_q(tree.env_lock(env_name))}"
 
 
 def _verify(
@@ -437,7 +378,7 @@ def verify_env(
     spec: EngineSpec | Mapping[str, object],
     driver_version: str | None = None,
     driver_cuda: str | None = None,
-    state: Mapping[str, Any] | None = None,
+    complete: bool = False,
     user: str | None = None,
     device_nodes: list[str] | None = None,
 ) -> Commands:
@@ -453,14 +394,13 @@ def verify_env(
     + spec: what the environment must hold (an EngineSpec or its to_json())
     + driver_version/driver_cuda: the host's driver as preflight's nvidia-smi read it, for the
       advice in a failure
-    + state: the EngineState the plan read (ServingState.engine); read here when omitted
+    + complete: the environment passed its check when it was installed (the plan's)
     + user: the service user the check runs as (it must exist); None runs it as root, bare
     + device_nodes: the host's NVIDIA nodes (HostResources), for the optional DeviceAllow= lines
     """
     if not isinstance(spec, EngineSpec):
         spec = EngineSpec.from_json(spec)
-    found = _state(engine_root) if state is None else cast(EngineHost, state)
-    if _complete(found, spec.name):
+    if complete:
         host.noop(f"{spec.name} passed its check when it was installed")
         return
     env = _env_dir(engine_root, spec.name)
@@ -470,25 +410,24 @@ def verify_env(
         {},
     )
     marker = json.dumps(spec.marker(), sort_keys=True)
+    path = EngineTree(engine_root).env_marker(spec.name)
     yield (
-        f"printf '%s\\n' {_q(marker)} > {_q(env + '/' + MARKER + '.tmp')} && "
-        f"mv -f {_q(env + '/' + MARKER + '.tmp')} {_q(env + '/' + MARKER)}"
+        f"printf '%s\\n' {_q(marker)} > {_q(path + '.tmp')} && mv -f {_q(path + '.tmp')} {_q(path)}"
     )
 
 
 @operation()
-def switch(engine_root: str, env_name: str, state: Mapping[str, Any] | None = None) -> Commands:
+def switch(engine_root: str, env_name: str, current: str | None) -> Commands:
     """
     Point ENGINE_ROOT/current at envs/ENV_NAME atomically (a new link under a name unique to
     this run, renamed over the old one: a reader sees the old or the new environment).
 
     + engine_root: the engine root on the host
     + env_name: the environment to make current
-    + state: the EngineState fact as the step read it (nothing before this operation moves
-      `current`); read here when omitted
+    + current: what `current` names as the plan read it (nothing before this operation moves
+      it); None: no link
     """
-    state = _state(engine_root) if state is None else cast(EngineHost, state)
-    if state["current"] == env_name:
+    if current == env_name:
         host.noop(f"current is {env_name}")
         return
     tree = EngineTree(engine_root)
@@ -496,38 +435,27 @@ def switch(engine_root: str, env_name: str, state: Mapping[str, Any] | None = No
         f"tmp=$(mktemp -u {_q(tree.current_temp_pattern)}) && "
         f'ln -s {_q(tree.current_target(env_name))} "$tmp" && '
         f'mv -T "$tmp" {_q(tree.current)} && '
-        f"touch {_q(tree.env(env_name) + '/' + MARKER)}"
+        f"touch {_q(tree.env_marker(env_name))}"
     )
 
 
 @operation()
-def prune(
-    engine_root: str,
-    env_name: str,
-    keep: int,
-    serving: str | list[str] | None = None,
-    # Not EngineHost: pyinfra checks operation arguments with isinstance, which a TypedDict
-    # refuses.
-    state: Mapping[str, Any] | None = None,
-) -> Commands:
+def prune(engine_root: str, doomed: list[str], count: int, keep: int) -> Commands:
     """
-    Remove partial environments and complete ones beyond the `keep` most recently activated,
-    with their projects.
+    Remove the environments the plan dooms (partial ones, complete ones beyond the `keep` most
+    recently activated, never one a rank unit names: engine_plan.envs_to_prune), with their
+    projects.
 
     + engine_root: the engine root on the host
-    + env_name: the environment that is now current
-    + keep: how many environments to keep, the current one included
-    + serving: the environment `current` named when the run started: kept as well, since its
-      servers run until the serve step restarts them
-    + state: the EngineState fact as the step read it (the install only adds or rebuilds
-      env_name, which is always kept); read here when omitted
+    + doomed: the environments to remove (names)
+    + count: the environments on the host, for the no-op's line
+    + keep: how many environments are kept, the current one included
     """
-    state = _state(engine_root) if state is None else cast(EngineHost, state)
-    doomed = envs_to_prune(state, env_name, keep, serving=serving)
     if not doomed:
-        host.noop(f"{len(state['envs'])} environment(s), at most {keep} kept")
+        host.noop(f"{count} environment(s), at most {keep} kept")
         return
-    paths = [p for n in doomed for p in (_env_dir(engine_root, n), _project_dir(engine_root, n))]
+    tree = EngineTree(engine_root)
+    paths = [p for n in doomed for p in (tree.env(n), tree.project(n))]
     yield "rm -rf " + " ".join(_q(p) for p in paths)
 
 
@@ -545,59 +473,34 @@ class EngineStep:
 
 @deploy("Engine")
 def _engine_deploy(report: HostReport) -> EngineStep:
-    s = report.settings
-    spec = report.plan.engine
-    if spec is None:
-        raise EngineError("the resolver planned no engine for a host it accepted (a bug)")
-    root = s.engine_root
-    # The engine's state as the plan read it (the ServingState fact's `engine` lines): a
-    # converged host stops here, the target complete and current, with no fact of its own.
-    serving = report.serving
-    state: EngineHost = (
-        serving.engine
-        if serving is not None and serving.engine is not None
-        else {"current": None, "envs": {}, "uv": None}
-    )
-    # Relative to the deploy's directory, as pyinfra resolves local paths.
-    controller_lock = os.path.join(pyinfra_state.cwd or os.getcwd(), lock_path(s, spec))
-    complete = _complete(state, spec.name)
-    if s.wheelhouse and not complete:
+    plan = report.engine_step
+    if plan is None:
+        raise EngineError("the plan has no engine step for a host it accepted (a bug)")
+    s, spec, root = report.settings, plan.spec, plan.root
+    if plan.wheelhouse and plan.install:
         # First of all: a wheelhouse that lacks a pinned wheel changes nothing on the host.
         require_wheels(
             name="wheelhouse holds every pin",
-            wheelhouse=s.wheelhouse,
-            requirements=[*spec.requirements, f"uv=={s.uv_version}"],
+            wheelhouse=plan.wheelhouse,
+            missing=list(plan.missing_wheels),
+            is_dir=plan.wheelhouse_is_dir,
         )
     # Before the install: the engine check compiles with this compiler. Outside it too: an
     # engine built before engines had a compiler gets one without being rebuilt.
-    _compiler(s, spec, state)
-    if not complete:
-        gpu = report.gpu
-        driver = Driver(gpu.driver_version if gpu else None, gpu.cuda_version if gpu else None)
-        user_exists = serving is not None and serving.user_exists
-        nodes = report.resources.device_nodes if report.resources is not None else None
-        _install(s, spec, driver, controller_lock, state, user_exists, nodes)
-    elif not os.path.isfile(controller_lock):
-        _fetch_lock(s, spec, controller_lock)
-    # The fact read above, passed on: read again, it would cost a round trip per operation
-    # and one more for `switched.will_change`, which the serve step asks.
-    switched = switch(name="switch current", engine_root=root, env_name=spec.name, state=state)
+    _compiler(s, plan)
+    if plan.install:
+        _install(s, plan)
+    elif plan.fetch_lock:
+        _fetch_lock(plan)
+    switched = switch(
+        name="switch current", engine_root=root, env_name=spec.name, current=plan.current_now
+    )
     prune(
         name="prune old environments",
         engine_root=root,
-        env_name=spec.name,
-        keep=s.engine_keep,
-        serving=sorted(
-            {
-                n
-                for n in (
-                    state["current"],
-                    *(referenced_env_names(serving, root) if serving is not None else ()),
-                )
-                if n
-            }
-        ),
-        state=state,
+        doomed=list(plan.prune),
+        count=plan.env_count,
+        keep=plan.keep,
     )
     return EngineStep(spec, EngineTree(root).current, switched)
 
@@ -606,25 +509,25 @@ def _engine_deploy(report: HostReport) -> EngineStep:
 install_engine = cast(Callable[[HostReport], EngineStep], _engine_deploy)
 
 
-def _compiler(s: Settings, spec: EngineSpec, state: EngineHost) -> None:
-    host_packages(name="libnuma1 and g++", installed=state.get("packages", []))
-    tools = spec.toolkit
+def _compiler(s: Settings, plan: EnginePlan) -> None:
+    compiler = plan.compiler
+    host_packages(name="libnuma1 and g++", installed=list(compiler.packages_now))
+    tools = compiler.toolkit
     if tools is None:
         return
-    installed = state.get("toolkits", [])
-    if s.wheelhouse and tools.name not in installed:
+    if compiler.sync_archives:
         sync_archives(
             name="sync nvcc archives",
-            src=redist_dir(s.wheelhouse),
-            dest=EngineTree(s.engine_root).redist(REDIST_DIR),
+            src=redist_dir(plan.wheelhouse or ""),
+            dest=EngineTree(plan.root).redist(REDIST_DIR),
             tools=tools,
         )
     install_toolkit(
         name=f"nvcc {tools.version}",
-        engine_root=s.engine_root,
+        engine_root=plan.root,
         tools=tools,
-        installed=installed,
-        offline=bool(s.wheelhouse),
+        installed=[tools.name] if compiler.toolkit_installed else [],
+        offline=bool(plan.wheelhouse),
     )
 
 
@@ -688,91 +591,89 @@ def _local_dir(state: State, host: Host, path: str) -> bool:
     return True
 
 
-def _sources(s: Settings, spec: EngineSpec) -> LockArgs:
-    """Where a lock of `spec` may take its packages from, as operation arguments."""
-    wheelhouse = EngineTree(s.engine_root).wheelhouse if s.wheelhouse else None
-    files = _local_wheels(s.wheelhouse) if s.wheelhouse else None
-    return lock_sources(s, spec, wheelhouse, files).to_args()
-
-
-def _fetch_lock(s: Settings, spec: EngineSpec, controller_lock: str) -> None:
+def _fetch_lock(plan: EnginePlan) -> None:
     fetch_lock(
         name="copy the lock back",
-        src=f"{_env_dir(s.engine_root, spec.name)}/{LOCK_FILE}",
-        dest=controller_lock,
-        **_sources(s, spec),
+        src=EngineTree(plan.root).env_lock(plan.spec.name),
+        dest=plan.controller_lock,
+        **plan.lock_sources,
     )
 
 
-def _install(
-    s: Settings,
-    spec: EngineSpec,
-    driver: Driver,
-    controller_lock: str,
-    state: EngineHost,
-    user_exists: bool = False,
-    device_nodes: list[str] | None = None,
-) -> None:
-    root = s.engine_root
-    wheelhouse_dir = EngineTree(root).wheelhouse if s.wheelhouse else None
-    files.directory(name="directories", path=EngineTree(root).envs, mode="755")
-    if s.wheelhouse and wheelhouse_dir:
-        sync_wheelhouse(name="sync the wheelhouse", src=s.wheelhouse, dest=wheelhouse_dir)
+def _install(s: Settings, plan: EnginePlan) -> None:
+    root, spec = plan.root, plan.spec
+    tree = EngineTree(root)
+    files.directory(name="directories", path=tree.envs, mode="755")
+    if plan.wheelhouse and plan.wheelhouse_dest:
+        sync_wheelhouse(
+            name="sync the wheelhouse",
+            src=plan.wheelhouse,
+            dest=plan.wheelhouse_dest,
+            todo=list(plan.wheels_todo),
+            count=plan.wheels_count,
+        )
     else:
         shown = ", ".join(f"{i.name} {redact(i.url)}" for i in indexes(s, spec))
         main = redact(s.package_index_url) if s.package_index_url else "the installer's default"
         logger.debug(f"engine indexes: {shown}; main {main}")
-    conf = pip_config(s, wheelhouse_dir)
-    if conf is not None:
+    if any(f.path == tree.pip_config for f in plan.files):
+        conf = plan.file(tree.pip_config)
         put_file(
             name="pip.conf",
-            src=conf,
-            dest=EngineTree(root).pip_config,
-            mode="600",
-            dir_mode="755",
+            src=conf.data,
+            dest=conf.path,
+            mode=conf.mode,
+            dir_mode=conf.dir_mode,
             secret=True,
         )
-    bootstrap_uv(name=f"uv {s.uv_version}", engine_root=root, version=s.uv_version, state=state)
+    bootstrap_uv(
+        name=f"uv {plan.uv_version}",
+        engine_root=root,
+        version=plan.uv_version,
+        installed=plan.uv_now,
+    )
     # Root-only: index URLs may carry credentials; they never appear on a command line.
+    project = plan.file(tree.project_toml(spec.name))
     put_file(
         name="project",
-        src=project_toml(s, spec, wheelhouse_dir),
-        dest=f"{_project_dir(root, spec.name)}/pyproject.toml",
-        mode="600",
-        dir_mode="700",
+        src=project.data,
+        dest=project.path,
+        mode=project.mode,
+        dir_mode=project.dir_mode,
         secret=True,
     )
     lock_env(
         name="lock",
         engine_root=root,
         env_name=spec.name,
-        controller_lock=controller_lock,
-        **_sources(s, spec),
+        controller_lock=plan.controller_lock,
+        upload=plan.lock_upload,
+        **plan.lock_sources,
     )
     build_env(
         name="install",
         engine_root=root,
         env_name=spec.name,
         python=spec.python,
-        offline=bool(s.wheelhouse),
-        state=state,
+        offline=bool(plan.wheelhouse),
+        now="partial" if plan.partial else "absent",
     )
     # The check runs as the ranks will: their user must exist first (the model step's
     # call then finds it).
     service_user(
-        name=f"service user {s.service_user}",
-        user=s.service_user,
-        exists=user_exists,
+        name=f"service user {plan.user}",
+        user=plan.user,
+        exists=plan.user_exists,
     )
     verify_env(
         name="check on the GPUs",
         engine_root=root,
         spec=spec,
-        driver_version=driver.version,
-        driver_cuda=driver.cuda,
-        state=state,
-        user=s.service_user,
-        device_nodes=device_nodes,
+        driver_version=plan.driver.version,
+        driver_cuda=plan.driver.cuda,
+        complete=False,
+        user=plan.user,
+        device_nodes=list(plan.device_nodes) if plan.device_nodes is not None else None,
     )
-    if not os.path.isfile(controller_lock):
-        _fetch_lock(s, spec, controller_lock)
+    if plan.fetch_lock:
+        _fetch_lock(plan)

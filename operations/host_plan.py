@@ -9,23 +9,40 @@ HostReport and decide nothing again.
 
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass, field
 from typing import cast
 
 from pyinfra.api.host import Host
+from pyinfra.facts.files import File
 
 from operations import drain as drainmod
+from operations import engine_plan, layout, model_plan, monitoring, preflight, resolver, roll
 from operations import kb as kbmod
-from operations import layout, monitoring, preflight, resolver, roll
+from operations.engine_probe import Driver
+from operations.facts.engine import WheelhouseFiles
 from operations.facts.gpu import NvidiaSmi
 from operations.facts.host import Model, Resources
-from operations.facts.model import Staging, local_model, script_module
+from operations.facts.model import Staging, local_model
 from operations.facts.once import gathered, together
 from operations.facts.preflight import HostFacts, PreflightFacts
-from operations.facts.serve import Serving, referenced_models, serving_state
+from operations.facts.serve import (
+    Serving,
+    referenced_env_names,
+    referenced_models,
+    serving_state,
+)
 from operations.resolver.router import open_binds
 from operations.settings import Settings
-from operations.staging import StageDecision, decide_stage, keep_keys, model_staging
+from operations.staging import (
+    ControllerScan,
+    StageDecision,
+    controller_scan,
+    decide_stage,
+    keep_keys,
+    model_staging,
+)
 
 
 @dataclass
@@ -50,6 +67,10 @@ class HostReport:
     serving: Serving | None = None
     # What the serve and smoke steps do (operations/roll.py); None while preflight refuses.
     serve: roll.ServePlan | None = None
+    # What the engine and model steps do, every file they write (engine_plan.py,
+    # model_plan.py); None while the host is refused.
+    engine_step: engine_plan.EnginePlan | None = None
+    model_step: model_plan.ModelPlan | None = None
 
     @property
     def errors(self) -> list[str]:
@@ -92,6 +113,8 @@ class HostReport:
             }
         if self.serve is not None:
             data["serve"] = self.serve.to_json()
+        data["engine_step"] = self.engine_step.to_json() if self.engine_step else None
+        data["model_step"] = self.model_step.to_json() if self.model_step else None
         return data
 
 
@@ -108,6 +131,15 @@ class Gathered:
     model: Model
     # The staged copy's key (model_key); None while the source cannot be read.
     model_key: str | None
+    # The engine step's facts: EngineState (in ServingState), the controller's locks and
+    # wheelhouse, the host's wheelhouse (WheelhouseFiles, asked with the others).
+    engine: engine_plan.EngineFacts = field(default_factory=engine_plan.EngineFacts)
+    # A controller source's scan on the controller (once per run); None for other sources.
+    controller: ControllerScan | None = None
+    # Whether the hub CLI is installed: asked only while a hub download is to do (None: not).
+    hub_cli_installed: bool | None = None
+    # The controller's hub token (HF_TOKEN); never shown.
+    hub_token: str | None = field(default=None, repr=False)
 
 
 def gather(host: Host, settings: Settings, router_list: str | None = None) -> Gathered:
@@ -121,7 +153,9 @@ def gather(host: Host, settings: Settings, router_list: str | None = None) -> Ga
     roll onto a new copy is unfinished, it is asked again with them."""
     source = settings.source
     on_target = not (source.kind == "controller" and source.controller_dir is not None)
-    key = model_key(settings, None)
+    controller = None if on_target else controller_scan(str(source.controller_dir))
+    key = model_key(settings, None, controller)
+    wheelhouse = layout.engine_tree(settings).wheelhouse if settings.wheelhouse else None
 
     def preflight_facts() -> HostFacts:
         found: HostFacts = gathered(
@@ -134,41 +168,96 @@ def gather(host: Host, settings: Settings, router_list: str | None = None) -> Ga
         )
         return found
 
-    found, serving, staging = cast(
-        tuple[HostFacts, Serving, "Staging | None"],
+    def wheels_now() -> dict[str, int]:
+        found: dict[str, int] = gathered(WheelhouseFiles, path=wheelhouse) if wheelhouse else {}
+        return found or {}
+
+    found, serving, staging, remote = cast(
+        tuple[HostFacts, Serving, "Staging | None", dict[str, int]],
         together(
             preflight_facts,
             lambda: serving_state(settings, router_list),
             lambda: model_staging(settings, key, []),
-        ),
+            *([wheels_now] if wheelhouse else []),
+        )
+        + (() if wheelhouse else ({},)),
     )
     keep = keep_keys(settings, referenced_models(serving), key)
     if staging is not None and any(layout.copy_key(settings, p) in keep for p in staging.leftovers):
         staging = model_staging(settings, key, keep)
     if key is None:
-        key = model_key(settings, staging)
+        key = model_key(settings, staging, controller)
     if on_target:
         model = found.model if found.model is not None else Model(exists=False)
     else:
         assert source.controller_dir is not None
         model = local_model(source.controller_dir)
-    return Gathered(host=found, serving=serving, staging=staging, model=model, model_key=key)
+    cli = None
+    if source.kind == "hf" and (staging.hub_revision if staging else None) != source.revision:
+        # Only while the download is to do: a converged host never asks.
+        cli = bool(gathered(File, path=settings.model_hub_cli))
+    return Gathered(
+        host=found,
+        serving=serving,
+        staging=staging,
+        model=model,
+        model_key=key,
+        engine=engine_facts(host, settings, serving, remote),
+        controller=controller,
+        hub_cli_installed=cli,
+        hub_token=model_plan.hub_token(),
+    )
 
 
-def model_key(settings: Settings, staging: Staging | None) -> str | None:
+def engine_facts(
+    host: Host, settings: Settings, serving: Serving, wheels_now: dict[str, int]
+) -> engine_plan.EngineFacts:
+    """The engine plan's facts: the host's from the ServingState fact (and WheelhouseFiles),
+    the controller's read here (its locks, relative to the deploy's directory as pyinfra
+    resolves local paths, and its wheelhouse)."""
+    run = getattr(host, "state", None)
+    cwd = run.cwd if run is not None and run.cwd else os.getcwd()
+    locks: dict[str, str] = {}
+    lock_dir = os.path.join(cwd, settings.engine_lock_dir)
+    for entry in (
+        sorted(os.scandir(lock_dir), key=lambda e: e.name) if os.path.isdir(lock_dir) else ()
+    ):
+        if entry.name.endswith(".lock") and entry.is_file():
+            with open(entry.path, "rb") as lock:
+                locks[entry.name] = hashlib.sha256(lock.read()).hexdigest()
+    wheels = None
+    if settings.wheelhouse and os.path.isdir(settings.wheelhouse):
+        # os.walk and os.path: pyinfra-testing fakes local files through those.
+        _, _, names = next(os.walk(settings.wheelhouse), ("", [], []))
+        wheels = {
+            n: os.path.getsize(os.path.join(settings.wheelhouse, n))
+            for n in sorted(names)
+            if n.endswith(".whl")
+        }
+    return engine_plan.EngineFacts(
+        state=serving.engine if serving.engine is not None else engine_plan.no_engine(),
+        cwd=cwd,
+        locks=locks,
+        wheels=wheels,
+        wheels_now=wheels_now,
+        referenced=frozenset(referenced_env_names(serving, settings.engine_root)),
+        user_exists=serving.user_exists,
+    )
+
+
+def model_key(
+    settings: Settings, staging: Staging | None, controller: ControllerScan | None = None
+) -> str | None:
     """The key the staged copy of this model's source gets (STAGE_DIR/models/.SLUG@KEY), known
     before it is staged so a rank unit can name it: a hub source's pinned revision, else the
-    source's manifest digest (the controller's copy, or the target's directory as the
-    ModelStaging fact read it: with `staging` None, the key known before that fact). None
-    while the source cannot be read."""
+    source's manifest digest (the controller's copy as its scan read it, or the target's
+    directory as the ModelStaging fact read it: with `staging` None, the key known before that
+    fact). None while the source cannot be read."""
     source = settings.source
     if source.kind == "hf" and source.revision:
         return layout.hub_key(source.revision)
     if source.kind == "controller" and source.controller_dir is not None:
-        try:
-            return str(script_module().scan(source.controller_dir)["digest"])
-        except (OSError, script_module().StageError):
-            return None
+        return controller.digest if controller is not None else None
     return staging.source.digest if staging is not None and staging.source else None
 
 
@@ -218,11 +307,15 @@ def decide(
     plan.decisions.append(watched_decision)
     decision = None
     serve = None
+    engine_step, model_step = None, None
     if not failures:
         kept = referenced_models(facts.serving)
-        decision = decide_stage(settings, resources, facts.model_key, facts.staging, kept)
+        decision = decide_stage(
+            settings, resources, facts.model_key, facts.staging, kept, facts.controller
+        )
         plan.decisions.append(resolver.Decision("model staging", decision.what, decision.plan.why))
         serve = roll.serve_plan(settings, plan.ranks, facts.serving, router, drain)
+        engine_step, model_step = _step_plans(settings, plan, facts, decision)
     return HostReport(
         settings,
         plan,
@@ -237,4 +330,33 @@ def decide(
         model_key=facts.model_key,
         serving=facts.serving,
         serve=serve,
+        engine_step=engine_step,
+        model_step=model_step,
     )
+
+
+def _step_plans(
+    settings: Settings, plan: resolver.HostPlan, facts: Gathered, decision: StageDecision
+) -> tuple[engine_plan.EnginePlan | None, model_plan.ModelPlan | None]:
+    """The engine and model steps' plans; none while the resolver or the staging refuses."""
+    spec = plan.engine
+    if spec is None or plan.errors or decision.refused:
+        return None, None
+    gpu, resources = facts.host.gpu, facts.host.resources
+    driver = Driver(gpu.driver_version if gpu else None, gpu.cuda_version if gpu else None)
+    nodes = resources.device_nodes if resources is not None else None
+    engine = engine_plan.decide(settings, spec, facts.engine, driver, nodes)
+    model = model_plan.decide(
+        settings,
+        decision,
+        facts.model_key,
+        facts.serving.files,
+        facts.serving.enabled,
+        facts.serving.user_exists,
+        engine.install,
+        spec.python,
+        facts.controller,
+        facts.hub_cli_installed,
+        facts.hub_token,
+    )
+    return engine, model

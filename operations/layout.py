@@ -71,6 +71,14 @@ DASHBOARD_FILE = f"{MONITORING_DIR}/grafana-dashboard.json"
 # Under an hf:// source's directory: the revision the hub download completed
 # (operations/files/stage_model.py HUB_MARKER, which the host script spells on its own).
 HUB_MARKER = ".cache/sglang-hub-complete"
+# Root-only, and only for the length of one hub download: the token never lands in a unit file.
+HUB_TOKEN_DIR = f"{CONFIG_DIR}/hub"
+HUB_TOKEN_FILE = f"{HUB_TOKEN_DIR}/token"
+# Written into an environment only after it passed its checks: an environment without it is
+# partial (a cut download, a full disk, a failed check) and is removed by the next run.
+ENGINE_MARKER = "sglang-deploy.json"
+# The resolved set, in each engine project (uv writes it) and environment (copied there).
+LOCK_FILE = "uv.lock"
 # The stage unit's interpreter: the host's own, present before any engine is installed.
 SYSTEM_PYTHON = "/usr/bin/python3"
 # On a Proxmox node (pve.py): NVIDIA's installers, downloaded once.
@@ -116,6 +124,26 @@ class EngineTree:
     def project(self, name: str) -> str:
         return f"{self.root}/projects/{name}"
 
+    def project_toml(self, name: str) -> str:
+        """Its pyproject.toml (root-only: index URLs may carry credentials)."""
+        return f"{self.project(name)}/pyproject.toml"
+
+    def project_lock(self, name: str) -> str:
+        """Its uv.lock: `uv lock`'s, or the controller's copy uploaded."""
+        return f"{self.project(name)}/{LOCK_FILE}"
+
+    def project_requirements(self, name: str) -> str:
+        """The lock exported for an offline install (`uv export`)."""
+        return env_requirements(self.project(name))
+
+    def env_marker(self, name: str) -> str:
+        """The environment's marker (ENGINE_MARKER): complete once its check passed."""
+        return f"{self.env(name)}/{ENGINE_MARKER}"
+
+    def env_lock(self, name: str) -> str:
+        """The lock an environment was installed from, kept inside it."""
+        return f"{self.env(name)}/{LOCK_FILE}"
+
     @property
     def current(self) -> str:
         return f"{self.root}/current"
@@ -141,6 +169,11 @@ class EngineTree:
     @property
     def tools_pip(self) -> str:
         return f"{self.tools}/bin/pip"
+
+    @property
+    def tools_requirements(self) -> str:
+        """uv's pinned wheel (with its hash), as bootstrap_uv installs it."""
+        return env_requirements(self.tools)
 
     @property
     def cache(self) -> str:
@@ -200,6 +233,20 @@ def engine_current(engine_root: str) -> str:
     return EngineTree(engine_root).current
 
 
+def hub_cli_venv(cli: str) -> str:
+    """The Hugging Face CLI's own venv: model_hub_cli is VENV/bin/hf (settings checks it)."""
+    return cli.rsplit("/", 2)[0]
+
+
+def hub_cli_requirements(cli: str) -> str:
+    """The CLI's pinned wheels (with hashes), kept in its venv."""
+    return env_requirements(hub_cli_venv(cli))
+
+
+def hub_cli_pip(cli: str) -> str:
+    return f"{hub_cli_venv(cli)}/bin/pip"
+
+
 def router_env(settings: Settings) -> str:
     version = settings.router.version if settings.router else "none"
     return engine_tree(settings).router_env(version)
@@ -253,8 +300,12 @@ def managed_files(settings: Settings) -> tuple[ManagedFile, ...]:
         ),
         ManagedFile(tree.uv_config, "engine", "600", secret=True, checksummed=False),
         ManagedFile(tree.pip_config, "engine", "600", secret=True, checksummed=False),
+        ManagedFile(tree.tools_requirements, "engine", checksummed=False),
         ManagedFile(STAGE_SCRIPT, "model", "755"),
         ManagedFile(unit_path(STAGE_UNIT), "model"),
+        # Written only for a hub download that is still to do (no run after it needs them).
+        ManagedFile(HUB_TOKEN_FILE, "model", "600", secret=True, checksummed=False, dir_mode="700"),
+        ManagedFile(hub_cli_requirements(settings.model_hub_cli), "model", checksummed=False),
     )
     if settings.router is None:
         return files

@@ -14,7 +14,6 @@ Docs: docs/model.md.
 
 from __future__ import annotations
 
-import os
 import shlex
 from collections.abc import Callable
 from typing import cast
@@ -28,38 +27,26 @@ from pyinfra.api.host import Host
 from pyinfra.api.operation import operation
 from pyinfra.api.state import State
 from pyinfra.context import host
-from pyinfra.facts.files import File
 from pyinfra.operations import files, systemd
 
-from operations import layout, units
-from operations.engine import installs as engine_installs
-from operations.facts.model import script_module, script_text
+from operations import layout
 from operations.host_call import Commands, HostCall, run
 from operations.host_files import put_file
 from operations.host_plan import HostReport
-from operations.layout import CONFIG_DIR, STAGE_UNIT
-from operations.pins import hub_requirements
-from operations.preflight import STAGE_HEADROOM
+from operations.layout import STAGE_UNIT
+
+# Where they have always been imported from (the plan renders the unit: model_plan.py).
+from operations.model_plan import STAGE_TIMEOUT_S as STAGE_TIMEOUT_S
+from operations.model_plan import stage_command as stage_command
+from operations.model_plan import stage_unit_text as stage_unit_text
 from operations.serve import service_user
 from operations.settings import Settings
 
 SCRIPT_DEST = layout.STAGE_SCRIPT
 UNIT_PATH = layout.unit_path(STAGE_UNIT)
-# Root-only, and only for the length of one download: the token never lands in a unit file.
-TOKEN_DIR = f"{CONFIG_DIR}/hub"
-TOKEN_FILE = f"{TOKEN_DIR}/token"
-TOKEN_ENV = "HF_TOKEN"
 HUB_REQUIREMENT = "huggingface_hub>=0.34,<2"  # 0.34 introduced the `hf` command
-STAGE_TIMEOUT_S = 3600
 # Ranks the in-place swap stops; the serve step starts them again (the model changed).
 RANK_UNITS = (layout.TARGET, layout.RANK_UNIT_GLOB)
-
-
-def _python(report: HostReport) -> str:
-    """The host's python3 minor, as the plan read it (the engine is locked for it)."""
-    if report.plan.engine is None:
-        raise OperationError("the model step needs the plan's engine (host_plan)")
-    return report.plan.engine.python
 
 
 def _gib(n: int | None) -> str:
@@ -79,37 +66,6 @@ def _run_live(
         last = output.stderr_lines[-1] if output.stderr_lines else "no message"
         logger.error(f"{host.print_prefix}{what} failed: {last}")
     return bool(ok)
-
-
-def stage_command(
-    source_dir: str,
-    stage_dir: str,
-    slug: str,
-    mode: str,
-    verify: str,
-    bwlimit_mbps: float | None,
-    python: str = "python3",
-    script: str = SCRIPT_DEST,
-    key: str | None = None,
-    keep: tuple[str, ...] = (),
-    group: str | None = None,
-    headroom: float = STAGE_HEADROOM,
-) -> list[str]:
-    """The one command line of a staging run: the deploy and the boot unit both use it.
-    key: the copy's name the rank units use; keep: copies units still name (not removed);
-    headroom: the capacity rule's (preflight.STAGE_HEADROOM), which the script applies."""
-    argv = [python, script, "stage", source_dir, stage_dir, slug, "--mode", mode]
-    argv += ["--verify", verify]
-    if key is not None:
-        argv += ["--key", key]
-    for kept in keep:
-        argv += ["--keep", kept]
-    if group is not None:
-        argv += ["--group", group]  # root:GROUP 0750/0640: the servers read it, nobody else
-    if bwlimit_mbps:
-        argv += ["--bwlimit-mbps", f"{bwlimit_mbps:g}"]
-    argv += ["--headroom", f"{headroom:g}"]
-    return argv
 
 
 @operation(is_idempotent=False)
@@ -195,7 +151,7 @@ def synced_from_controller(
 
 
 @operation(is_idempotent=False)
-def hub_cli(cli: str, requirements: str) -> Commands:
+def hub_cli(cli: str, requirements: str, installed: bool) -> Commands:
     """
     The Hugging Face CLI at `cli`, installed into its own venv when missing: exactly the
     pinned wheels, hashes checked (`--require-hashes --only-binary :all:`), kept beside it as
@@ -203,16 +159,16 @@ def hub_cli(cli: str, requirements: str) -> Commands:
 
     + cli: the path of the `hf` command (model_hub_cli)
     + requirements: the pinned requirements with hashes (operations/pins hub_requirements)
+    + installed: whether `cli` is there (the plan's File fact)
     """
-    if host.get_fact(File, path=cli):
+    if installed:
         host.noop(f"{cli} is installed")
         return
-    venv = os.path.dirname(os.path.dirname(cli))
-    pinned = f"{venv}/requirements.txt"
-    yield StringCommand("python3", "-m", "venv", QuoteString(venv))
+    pinned = layout.hub_cli_requirements(cli)
+    yield StringCommand("python3", "-m", "venv", QuoteString(layout.hub_cli_venv(cli)))
     yield from put_file._inner(src=requirements, dest=pinned, sha256_now=None)
     yield StringCommand(
-        QuoteString(f"{venv}/bin/pip"),
+        QuoteString(layout.hub_cli_pip(cli)),
         "install",
         "-q",
         "--disable-pip-version-check",
@@ -265,27 +221,6 @@ def slug_of(settings: Settings) -> str:
     return layout.model_slug(settings)
 
 
-def stage_unit_text(settings: Settings, key: str | None) -> str:
-    argv = stage_command(
-        settings.source.target_dir,
-        settings.model_stage_dir,
-        slug_of(settings),
-        "auto",  # at boot no rank runs yet: in place is safe when beside does not fit
-        "manifest",
-        settings.model_stage_bwlimit_mbps,
-        python=layout.SYSTEM_PYTHON,
-        key=key,
-        group=settings.service_user,
-    )
-    return units.stage_unit(
-        model_name=settings.model_name,
-        stage_dir=settings.model_stage_dir,
-        source_dir=settings.source.target_dir,
-        argv=argv,
-        timeout_s=STAGE_TIMEOUT_S,
-    )
-
-
 @operation()
 def enabled_at_boot(unit: str, now: str | None) -> Commands:
     """
@@ -303,98 +238,81 @@ def enabled_at_boot(unit: str, now: str | None) -> Commands:
 @deploy("Model")
 def _stage_model(report: HostReport) -> None:
     s = report.settings
-    source = s.source
-    slug = slug_of(s)
-    # Decided in the plan (host_plan): the copy's key the rank units name, and the fact read.
-    key = report.model_key
-    serving = report.serving
-    if serving is None:
-        raise OperationError("the model step needs the plan's ServingState fact (host_plan)")
+    # Decided in the plan (host_plan, model_plan.py): every file, the unit, the source's
+    # fetch and the staging; carried out here.
+    plan = report.model_step
+    if plan is None:
+        raise OperationError("the model step needs the plan's model step (host_plan)")
     put_file(
         name="staging script",
-        src=script_text(),
-        dest=SCRIPT_DEST,
-        mode="755",
-        sha256_now=serving.files.get(SCRIPT_DEST),
+        src=plan.script.data,
+        dest=plan.script.path,
+        mode=plan.script.mode,
+        sha256_now=plan.script.sha256_now,
     )
     unit = put_file(
         name="stage-at-boot unit",
-        src=stage_unit_text(s, key),
-        dest=UNIT_PATH,
-        sha256_now=serving.files.get(UNIT_PATH),
+        src=plan.unit.data,
+        dest=plan.unit.path,
+        sha256_now=plan.unit.sha256_now,
     )
     systemd.daemon_reload(name="reload systemd", _if=unit.did_change)
-    enabled_at_boot(
-        name="enable the stage unit",
-        unit=STAGE_UNIT,
-        now=serving.enabled.get(STAGE_UNIT),
-    )
+    enabled_at_boot(name="enable the stage unit", unit=STAGE_UNIT, now=plan.enabled_now)
 
-    # Decided once, before any change (operations/staging.py); carried out here.
-    # A refused decision never gets here: it is one of the host's errors, and the gate stops it.
-    decision = report.staging
-    if decision is None or decision.refused:
-        raise OperationError("the model step needs an accepted staging decision (host_plan)")
-    staging = decision.staging
-    if source.kind == "controller" and source.controller_dir is not None:
-        local = script_module().scan(source.controller_dir)
-        cached = staging.source.digest if staging is not None and staging.source else None
+    if plan.sync is not None:
+        sync = plan.sync
         synced_from_controller(
-            name=f"sync from the controller ({_gib(local['bytes'])})",
-            local_dir=source.controller_dir,
-            target_dir=source.target_dir,
-            local_digest=local["digest"],
-            target_digest=cached,
+            name=f"sync from the controller ({_gib(sync.local_bytes)})",
+            local_dir=sync.local_dir,
+            target_dir=sync.target_dir,
+            local_digest=sync.local_digest,
+            target_digest=sync.target_digest,
         )
-    elif source.kind == "hf" and source.repo and source.revision:
-        done = staging.hub_revision if staging is not None else None
-        if done != source.revision:
+    elif plan.hub is not None:
+        hub = plan.hub
+        if hub.download:
             hub_cli(
                 name="Hugging Face CLI",
-                cli=s.model_hub_cli,
-                requirements=hub_requirements(_python(report)),
+                cli=hub.cli,
+                requirements=hub.requirements,
+                installed=not hub.install_cli,
             )
-        token = os.environ.get(TOKEN_ENV)
-        if token and done != source.revision:
+        if hub.token is not None:
             put_file(
                 name="hub token (root only)",
-                src=token,
-                dest=TOKEN_FILE,
-                mode="600",
-                dir_mode="700",
+                src=hub.token.data,
+                dest=hub.token.path,
+                mode=hub.token.mode,
+                dir_mode=hub.token.dir_mode,
                 secret=True,
             )
         fetched_from_hub(
             name="hub download (once)",
-            cli=s.model_hub_cli,
-            repo=source.repo,
-            revision=source.revision,
-            dest=source.target_dir,
-            downloaded_revision=done,
-            token_file=TOKEN_FILE if token else None,
+            cli=hub.cli,
+            repo=hub.repo,
+            revision=hub.revision,
+            dest=hub.dest,
+            downloaded_revision=hub.downloaded_revision,
+            token_file=hub.token.path if hub.token is not None else None,
         )
 
     # The staged copy is readable by the servers' group only: the user exists before it
     # (made by the engine step, before its check, when this run builds the engine).
-    if not engine_installs(report):
-        service_user(
-            name=f"service user {s.service_user}",
-            user=s.service_user,
-            exists=serving.user_exists,
-        )
-    plan = decision.plan
-    logger.info(f"{host.print_prefix}model {s.model_name}: {plan.mode}: {plan.why}")
+    if plan.make_user:
+        service_user(name=f"service user {plan.user}", user=plan.user, exists=plan.user_exists)
+    stage = plan.stage.plan
+    logger.info(f"{host.print_prefix}model {s.model_name}: {stage.mode}: {stage.why}")
     staged(
-        name=f"stage the copy ({plan.mode})",
-        source_dir=source.target_dir,
+        name=f"stage the copy ({stage.mode})",
+        source_dir=s.source.target_dir,
         stage_dir=s.model_stage_dir,
-        slug=slug,
-        mode=plan.mode,
-        why=plan.why,
+        slug=slug_of(s),
+        mode=stage.mode,
+        why=stage.why,
         verify=s.model_verify,
         bwlimit_mbps=s.model_stage_bwlimit_mbps,
-        key=key,
-        keep=decision.keep_keys,
+        key=plan.key,
+        keep=plan.stage.keep_keys,
         group=s.service_user,
     )
 

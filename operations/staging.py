@@ -135,15 +135,24 @@ def model_staging(settings: Settings, key: str | None, keep: list[str]) -> Stagi
     return staging
 
 
-def _controller_refusal(path: str) -> str | None:
-    """Why the staging script's scan refuses the controller's directory (a link the rule
-    refuses, an unreadable file), None when it scans."""
+@dataclass(frozen=True)
+class ControllerScan:
+    """A controller source's directory as the staging script's scan reads it on the controller,
+    once per run (host_plan.gather): its manifest digest and bytes, or why the scan refuses it
+    (a link the rule refuses, an unreadable file)."""
+
+    digest: str | None = None
+    bytes: int | None = None
+    error: str | None = None
+
+
+def controller_scan(path: str) -> ControllerScan:
     module = script_module()
     try:
-        module.scan(path)
+        found = module.scan(path)
     except (OSError, module.StageError) as exc:
-        return str(exc)
-    return None
+        return ControllerScan(error=str(exc))
+    return ControllerScan(str(found["digest"]), int(found["bytes"]))
 
 
 def decide_stage(
@@ -152,10 +161,12 @@ def decide_stage(
     key: str | None,
     staging: Staging | None,
     kept: set[str],
+    controller: ControllerScan | None = None,
 ) -> StageDecision:
     """The one staging decision of a run, from facts already read: the ModelStaging fact
-    (asked with `key` and keep_keys(kept)) and the staged copies the host's rank units name
-    (`kept`, paths). `key`: the copy's key the resolver gave the rank units."""
+    (asked with `key` and keep_keys(kept)), the staged copies the host's rank units name
+    (`kept`, paths) and, for a controller source, its scan there (`controller`). `key`: the
+    copy's key the resolver gave the rank units."""
     source = settings.source
     cached = staging.source.digest if staging is not None and staging.source else None
     if source.kind == "controller":
@@ -167,7 +178,7 @@ def decide_stage(
     plan = decide(settings, resources, staging, pending)
     if source.kind == "controller" and source.controller_dir is not None and key is None:
         # The controller's scan (the link rule) refused its directory: nothing is sent.
-        why = _controller_refusal(source.controller_dir)
+        why = controller.error if controller is not None else None
         if why is not None:
             plan = StagePlan("refuse", f"{why} (on the controller); nothing was copied")
     return StageDecision(

@@ -108,6 +108,19 @@ def sync_archives(src: str, dest: str, tools: Toolkit | Mapping[str, object]) ->
         yield StringCommand("mv", "-f", _q(partial), _q(f"{dest}/{archive.file_name}"))
 
 
+def toolkit_arguments(engine_root: str, tools: Toolkit, offline: bool) -> str:
+    """What files/cuda_toolkit.py is given (ENGINE_ROOT/cuda/.NAME.json, root-only): the
+    engine plan lists it (engine_plan.py), install_toolkit writes it."""
+    arguments = {
+        "home": tools.home(engine_root),
+        "source": EngineTree(engine_root).redist(REDIST_DIR) if offline else tools.url,
+        "root": tools.root,
+        "archives": [{"path": a.path, "sha256": a.sha256, "size": a.size} for a in tools.archives],
+        "marker": {"version": tools.version, "archives": [a.file_name for a in tools.archives]},
+    }
+    return json.dumps(arguments, indent=1) + "\n"
+
+
 @operation()
 def install_toolkit(
     engine_root: str,
@@ -130,17 +143,10 @@ def install_toolkit(
     if tools.name in installed:
         host.noop(f"nvcc {tools.version} is installed in {home}")
         return
-    arguments = {
-        "home": home,
-        "source": EngineTree(engine_root).redist(REDIST_DIR) if offline else tools.url,
-        "root": tools.root,
-        "archives": [{"path": a.path, "sha256": a.sha256, "size": a.size} for a in tools.archives],
-        "marker": {"version": tools.version, "archives": [a.file_name for a in tools.archives]},
-    }
     # Root-only, never on a command line: a mirror's URL may carry a token.
     args_file = EngineTree(engine_root).toolkit_args(tools.name)
     yield from put_file._inner(
-        src=json.dumps(arguments, indent=1) + "\n",
+        src=toolkit_arguments(engine_root, tools, offline),
         dest=args_file,
         mode="600",
         dir_mode="755",

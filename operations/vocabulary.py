@@ -85,6 +85,10 @@ class PlanJson(TypedDict):
     model_key: NotRequired[str | None]
     staging: NotRequired[StagingJson]
     serve: NotRequired[ServeJson]
+    # What the engine and model steps do and every file they write (engine_plan.py,
+    # model_plan.py); None while preflight refuses the host.
+    engine_step: NotRequired[EngineStepJson | None]
+    model_step: NotRequired[ModelStepJson | None]
 
 
 class StagingJson(TypedDict):
@@ -117,3 +121,77 @@ class ServeJson(TypedDict):
     prune_keep: list[str]
     prune_doomed: list[str]
     summary: str
+
+
+# -- the engine and model steps' plans (operations/engine_plan.py, operations/model_plan.py) --
+
+
+class PlannedFileJson(TypedDict):
+    """A file a step writes (operations/planned_files.py): a secret's content never, only its
+    digest."""
+
+    path: str
+    sha256: str | None
+    sha256_now: str | None
+    # Whether the plan read sha256_now (False: written only with what it belongs to, or a
+    # secret, whose mode and owners put_file reads on every run).
+    read: bool
+    mode: str
+    owner: str
+    group: str
+    secret: bool
+    changes: bool | None
+    made_by: str | None
+
+
+class UvJson(TypedDict):
+    version: str
+    now: str | None
+
+
+class LockJson(TypedDict):
+    controller: str
+    upload: bool
+    fetch: bool
+
+
+# "from" is a keyword: the functional form.
+SwitchJson = TypedDict("SwitchJson", {"from": str | None, "to": str})
+
+
+class ToolkitStepJson(TypedDict):
+    name: str
+    installed: bool
+    sync_archives: bool
+
+
+class EngineStepJson(TypedDict):
+    name: str
+    install: bool
+    partial: bool
+    uv: UvJson
+    missing_wheels: list[str]
+    wheels_to_sync: list[str]
+    lock: LockJson
+    switch: SwitchJson
+    prune: list[str]
+    packages_missing: list[str]
+    toolkit: ToolkitStepJson | None
+    files: list[PlannedFileJson]
+
+
+class UnitTextJson(TypedDict):
+    path: str
+    text: str
+
+
+class ModelStepJson(TypedDict):
+    source: str
+    sync: bool
+    hub_cli: bool
+    download: bool
+    make_user: bool
+    enable_stage_unit: bool
+    stage: str
+    units: list[UnitTextJson]
+    files: list[PlannedFileJson]

@@ -11,11 +11,10 @@ from typing import NotRequired, TypedDict
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.facts import FactBase
 
-from operations.layout import EngineTree
+from operations.layout import ENGINE_MARKER, EngineTree
 
-# Written into an environment only after it passed its checks: an environment without it is
-# partial (a cut download, a full disk, a failed check) and is removed by the next run.
-MARKER = "sglang-deploy.json"
+# An environment's marker (layout.ENGINE_MARKER): complete once its check passed.
+MARKER = ENGINE_MARKER
 # Written into ENGINE_ROOT/cuda/<name> (operations/files/cuda_toolkit.py) as its last step.
 TOOLKIT_MARKER = ".sglang-deploy-toolkit.json"
 # Debian packages an engine needs beside its wheels: libnuma1 (sgl_kernel links libnuma.so.1)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from operations import kb as kbmod
-from operations.engine import envs_to_prune
+from operations.engine_plan import envs_to_prune
 from operations.engine_probe import Device, Driver, Probe, evaluate, parse_probe
 from operations.engine_spec import (
     EngineError,

@@ -29,7 +29,7 @@ from pyinfra.connectors.fake import FakeConnector
 from pyinfra.connectors.util import CommandOutput
 from typing_extensions import override
 
-from operations import engine, model, toolkit
+from operations import engine, layout, model, toolkit
 from operations.host_call import HostCall, run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,10 +112,10 @@ def test_the_staging_run_goes_through_sudo() -> None:
 
 def test_the_hub_download_and_the_token_removal_go_through_sudo() -> None:
     args, _ = case("model.fetched_from_hub/first-download-public-repo")
-    args[-1:] = [None, model.TOKEN_FILE]  # not downloaded yet; a private repository
+    args[-1:] = [None, layout.HUB_TOKEN_FILE]  # not downloaded yet; a private repository
     seen = deploy(lambda s: add_op(s, model.fetched_from_hub, *args), **SUDO)
     # One command: the download, then `rm -f TOKEN` whatever its outcome, all as root.
-    (arguments,) = ops_of(seen, f"rm -f {model.TOKEN_FILE}")
+    (arguments,) = ops_of(seen, f"rm -f {layout.HUB_TOKEN_FILE}")
     assert arguments == SUDO
     assert ops_of(seen, "fetch-hub") == [SUDO]
 
@@ -195,7 +195,8 @@ def test_sudo_uploads_use_random_temp_names(tmp_path: Path) -> None:
     dest = "/opt/sglang/wheelhouse"
 
     def add(state: State) -> None:
-        add_op(state, engine.sync_wheelhouse, src=str(tmp_path), dest=dest)
+        names = ["a-1.0-py3-none-any.whl", "b-2.0-py3-none-any.whl"]
+        add_op(state, engine.sync_wheelhouse, src=str(tmp_path), dest=dest, todo=names, count=2)
 
     first, second = deploy(add, **SUDO).uploads, deploy(add, **SUDO).uploads
     temps = [temp for _, temp, _ in first + second]

@@ -40,6 +40,9 @@ MANAGED = {
     "the service user's home (layout.service_home)": r"/var/lib/",
     "the hub download marker (layout.HUB_MARKER)": r"sglang-hub-complete",
     "a cache of the deploy's (layout.PVE_DRIVER_CACHE)": r"/var/cache/sglang",
+    "an engine's lock on the host (layout.LOCK_FILE, EngineTree.project_lock)": r"/uv\.lock",
+    "an environment's marker (layout.ENGINE_MARKER)": r"sglang-deploy\.json",
+    "the hub token (layout.HUB_TOKEN_FILE)": r"/hub/token",
 }
 
 

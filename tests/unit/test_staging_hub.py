@@ -379,12 +379,12 @@ def test_the_controller_directory_refused_by_the_rule_is_refused_in_the_plan(
 ) -> None:
     """A controller source is scanned there by the same rule: a link it refuses is the
     plan's refusal, before anything is sent (rsync --copy-links would follow it)."""
-    from operations.staging import decide_stage
+    from operations.staging import controller_scan, decide_stage
     from tests.unit.builders import make_settings
 
     (src / "tokenizer.json").symlink_to(secret)
     settings = make_settings(model_source=f"controller:{src}")
-    decision = decide_stage(settings, None, None, None, set())
+    decision = decide_stage(settings, None, None, None, set(), controller_scan(str(src)))
     assert decision.refused and "tokenizer.json is a symbolic link" in decision.plan.why
     assert "on the controller" in decision.plan.why
     assert local_model(str(src)).architecture == "Qwen3_5ForConditionalGeneration"
