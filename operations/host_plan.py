@@ -168,20 +168,17 @@ def gather(host: Host, settings: Settings, router_list: str | None = None) -> Ga
         )
         return found
 
-    def wheels_now() -> dict[str, int]:
-        found: dict[str, int] = gathered(WheelhouseFiles, path=wheelhouse) if wheelhouse else {}
-        return found or {}
-
-    found, serving, staging, remote = cast(
-        tuple[HostFacts, Serving, "Staging | None", dict[str, int]],
-        together(
-            preflight_facts,
-            lambda: serving_state(settings, router_list),
-            lambda: model_staging(settings, key, []),
-            *([wheels_now] if wheelhouse else []),
-        )
-        + (() if wheelhouse else ({},)),
-    )
+    calls = [
+        preflight_facts,
+        lambda: serving_state(settings, router_list),
+        lambda: model_staging(settings, key, []),
+    ]
+    if wheelhouse is not None:
+        # The host's copy of the wheelhouse, for the engine plan's sync: with the others.
+        calls.append(lambda: gathered(WheelhouseFiles, path=wheelhouse) or {})
+    answers = together(*calls)
+    found, serving, staging = cast(tuple[HostFacts, Serving, "Staging | None"], answers[:3])
+    remote = cast(dict[str, int], answers[3]) if wheelhouse is not None else {}
     keep = keep_keys(settings, referenced_models(serving), key)
     if staging is not None and any(layout.copy_key(settings, p) in keep for p in staging.leftovers):
         staging = model_staging(settings, key, keep)

@@ -303,5 +303,7 @@ def test_a_refused_host_decides_no_change() -> None:
     result = report(s, facts)
     assert [f.check for f in result.failures] == ["GPU count"]
     assert result.staging is None and result.serve is None
+    assert result.engine_step is None and result.model_step is None
     shown = result.to_json()
     assert "serve" not in shown and "staging" not in shown
+    assert shown.get("engine_step") is None and shown.get("model_step") is None
