@@ -7,6 +7,7 @@ spelled once. See docs/architecture.md.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from dataclasses import dataclass
 
@@ -235,7 +236,7 @@ def engine_current(engine_root: str) -> str:
 
 def hub_cli_venv(cli: str) -> str:
     """The Hugging Face CLI's own venv: model_hub_cli is VENV/bin/hf (settings checks it)."""
-    return cli.rsplit("/", 2)[0]
+    return posixpath.dirname(posixpath.dirname(cli))
 
 
 def hub_cli_requirements(cli: str) -> str:

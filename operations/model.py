@@ -2,8 +2,9 @@
 
 The copy itself is one script, operations/files/stage_model.py, run by the deploy (with live
 progress) and by the boot unit sglang-stage-model.service (after every restart /dev/shm is
-empty). Whether and how it runs was decided before any change (operations/staging.py, carried
-in the HostReport); this module carries it out:
+empty). Whether and how it runs was decided before any change (operations/staging.py and
+operations/model_plan.py: the ModelPlan carried in the HostReport, every file and the stage
+unit's text included); this module carries it out, asking no fact:
 
   source   -> a persistent directory on the target (rsync from the controller or the hub's CLI;
               a target directory is used as it is)

@@ -6,7 +6,6 @@ failure gets no change at all (deploy.py stops it before the first change).
 
 from __future__ import annotations
 
-import posixpath
 from dataclasses import dataclass
 
 from operations import layout, units
@@ -161,7 +160,7 @@ def root_paths(settings: Settings) -> list[tuple[str, str]]:
     if s.source.kind != "target":
         roots.append(("model_cache_dir", s.model_cache_dir))
     if s.source.kind == "hf":
-        roots.append(("model_hub_cli", posixpath.dirname(posixpath.dirname(s.model_hub_cli))))
+        roots.append(("model_hub_cli", layout.hub_cli_venv(s.model_hub_cli)))
     roots += [("scripts dir", layout.SCRIPT_DIR), ("config dir", layout.CONFIG_DIR)]
     return roots
 
