@@ -422,6 +422,7 @@ def test_a_deploy_killed_at_each_step_of_a_roll_or_its_ssh_sessions_dropped(
     # 6. The host's SSH sessions dropped mid-roll (the controller lives on): while rank 3's
     # unit names the new release and it is not restarted. The re-run first put rank 0 back.
     def sessions_dropped(deploying: Deploying) -> None:
+        assert not lock_free(c)  # the run holds the host's lock
         _, dropped, _ = c.ssh_run(DROP_SESSIONS)
         assert int(dropped) >= 1, dropped
         cut = deploying.finish(timeout=300)
@@ -438,6 +439,9 @@ def test_a_deploy_killed_at_each_step_of_a_roll_or_its_ssh_sessions_dropped(
     at_most_one_batch_out(c, 3)
     # The dropped run's lock went with its session: the next run need not wait for it.
     wait_for(lambda: lock_free(c), timeout=30, what="the dropped run's deploy lock released")
+    status = run_status(tmp_path, c, router_data(c, indexes, **new))
+    assert "pending restart" in status["ranks"][3]["state"], status["ranks"][3]
+    assert [r["sglang_version"] for r in status["ranks"][:3]] == [NEW_RELEASE] * 3, status
 
     finished = deploy(tmp_path, {c: router_data(c, indexes, **new, deploy_lock_wait_s=0)})
     ok(finished)
