@@ -34,6 +34,9 @@ import pytest
 from operations import deploy_lock
 from operations.deploy_lock import HOLDER, Request
 
+# These tests run real processes (the lock holder, the write script): the integration layer.
+pytestmark = pytest.mark.integration
+
 BEAT_S = 0.05  # the holder's heartbeat here (BEAT_S on a host): the test need not wait 15 s
 
 

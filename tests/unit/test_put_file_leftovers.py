@@ -17,6 +17,9 @@ import pytest
 
 from operations.host_files import _write_script, temp_pattern
 
+# These tests run real processes (the lock holder, the write script): the integration layer.
+pytestmark = pytest.mark.integration
+
 OTHER_UID = 4242
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="root-owned leftovers need root")
 
