@@ -312,14 +312,12 @@ def test_every_doc_is_reachable_from_the_readme() -> None:
 
 
 def test_the_two_container_inventory_loads_with_the_router_on_ct200() -> None:
-    from operations import settings as settings_mod
-    from operations.plan import build_state
+    from operations.inventory import open_session
 
-    state = build_state("inventory/two.py", {})
-    loaded, problems = settings_mod.load_inventory(list(state.inventory))
-    assert problems == []
-    assert sorted(loaded) == ["ct200", "ct201"]
-    assert {s.router.host for s in loaded.values() if s.router} == {"ct200"}
+    session = open_session("inventory/two.py", {})
+    assert session.problems == {}
+    assert sorted(session.settings) == ["ct200", "ct201"]
+    assert {s.router.host for s in session.settings.values() if s.router} == {"ct200"}
 
 
 # -- the air-gap tools and the pipes -----------------------------------------------------------
