@@ -412,6 +412,7 @@ def test_the_kernel_index_is_named_by_its_setting() -> None:
         ["operations.plan", DEMO],
         ["operations.status", DEMO, "--json"],
         ["operations.status", DEMO],
+        ["operations.releases", DEMO],
     ],
 )
 def test_a_closed_pipe_is_quiet(argv: list[str]) -> None:
