@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import TypedDict, cast
 
 from operations.host_plan import HostReport, plan_for_host
-from operations.resolver import PlanJson
+from operations.vocabulary import PlanJson
 
 # What each host came to: its report, why it was not reached, or its settings' problems.
 Outcome = HostReport | str | list[str]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from operations import kb as kbmod
 from operations import settings as settings_mod
@@ -36,6 +36,12 @@ class Verdict(TypedDict):
     why: list[str]
     unproven: list[str]
     unlock: list[str]
+
+
+class Document(TypedDict):
+    """What --json prints: each host's verdicts, or why it was not asked."""
+
+    hosts: dict[str, list[Verdict] | str]
 
 
 def unlock_hints(errors: list[str], knowledge: kbmod.Knowledge, lane: str) -> list[str]:
@@ -133,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 1
     if args.json:
-        document: dict[str, Any] = {"hosts": result}
+        document: Document = {"hosts": result}
         json.dump(document, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
