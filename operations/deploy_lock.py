@@ -12,13 +12,21 @@ never followed if it is a link) and takes an exclusive flock, then waits on its 
 a channel of the deploy's own SSH connection. The lock goes when that process exits:
 
 - at the end of the run (pyinfra disconnects the host: the channel is closed);
-- when the run dies in any way (Ctrl-C, kill -9, a lost network): the SSH connection closes,
-  sshd closes the process's stdin and the kernel drops the flock as the process exits.
+- when the run dies in any way (Ctrl-C, kill -9): the SSH connection closes, sshd closes the
+  process's stdin and the kernel drops the flock as the process exits;
+- when the host's SSH session goes (sshd killed or restarted): the same, from the host's side;
+- when the controller vanishes without closing the connection (a power cut, a lost network):
+  the holder writes a byte every BEAT_S, so the host's TCP has data it cannot deliver and
+  gives up on the connection (tcp_retries2: about 15 minutes by default, see HOLDER), and
+  sshd ends the session as above. A controller that is alive but waiting (pyinfra's prompt)
+  keeps it.
 
 A second deploy that finds the lock held prints who holds it (user, controller, pid, since
-when) and waits for it up to `deploy_lock_wait_s`, then refuses the host with that message;
-it changes nothing meanwhile. Read-only commands (operations.plan, operations.status) take no
-lock. Connectors other than SSH and @local (such as @fake of `make demo`) hold no lock.
+when) and waits for it up to `deploy_lock_wait_s` (default 1800 s, beyond the 15 minutes),
+then refuses the host with that message; it changes nothing meanwhile. When the lock comes
+free while it waits, it names the run that let it go. Read-only commands (operations.plan,
+operations.status) take no lock. Connectors other than SSH and @local (such as @fake of
+`make demo`) hold no lock.
 """
 
 from __future__ import annotations
@@ -43,12 +51,21 @@ from pyinfra.connectors.util import make_unix_command_for_host
 from operations.inventory import inventory_settings, refuse
 
 LOCK_PATH = "/run/sglang-deploy.lock"
+BEAT_S = 15
 
 # Runs on the host with python3 (the staging script needs it anyway). Prints "busy HOLDER"
-# when it has to wait, then "locked" or "timeout HOLDER"; holds the lock until stdin closes.
+# when it has to wait, then "timeout HOLDER", or "released HOLDER" and "locked" (at once when
+# the lock was free); holds the lock until its stdin closes or its stdout breaks. While it
+# holds, it writes a byte every BEAT_S: sshd sends it, so a connection whose controller
+# vanished without closing it (power cut, network lost, a laptop's lid) has data outstanding,
+# and the host's TCP gives up on it after tcp_retries2 (default 15: at least 924.6 s, Linux
+# Documentation/networking/ip-sysctl.rst); sshd then ends the session and the holder exits.
+# An idle connection would only be found by sshd's TCPKeepAlive, after tcp_keepalive_time
+# (7200 s) and its probes. A controller that is alive but busy (its prompt, a long plan)
+# keeps the lock: its kernel acknowledges the bytes.
 HOLDER = r"""
-import fcntl, os, signal, sys, time
-path, who, wait = sys.argv[1], sys.argv[2], float(sys.argv[3])
+import fcntl, os, select, signal, sys, time
+path, who, wait, beat = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
 if os.fstat(fd).st_uid != os.geteuid():
     print("foreign " + path + " is not owned by root", flush=True)
@@ -66,14 +83,28 @@ except BlockingIOError:
     signal.alarm(max(1, int(wait)))
     fcntl.flock(fd, fcntl.LOCK_EX)
     signal.alarm(0)
+    print("released " + holder(), flush=True)
 os.ftruncate(fd, 0)
 since = time.strftime("%Y-%m-%d %H:%M:%S %Z")
 os.pwrite(fd, (who + ", host pid " + str(os.getpid()) + ", since " + since + "\n").encode(), 0)
 print("locked", flush=True)
-while sys.stdin.buffer.read(65536):
+os.set_blocking(1, False)
+try:
+    while True:
+        if select.select([0], [], [], beat)[0]:
+            try:
+                if not os.read(0, 65536):
+                    break
+            except BlockingIOError:
+                pass
+        else:
+            try:
+                os.write(1, b".")
+            except BlockingIOError:
+                pass
+except OSError:
     pass
 """
-
 # (id(state), host name) -> the open channel or process that holds the lock.
 _held: dict[tuple[int, str], Any] = {}
 
@@ -105,7 +136,12 @@ def who() -> str:
 def holder_command(state: State, host: Host, wait_s: int) -> str:
     """The holder's command line, wrapped for the host's sudo/su settings like any fact."""
     command = StringCommand(
-        "exec python3 -c", shlex.quote(HOLDER), LOCK_PATH, shlex.quote(who()), str(wait_s)
+        "exec python3 -c",
+        shlex.quote(HOLDER),
+        LOCK_PATH,
+        shlex.quote(who()),
+        str(wait_s),
+        str(BEAT_S),
     )
     arguments, _ = pop_global_arguments(state, host, {})
     connector_args = {
@@ -159,15 +195,23 @@ class Request:
         state, host, wait_s = self.state, self.host, self.wait_s
         if not any(isinstance(h, _ReleaseOnDisconnect) for h in state.callback_handlers):
             state.add_callback_handler(_ReleaseOnDisconnect())
+        waited = False
         for raw in lines:
             line = raw.strip()
             if line == "locked":
                 _held[(id(state), host.name)] = handle
-                if time.monotonic() - self.began > 1:
+                if time.monotonic() - self.began > 1 and not waited:
                     logger.info(f"{host.print_prefix}deploy lock taken after {_since(self.began)}")
                 return None
             word, _, rest = line.partition(" ")
-            if word == "busy":
+            if word == "released":
+                # The holder it waited for let go: its run ended, or its connection did.
+                logger.warning(
+                    f"{host.print_prefix}deploy lock taken after {_since(self.began)}: "
+                    f"released by {rest} (that run ended, or its connection to the host did)"
+                )
+                waited = True
+            elif word == "busy":
                 logger.warning(
                     f"{host.print_prefix}another deploy holds this host ({rest}); waiting up to "
                     f"{wait_s}s for it (deploy_lock_wait_s), nothing changed meanwhile"

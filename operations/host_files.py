@@ -22,7 +22,12 @@ What every file gets, whoever connects (root, or a user with `_sudo=True`):
 - the content reaches the host base64-encoded on the command's stdin: it never appears in a
   command line, a log, a diff or an error, and no SFTP temp file lands in /tmp (which a sudo
   upload would need, and which another user could have prepared);
-- the temp name is unique per write (`mktemp`), and a failed write removes its temp file;
+- the temp name is unique per write (`mktemp`), and a failed write removes its temp file; a
+  write killed before it could (the controller killed, the SSH session dropped) leaves it,
+  and the next write of that file removes it first (a root-owned plain file named
+  `.NAME.XXXXXXXXXX` beside it: only root can have made it);
+- the content is renamed into place only when all of it arrived (its byte count checked):
+  a stdin cut short by a dropped connection still decodes, and is never trusted;
 - no change when the host already has it: sha256, mode, owner and group compared (only the
   sha256 when a bulk fact stands in for the FileAt fact), never the content;
 - a destination (or directory) that is a symlink or not a plain file is refused, not followed.
@@ -101,17 +106,40 @@ def _directory_command(directory: str, mode: str, group: str, enforce: bool) -> 
     return StringCommand("[ -d", QuoteString(directory), "] || { umask 077 &&", *words, "; }")
 
 
-def _write_script(dest: str, owner: str, group: str, mode: str) -> str:
+# mktemp's template replaces these with as many letters and digits (coreutils mktemp(1)).
+TEMP_SUFFIX = "XXXXXXXXXX"
+
+
+def _glob_escaped(text: str) -> str:
+    """`text` as a literal in a find(1) -name pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def temp_pattern(dest: str) -> str:
+    """What the temp files of `dest`'s writes are named, as a find(1) -name pattern: mktemp's
+    template with each X one character (`?`)."""
+    name = dest.rsplit("/", 1)[1]
+    return _glob_escaped(f".{name}.") + "?" * len(TEMP_SUFFIX)
+
+
+def _write_script(dest: str, owner: str, group: str, mode: str, size: int) -> str:
     directory, name = dest.rsplit("/", 1)
+    directory = directory or "/"
     q = shlex.quote
-    template = f"{directory or '/'}/.{name}.XXXXXXXXXX"
+    template = f"{directory}/.{name}.{TEMP_SUFFIX}"
     return (
         "set -e; umask 077; "
+        # A run killed mid-write left its temp file (the trap never ran): ours only, i.e. a
+        # plain file with this write's temp name, made by root (no other user can make one
+        # owned by root), right in the directory. Links and other users' files stay.
+        f"find {q(directory)} -maxdepth 1 -name {q(temp_pattern(dest))} -type f -user 0 -delete; "
         f"tmp=$(mktemp {q(template)}); "
         "trap 'rm -f \"$tmp\"' EXIT; "
         f'chown {q(owner + ":" + group)} "$tmp"; chmod {q(mode)} "$tmp"; '
         # Only now, with its final owner and mode, does the file get its first byte.
         'base64 -d > "$tmp"; '
+        # A stdin cut short (the controller killed mid-send) still decodes: never rename a part.
+        f'test "$(wc -c < "$tmp")" -eq {size}; '
         f'mv -f "$tmp" {q(dest)}; trap - EXIT'
     )
 
@@ -211,7 +239,7 @@ def put_file(
     yield StringCommand(
         "sh",
         "-c",
-        QuoteString(_write_script(dest, owner, group, mode)),
+        QuoteString(_write_script(dest, owner, group, mode, len(data))),
         _stdin=base64.b64encode(data).decode(),
     )
 

@@ -43,6 +43,7 @@ from operations.staging import (
     keep_keys,
     model_staging,
 )
+from operations.vocabulary import Decision, PlanJson
 
 
 @dataclass
@@ -93,7 +94,7 @@ class HostReport:
     def ok(self) -> bool:
         return not self.errors
 
-    def to_json(self) -> resolver.PlanJson:
+    def to_json(self) -> PlanJson:
         data = self.plan.to_json()
         data["errors"] = self.errors
         if self.router is not None:
@@ -310,7 +311,7 @@ def decide(
         decision = decide_stage(
             settings, resources, facts.model_key, facts.staging, kept, facts.controller
         )
-        plan.decisions.append(resolver.Decision("model staging", decision.what, decision.plan.why))
+        plan.decisions.append(Decision("model staging", decision.what, decision.plan.why))
         serve = roll.serve_plan(settings, plan.ranks, facts.serving, router, drain)
         engine_step, model_step = _step_plans(settings, plan, facts, decision)
     return HostReport(

@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 from operations import kb as kbmod
-from operations import settings as settings_mod
 from operations.engine_spec import (
     EngineError,
     EngineSpec,
@@ -40,8 +39,8 @@ from operations.engine_spec import (
     lock_path,
     project_toml,
 )
+from operations.inventory import InventoryError, open_session, parse_data, said
 from operations.lock_check import check_lock, lock_sources
-from operations.plan import build_state, parse_data
 from operations.redact import redact
 from operations.settings import Settings
 
@@ -187,17 +186,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="lock again over an existing lock")
     args = parser.parse_args(argv)
     try:
-        state = build_state(args.inventory, parse_data(args.data))
-    except SystemExit as exc:  # the inventory or --data: one line
-        if isinstance(exc.code, str):
-            print(f"error: {exc.code}", file=sys.stderr)
-            return 1
-        raise
-    loaded, problems = settings_mod.load_inventory(list(state.inventory))
-    for problem in problems:
-        print(f"error: {problem}", file=sys.stderr)
-    if problems:
+        session = open_session(args.inventory, parse_data(args.data))
+    except InventoryError as exc:  # the inventory or --data: one line
+        print(said(exc), file=sys.stderr)
         return 1
+    # No host is contacted: a lock is made from the settings alone, and only when every
+    # host's settings pass (as a deploy).
+    for problem in session.all_problems:
+        print(f"error: {problem}", file=sys.stderr)
+    if session.problems:
+        return 1
+    loaded = session.settings
     knowledge = kbmod.load()
     done: set[str] = set()
     failed = False

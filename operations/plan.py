@@ -9,21 +9,13 @@ and sources under `--why` (and always in `--json`). Exit status 1 when any host 
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 from collections.abc import Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict, cast
+from typing import TypedDict, cast
 
-from operations import settings as settings_mod
 from operations.host_plan import HostReport, plan_for_host
-from operations.resolver import PlanJson
-
-if TYPE_CHECKING:
-    from pyinfra.api.host import Host
-    from pyinfra.api.state import State
+from operations.vocabulary import PlanJson
 
 # What each host came to: its report, why it was not reached, or its settings' problems.
 Outcome = HostReport | str | list[str]
@@ -69,108 +61,21 @@ def compiler_archives(report: HostReport) -> list[ArchiveUrlJson]:
     ]
 
 
-def parse_data(items: list[str]) -> dict[str, object]:
-    """`--data KEY=VALUE` values, parsed as pyinfra's CLI parses them."""
-    from pyinfra_cli.util import parse_cli_arg
-
-    data: dict[str, object] = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            raise SystemExit(f"--data {item!r}: expected KEY=VALUE")
-        data[key] = parse_cli_arg(value)
-    return data
-
-
-def build_state(inventory_path: str, override: dict[str, object]) -> State:
-    """An initialised pyinfra State, built the way pyinfra's CLI builds it."""
-    from pyinfra.api.config import Config
-    from pyinfra.api.state import State
-    from pyinfra.context import ctx_inventory, ctx_state
-    from pyinfra_cli.inventory import make_inventory
-
-    if not Path(inventory_path).exists():
-        raise SystemExit(f"inventory {inventory_path!r}: no such file")
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.append(cwd)
-    state = State(check_for_changes=False)
-    state.cwd = cwd
-    ctx_state.set(state)
-    try:
-        inventory = make_inventory(inventory_path, cwd=cwd, override_data=override)
-    except Exception as exc:  # the inventory is the user's file: one line, no traceback
-        cause = getattr(exc, "exception", exc)
-        raise SystemExit(
-            f"inventory {inventory_path!r} could not be loaded: {type(cause).__name__}: "
-            f"{' '.join(str(cause).split())}"
-        ) from None
-    ctx_inventory.set(inventory)
-    config = Config()
-    # One unreachable host must not stop the plan of the others.
-    config.FAIL_PERCENT = 100
-    state.init(inventory, config)
-    return state
-
-
-def connect(state: State) -> dict[str, str]:
-    """Connect every host; why each one that could not be reached was not, in one line, with
-    what to do when its inventory says (operations/reach.py). Never raises for a host: pyinfra's
-    "No hosts remaining!" (every host unreachable) is the same answer for each."""
-    import logging
-
-    from pyinfra.api.connect import connect_all
-    from pyinfra.api.exceptions import PyinfraError
-    from pyinfra.api.state import BaseStateCallback
-
-    from operations import reach
-
-    why: dict[str, str] = {}
-
-    class Unreachable(BaseStateCallback):
-        @staticmethod
-        def host_connect_error(state: State, host: Host, error: BaseException) -> None:
-            text = " ".join(str(error.args[0] if error.args else error).split())
-            what = reach.hint(host.name)
-            why[host.name] = f"{text or type(error).__name__}" + (f"; {what}" if what else "")
-
-    # pyinfra logs each failure itself; the one line above is what we print, once.
-    logging.getLogger("pyinfra").disabled = True
-    state.add_callback_handler(Unreachable())
-    try:
-        connect_all(state)
-    except PyinfraError:
-        pass
-    finally:
-        logging.getLogger("pyinfra").disabled = False
-    return why
-
-
 def run(inventory_path: str, override: dict[str, object]) -> tuple[dict[str, Outcome], bool]:
-    """(reports by host name, all ok). Settings are checked for every host before connecting."""
-    from pyinfra.context import ctx_host
+    """(reports by host name, all ok). Settings are checked for every host before connecting
+    (operations/inventory.py, the session every command shares)."""
+    from operations.inventory import open_session
 
-    state = build_state(inventory_path, override)
-    hosts = list(state.inventory)
-    loaded, problems = settings_mod.load_inventory(hosts)
+    session = open_session(inventory_path, override)
+    session.connect()
     reports: dict[str, Outcome] = {}
-    for problem in problems:
-        name = problem.split(":", 1)[0]
-        reports.setdefault(name, [])
-        entry = reports[name]
-        assert isinstance(entry, list)
-        entry.append(problem)
-    everyone = [(name, s) for name, s in loaded.items() if name not in reports]
-    if everyone:
-        unreachable = connect(state)
-        for host in hosts:
-            if host.name in reports:
-                continue
-            if host not in state.activated_hosts:
-                reports[host.name] = unreachable.get(host.name, "could not connect")
-                continue
-            with ctx_host.use(host):
-                reports[host.name] = plan_for_host(host, loaded[host.name], everyone)
+    for visit in session.each():
+        if visit.problems:
+            reports[visit.name] = visit.problems
+        elif visit.settings is None:
+            reports[visit.name] = visit.unreachable or "could not connect"
+        else:
+            reports[visit.name] = plan_for_host(visit.host, visit.settings, session.everyone)
     ok = all(isinstance(r, HostReport) and r.ok for r in reports.values())
     return reports, ok
 
@@ -196,16 +101,9 @@ def to_json(reports: Mapping[str, Outcome]) -> PlanDocument:
     return {"hosts": hosts}
 
 
-def inventory_arguments(prog: str, doc: str | None) -> argparse.ArgumentParser:
-    """The command line shared by the commands that read an inventory as pyinfra does."""
-    parser = argparse.ArgumentParser(prog=prog, description=doc)
-    parser.add_argument("inventory")
-    parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
-    return parser
-
-
 def main(argv: list[str] | None = None) -> int:
+    from operations.inventory import InventoryError, inventory_arguments, parse_data, said
+
     parser = inventory_arguments("python -m operations.plan", __doc__)
     parser.add_argument(
         "--why", action="store_true", help="also every decision's reason and sources"
@@ -213,11 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         reports, ok = run(args.inventory, parse_data(args.data))
-    except SystemExit as exc:  # a user's mistake, said in one line (no traceback)
-        if isinstance(exc.code, str):
-            print(f"error: {exc.code}", file=sys.stderr)
-            return 1
-        raise
+    except InventoryError as exc:  # a user's mistake, said in one line (no traceback)
+        print(said(exc), file=sys.stderr)
+        return 1
     if args.json:
         json.dump(to_json(reports), sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -7,8 +7,9 @@ Loads the inventory and gathers the facts as `python -m operations.plan` does (p
 connectors, @fake included; nothing is changed), then asks the plan itself
 (`host_plan.decide`, the one place that decides) for each release and lane the knowledge base
 knows, with the host's settings but that pin. A combination fits when its plan has no error;
-its unproven parts (what only the GPU settles) are listed either way. Exit status 0 unless the
-inventory itself cannot be read.
+its unproven parts (what only the GPU settles) are listed either way. Exit status 0 when every
+host was asked; 1 when the inventory cannot be read (one line), or a host was not asked (its
+settings do not pass, one line per key, or it could not be reached).
 """
 
 from __future__ import annotations
@@ -16,12 +17,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from operations import kb as kbmod
 from operations import settings as settings_mod
 from operations.host_plan import HostReport, decide, gather
-from operations.plan import build_state, connect, inventory_arguments, parse_data
 
 if TYPE_CHECKING:
     from pyinfra.api.host import Host
@@ -36,6 +36,12 @@ class Verdict(TypedDict):
     why: list[str]
     unproven: list[str]
     unlock: list[str]
+
+
+class Document(TypedDict):
+    """What --json prints: each host's verdicts, or why it was not asked."""
+
+    hosts: dict[str, list[Verdict] | str]
 
 
 def unlock_hints(errors: list[str], knowledge: kbmod.Knowledge, lane: str) -> list[str]:
@@ -84,25 +90,21 @@ def verdict(release: str, lane: str, report: HostReport, knowledge: kbmod.Knowle
 
 
 def run(inventory_path: str, override: dict[str, object]) -> dict[str, list[Verdict] | str]:
-    from pyinfra.context import ctx_host
+    """Verdicts by host; a host not asked is why, in lines (its settings' problems, one per
+    key, or why it could not be reached)."""
+    from operations.inventory import open_session
 
     knowledge = kbmod.load()
-    state = build_state(inventory_path, override)
-    hosts = list(state.inventory)
-    loaded, problems = settings_mod.load_inventory(hosts)
+    session = open_session(inventory_path, override)
+    session.connect()
     result: dict[str, list[Verdict] | str] = {}
-    for problem in problems:
-        result[problem.split(":", 1)[0]] = problem
-    if loaded:
-        unreachable = connect(state)
-        for host in hosts:
-            if host.name in result:
-                continue
-            if host not in state.activated_hosts:
-                result[host.name] = unreachable.get(host.name, "could not connect")
-                continue
-            with ctx_host.use(host):
-                result[host.name] = verdicts(host, loaded[host.name], knowledge)
+    for visit in session.each():
+        if visit.problems:
+            result[visit.name] = "\n".join(visit.problems)
+        elif visit.settings is None:
+            result[visit.name] = visit.unreachable or "could not connect"
+        else:
+            result[visit.name] = verdicts(visit.host, visit.settings, knowledge)
     return result
 
 
@@ -111,7 +113,7 @@ def render(result: dict[str, list[Verdict] | str]) -> str:
     for name, entry in result.items():
         lines.append(f"{name}:")
         if isinstance(entry, str):
-            lines.append(f"  not asked: {entry}")
+            lines += [f"  not asked: {why}" for why in entry.splitlines()]
             continue
         fits = [f"{v['release']}/{v['lane']}" for v in entry if v["fits"]]
         lines.append(f"  fits: {', '.join(fits) or 'nothing'}")
@@ -125,29 +127,28 @@ def render(result: dict[str, list[Verdict] | str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from operations.inventory import InventoryError, inventory_arguments, parse_data, said
+
     args = inventory_arguments("python -m operations.releases", __doc__).parse_args(argv)
     try:
         result = run(args.inventory, parse_data(args.data))
-    except SystemExit as exc:  # a user's mistake, in one line
-        if isinstance(exc.code, str):
-            print(f"error: {exc.code}", file=sys.stderr)
-            return 1
-        raise
+    except InventoryError as exc:  # a user's mistake, in one line
+        print(said(exc), file=sys.stderr)
+        return 1
     except kbmod.KnowledgeError as exc:
         print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 1
-    try:
-        if args.json:
-            document: dict[str, Any] = {"hosts": result}
-            json.dump(document, sys.stdout, indent=2)
-            sys.stdout.write("\n")
-        else:
-            sys.stdout.write(render(result))
-        sys.stdout.flush()
-    except BrokenPipeError:  # `| head`
-        sys.stdout = None
-    return 0
+    if args.json:
+        document: Document = {"hosts": result}
+        json.dump(document, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render(result))
+    # A host not asked (its settings, or unreachable) has no answer: as in the plan, exit 1.
+    return 0 if all(isinstance(entry, list) for entry in result.values()) else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from operations.closed_pipe import quiet
+
+    sys.exit(quiet(main))

@@ -30,7 +30,7 @@ from operations.host_files import sha256
 from operations.resolver import Rank, RouterPlan
 from operations.resolver.router import key_changes as router_key_changes
 from operations.settings import Settings
-from operations.vocabulary import ServeJson, SmokeJson  # the plan's words (re-exported)
+from operations.vocabulary import ServeJson, SmokeJson  # the plan's words
 
 ROUTER_TARGET = "router"  # files/smoke.py ROUTER: judged by its chat answers alone
 

@@ -127,17 +127,30 @@ def link_like_a_toolkit(home: str) -> None:
             os.symlink(versioned[0], os.path.join(lib, "libcudart.so"))
 
 
+def remove_partials(parent: str) -> list[str]:
+    """Remove what installs cut short left in `parent` (a killed deploy never reaches the
+    cleanup below), whichever toolkit they were building: NAME.partial-PID directories of
+    ours, i.e. made by this user (root), not links. A complete toolkit never has such a name."""
+    removed = []
+    for name in sorted(os.listdir(parent)):
+        _, sep, pid = name.rpartition(".partial-")
+        path = os.path.join(parent, name)
+        if not sep or not pid.isdigit():
+            continue
+        found = os.lstat(path)
+        if stat.S_ISDIR(found.st_mode) and found.st_uid == os.geteuid():
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(name)
+    return removed
+
+
 def install(args: dict) -> str:  # type: ignore[type-arg]
     home = args["home"]
     if os.path.isfile(os.path.join(home, MARKER)):
         return f"{home} is installed"
     parent = os.path.dirname(home)
     os.makedirs(parent, mode=0o755, exist_ok=True)
-    base = os.path.basename(home)
-    for name in os.listdir(parent):
-        # An earlier run cut short left these; a complete toolkit never has this name.
-        if name.startswith(base + ".partial-"):
-            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+    remove_partials(parent)
     work = f"{home}.partial-{os.getpid()}"
     os.makedirs(work, mode=0o755)
     try:

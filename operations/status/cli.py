@@ -2,13 +2,14 @@
 
     python -m operations.status INVENTORY [--data KEY=VALUE ...] [--json] [--probe]
 
-Loads the inventory as pyinfra does (operations/plan.py), reads one fact per host
+Loads the inventory as pyinfra does (operations/inventory.py), reads one fact per host
 (operations/facts/serve.py, the deploy's own serving fact: one SSH round trip whatever the
 number of ranks; with it each rank's /health and its running and queued requests from /metrics)
 and prints a table
 per host, or one JSON document with --json. Exit status: 0 when every configured rank of every
 host (and each host's router) is healthy, 1 when any is not or a host could not be read, 2 when
-the command itself could not run (no such inventory, bad arguments).
+the command itself could not run (no such inventory, one that does not load or names no host,
+bad arguments).
 
 --probe also sends each rank (and the router) one chat request as a client does, on the host,
 with the deploy's smoke script (operations/facts/smoke.py: a second round trip per host), and
@@ -29,7 +30,7 @@ from operations.status.view import print_results
 
 
 def main(argv: list[str] | None = None) -> int:
-    from operations.plan import inventory_arguments, parse_data
+    from operations.inventory import InventoryError, inventory_arguments, parse_data, said
 
     parser = inventory_arguments("python -m operations.status", __doc__)
     parser.add_argument(
@@ -40,11 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         results = run(args.inventory, parse_data(args.data), args.probe)
-    except SystemExit as exc:
-        if isinstance(exc.code, str):
-            print(f"error: {exc.code}", file=sys.stderr)
-            return EXIT_ERROR
-        raise
+    except InventoryError as exc:  # no such inventory, it does not load, no hosts: one line
+        print(said(exc), file=sys.stderr)
+        return EXIT_ERROR
     if args.json:
         json.dump(to_json(results), sys.stdout, indent=2)
         sys.stdout.write("\n")

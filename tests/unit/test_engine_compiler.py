@@ -276,3 +276,22 @@ def test_the_driver_double_fails_like_cuda_python_without_a_gpu(
         "RuntimeError: cuInit: CUDA error 100 CUDA_ERROR_NO_DEVICE (no CUDA-capable device is "
         "detected)"
     )
+
+
+def test_an_install_removes_what_installs_cut_short_left_of_any_toolkit(tmp_path: Path) -> None:
+    # A deploy killed while it unpacked one compiler, then a pin moved to another: the next
+    # install removes both its own and the other's partial trees; nothing else.
+    cuda = tmp_path / "cuda"
+    cuda.mkdir()
+    for name in ("13.0.88-aaaa.partial-41", "12.8.93-bbbb.partial-7"):
+        (cuda / name / "bin").mkdir(parents=True)
+        (cuda / name / "bin" / "nvcc").write_text("half")
+    kept = ["12.8.93-bbbb", "notes.partial-x", "link.partial-9"]
+    (cuda / "12.8.93-bbbb").mkdir()
+    (cuda / "notes.partial-x").mkdir()
+    (cuda / "link.partial-9").symlink_to(cuda / "12.8.93-bbbb")
+    assert cuda_toolkit.remove_partials(str(cuda)) == [
+        "12.8.93-bbbb.partial-7",
+        "13.0.88-aaaa.partial-41",
+    ]
+    assert sorted(p.name for p in cuda.iterdir()) == sorted(kept)

@@ -21,6 +21,11 @@ from tests.unit.builders import QWEN36, facts, make_settings
 
 pytestmark = pytest.mark.integration  # runs pyinfra, the plan and status commands
 
+# Every command runs in its own process, never in this one: loading an inventory imports
+# pyinfra_cli, whose import runs gevent's monkey.patch_all(), and every later test of the file
+# would then start its processes with gevent's subprocess in a process patched halfway through
+# (the in-process inventory checks are in tests/unit/test_session.py).
+
 ROOT = Path(__file__).resolve().parents[2]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
 DEMO = "inventory/demo.py"
@@ -311,15 +316,19 @@ def test_every_doc_is_reachable_from_the_readme() -> None:
         assert f"](docs/{doc.name}" in readme, f"docs/{doc.name} is not linked from README.md"
 
 
-def test_the_two_container_inventory_loads_with_the_router_on_ct200() -> None:
-    from operations import settings as settings_mod
-    from operations.plan import build_state
-
-    state = build_state("inventory/two.py", {})
-    loaded, problems = settings_mod.load_inventory(list(state.inventory))
-    assert problems == []
-    assert sorted(loaded) == ["ct200", "ct201"]
-    assert {s.router.host for s in loaded.values() if s.router} == {"ct200"}
+def test_the_same_bad_key_is_the_same_line_in_the_plan_the_deploy_and_pve() -> None:
+    """The settings module's line, as the plan prints it, is the line pyinfra's CLI logs for
+    deploy.py and pve.py (the other commands: tests/unit/test_session.py)."""
+    rc, out = plan(*data("sglang_versoin=0.5.11"))
+    assert rc == 1
+    (line,) = [ln.removeprefix("error: ") for ln in out.splitlines() if "sglang_versoin" in ln]
+    assert line.startswith("@fake/ct200: unknown setting 'sglang_versoin'"), line
+    for inventory, deploy_file in [(DEMO, "deploy.py"), ("inventory/pve_demo.py", "pve.py")]:
+        rc, out = deploy(
+            "--dry", *data("sglang_versoin=0.5.11"), inventory=inventory, deploy_file=deploy_file
+        )
+        assert rc == 1, out
+        assert line in [ln.strip() for ln in out.splitlines()], out
 
 
 # -- the air-gap tools and the pipes -----------------------------------------------------------
@@ -414,6 +423,7 @@ def test_the_kernel_index_is_named_by_its_setting() -> None:
         ["operations.plan", DEMO],
         ["operations.status", DEMO, "--json"],
         ["operations.status", DEMO],
+        ["operations.releases", DEMO],
     ],
 )
 def test_a_closed_pipe_is_quiet(argv: list[str]) -> None:
@@ -432,7 +442,9 @@ def test_a_closed_pipe_is_quiet(argv: list[str]) -> None:
     finally:
         os.close(write)
     # 141 as SIGPIPE would (operations/closed_pipe.py); rich's own handler, for the tables, 1.
-    assert result.stderr == "" and result.returncode in (1, 141), result.stderr
+    # Both in the message: a wrong status with nothing on stderr said nothing before.
+    said = f"exit {result.returncode}, stderr {result.stderr!r}"
+    assert result.stderr == "" and result.returncode in (1, 141), said
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the listener binds as root: needs root")

@@ -382,10 +382,11 @@ def write_inventory(tmp_path: Path) -> Path:
 
 
 def test_one_command_per_host(tmp_path: Path) -> None:
-    from operations.plan import build_state
+    from operations.inventory import open_session
 
-    state = build_state(str(write_inventory(tmp_path)), {})
-    results = st.read_hosts(state)
+    session = open_session(str(write_inventory(tmp_path)), {})
+    state = session.state
+    results = st.read_hosts(session)
     assert [(r.name, r.reachable) for r in results] == [("@fake/ct200", True), ("ct201", False)]
     from pyinfra.connectors.fake import FakeConnector
 
@@ -447,7 +448,7 @@ def test_the_probe_is_one_round_trip_and_reports_what_each_rank_answered(
     testbed (tests/facts/smoke.SmokeProbe: ranks 0 and 1 and the router, so dp_size 2)."""
     from pyinfra.connectors.fake import FakeConnector
 
-    from operations.plan import build_state
+    from operations.inventory import open_session
 
     captured = json.loads((PROBES / f"{case}.json").read_text())
     fake = {
@@ -464,9 +465,10 @@ def test_the_probe_is_one_round_trip_and_reports_what_each_rank_answered(
     }
     path = tmp_path / "inventory.py"
     path.write_text(f"hosts = [('@fake/ct200', {fake!r})]\n")
-    state = build_state(str(path), {})
+    session = open_session(str(path), {})
+    state = session.state
 
-    (result,) = st.read_hosts(state, probe=True)
+    (result,) = st.read_hosts(session, probe=True)
 
     host = next(iter(state.inventory))
     assert isinstance(host.connector, FakeConnector)
