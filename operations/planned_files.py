@@ -1,7 +1,7 @@
 """A file a step's plan writes: where, what (its content and digest), what the host holds now,
 with what mode and owners, and whether it is a secret. The engine and model plans
 (engine_plan.py, model_plan.py) list one per file their step writes; `plan --json` shows them
-(a secret's content never: its digest only) and the step's operations write exactly them.
+(a secret's content and digest never) and the step's operations write exactly them.
 """
 
 from __future__ import annotations
@@ -50,10 +50,12 @@ class PlannedFile:
         return self.sha256 != self.sha256_now if self.read else None
 
     def to_json(self) -> PlannedFileJson:
+        # A secret's digest is not shown either: a short key or password could be guessed
+        # offline from it. `changes` says whether the write changes the host.
         return {
             "path": self.path,
-            "sha256": self.sha256,
-            "sha256_now": self.sha256_now,
+            "sha256": None if self.secret else self.sha256,
+            "sha256_now": None if self.secret else self.sha256_now,
             "read": self.read,
             "mode": self.mode,
             "owner": self.owner,
