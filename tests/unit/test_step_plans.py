@@ -167,11 +167,15 @@ def test_plan_json_lists_every_file_the_engine_and_model_steps_write(
     if "model_source" in settings:
         assert layout.HUB_TOKEN_FILE in wanted and layout.HUB_TOKEN_FILE in files
         assert TOKEN not in doc and sha256(TOKEN) not in doc  # nor its digest
-        (entry,) = [f for f in report.to_json()["model_step"]["files"] if f["secret"]]
+        model = report.to_json().get("model_step")
+        assert model is not None
+        (entry,) = [f for f in model["files"] if f["secret"]]
         assert entry["sha256"] is None, entry
     else:
         assert "user:pw" not in doc  # pip.conf and pyproject.toml hold it
-        secrets = [f for f in report.to_json()["engine_step"]["files"] if f["secret"]]
+        engine = report.to_json().get("engine_step")
+        assert engine is not None
+        secrets = [f for f in engine["files"] if f["secret"]]
         assert secrets and all(f["sha256"] is None for f in secrets), secrets
         tree = layout.engine_tree(report.settings)
         assert tree.pip_config in wanted and tree.pip_config in files
