@@ -48,6 +48,7 @@ import base64
 import hashlib
 import shlex
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -63,6 +64,7 @@ from pyinfra.operations.util.files import generate_color_diff
 from operations.facts.files import FileAt, PathState
 from operations.host_call import Commands
 from operations.layout import ManagedFile
+from operations.vocabulary import FileJson
 
 
 def content_bytes(src: str | bytes | Path) -> bytes:
@@ -216,16 +218,93 @@ def put_file(
     )
 
 
-def put_managed(
-    name: str, src: str | bytes | Path, file: ManagedFile, digests: Mapping[str, str]
-) -> OperationMeta:
-    """put_file of a registry entry (layout.managed_files): its mode, owners and secrecy from
-    the entry, and, when the ServingState fact checksums it, the digest the fact read
-    (`digests`: Serving.files) as sha256_now, so a converged run rewrites nothing."""
+@dataclass(frozen=True)
+class PlannedFile:
+    """One file a step writes, as the plan decided it (host_plan.decide): where, the content
+    wanted and its digest, the digest the ServingState fact read there now, mode, owners and
+    secrecy from its registry entry (layout.managed_files). The step hands it to
+    `put_planned` and decides nothing. A secret's content is never shown (`to_json`)."""
+
+    name: str  # the operation's name
+    path: str
+    content: bytes = field(repr=False)
+    sha256: str
+    # What the fact read (None: absent); meaningful when `checksummed`.
+    sha256_now: str | None = None
+    mode: str = "644"
+    owner: str = "root"
+    group: str = "root"
+    dir_mode: str = "755"
+    dir_group: str = "root"
+    secret: bool = False
+    # The fact checksums it: its reading is the write's `sha256_now` (no FileAt fact). A
+    # secret's mode and owners are read when it is written (FileAt), whatever the fact says.
+    checksummed: bool = True
+    # Its text is shown by the plan (units).
+    shown: bool = False
+    # A key generated for this run: its digest is not shown either.
+    generated: bool = False
+
+    @property
+    def changes(self) -> bool:
+        """Whether the write changes the content: for a file the fact does not checksum,
+        True (its write reads the FileAt fact and may find it up to date)."""
+        return not self.checksummed or self.sha256_now != self.sha256
+
+    def to_json(self) -> FileJson:
+        return {
+            "name": self.name,
+            "path": self.path,
+            "mode": self.mode,
+            "owner": self.owner,
+            "group": self.group,
+            "secret": self.secret,
+            "sha256": None if self.generated else self.sha256,
+            "sha256_now": self.sha256_now if self.checksummed else None,
+            "checksummed": self.checksummed,
+            "changes": self.changes,
+            "content": self.content.decode() if self.shown and not self.secret else None,
+        }
+
+
+def planned(
+    name: str,
+    file: ManagedFile,
+    src: str | bytes | Path,
+    digests: Mapping[str, str],
+    *,
+    shown: bool = False,
+    generated: bool = False,
+) -> PlannedFile:
+    """The plan's write of a registry entry: `digests`, the ServingState fact's sha256s by path
+    (Serving.files, or the rank units' by their path)."""
+    data = content_bytes(src)
+    return PlannedFile(
+        name=name,
+        path=file.path,
+        content=data,
+        sha256=sha256(data),
+        sha256_now=digests.get(file.path) if file.checksummed else None,
+        mode=file.mode,
+        owner=file.owner,
+        group=file.group,
+        dir_mode=file.dir_mode,
+        dir_group=file.dir_group,
+        secret=file.secret,
+        checksummed=file.checksummed,
+        shown=shown,
+        generated=generated,
+    )
+
+
+def put_planned(file: PlannedFile, name: str | None = None) -> OperationMeta:
+    """put_file of the plan's file: a converged run rewrites nothing (the fact's digest stands
+    in for the FileAt fact, but for a secret, whose mode and owners are read). `name`: the
+    operation's, when the step says why (a rank unit's "(start)")."""
     checked = file.checksummed and not file.secret
     return put_file(
-        name=name,
-        src=src,
+        name=name or file.name,
+        src=file.content,
         dest=file.path,
         owner=file.owner,
         group=file.group,
@@ -233,5 +312,13 @@ def put_managed(
         dir_mode=file.dir_mode,
         dir_group=file.dir_group,
         secret=file.secret,
-        sha256_now=digests.get(file.path) if checked else False,
+        sha256_now=file.sha256_now if checked else False,
     )
+
+
+def put_managed(
+    name: str, src: str | bytes | Path, file: ManagedFile, digests: Mapping[str, str]
+) -> OperationMeta:
+    """put_file of a registry entry (layout.managed_files) with the fact's digests: the plan's
+    file (`planned`) written (`put_planned`)."""
+    return put_planned(planned(name, file, src, digests))

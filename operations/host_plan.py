@@ -66,6 +66,7 @@ class HostReport:
                 if self.staging is not None and self.staging.refused
                 else []
             )
+            + (self.serve.errors if self.serve is not None else [])
         )
 
     @property
@@ -222,7 +223,8 @@ def decide(
         kept = referenced_models(facts.serving)
         decision = decide_stage(settings, resources, facts.model_key, facts.staging, kept)
         plan.decisions.append(resolver.Decision("model staging", decision.what, decision.plan.why))
-        serve = roll.serve_plan(settings, plan.ranks, facts.serving, router, drain)
+        python = plan.engine.python if plan.engine is not None else None
+        serve = roll.serve_plan(settings, plan.ranks, facts.serving, router, drain, watched, python)
     return HostReport(
         settings,
         plan,

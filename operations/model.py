@@ -277,13 +277,7 @@ def stage_unit_text(settings: Settings, key: str | None) -> str:
         key=key,
         group=settings.service_user,
     )
-    return units.stage_unit(
-        model_name=settings.model_name,
-        stage_dir=settings.model_stage_dir,
-        source_dir=settings.source.target_dir,
-        argv=argv,
-        timeout_s=STAGE_TIMEOUT_S,
-    )
+    return units.stage_unit(settings, argv)
 
 
 @operation()

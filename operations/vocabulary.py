@@ -102,6 +102,32 @@ class SmokeJson(TypedDict):
     router_workers: list[str]
 
 
+class FileJson(TypedDict):
+    """One file a step writes (host_files.PlannedFile): a secret's content is never shown, nor
+    the digest of a key generated for it; `content` is shown for units only."""
+
+    name: str
+    path: str
+    mode: str
+    owner: str
+    group: str
+    secret: bool
+    sha256: str | None
+    # The ServingState fact's reading (None: absent, or not a file the fact checksums).
+    sha256_now: str | None
+    checksummed: bool
+    changes: bool
+    content: str | None
+
+
+class RouterStepJson(TypedDict):
+    version: str
+    env_dir: str
+    install: bool
+    restart: bool
+    files: list[FileJson]
+
+
 class ServeJson(TypedDict):
     start: list[int]
     batches: list[list[int]]
@@ -117,3 +143,9 @@ class ServeJson(TypedDict):
     prune_keep: list[str]
     prune_doomed: list[str]
     summary: str
+    # Every file the serve and smoke steps write this run, in order, and the router's part.
+    files: list[FileJson]
+    smoke_files: list[FileJson]
+    rank_units: list[FileJson]
+    control_plane_key: FileJson | None
+    router_step: RouterStepJson | None
