@@ -219,7 +219,7 @@ def case_router_converged(tmp_path: Path) -> tuple[Settings, Gathered, dict[str,
     assert first.router is not None
     files = {
         layout.unit_path(layout.ROUTER_UNIT): sha256(first.router.unit),
-        f"{first.router.env_dir}/{layout.ROUTER_MARKER}": "cd" * 32,
+        layout.router_marker(first.router.env_dir): "cd" * 32,
         # The control-plane key generated on the host by an earlier run: kept as it is.
         layout.CONTROL_PLANE_KEY_FILE: "ef" * 32,
     }

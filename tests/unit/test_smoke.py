@@ -353,7 +353,7 @@ def test_each_restarted_rank_once_and_the_router_a_few_times() -> None:
 
 def test_the_router_is_asked_when_it_restarts() -> None:
     plan = router_plan()
-    marker = f"{plan.env_dir}/{layout.ROUTER_MARKER}"
+    marker = layout.router_marker(plan.env_dir)
     unit_path = layout.unit_path(layout.ROUTER_UNIT)
     running = UnitState(unit_sha256="x", load="loaded", active="active", sub="running")
     same = Serving(router=running, files={unit_path: sha256(plan.unit), marker: "y"})
