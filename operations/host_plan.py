@@ -46,7 +46,7 @@ class HostReport:
     monitoring: monitoring.MonitoringPlan | None = None
     # The key of the staged copy the rank units name (None: not known; they name the link).
     model_key: str | None = None
-    # The ServingState fact as the plan read it (the steps' `sha256_now`s; never shown).
+    # The ServingState fact as the plan read it (the model step's `sha256_now`s; never shown).
     serving: Serving | None = None
     # What the serve and smoke steps do (operations/roll.py); None while preflight refuses.
     serve: roll.ServePlan | None = None

@@ -1,8 +1,9 @@
 """Step 4 of the deploy: one systemd unit per rank, started or rolled health-gated; the router.
 
 What each rank runs (argv, environment, unit text) was decided by the resolver, and each unit
-names its own engine environment and staged model copy by path. This module turns "what should
-run" and the ServingState fact into the fewest changes (`roll_plan`, pure):
+names its own engine environment and staged model copy by path. The plan (operations/roll.py,
+decided in host_plan.decide) turned "what should run" and the ServingState fact into the
+fewest changes and every file to write (`ServePlan`); this module carries it out:
 
 - ranks that are not serving start together, then must all answer /health;
 - a serving rank restarts when and only when its own unit file changes (or the API key file it
@@ -16,7 +17,8 @@ Behind a router (the plan's DrainPlan, operations/drain.py), each batch (and eac
 removes) first leaves the router and finishes its in-flight requests; a rolled batch rejoins
 only after /health and a chat request (files/router_workers.py), and a batch that fails stays
 out. Ranks started from stopped are put back when the router does not list them.
-A converged host gathers one fact here and changes nothing.
+Nothing here asks a fact or takes a fact's value (tests/unit/test_steps_read_no_fact.py): a
+converged host changes nothing.
 """
 
 from __future__ import annotations
