@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 from operations import layout
 from operations.kb import Knowledge, RouterRelease
-from operations.resolver import Decision
 from operations.settings import Settings
+from operations.vocabulary import Decision
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from operations.facts.serve import Serving, referenced_models, serving_state
 from operations.resolver.router import open_binds
 from operations.settings import Settings
 from operations.staging import StageDecision, decide_stage, keep_keys, model_staging
+from operations.vocabulary import Decision, PlanJson
 
 
 @dataclass
@@ -73,7 +74,7 @@ class HostReport:
     def ok(self) -> bool:
         return not self.errors
 
-    def to_json(self) -> resolver.PlanJson:
+    def to_json(self) -> PlanJson:
         data = self.plan.to_json()
         data["errors"] = self.errors
         if self.router is not None:
@@ -222,7 +223,7 @@ def decide(
     if not failures:
         kept = referenced_models(facts.serving)
         decision = decide_stage(settings, resources, facts.model_key, facts.staging, kept)
-        plan.decisions.append(resolver.Decision("model staging", decision.what, decision.plan.why))
+        plan.decisions.append(Decision("model staging", decision.what, decision.plan.why))
         python = plan.engine.python if plan.engine is not None else None
         serve = roll.serve_plan(settings, plan.ranks, facts.serving, router, drain, watched, python)
     return HostReport(

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from operations import layout
-from operations.resolver import Decision, MonitoringJson, TargetGroupJson
 from operations.settings import Settings
+from operations.vocabulary import Decision, MonitoringJson, TargetGroupJson
 
 DASHBOARD_SOURCE = Path(__file__).parent / "files" / "grafana-dashboard.json"
 ROUTER_RANK = "router"

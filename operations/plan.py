@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, TypedDict, cast
 
 from operations import settings as settings_mod
 from operations.host_plan import HostReport, plan_for_host
-from operations.resolver import PlanJson
+from operations.vocabulary import PlanJson
 
 if TYPE_CHECKING:
     from pyinfra.api.host import Host

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from operations import kb as kbmod
 from operations import settings as settings_mod
@@ -36,6 +36,12 @@ class Verdict(TypedDict):
     why: list[str]
     unproven: list[str]
     unlock: list[str]
+
+
+class Document(TypedDict):
+    """What --json prints: each host's verdicts, or why it was not asked."""
+
+    hosts: dict[str, list[Verdict] | str]
 
 
 def unlock_hints(errors: list[str], knowledge: kbmod.Knowledge, lane: str) -> list[str]:
@@ -138,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         if args.json:
-            document: dict[str, Any] = {"hosts": result}
+            document: Document = {"hosts": result}
             json.dump(document, sys.stdout, indent=2)
             sys.stdout.write("\n")
         else:

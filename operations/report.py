@@ -25,8 +25,9 @@ from rich.text import Text
 from operations.host_plan import HostReport
 from operations.preflight import Failure
 from operations.redact import redact
-from operations.resolver import Decision, RouterPlan
+from operations.resolver import RouterPlan
 from operations.settings import Router
+from operations.vocabulary import Decision
 
 # The decisions the compact view shows in its own rows; any other is shown as "what  value".
 _SHOWN = {

@@ -40,12 +40,7 @@ from operations.resolver import Rank, RouterPlan
 from operations.resolver.router import control_key_text
 from operations.resolver.router import key_changes as router_key_changes
 from operations.settings import Settings
-from operations.vocabulary import (  # the plan's words (re-exported)
-    FileJson,
-    RouterStepJson,
-    ServeJson,
-    SmokeJson,
-)
+from operations.vocabulary import FileJson, RouterStepJson, ServeJson, SmokeJson
 
 ROUTER_TARGET = "router"  # files/smoke.py ROUTER: judged by its chat answers alone
 

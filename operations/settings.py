@@ -49,7 +49,8 @@ def schema() -> SettingsSchema:
     return loaded
 
 
-def defaults() -> dict[str, Any]:
+def defaults() -> dict[str, object]:
+    """Each setting's default, as settings.schema.json spells it (JSON: converted by load)."""
     return {k: p["default"] for k, p in schema()["properties"].items() if "default" in p}
 
 
@@ -217,9 +218,11 @@ class SettingsError(Exception):
 COMMAND_LINE = "--data on the command line"
 
 
-def _merge(layers: Iterable[Layer]) -> tuple[dict[str, Any], dict[str, str]]:
+def _merge(layers: Iterable[Layer]) -> tuple[dict[str, object], dict[str, str]]:
+    """Each key's value from the first layer that sets it, not yet checked (load checks it),
+    and that layer's label."""
     props = schema()["properties"]
-    merged: dict[str, Any] = {}
+    merged: dict[str, object] = {}
     origins: dict[str, str] = {}
     for layer in layers:
         for key, value in layer.data.items():

@@ -4,8 +4,8 @@ prints a host's plan in (`PlanJson` and its parts, `ServeJson` for the serve and
 The resolver (operations/resolver/), the serve plan (operations/roll.py), the drain plan
 (operations/drain.py) and the host report (operations/host_plan.py) all speak them; they live
 here, importing nothing of the package, so none of those modules has to import another to name
-them (tests/unit/test_import_graph.py: no circles). operations.resolver and operations.roll
-re-export them where their users have always imported them from.
+them (tests/unit/test_import_graph.py: no circles). Each of them imports them from here: no
+module re-exports them (tests/unit/test_vocabulary_imports.py).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import Any, TypedDict
 
 POLL_S = 0.1
 REQUEST_TIMEOUT_S = 10
@@ -96,7 +96,17 @@ def call(base: str, spec: str, body: Any = None, **ids: str) -> Any:
     return json.loads(raw) if raw.strip() else None
 
 
-def listed(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+class Worker(TypedDict, total=False):
+    """One of the router's workers as its list answers it ({"workers": [...]}): the keys read
+    here, as the real sglang-router answers them (the e2e roll and crash tests read its list,
+    tests/e2e/test_crash.py). Decoded JSON, not checked: the router's own answer."""
+
+    id: str  # what a removal names (the remove call's {id})
+    url: str
+    is_healthy: bool
+
+
+def listed(args: argparse.Namespace) -> dict[str, Worker]:
     """The router's workers by URL."""
     answer = call(args.router, args.list)
     return {w["url"].rstrip("/"): w for w in answer.get("workers", [])}

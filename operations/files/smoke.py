@@ -54,7 +54,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, TypedDict
 
 from operations.files.hostsafe import JOURNAL_LINES, journal, listening, mask_journal, refusal
 
@@ -89,7 +89,8 @@ def _quote(body: str) -> str:
     return repr(text[:BODY_SHOWN] + ("..." if len(text) > BODY_SHOWN else ""))
 
 
-def _json_object(status: int | None, body: str, what: str) -> tuple[dict[str, Any] | None, str]:
+def _json_object(status: int | None, body: str, what: str) -> tuple[dict[str, object] | None, str]:
+    """The answer's JSON object (each field judged by the caller), else None and why not."""
     if status is None:
         return None, f"{what}: no answer"
     if status != 200:
@@ -269,7 +270,22 @@ def _no_guard() -> str | None:
     return None
 
 
-def chat_request(model: str, a: int, b: int) -> dict[str, Any]:
+class Message(TypedDict):
+    role: str
+    content: str
+
+
+class ChatRequest(TypedDict):
+    """The body of a POST /v1/chat/completions (OpenAI's chat API, as SGLang serves it)."""
+
+    model: str
+    messages: list[Message]
+    max_tokens: int
+    temperature: int
+    chat_template_kwargs: dict[str, bool]
+
+
+def chat_request(model: str, a: int, b: int) -> ChatRequest:
     """The OpenAI chat request asking "What is A + B?", greedy, thinking off."""
     return {
         "model": model,

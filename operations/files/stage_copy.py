@@ -8,9 +8,14 @@ import hashlib
 import os
 import threading
 import time
-from typing import Any
 
-from operations.files.stage_manifest import EXIT_CHANGED, NOFOLLOW, StageError, open_source
+from operations.files.stage_manifest import (
+    EXIT_CHANGED,
+    NOFOLLOW,
+    FileEntry,
+    StageError,
+    open_source,
+)
 
 CHUNK = 64 * 1024 * 1024
 # With --group (the servers' group), copies are root:GROUP, dirs 0750, files 0640: the servers
@@ -39,14 +44,14 @@ def _workers() -> int:
     return max(2, min(8, os.cpu_count() or 2))
 
 
-def verify_full(source: str, version_dir: str, files: list[dict[str, Any]]) -> list[str]:
+def verify_full(source: str, version_dir: str, files: list[FileEntry]) -> list[str]:
     """Files whose staged bytes differ from the source's (hub sha256, else the source file).
 
     hashlib releases the GIL on large blocks, so threads hash files in parallel.
     """
 
-    def bad(entry: dict[str, Any]) -> str | None:
-        rel: str = entry["path"]
+    def bad(entry: FileEntry) -> str | None:
+        rel = entry["path"]
         try:
             got = sha256_file(os.path.join(version_dir, rel))
         except OSError:
@@ -110,7 +115,7 @@ class Progress:
             self.thread.join()
 
 
-def _copy_file(src: tuple[str, str], dst: str, entry: dict[str, Any], progress: Progress) -> None:
+def _copy_file(src: tuple[str, str], dst: str, entry: FileEntry, progress: Progress) -> None:
     """Copy src (the source root, the file's path in it) to dst; never through a link."""
     os.makedirs(os.path.dirname(dst), exist_ok=True)
     with open(open_source(*src), "rb") as fin:

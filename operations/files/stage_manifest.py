@@ -21,7 +21,36 @@ import stat
 # deploy) more than its scan (~40 ms on the 2-core testbed); mypy takes the name as true.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import NotRequired, TypedDict
+
+    class FileEntry(TypedDict):
+        """One served file of a manifest (entries); a manifest's digest covers each one."""
+
+        path: str  # below the source (or the copy)
+        size: int
+        mtime_ns: int
+        sha256: NotRequired[str]  # the hub's LFS sha256, while its metadata is trustworthy
+
+    class Scan(TypedDict):
+        """A source's manifest (scan): its files, their bytes and their digest."""
+
+        files: list[FileEntry]
+        bytes: int
+        digest: str
+
+    class Manifest(Scan):
+        """A staged copy's MANIFEST (stage_run.stage writes it): the scan it was copied from."""
+
+        source: str
+        staged_at: float  # time.time() when it was written
+
+    # An entry as the copies compare it: (path, size, mtime_ns, sha256 or "").
+    Key = tuple[str, int, int, str]
+else:
+    # What the checker reads above, plain dicts when the script runs: the other parts import
+    # these names (host_scripts.py inlines this module whole, both branches bind them).
+    FileEntry = Scan = Manifest = dict
+    Key = tuple
 
 MANIFEST = ".staged-manifest.json"
 # The hub's --local-dir metadata and our download marker live in .cache; never served.
@@ -69,14 +98,14 @@ def _hub_sha256(root: str, rel: str, mtime_ns: int) -> str | None:
     return None
 
 
-def entries(root: str) -> list[dict[str, Any]]:
+def entries(root: str) -> list[FileEntry]:
     """Every served file under root with size and mtime (stat only: never reads contents); a
     link by the link rule (what it resolves to), or refused (StageError)."""
     if not os.path.isdir(root):
         raise StageError(f"model source {root}: no such directory", EXIT_REFUSED)
     if not os.access(root, os.R_OK | os.X_OK):
         raise StageError(f"model source {root}: not readable", EXIT_REFUSED)
-    files: list[dict[str, Any]] = []
+    files: list[FileEntry] = []
     anchor = link_root(root)
 
     def walk_error(exc: OSError) -> None:
@@ -104,7 +133,7 @@ def entries(root: str) -> list[dict[str, Any]]:
                 continue  # a FIFO, socket or device node is no weight file
             elif not os.access(full, os.R_OK):
                 raise StageError(f"model source: {full} is not readable", EXIT_REFUSED)
-            entry: dict[str, Any] = {"path": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+            entry: FileEntry = {"path": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
             sha = _hub_sha256(root, rel, st.st_mtime_ns)
             if sha:
                 entry["sha256"] = sha
@@ -113,7 +142,7 @@ def entries(root: str) -> list[dict[str, Any]]:
     return files
 
 
-def scan(root: str) -> dict[str, Any]:
+def scan(root: str) -> Scan:
     """Every served file under root with size and mtime (stat only: never reads contents), their
     bytes and the manifest's digest."""
     files = entries(root)
@@ -290,11 +319,11 @@ def describe(source: str) -> list[str]:
     return lines
 
 
-def _key(entry: dict[str, Any]) -> tuple[str, int, int, str]:
+def _key(entry: FileEntry) -> Key:
     return (entry["path"], entry["size"], entry["mtime_ns"], entry.get("sha256", ""))
 
 
-def digest(files: list[dict[str, Any]]) -> str:
+def digest(files: list[FileEntry]) -> str:
     # Imported here (and in read_manifest): the ModelSource fact (stage_source.py, every
     # deploy) needs neither, and json with re costs it ~25 ms a run.
     import hashlib
@@ -316,7 +345,7 @@ def _read_text(root: str, rel: str) -> str | None:
         return fh.read(1 << 20).strip() or None
 
 
-def _reusable(files: list[dict[str, Any]], staged: dict[str, Any] | None) -> set[tuple[Any, ...]]:
+def _reusable(files: list[FileEntry], staged: Scan | None) -> set[Key]:
     """Entries the current copy already holds byte-identical (same path, size, mtime, hash)."""
     if not staged:
         return set()
@@ -324,14 +353,14 @@ def _reusable(files: list[dict[str, Any]], staged: dict[str, Any] | None) -> set
     return {_key(e) for e in files if _key(e) in have}
 
 
-def read_manifest(version_dir: str | None) -> dict[str, Any] | None:
+def read_manifest(version_dir: str | None) -> Manifest | None:
     if version_dir is None:
         return None
     import json
 
     try:
         with open(os.path.join(version_dir, MANIFEST)) as fh:
-            loaded: dict[str, Any] = json.load(fh)
+            loaded: Manifest = json.load(fh)
             return loaded
     except (OSError, ValueError):
         return None

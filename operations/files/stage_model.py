@@ -35,12 +35,12 @@ import json
 import os
 import signal
 import sys
-from typing import Any
+from typing import TypedDict
 
 from operations.files.stage_copy import STOP, set_group
 from operations.files.stage_manifest import EXIT_REFUSED, HUB_MARKER, StageError, _read_text, scan
-from operations.files.stage_run import plan, stage
-from operations.files.stage_tree import prune
+from operations.files.stage_run import Plan, Staged, Summary, plan, stage
+from operations.files.stage_tree import Pruned, prune
 
 # --------------------------------------------------------------------------------- hub
 
@@ -73,6 +73,12 @@ def fetch_hub(cli: str, repo: str, revision: str, dest: str, token_file: str | N
         fh.write(revision + "\n")
     os.rename(temp, marker)
     return True
+
+
+class Fetched(TypedDict):
+    """`fetch-hub`'s answer."""
+
+    changed: bool  # it downloaded
 
 
 def _may_chown() -> bool:
@@ -151,9 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_exit)
     try:
+        out: Summary | Plan | Staged | Pruned | Fetched  # the last stdout line, as JSON
         if args.cmd == "scan":
-            out: dict[str, Any] = scan(args.source)
-            out = {k: out[k] for k in ("digest", "bytes")} | {"files": len(out["files"])}
+            found = scan(args.source)
+            out = {"digest": found["digest"], "bytes": found["bytes"], "files": len(found["files"])}
         elif args.cmd == "plan":
             out = plan(
                 args.source, args.stage_dir, args.slug, args.verify, args.key, tuple(args.keep)

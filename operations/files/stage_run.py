@@ -10,7 +10,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Required, TypedDict
 
 from operations.files.stage_copy import (
     Progress,
@@ -25,6 +25,7 @@ from operations.files.stage_manifest import (
     EXIT_REFUSED,
     HUB_MARKER,
     MANIFEST,
+    Manifest,
     StageError,
     _key,
     _read_text,
@@ -44,6 +45,42 @@ from operations.files.stage_tree import (
 )
 
 
+class Summary(TypedDict):
+    """A manifest in three numbers (a plan's source and staged copy, `scan`'s answer)."""
+
+    digest: str
+    bytes: int
+    files: int
+
+
+class Plan(TypedDict, total=False):
+    """`plan`'s answer (stage_model.py prints it as JSON; the ModelStaging fact parses it,
+    operations/facts/model.py parse_staging). A refusal or an unreadable source answers only
+    what was known by then."""
+
+    source: Required[Summary | None]  # None: the source could not be scanned (error says why)
+    error: Required[str | None]
+    staged: Summary | None  # the current copy's manifest; None: no complete copy
+    leftovers: list[str]  # what a stage run removes first
+    current: str | None  # the copy SLUG points at
+    hub_revision: str | None  # the hub download marker's revision (hf:// sources)
+    leftover_bytes: int  # what removing the leftovers frees
+    copy_bytes: int  # what a stage run would copy
+    changed_files: list[str]
+    mismatched: list[str]  # verify full: staged files whose bytes differ from the source's
+    up_to_date: bool  # a stage run would change nothing
+
+
+class Staged(TypedDict, total=False):
+    """`stage`'s answer (stage_model.py prints it as JSON); the copied_* keys when it copied."""
+
+    changed: Required[bool]
+    digest: Required[str]
+    bytes: Required[int]
+    copied_bytes: int
+    copied_files: int
+
+
 def plan(
     source: str,
     stage_dir: str,
@@ -51,11 +88,11 @@ def plan(
     verify: str = "manifest",
     key: str | None = None,
     keep: tuple[str, ...] = (),
-) -> dict[str, Any]:
+) -> Plan:
     """What `stage` would do with the same key and keep, without changing anything: its
     leftovers, and up_to_date when it would change nothing (survey: the same rule)."""
     layout = Layout(stage_dir, slug, keep)
-    result: dict[str, Any] = {"source": None, "error": None}
+    result: Plan = {"source": None, "error": None}
     try:
         fd = open_models(stage_dir, create=False)
     except StageError as exc:  # a tree someone else made: refused, never read further
@@ -107,7 +144,7 @@ def stage(
     measure_free: Callable[[str], int] = free_bytes,
     remove_path: Callable[[str], None] = remove,
     headroom: float = 1.0,
-) -> dict[str, Any]:
+) -> Staged:
     """Make SLUG point at a complete, verified copy of source, named .SLUG@KEY (key: what the
     rank units name; the digest when None). Copies named by `keep` are not removed.
     headroom: the free bytes a copied byte needs, the deploy's capacity rule
@@ -148,7 +185,7 @@ def _stage_locked(
     measure_free: Callable[[str], int],
     remove_path: Callable[[str], None],
     headroom: float = 1.0,
-) -> dict[str, Any]:
+) -> Staged:
     changed = False
     if os.path.islink(layout.final) and layout.current() is None:
         os.unlink(layout.final)  # points at nothing complete: no model beats a partial one
@@ -242,7 +279,7 @@ def _stage_locked(
         for dirpath, dirnames, _ in os.walk(temp):
             for d in dirnames:
                 _own_dir(os.path.join(dirpath, d))
-        manifest = {"source": source, "staged_at": time.time(), **src}
+        manifest: Manifest = {"source": source, "staged_at": time.time(), **src}
         with open(os.path.join(temp, MANIFEST), "w") as fh:
             json.dump(manifest, fh)
         final_version = seen.wanted

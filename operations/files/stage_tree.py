@@ -11,12 +11,14 @@ import shutil
 import stat
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple, TypedDict
 
 from operations.files.stage_manifest import (
     EXIT_REFUSED,
     MANIFEST,
     NOFOLLOW,
+    Manifest,
+    Scan,
     StageError,
     read_manifest,
 )
@@ -190,11 +192,11 @@ class Survey(NamedTuple):
 
     # The copy SLUG points at and its manifest (None: none complete).
     current: str | None
-    staged: dict[str, Any] | None
+    staged: Manifest | None
     # The copy the rank units name: .SLUG@KEY (--key, else the source's digest), and its
     # manifest when it holds the source (then it is no leftover: a stage run switches to it).
     wanted: str
-    named: dict[str, Any] | None
+    named: Manifest | None
     leftovers: list[str]
 
     @property
@@ -203,7 +205,7 @@ class Survey(NamedTuple):
         return self.named is not None and self.current == self.wanted
 
 
-def survey(layout: Layout, key: str | None, src: dict[str, Any]) -> Survey:
+def survey(layout: Layout, key: str | None, src: Scan) -> Survey:
     current = layout.current()
     wanted = layout.version(key or src["digest"])
     named = read_manifest(wanted)
@@ -253,9 +255,14 @@ def _switch(layout: Layout, version_dir: str) -> None:
     os.rename(link_tmp, layout.final)
 
 
-def prune(
-    stage_dir: str, slug: str, keep: tuple[str, ...], lock_timeout: float = 1800.0
-) -> dict[str, Any]:
+class Pruned(TypedDict):
+    """`prune`'s answer (stage_model.py prints it as JSON)."""
+
+    changed: bool
+    removed: list[str]  # the copies removed
+
+
+def prune(stage_dir: str, slug: str, keep: tuple[str, ...], lock_timeout: float = 1800.0) -> Pruned:
     """Remove the copies of SLUG no rank unit names (`keep`), once a roll has finished."""
     layout = Layout(stage_dir, slug, keep)
     models_fd = open_models(stage_dir, create=False)  # a tree someone else made: refused

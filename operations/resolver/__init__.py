@@ -6,7 +6,8 @@ gathered by pyinfra, and so what the plan shows is exactly what a deploy writes.
 
 One module per job:
 
-- types.py: what it reads and writes: `Facts`, `HostPlan` (`Decision`, `Rank`), the --json shapes;
+- types.py: what it reads and writes: `Facts`, `HostPlan` (its `Rank`s, and its `Decision`s and
+  --json shapes, the plan's words, which operations/vocabulary.py holds: import them from there);
 - context.py: one host's resolution under way (`Resolution`: settings, facts, kb, the plan);
 - engine.py: the release, the CUDA lane and the driver; the engine plan and its compiler;
 - model.py: the GPU, the model's architecture and its weights;
@@ -31,38 +32,14 @@ from operations.resolver.router import (
     resolve_router,
     worker_urls,
 )
-from operations.resolver.types import (
-    Decision,
-    DecisionJson,
-    EngineJson,
-    Facts,
-    HostPlan,
-    MonitoringJson,
-    PinJson,
-    PlanJson,
-    Rank,
-    RankJson,
-    RouterJson,
-    StagingJson,
-    TargetGroupJson,
-)
+from operations.resolver.types import Facts, HostPlan, Rank
 
 __all__ = [
     "MANAGED_OPTIONS",
-    "Decision",
-    "DecisionJson",
-    "EngineJson",
     "Facts",
     "HostPlan",
-    "MonitoringJson",
-    "PinJson",
-    "PlanJson",
     "Rank",
-    "RankJson",
-    "RouterJson",
     "RouterPlan",
-    "StagingJson",
-    "TargetGroupJson",
     "managed_options",
     "resolve",
     "resolve_router",

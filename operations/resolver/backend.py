@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from operations.kb import version
 from operations.resolver.context import Resolution, src
-from operations.resolver.types import Decision
+from operations.vocabulary import Decision
 
 
 def backend_refusals(ctx: Resolution, backend: str, hybrid: bool) -> list[str]:

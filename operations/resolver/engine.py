@@ -14,7 +14,7 @@ from operations.engine_spec import (
 from operations.kb import Lane, cite, in_range, version
 from operations.redact import redact
 from operations.resolver.context import Resolution, src
-from operations.resolver.types import Decision
+from operations.vocabulary import Decision
 
 
 def check_release(ctx: Resolution) -> None:

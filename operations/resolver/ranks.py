@@ -6,7 +6,8 @@ from __future__ import annotations
 from operations import layout, units
 from operations.engine_spec import engine_spec
 from operations.resolver.context import Resolution, src
-from operations.resolver.types import Decision, Rank
+from operations.resolver.types import Rank
+from operations.vocabulary import Decision
 
 
 def ranks(ctx: Resolution, args: list[str]) -> None:

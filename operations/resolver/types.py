@@ -8,34 +8,7 @@ from dataclasses import dataclass, field
 from operations.engine_spec import EngineSpec
 from operations.facts.gpu import NvidiaSmi
 from operations.facts.host import Model
-from operations.vocabulary import (  # the plan's words, re-exported for the resolver's users
-    Decision,
-    DecisionJson,
-    EngineJson,
-    MonitoringJson,
-    PinJson,
-    PlanJson,
-    RankJson,
-    RouterJson,
-    StagingJson,
-    TargetGroupJson,
-)
-
-__all__ = [
-    "Decision",
-    "DecisionJson",
-    "EngineJson",
-    "Facts",
-    "HostPlan",
-    "MonitoringJson",
-    "PinJson",
-    "PlanJson",
-    "Rank",
-    "RankJson",
-    "RouterJson",
-    "StagingJson",
-    "TargetGroupJson",
-]
+from operations.vocabulary import Decision, EngineJson, PlanJson
 
 
 @dataclass(frozen=True)

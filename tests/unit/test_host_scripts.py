@@ -106,6 +106,34 @@ def test_the_controller_masks_with_the_same_code() -> None:
     assert smoke.mask_journal(line) == redact.mask_journal(line)
 
 
+def runtime_imports(text: str) -> set[str]:
+    """The modules a text imports when it runs: those under `if TYPE_CHECKING:` aside."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            for branch in node.orelse:
+                visit(branch)
+            return
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.update(imports_of(ast.unparse(node)))
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(text))
+    return found
+
+
+def test_the_model_source_script_imports_typing_for_the_checker_only() -> None:
+    """The ModelSource fact runs with every deploy, and importing typing costs it more than its
+    scan (files/stage_manifest.py): the staging types it shares are the checker's alone."""
+    text = host_scripts.script_text("stage_source.py")
+    assert "typing" in imports_of(text)  # the checker's: under TYPE_CHECKING
+    assert "typing" not in runtime_imports(text)
+    sample = "if TYPE_CHECKING:\n    import typing\nelse:\n    import os\ndef f():\n    import re\n"
+    assert runtime_imports(sample) == {"os", "re"}
+
+
 def test_the_inline_staging_script_fits_in_one_argument() -> None:
     """The fact sends the script as one argument of `python3 -c`, inside pyinfra's `sh -c`
     (and sudo's): over SSH the whole command is one string for the remote shell, and Linux
