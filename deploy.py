@@ -46,6 +46,6 @@ if report is not None:
     install_engine(report)
     stage_model(report)
     # A rank restarts when its unit changed: the unit names its engine and model copy by path.
-    step = serve(report)
+    serve(report)
     # Healthy is not yet serving: a client's request must get this model's answer.
-    smoke(report, step)
+    smoke(report)

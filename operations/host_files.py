@@ -50,9 +50,7 @@ FileAt fact (`sha256_now=`), which saves a round trip per file on a converged ru
 from __future__ import annotations
 
 import base64
-import hashlib
 import shlex
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -67,17 +65,7 @@ from pyinfra.operations.util.files import generate_color_diff
 
 from operations.facts.files import FileAt, PathState
 from operations.host_call import Commands
-from operations.layout import ManagedFile
-
-
-def content_bytes(src: str | bytes | Path) -> bytes:
-    if isinstance(src, Path):
-        return src.expanduser().read_bytes()
-    return src.encode() if isinstance(src, str) else src
-
-
-def sha256(data: str | bytes) -> str:
-    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
+from operations.planned_files import PlannedFile, content_bytes, sha256
 
 
 def _same_mode(found: str, want: str) -> bool:
@@ -244,16 +232,14 @@ def put_file(
     )
 
 
-def put_managed(
-    name: str, src: str | bytes | Path, file: ManagedFile, digests: Mapping[str, str]
-) -> OperationMeta:
-    """put_file of a registry entry (layout.managed_files): its mode, owners and secrecy from
-    the entry, and, when the ServingState fact checksums it, the digest the fact read
-    (`digests`: Serving.files) as sha256_now, so a converged run rewrites nothing."""
-    checked = file.checksummed and not file.secret
+def put_planned(file: PlannedFile, name: str | None = None) -> OperationMeta:
+    """put_file of the plan's file: a converged run rewrites nothing (the fact's digest stands
+    in for the FileAt fact, but for a secret, whose mode and owners are read). `name`: the
+    operation's, when the step says why (a rank unit's "(start)")."""
+    checked = file.read and not file.secret
     return put_file(
-        name=name,
-        src=src,
+        name=name or file.name,
+        src=file.data,
         dest=file.path,
         owner=file.owner,
         group=file.group,
@@ -261,5 +247,5 @@ def put_managed(
         dir_mode=file.dir_mode,
         dir_group=file.dir_group,
         secret=file.secret,
-        sha256_now=digests.get(file.path) if checked else False,
+        sha256_now=file.sha256_now if checked else False,
     )

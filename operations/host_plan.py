@@ -64,7 +64,7 @@ class HostReport:
     monitoring: monitoring.MonitoringPlan | None = None
     # The key of the staged copy the rank units name (None: not known; they name the link).
     model_key: str | None = None
-    # The ServingState fact as the plan read it (the steps' `sha256_now`s; never shown).
+    # The ServingState fact as the plan read it (the model step's `sha256_now`s; never shown).
     serving: Serving | None = None
     # What the serve and smoke steps do (operations/roll.py); None while preflight refuses.
     serve: roll.ServePlan | None = None
@@ -88,6 +88,7 @@ class HostReport:
                 if self.staging is not None and self.staging.refused
                 else []
             )
+            + (self.serve.errors if self.serve is not None else [])
         )
 
     @property
@@ -312,7 +313,8 @@ def decide(
             settings, resources, facts.model_key, facts.staging, kept, facts.controller
         )
         plan.decisions.append(Decision("model staging", decision.what, decision.plan.why))
-        serve = roll.serve_plan(settings, plan.ranks, facts.serving, router, drain)
+        python = plan.engine.python if plan.engine is not None else None
+        serve = roll.serve_plan(settings, plan.ranks, facts.serving, router, drain, watched, python)
         engine_step, model_step = _step_plans(settings, plan, facts, decision)
     return HostReport(
         settings,

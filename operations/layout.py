@@ -39,6 +39,10 @@ def unit_path(unit: str) -> str:
     return f"{UNIT_DIR}/{unit}"
 
 
+def rank_unit_path(rank: int) -> str:
+    return unit_path(unit_name(rank))
+
+
 def service_home(user: str) -> str:
     """The service user's home (JIT caches; a rank unit's ReadWritePaths=)."""
     return f"/var/lib/{user}"
@@ -62,6 +66,12 @@ CONTROL_PLANE_KEY_FILE = f"{CONFIG_DIR}/router-control-plane.key"
 CONTROL_PLANE_CREDENTIAL = "control-plane-key"
 ROUTER_LAUNCH_SCRIPT = f"{SCRIPT_DIR}/router_launch.py"
 ROUTER_MARKER = ".sglang-deploy-complete"
+
+
+def router_marker(env: str) -> str:
+    """Touched last by the router's install (operations/serve.py router_env): env is complete."""
+    return f"{env}/{ROUTER_MARKER}"
+
 
 # Monitoring: a Prometheus file_sd targets file and a Grafana dashboard (operations/monitoring.py).
 # Not under CONFIG_DIR: with an API key that is 750 root:SERVICE_USER, which a `prometheus` or
@@ -258,12 +268,12 @@ def router_env(settings: Settings) -> str:
 
 @dataclass(frozen=True)
 class ManagedFile:
-    """One file a deploy step writes on a host (besides the rank units, which the ServingState
-    fact reads by their glob, RANK_UNIT_GLOB): where, with what mode and owners, by which step,
-    and whether the ServingState fact checksums it on every run. When it does, that digest is
-    the `sha256_now` its write gets (`host_files.put_managed`): a converged run rewrites
-    nothing and asks no FileAt fact for it. A secret's mode and owners are read on every run
-    (FileAt), whatever the fact says."""
+    """One file a deploy step writes on a host: where, with what mode and owners, by which step,
+    and whether the ServingState fact checksums it on every run (by its path, or, for a rank
+    unit, by the glob RANK_UNIT_GLOB: `by_glob`). When it does, that digest is the plan's
+    "digest now" for its write (`host_files.planned`): a converged run rewrites nothing and
+    asks no FileAt fact for it. A secret's mode and owners are read on every run (FileAt),
+    whatever the fact says."""
 
     path: str
     step: str  # "engine", "model", "serve", "router"
@@ -276,6 +286,8 @@ class ManagedFile:
     dir_mode: str = "755"
     dir_group: str = "root"
     owner: str = "root"
+    # The fact reads it with the rank units (RANK_UNIT_GLOB), not by its path.
+    by_glob: bool = False
 
 
 def managed_files(settings: Settings) -> tuple[ManagedFile, ...]:
@@ -285,6 +297,7 @@ def managed_files(settings: Settings) -> tuple[ManagedFile, ...]:
     tree = engine_tree(settings)
     user = settings.service_user
     files = (
+        *(ManagedFile(rank_unit_path(r), "serve", by_glob=True) for r in range(settings.dp_size)),
         ManagedFile(WAIT_SCRIPT, "serve", "755"),
         ManagedFile(SMOKE_SCRIPT, "serve", "755"),
         ManagedFile(ROUTER_WORKERS_SCRIPT, "serve", "755"),
@@ -314,14 +327,14 @@ def managed_files(settings: Settings) -> tuple[ManagedFile, ...]:
     return (
         *files,
         # Touched last by the router's install: its environment is complete.
-        ManagedFile(f"{router}/{ROUTER_MARKER}", "router"),
+        ManagedFile(router_marker(router), "router"),
         ManagedFile(env_requirements(router), "router", checksummed=False),
     )
 
 
 def checksummed_paths(settings: Settings) -> list[str]:
     """The paths the ServingState fact checksums: the registry's checksummed entries."""
-    return [f.path for f in managed_files(settings) if f.checksummed]
+    return [f.path for f in managed_files(settings) if f.checksummed and not f.by_glob]
 
 
 def managed_file(settings: Settings, path: str) -> ManagedFile:

@@ -32,14 +32,12 @@ from pyinfra.operations import files, systemd
 
 from operations import layout
 from operations.host_call import Commands, HostCall, run
-from operations.host_files import put_file
+from operations.host_files import put_file, put_planned
 from operations.host_plan import HostReport
 from operations.layout import STAGE_UNIT
 
 # Where they have always been imported from (the plan renders the unit: model_plan.py).
-from operations.model_plan import STAGE_TIMEOUT_S as STAGE_TIMEOUT_S
-from operations.model_plan import stage_command as stage_command
-from operations.model_plan import stage_unit_text as stage_unit_text
+from operations.model_plan import stage_command
 from operations.serve import service_user
 from operations.settings import Settings
 
@@ -244,19 +242,8 @@ def _stage_model(report: HostReport) -> None:
     plan = report.model_step
     if plan is None:
         raise OperationError("the model step needs the plan's model step (host_plan)")
-    put_file(
-        name="staging script",
-        src=plan.script.data,
-        dest=plan.script.path,
-        mode=plan.script.mode,
-        sha256_now=plan.script.sha256_now,
-    )
-    unit = put_file(
-        name="stage-at-boot unit",
-        src=plan.unit.data,
-        dest=plan.unit.path,
-        sha256_now=plan.unit.sha256_now,
-    )
+    put_planned(plan.script)
+    unit = put_planned(plan.unit)
     systemd.daemon_reload(name="reload systemd", _if=unit.did_change)
     enabled_at_boot(name="enable the stage unit", unit=STAGE_UNIT, now=plan.enabled_now)
 

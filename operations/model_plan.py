@@ -18,13 +18,12 @@ from operations import layout, units
 from operations.facts.model import script_text
 from operations.layout import HUB_TOKEN_FILE, STAGE_UNIT
 from operations.pins import hub_requirements
-from operations.planned_files import PlannedFile, managed
+from operations.planned_files import PlannedFile, planned
 from operations.preflight import STAGE_HEADROOM
 from operations.settings import Settings
 from operations.staging import ControllerScan, StageDecision
 from operations.vocabulary import ModelStepJson
 
-STAGE_TIMEOUT_S = 3600
 # The controller's environment variable holding a hub token (never a setting: settings are
 # shown; the token is written root-only for the one download, then removed).
 TOKEN_ENV = "HF_TOKEN"
@@ -73,13 +72,7 @@ def stage_unit_text(settings: Settings, key: str | None) -> str:
         key=key,
         group=settings.service_user,
     )
-    return units.stage_unit(
-        model_name=settings.model_name,
-        stage_dir=settings.model_stage_dir,
-        source_dir=settings.source.target_dir,
-        argv=argv,
-        timeout_s=STAGE_TIMEOUT_S,
-    )
+    return units.stage_unit(settings, argv)
 
 
 @dataclass(frozen=True)
@@ -146,7 +139,7 @@ class ModelPlan:
             "make_user": self.make_user and not self.user_exists,
             "enable_stage_unit": self.enabled_now != "enabled",
             "stage": self.stage.plan.mode,
-            "units": [{"path": self.unit.path, "text": str(self.unit.content)}],
+            "units": [{"path": self.unit.path, "text": self.unit.to_json()["content"] or ""}],
             "files": [f.to_json() for f in self.files],
         }
 
@@ -166,9 +159,11 @@ def decide(
 ) -> ModelPlan:
     s, source = settings, settings.source
     registry = {f.path: f for f in layout.managed_files(s)}
-    script = managed(registry[layout.STAGE_SCRIPT], script_text(), digests)
+    script = planned("Model: staging script", registry[layout.STAGE_SCRIPT], script_text(), digests)
     unit_path = layout.unit_path(STAGE_UNIT)
-    unit = managed(registry[unit_path], stage_unit_text(s, key), digests)
+    unit = planned(
+        "Model: stage unit", registry[unit_path], stage_unit_text(s, key), digests, shown=True
+    )
     files = [script, unit]
     staging = stage.staging
     sync = None

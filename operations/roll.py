@@ -13,24 +13,34 @@ operations/smoke.py carry it out without deciding again:
 - a chat request goes to each rank this run (re)starts and, when anything (re)started, through
   the router: behind a router each rolled batch is asked before it rejoins (`batch_smoke`), the
   rest after the serve step (`smoke`);
-- once every batch is healthy, staged copies no unit names any more go (`prune_doomed`).
+- once every batch is healthy, staged copies no unit names any more go (`prune_doomed`);
+- every file the two steps write, with its content, the digest the ServingState fact read and
+  its registry entry's mode and owners (`files`, `rank_units`, `smoke_files`,
+  `control_plane_key`, and the router's `RouterStep`): the steps hand each to
+  `host_files.put_planned` and read no fact.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import secrets
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from operations import layout
+from operations import layout, units
 from operations.drain import DrainPlan
+from operations.engine_spec import tools_uv_config
 from operations.facts.serve import Serving, referenced_models
-from operations.host_files import sha256
+from operations.host_scripts import script_text
+from operations.monitoring import DASHBOARD_SOURCE, MonitoringPlan
+from operations.pins import PinError, router_requirements
+from operations.planned_files import PlannedFile, planned, sha256
 from operations.resolver import Rank, RouterPlan
+from operations.resolver.router import control_key_text
 from operations.resolver.router import key_changes as router_key_changes
 from operations.settings import Settings
-from operations.vocabulary import ServeJson, SmokeJson  # the plan's words
+from operations.vocabulary import FileJson, RouterStepJson, ServeJson, SmokeJson
 
 ROUTER_TARGET = "router"  # files/smoke.py ROUTER: judged by its chat answers alone
 
@@ -106,7 +116,7 @@ def router_restarts(serving: Serving, plan: RouterPlan, key_changes: bool = Fals
     (`key_changes`, resolver/router.py)."""
     unit = serving.files.get(layout.unit_path(layout.ROUTER_UNIT))
     router = serving.router
-    installed = f"{plan.env_dir}/{layout.ROUTER_MARKER}" in serving.files
+    installed = layout.router_marker(plan.env_dir) in serving.files
     stale = unit != sha256(plan.unit) or key_changes
     if stale or router is None or router.active != "active" or not installed:
         return True
@@ -156,6 +166,41 @@ def _smoke_json(smoke: SmokeRequests) -> SmokeJson:
 
 
 @dataclass(frozen=True)
+class RouterStep:
+    """What the serve step does for the router on the host that runs it: its environment
+    (installed when the marker is missing), the files it writes, whether it (re)starts."""
+
+    version: str
+    env_dir: str
+    engine_root: str
+    # The marker is missing: the environment is built afresh (router_env).
+    install: bool
+    # The pinned requirements the install writes into the environment and installs from.
+    requirements: PlannedFile
+    # The package sources (a secret: the index URL may carry credentials), before an install.
+    uv_config: PlannedFile | None
+    launcher: PlannedFile
+    unit: PlannedFile
+    restart: bool
+    health_url: str
+
+    @property
+    def files(self) -> list[PlannedFile]:
+        """In the order the step writes them (the uv config and requirements: installs only)."""
+        first = [self.uv_config, self.requirements] if self.install else []
+        return [f for f in (*first, self.launcher, self.unit) if f is not None]
+
+    def to_json(self) -> RouterStepJson:
+        return {
+            "version": self.version,
+            "env_dir": self.env_dir,
+            "install": self.install,
+            "restart": self.restart,
+            "files": [f.to_json() for f in self.files],
+        }
+
+
+@dataclass(frozen=True)
 class ServePlan:
     """Everything the serve and smoke steps act on (see the module's docstring)."""
 
@@ -178,6 +223,20 @@ class ServePlan:
     # Serving, unchanged ranks the router does not list: an interrupted run took them out (a
     # drain) and never put them back. They rejoin (router_workers in) with no restart.
     readmit: list[int] = field(default_factory=list)
+    # The serve step's files, in the order it writes them (scripts, the API key file, the
+    # target unit, the monitoring files), and whether the target unit is new.
+    files: list[PlannedFile] = field(default_factory=list)
+    target_changes: bool = False
+    # Each rank's unit (for the ranks that start or roll: what the step writes).
+    rank_units: dict[int, PlannedFile] = field(default_factory=dict)
+    # The smoke step's (the request script, unless the serve step ships it for a batch).
+    smoke_files: list[PlannedFile] = field(default_factory=list)
+    # The router's control-plane key, when this run writes it (resolver/router.key_changes).
+    control_plane_key: PlannedFile | None = None
+    # On the router's host.
+    router: RouterStep | None = None
+    # Why the plan cannot be carried out (a release with no pinned requirements).
+    errors: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         """What this run does to the ranks, for the plan printed before any change."""
@@ -229,7 +288,18 @@ class ServePlan:
             "prune_keep": self.prune_keep,
             "prune_doomed": self.prune_doomed,
             "summary": self.summary(),
+            "files": _files_json(self.files),
+            "smoke_files": _files_json(self.smoke_files),
+            "rank_units": _files_json([self.rank_units[r] for r in sorted(self.rank_units)]),
+            "control_plane_key": (
+                self.control_plane_key.to_json() if self.control_plane_key else None
+            ),
+            "router_step": self.router.to_json() if self.router is not None else None,
         }
+
+
+def _files_json(files: Sequence[PlannedFile]) -> list[FileJson]:
+    return [f.to_json() for f in files]
 
 
 def serve_plan(
@@ -238,8 +308,11 @@ def serve_plan(
     serving: Serving,
     router: RouterPlan | None,
     drain: DrainPlan | None,
+    watched: MonitoringPlan | None = None,
+    python_minor: str | None = None,
 ) -> ServePlan:
-    """The serve and smoke steps' decisions for this host (router: set on the router's host)."""
+    """The serve and smoke steps' decisions for this host (router: set on the router's host;
+    watched: the monitoring files; python_minor: the host's python3, "3.11", the router's)."""
     s = settings
     secret = secrets_text(s)
     secret_changed = secret is not None and serving.files.get(layout.SECRETS_FILE) != sha256(secret)
@@ -274,8 +347,25 @@ def serve_plan(
         if serving.model_target:
             present.add(layout.stage_tree(s).entry(serving.model_target))
         doomed = sorted(p for p in present - keep if layout.copy_key(s, p) is not None)
+    errors: list[str] = []
+    router_step = None
+    if router is not None:
+        try:
+            router_step = _router_step(s, router, serving, router_restart, python_minor)
+        except PinError as e:
+            errors.append(f"router version {router.version!r}: {e}")
+    serve_files, smoke_files = _serve_files(s, serving, secret, drain, batch_smoke, watched)
     return ServePlan(
         roll=roll,
+        files=serve_files,
+        target_changes=any(
+            f.changes is not False for f in serve_files if f.path == layout.unit_path(layout.TARGET)
+        ),
+        rank_units=_rank_units(s, [*roll.start, *roll.rolled], serving),
+        smoke_files=smoke_files,
+        control_plane_key=_control_plane_key(s, serving, runs_router=router is not None),
+        router=router_step,
+        errors=errors,
         readmit=left_out(roll, serving, drain),
         secret=secret,
         secret_changed=secret_changed,
@@ -300,3 +390,125 @@ def left_out(roll: RollPlan, serving: Serving, drain: DrainPlan | None) -> list[
 
 def _asked_in_roll(rank: Rank, roll: RollPlan, drain: DrainPlan | None, s: Settings) -> bool:
     return drain is not None and s.smoke_requests and rank in roll.rolled
+
+
+def _serve_files(
+    s: Settings,
+    serving: Serving,
+    secret: str | None,
+    drain: DrainPlan | None,
+    batch_smoke: Sequence[SmokeRequests | None],
+    watched: MonitoringPlan | None,
+) -> tuple[list[PlannedFile], list[PlannedFile]]:
+    """The serve step's files in the order it writes them, and the smoke step's: the request
+    script goes with the serve step when a drained batch is asked before it rejoins, else with
+    the smoke step (shipped either way, for `status --probe`)."""
+    now = serving.files
+
+    def file(name: str, path: str, src: str | bytes | Path, shown: bool = False) -> PlannedFile:
+        return planned(name, layout.managed_file(s, path), src, now, shown=shown)
+
+    files = [file("health-wait script", layout.WAIT_SCRIPT, script_text("wait_healthy.py"))]
+    if secret is not None:
+        # A secret: mode 640 before the first byte, /etc/sglang 750 on every run.
+        files.append(file("API key file", layout.SECRETS_FILE, secret))
+    smoke = script_text("smoke.py")
+    smoke_files = [file("Smoke | request script", layout.SMOKE_SCRIPT, smoke)]
+    if drain is not None:
+        files.append(
+            file("drain script", layout.ROUTER_WORKERS_SCRIPT, script_text("router_workers.py"))
+        )
+        if any(batch_smoke):
+            # Each drained batch answers a chat request before it rejoins the router.
+            files.append(file("smoke script", layout.SMOKE_SCRIPT, smoke))
+            smoke_files = []
+    target = layout.unit_path(layout.TARGET)
+    files.append(file(layout.TARGET, target, units.target_unit(), shown=True))
+    if watched is not None:
+        files.append(file("Prometheus targets file", watched.targets_file, watched.targets_text()))
+        files.append(file("Grafana dashboard", watched.dashboard_file, DASHBOARD_SOURCE))
+    return files, smoke_files
+
+
+def _rank_units(s: Settings, ranks: Sequence[Rank], serving: Serving) -> dict[int, PlannedFile]:
+    """The unit file of each rank the step writes, with the digest the fact read (by glob)."""
+    now: dict[str, str] = {}
+    for rank, unit in serving.ranks.items():
+        if unit.unit_sha256 is not None:
+            now[layout.rank_unit_path(rank)] = unit.unit_sha256
+    return {
+        r.rank: planned(
+            r.unit_name,
+            layout.managed_file(s, layout.rank_unit_path(r.rank)),
+            r.unit,
+            now,
+            shown=True,
+        )
+        for r in ranks
+    }
+
+
+def _control_plane_key(s: Settings, serving: Serving, runs_router: bool) -> PlannedFile | None:
+    """The router's control-plane key on every host behind it, when this run writes it: the
+    controller's router.control_plane_key_file, or, unset, one generated here once with the
+    CSPRNG (`secrets`) and kept. Root only: systemd hands the router unit a copy
+    (LoadCredential=)."""
+    if not router_key_changes(s, serving.files, runs_router=runs_router):
+        return None
+    text = control_key_text(s)
+    return planned(
+        "Router: control-plane key (root only)",
+        layout.managed_file(s, layout.CONTROL_PLANE_KEY_FILE),
+        text if text is not None else secrets.token_urlsafe(32) + "\n",
+        serving.files,
+        generated=text is None,
+    )
+
+
+def _router_step(
+    s: Settings, plan: RouterPlan, serving: Serving, restart: bool, python: str | None
+) -> RouterStep:
+    """The router's part of the serve step (raises PinError: no pinned requirements)."""
+    if python is None:
+        raise PinError("the host's python3 is not known")
+    now: Mapping[str, str] = serving.files
+    tree = layout.engine_tree(s)
+    install = layout.router_marker(plan.env_dir) not in now
+    uv_config = None
+    if install:
+        # Root-only: the main index URL may carry credentials.
+        wheelhouse_dir = tree.wheelhouse if s.wheelhouse else None
+        uv_config = planned(
+            "Router: uv.toml",
+            layout.managed_file(s, tree.uv_config),
+            tools_uv_config(s, wheelhouse_dir),
+            now,
+        )
+    return RouterStep(
+        version=plan.version,
+        env_dir=plan.env_dir,
+        engine_root=s.engine_root,
+        install=install,
+        requirements=planned(
+            "Router: requirements",
+            layout.managed_file(s, layout.env_requirements(plan.env_dir)),
+            router_requirements(plan.version, python),
+            now,
+        ),
+        uv_config=uv_config,
+        launcher=planned(
+            "Router: launcher",
+            layout.managed_file(s, layout.ROUTER_LAUNCH_SCRIPT),
+            script_text("router_launch.py"),
+            now,
+        ),
+        unit=planned(
+            "Router: unit",
+            layout.managed_file(s, layout.unit_path(layout.ROUTER_UNIT)),
+            plan.unit,
+            now,
+            shown=True,
+        ),
+        restart=restart,
+        health_url=plan.health_url,
+    )

@@ -1,8 +1,9 @@
 """Step 4 of the deploy: one systemd unit per rank, started or rolled health-gated; the router.
 
 What each rank runs (argv, environment, unit text) was decided by the resolver, and each unit
-names its own engine environment and staged model copy by path. This module turns "what should
-run" and the ServingState fact into the fewest changes (`roll_plan`, pure):
+names its own engine environment and staged model copy by path. The plan (operations/roll.py,
+decided in host_plan.decide) turned "what should run" and the ServingState fact into the
+fewest changes and every file to write (`ServePlan`); this module carries it out:
 
 - ranks that are not serving start together, then must all answer /health;
 - a serving rank restarts when and only when its own unit file changes (or the API key file it
@@ -16,12 +17,12 @@ Behind a router (the plan's DrainPlan, operations/drain.py), each batch (and eac
 removes) first leaves the router and finishes its in-flight requests; a rolled batch rejoins
 only after /health and a chat request (files/router_workers.py), and a batch that fails stays
 out. Ranks started from stopped are put back when the router does not list them.
-A converged host gathers one fact here and changes nothing.
+Nothing here asks a fact or takes a fact's value (tests/unit/test_steps_read_no_fact.py): a
+converged host changes nothing.
 """
 
 from __future__ import annotations
 
-import secrets
 import shlex
 from collections.abc import Callable, Sequence
 from typing import cast
@@ -36,32 +37,16 @@ from pyinfra.operations import server, systemd
 
 from operations import layout
 from operations.drain import DrainPlan
-from operations.engine_spec import tools_uv_config
-from operations.facts.serve import Serving
 from operations.host_call import Commands
-from operations.host_files import put_file, put_managed
+from operations.host_files import put_file, put_planned
 from operations.host_plan import HostReport
-from operations.host_scripts import script_text
-from operations.layout import ROUTER_MARKER, ROUTER_UNIT, SECRETS_FILE, TARGET, ManagedFile
-from operations.monitoring import DASHBOARD_SOURCE
-from operations.pins import router_requirements
-from operations.resolver import Rank, RouterPlan
-from operations.resolver.router import control_key_text
-from operations.resolver.router import key_changes as router_key_changes
-from operations.roll import ServePlan, SmokeRequests
+from operations.layout import ROUTER_UNIT, SECRETS_FILE, TARGET
+from operations.resolver import Rank
+from operations.roll import RouterStep, ServePlan, SmokeRequests
+from operations.settings import Settings
 from operations.smoke import smoke_requests
 
 WAIT_SCRIPT = layout.WAIT_SCRIPT
-
-TARGET_TEXT = """\
-# Written by sglang-deploy (operations/serve.py).
-[Unit]
-Description=All SGLang ranks of this host
-Wants=network-online.target
-
-[Install]
-WantedBy=multi-user.target
-"""
 
 
 @operation(is_idempotent=False)
@@ -125,10 +110,6 @@ def ranks_label(ranks: Sequence[int]) -> str:
     return "ranks " + ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in spans)
 
 
-def _unit_path(rank: int) -> str:
-    return layout.unit_path(layout.unit_name(rank))
-
-
 @operation()
 def service_user(user: str, exists: bool) -> Commands:
     """
@@ -177,15 +158,14 @@ def pruned_model_copies(stage_dir: str, slug: str, keep: list[str], doomed: list
 
 class ServeStep:
     """Carries out the plan's ServePlan (operations/roll.py): which ranks start, restart (in what
-    batches) and go, the API key file, the staged copies no unit names."""
+    batches) and go, the files it writes (each with the digest the plan read), the staged
+    copies no unit names. It reads no fact and decides nothing."""
 
     def __init__(self, report: HostReport) -> None:
-        if report.serve is None or report.serving is None:
+        if report.serve is None:
             raise OperationError("the serve step needs the plan's ServePlan (host_plan)")
-        self.report = report
-        self.serving: Serving = report.serving
+        self.settings = report.settings
         self.decided: ServePlan = report.serve
-        self.secret = self.decided.secret
         self.plan = self.decided.roll
         self.drain: DrainPlan | None = report.drain
 
@@ -194,51 +174,19 @@ class ServeStep:
         return self.decided.summary()
 
     def run(self) -> None:
-        s = self.report.settings
         # The units run as the service user, which the model step made (deploy.py runs it
         # first: the staged copy is readable by its group only).
-        files = self.serving.files
-
-        def managed(path: str) -> ManagedFile:
-            return layout.managed_file(s, path)
-
-        put_managed(
-            "health-wait script", script_text("wait_healthy.py"), managed(WAIT_SCRIPT), files
-        )
-        if self.secret is not None:
-            # A secret: mode 640 before the first byte, /etc/sglang 750 on every run.
-            put_managed(
-                "API key file",
-                self.secret,
-                managed(SECRETS_FILE),
-                files,
-            )
-        elif self.decided.remove_secret:
+        for file in self.decided.files:
+            put_planned(file)
+        if self.decided.remove_secret:
             server.shell(name="remove the API key file", commands=[f"rm -f {SECRETS_FILE}"])
-        if self.drain is not None:
-            put_managed(
-                "drain script",
-                script_text("router_workers.py"),
-                managed(layout.ROUTER_WORKERS_SCRIPT),
-                files,
-            )
-            if any(self.decided.batch_smoke):
-                # Each drained batch answers a chat request before it rejoins the router.
-                put_managed(
-                    "smoke script",
-                    script_text("smoke.py"),
-                    managed(layout.SMOKE_SCRIPT),
-                    files,
-                )
-        target = put_managed(f"{TARGET}", TARGET_TEXT, managed(layout.unit_path(TARGET)), files)
-        self._monitoring()
         if self.plan.remove:
             self._remove()
         if self.plan.start:
             self._start()
-        elif target.will_change:
+        elif self.decided.target_changes:
             systemd.daemon_reload(name="reload systemd")
-        if target.will_change:
+        if self.decided.target_changes:
             systemd.service(name=f"enable {TARGET}", service=TARGET, enabled=True)
         if self.decided.readmit:
             self._in(self.decided.readmit, "left out by an earlier run")
@@ -247,25 +195,6 @@ class ServeStep:
         ):
             self._roll(batch, f"restart batch {number}", asked)
         self._prune_models()
-
-    def _monitoring(self) -> None:
-        """The Prometheus targets file and the Grafana dashboard the plan decided."""
-        watched = self.report.monitoring
-        if watched is None:
-            return
-        s, files = self.report.settings, self.serving.files
-        put_managed(
-            "Prometheus targets file",
-            watched.targets_text(),
-            layout.managed_file(s, watched.targets_file),
-            files,
-        )
-        put_managed(
-            "Grafana dashboard",
-            DASHBOARD_SOURCE,
-            layout.managed_file(s, watched.dashboard_file),
-            files,
-        )
 
     def _out(self, ranks: Sequence[int], what: str) -> None:
         """Ranks leave the router and finish their in-flight requests (behind a router)."""
@@ -300,7 +229,7 @@ class ServeStep:
     def _remove(self) -> None:
         self._out(self.plan.remove, "dp_size shrank")
         units = [layout.unit_name(r) for r in self.plan.remove]
-        paths = " ".join(_unit_path(r) for r in self.plan.remove)
+        paths = " ".join(layout.rank_unit_path(r) for r in self.plan.remove)
         server.shell(
             name=f"stop and remove {ranks_label(self.plan.remove)} (dp_size shrank)",
             commands=[
@@ -313,16 +242,10 @@ class ServeStep:
 
     def _write_units(self, ranks: Sequence[Rank], why: str) -> None:
         for rank in ranks:
-            now = self.serving.ranks.get(rank.rank)
-            put_file(
-                name=f"{rank.unit_name} ({why})",
-                src=rank.unit,
-                dest=_unit_path(rank.rank),
-                sha256_now=now.unit_sha256 if now is not None else None,
-            )
+            put_planned(self.decided.rank_units[rank.rank], name=f"{rank.unit_name} ({why})")
 
     def _start(self) -> None:
-        s = self.report.settings
+        s = self.settings
         start = self.plan.start
         self._write_units(start, "start")
         systemd.daemon_reload(name="reload systemd")
@@ -352,7 +275,7 @@ class ServeStep:
         self._in([r.rank for r in start], "start")
 
     def _roll(self, batch: list[Rank], what: str, asked: SmokeRequests | None) -> None:
-        s = self.report.settings
+        s = self.settings
         names = ", ".join(r.unit_name for r in batch)
         label = ranks_label([r.rank for r in batch])
         units = " ".join(r.unit_name for r in batch)
@@ -397,7 +320,7 @@ class ServeStep:
     def _prune_models(self) -> None:
         if not self.decided.prune_keep:
             return  # the ranks read the link (copy not known): nothing is named, nothing goes
-        s = self.report.settings
+        s = self.settings
         pruned_model_copies(
             name="prune model copies",
             stage_dir=s.model_stage_dir,
@@ -413,9 +336,10 @@ def _serve(report: HostReport) -> ServeStep:
     host.log(f"ranks: {step.summary()}", logger.info)
     step.run()
     # After the ranks' work: this run's drains used the key the running router has.
-    _control_plane_key(report, step.serving)
-    if report.router is not None:
-        _route(report, step.serving, report.router, step.decided.router_restart)
+    if step.decided.control_plane_key is not None:
+        put_planned(step.decided.control_plane_key)
+    if step.decided.router is not None:
+        _route(report.settings, step.decided.router)
     return step
 
 
@@ -425,7 +349,7 @@ serve = cast(Callable[..., ServeStep], _serve)
 
 @operation()
 def router_env(
-    engine_root: str, env_dir: str, version: str, installed: bool, requirements: str
+    engine_root: str, env_dir: str, version: str, install: bool, requirements: str
 ) -> Commands:
     """
     sglang-router in its own environment, with the engine's uv and package sources: exactly
@@ -435,10 +359,10 @@ def router_env(
     + engine_root: ENGINE_ROOT (uv and its config live there)
     + env_dir: the router's environment
     + version: the sglang-router release
-    + installed: whether env_dir holds a checked install (from the ServingState fact)
+    + install: the plan's RouterStep.install (the environment has no complete install)
     + requirements: sglang-router==VERSION and its dependencies with hashes (operations/pins)
     """
-    if installed:
+    if not install:
         host.noop(f"sglang-router {version} is installed")
         return
     tree = layout.EngineTree(engine_root)
@@ -464,7 +388,7 @@ def router_env(
         "python3",
         env,
     )
-    pinned = f"{env_dir}/requirements.txt"
+    pinned = layout.env_requirements(env_dir)
     yield from put_file._inner(src=requirements, dest=pinned, sha256_now=None)
     yield StringCommand(
         uv,
@@ -485,74 +409,26 @@ def router_env(
         QuoteString("import sglang_router.launch_router"),
         "&&",
         "touch",
-        QuoteString(f"{env_dir}/{ROUTER_MARKER}"),
+        QuoteString(layout.router_marker(env_dir)),
     )
 
 
-def _python(report: HostReport) -> str:
-    """The host's python3 minor, as the plan read it: the router's environment runs it."""
-    if report.plan.engine is None:
-        raise OperationError("the router needs the plan's engine (host_plan)")
-    return report.plan.engine.python
-
-
-def _control_plane_key(report: HostReport, serving: Serving) -> None:
-    """The router's control-plane key on every host behind it (router_key_changes says when it
-    is written; a change restarts the router, roll.router_restarts): the controller's
-    router.control_plane_key_file, or, unset, one generated here once with the CSPRNG
-    (`secrets`) and kept. Root only: systemd hands the router unit a copy (LoadCredential=)."""
-    s = report.settings
-    if not router_key_changes(s, serving.files, runs_router=report.router is not None):
-        return
-    text = control_key_text(s)
-    put_file(
-        name="Router: control-plane key (root only)",
-        src=text if text is not None else secrets.token_urlsafe(32) + "\n",
-        dest=layout.CONTROL_PLANE_KEY_FILE,
-        mode="600",
-        dir_mode="750",
-        dir_group=s.service_user,
-        secret=True,
-    )
-
-
-def _route(report: HostReport, serving: Serving, plan: RouterPlan, restart: bool) -> None:
-    s = report.settings
-    tree = layout.engine_tree(s)
-    installed = f"{plan.env_dir}/{ROUTER_MARKER}" in serving.files
-    if not installed:
-        # Root-only: the main index URL may carry credentials.
-        wheelhouse_dir = tree.wheelhouse if s.wheelhouse else None
-        put_file(
-            name="Router: uv.toml",
-            src=tools_uv_config(s, wheelhouse_dir),
-            dest=tree.uv_config,
-            mode="600",
-            dir_mode="755",
-            secret=True,
-        )
+def _route(s: Settings, plan: RouterStep) -> None:
+    """The router's environment, launcher and unit as the plan's RouterStep has them; a
+    (re)start, health-gated, when it says so."""
+    if plan.uv_config is not None:
+        put_planned(plan.uv_config)
     router_env(
         name=f"Router: install {plan.version}",
-        engine_root=s.engine_root,
+        engine_root=plan.engine_root,
         env_dir=plan.env_dir,
         version=plan.version,
-        installed=installed,
-        requirements=router_requirements(plan.version, _python(report)),
+        install=plan.install,
+        requirements=plan.requirements.text,
     )
-    put_file(
-        name="Router: launcher",
-        src=script_text("router_launch.py"),
-        dest=layout.ROUTER_LAUNCH_SCRIPT,
-        mode="755",
-        sha256_now=serving.files.get(layout.ROUTER_LAUNCH_SCRIPT),
-    )
-    put_file(
-        name="Router: unit",
-        src=plan.unit,
-        dest=layout.unit_path(ROUTER_UNIT),
-        sha256_now=serving.files.get(layout.unit_path(ROUTER_UNIT)),
-    )
-    if restart:
+    put_planned(plan.launcher)
+    put_planned(plan.unit)
+    if plan.restart:
         systemd.daemon_reload(name="Router: reload systemd")
         server.shell(
             name="Router: (re)start",

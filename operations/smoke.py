@@ -22,16 +22,15 @@ from __future__ import annotations
 
 import shlex
 
+from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
 from operations import layout
 from operations.host_call import Commands
-from operations.host_files import put_file
+from operations.host_files import put_planned
 from operations.host_plan import HostReport
-from operations.host_scripts import script_text
 from operations.roll import ROUTER_TARGET
-from operations.serve_result import ServeResult as ServeStep
 
 SMOKE_SCRIPT = layout.SMOKE_SCRIPT
 
@@ -69,19 +68,18 @@ def smoke_requests(
     yield shlex.join(words)
 
 
-def smoke(report: HostReport, step: ServeStep) -> None:
-    """Ship the script; ask what the plan says this run (re)started (ServePlan.smoke)."""
+def smoke(report: HostReport) -> None:
+    """Ship the script (unless the serve step shipped it for a drained batch); ask what the
+    plan says this run (re)started (ServePlan.smoke)."""
     s = report.settings
-    put_file(
-        name="Smoke | request script",
-        src=script_text("smoke.py"),
-        dest=SMOKE_SCRIPT,
-        mode="755",
-        sha256_now=step.serving.files.get(SMOKE_SCRIPT),
-    )
+    decided = report.serve
+    if decided is None:
+        raise OperationError("the smoke step needs the plan's ServePlan (host_plan)")
+    for file in decided.smoke_files:
+        put_planned(file)
     if not s.smoke_requests:
         return
-    asked = step.decided.smoke
+    asked = decided.smoke
     smoke_requests(
         # One name on every host: pyinfra joins differing names of one operation in its output.
         name="Smoke | chat requests",

@@ -1,4 +1,5 @@
-"""systemd unit text: one way to render a template, and escaping for each directive.
+"""systemd unit text: the one renderer of every unit the deploy writes (rank, router, stage,
+target: templates/*.j2), and escaping for each directive.
 
 Every value that reaches a unit goes through one of the escapes below, chosen for the directive
 it lands in (systemd.service(5), systemd.exec(5), systemd.unit(5) "Specifiers" and "Quoting"):
@@ -23,11 +24,15 @@ from typing import Any
 import jinja2
 
 from operations import execstart, layout
+from operations.settings import Settings
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 RANK_TEMPLATE = "sglang-rank.service.j2"
 ROUTER_TEMPLATE = "sglang-router.service.j2"
 STAGE_TEMPLATE = "sglang-stage-model.service.j2"
+TARGET_TEMPLATE = f"{layout.TARGET}.j2"
+# A 54 GB copy at disk speed takes minutes (the stage unit's TimeoutStartSec=).
+STAGE_TIMEOUT_S = 3600
 # Loading ~54 GB from /dev/shm and capturing CUDA graphs takes minutes, not seconds.
 RANK_START_TIMEOUT_S = 1800
 # TimeoutStopSec of a rank: longer than the drain (settings.drain_timeout_s) by this margin, so a
@@ -180,14 +185,18 @@ def rank_unit(
     )
 
 
-def router_unit(
-    *, version: str, workers: int, port: int, user: str, argv: list[str], credential: str
-) -> str:
-    """`credential`: LoadCredential='s ID:PATH (the control-plane key, layout's constants)."""
+def router_unit(settings: Settings, argv: list[str], workers: int) -> str:
+    """The router's unit, for the host that runs it (settings.router set): its control-plane
+    key handed over as a credential (LoadCredential=, layout's constants)."""
+    router = settings.router
+    assert router is not None
+    credential = f"{layout.CONTROL_PLANE_CREDENTIAL}:{layout.CONTROL_PLANE_KEY_FILE}"
     return render(
         ROUTER_TEMPLATE,
-        description=text(f"sglang-router {version} in front of {workers} ranks, port {port}"),
-        user=user,
+        description=text(
+            f"sglang-router {router.version} in front of {workers} ranks, port {router.port}"
+        ),
+        user=settings.service_user,
         exec_start=exec_line(argv),
         credential=path_word(credential),
         start_limit_burst=START_LIMIT_BURST,
@@ -196,16 +205,23 @@ def router_unit(
     )
 
 
-def stage_unit(
-    *, model_name: str, stage_dir: str, source_dir: str, argv: list[str], timeout_s: int
-) -> str:
+def stage_unit(settings: Settings, argv: list[str]) -> str:
+    """The boot unit that stages the model into the tmpfs again (argv: the staging run's
+    command line, operations/model.py stage_command)."""
     return render(
         STAGE_TEMPLATE,
-        description=text(f"Stage {model_name} into {stage_dir} for the SGLang ranks"),
+        description=text(
+            f"Stage {settings.model_name} into {settings.model_stage_dir} for the SGLang ranks"
+        ),
         script=layout.STAGE_SCRIPT,
-        source_dir=path_word(source_dir),
-        stage_dir=path_word(stage_dir),
+        source_dir=path_word(settings.source.target_dir),
+        stage_dir=path_word(settings.model_stage_dir),
         exec_start=exec_line(argv),
-        timeout_s=timeout_s,
+        timeout_s=STAGE_TIMEOUT_S,
         target=layout.TARGET,
     )
+
+
+def target_unit() -> str:
+    """sglang.target: every rank of the host (the rank units are WantedBy= and PartOf= it)."""
+    return render(TARGET_TEMPLATE, description=text("All SGLang ranks of this host"))

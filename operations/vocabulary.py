@@ -106,6 +106,36 @@ class SmokeJson(TypedDict):
     router_workers: list[str]
 
 
+class FileJson(TypedDict):
+    """One file a step writes (operations/planned_files.py): a secret's content and digest are
+    never shown, nor a generated key's digest; `content` is shown for units only."""
+
+    name: str
+    path: str
+    mode: str
+    owner: str
+    group: str
+    secret: bool
+    sha256: str | None
+    # The facts' reading (None: absent, not read, or a secret's).
+    sha256_now: str | None
+    # Whether the plan's facts read it.
+    read: bool
+    # Whether the write changes the host (None: not known before the write).
+    changes: bool | None
+    # What on the host makes it (uv lock, uv export, cp), for a file the controller cannot give.
+    made_by: str | None
+    content: str | None
+
+
+class RouterStepJson(TypedDict):
+    version: str
+    env_dir: str
+    install: bool
+    restart: bool
+    files: list[FileJson]
+
+
 class ServeJson(TypedDict):
     start: list[int]
     batches: list[list[int]]
@@ -121,27 +151,15 @@ class ServeJson(TypedDict):
     prune_keep: list[str]
     prune_doomed: list[str]
     summary: str
+    # Every file the serve and smoke steps write this run, in order, and the router's part.
+    files: list[FileJson]
+    smoke_files: list[FileJson]
+    rank_units: list[FileJson]
+    control_plane_key: FileJson | None
+    router_step: RouterStepJson | None
 
 
 # -- the engine and model steps' plans (operations/engine_plan.py, operations/model_plan.py) --
-
-
-class PlannedFileJson(TypedDict):
-    """A file a step writes (operations/planned_files.py): a secret's content never, only its
-    digest."""
-
-    path: str
-    sha256: str | None
-    sha256_now: str | None
-    # Whether the plan read sha256_now (False: written only with what it belongs to, or a
-    # secret, whose mode and owners put_file reads on every run).
-    read: bool
-    mode: str
-    owner: str
-    group: str
-    secret: bool
-    changes: bool | None
-    made_by: str | None
 
 
 class UvJson(TypedDict):
@@ -177,7 +195,7 @@ class EngineStepJson(TypedDict):
     prune: list[str]
     packages_missing: list[str]
     toolkit: ToolkitStepJson | None
-    files: list[PlannedFileJson]
+    files: list[FileJson]
 
 
 class UnitTextJson(TypedDict):
@@ -194,4 +212,4 @@ class ModelStepJson(TypedDict):
     enable_stage_unit: bool
     stage: str
     units: list[UnitTextJson]
-    files: list[PlannedFileJson]
+    files: list[FileJson]

@@ -204,14 +204,7 @@ def resolve_router(
                 f"router on {host_name} reaches {name}'s ranks at {s.server_host}, a loopback "
                 "address: set server_host for that host to an address the router can reach"
             )
-    unit = units.router_unit(
-        version=router.version,
-        workers=len(workers),
-        port=router.port,
-        user=settings.service_user,
-        argv=argv,
-        credential=f"{layout.CONTROL_PLANE_CREDENTIAL}:{layout.CONTROL_PLANE_KEY_FILE}",
-    )
+    unit = units.router_unit(settings, argv, len(workers))
     return RouterPlan(
         argv=argv,
         unit=unit,

@@ -32,7 +32,7 @@ import pytest
 
 from operations import deploy_lock, layout
 from operations.facts.serve import Serving, ServingState, parse_serving
-from operations.host_files import sha256
+from operations.planned_files import sha256
 from operations.roll import ServePlan, roll_plan
 from tests import testbed as tb
 from tests.e2e.deploying import LANE, Deploying, Indexes, start_deploy

@@ -352,8 +352,8 @@ def test_a_router_in_front_of_other_hosts_needs_a_controller_key_file(tmp_path: 
 
 
 def test_the_key_is_written_once_or_when_the_controllers_changes(tmp_path: Path) -> None:
-    from operations.host_files import sha256
     from operations.layout import CONTROL_PLANE_KEY_FILE
+    from operations.planned_files import sha256
     from operations.resolver.router import key_changes
 
     generated = with_router()

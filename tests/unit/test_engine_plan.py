@@ -15,9 +15,9 @@ from operations.engine_probe import Driver
 from operations.engine_spec import engine_spec
 from operations.facts.engine import EngineHost
 from operations.facts.model import Copy, Staging, script_text
-from operations.host_files import sha256
 from operations.model_plan import ModelPlan, stage_unit_text
 from operations.model_plan import decide as decide_model
+from operations.planned_files import sha256
 from operations.settings import Settings
 from operations.staging import ControllerScan, decide_stage
 from tests.unit.builders import make_settings

@@ -6,19 +6,20 @@ restarts, the copy key and the prune were decided inside the steps and only e2e 
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from operations import kb, layout
+from operations import kb, layout, pins
 from operations.facts.host import parse_resources
 from operations.facts.model import Copy, Staging
 from operations.facts.preflight import HostFacts
 from operations.facts.serve import Serving, UnitState
-from operations.host_files import sha256
 from operations.host_plan import Gathered, HostReport, decide
+from operations.planned_files import sha256
 from operations.resolver import Rank
 from operations.settings import Settings
 from tests.unit.builders import QWEN36, gpu_facts, make_settings
@@ -219,7 +220,7 @@ def case_router_converged(tmp_path: Path) -> tuple[Settings, Gathered, dict[str,
     assert first.router is not None
     files = {
         layout.unit_path(layout.ROUTER_UNIT): sha256(first.router.unit),
-        f"{first.router.env_dir}/{layout.ROUTER_MARKER}": "cd" * 32,
+        layout.router_marker(first.router.env_dir): "cd" * 32,
         # The control-plane key generated on the host by an earlier run: kept as it is.
         layout.CONTROL_PLANE_KEY_FILE: "ef" * 32,
     }
@@ -307,3 +308,98 @@ def test_a_refused_host_decides_no_change() -> None:
     shown = result.to_json()
     assert "serve" not in shown and "staging" not in shown
     assert shown.get("engine_step") is None and shown.get("model_step") is None
+
+
+def test_the_plan_shows_every_file_the_serve_and_smoke_steps_write(tmp_path: Path) -> None:
+    """Issue 29: `plan --json` shows each file the two steps write, in the order they do, with
+    the digest wanted and the one the fact read, from the registry's entry; a secret's content
+    never, and a key generated for this run not even its digest; units with their text."""
+    key = tmp_path / "key"
+    key.write_text("sk-shown-nowhere\n")
+    s = make_settings(router=ROUTER, api_key_file=str(key))
+    result = report(s, gathered(Serving(), staging(None)))
+    assert result.errors == []
+    serve = result.to_json()["serve"]
+    router = serve["router_step"]
+    assert router is not None and router["install"] and router["restart"]
+    shown = [*serve["files"], *serve["smoke_files"], *serve["rank_units"], *router["files"]]
+    cp_key = serve["control_plane_key"]
+    assert cp_key is not None
+    shown.append(cp_key)
+    assert [f["path"] for f in serve["files"]] == [
+        layout.WAIT_SCRIPT,
+        layout.SECRETS_FILE,
+        layout.ROUTER_WORKERS_SCRIPT,
+        layout.unit_path(layout.TARGET),
+        layout.TARGETS_FILE,
+        layout.DASHBOARD_FILE,
+    ]
+    # No batch is rolled: the smoke step ships its script.
+    assert [f["path"] for f in serve["smoke_files"]] == [layout.SMOKE_SCRIPT]
+    tree = layout.engine_tree(s)
+    assert [f["path"] for f in router["files"]] == [
+        tree.uv_config,
+        layout.env_requirements(layout.router_env(s)),
+        layout.ROUTER_LAUNCH_SCRIPT,
+        layout.unit_path(layout.ROUTER_UNIT),
+    ]
+    registry = {f.path: f for f in layout.managed_files(s)}
+    for file in shown:
+        entry = registry[file["path"]]
+        assert (file["mode"], file["group"], file["secret"]) == (
+            entry.mode,
+            entry.group,
+            entry.secret,
+        )
+        # New on a fresh host, or not read by the facts (a secret: its write reads FileAt).
+        assert file["changes"] is not False and file["sha256_now"] is None, file["path"]
+    text = repr(result.to_json())
+    assert "sk-shown-nowhere" not in text
+    assert all(f["content"] is None for f in shown if f["secret"])
+    assert cp_key["sha256"] is None  # generated on the host's first deploy
+    units = {f["path"]: f["content"] for f in shown if f["content"] is not None}
+    assert units[layout.unit_path(layout.ROUTER_UNIT)] == result.router.unit  # type: ignore[union-attr]
+    for rank in result.plan.ranks:
+        assert units[layout.rank_unit_path(rank.rank)] == rank.unit
+    assert "[Unit]" in units[layout.unit_path(layout.TARGET)]
+
+
+def test_a_converged_host_plans_no_write(tmp_path: Path) -> None:
+    """Every file the serve and smoke steps would write already has the wanted digest: none
+    changes, no rank unit is written, no control-plane key, no router install."""
+    s = make_settings(router=ROUTER)
+    first = report(s, gathered(Serving(), staging(None)))
+    serve = first.serve
+    assert serve is not None and serve.router is not None
+    files = {f.path: str(f.sha256) for f in [*serve.files, *serve.smoke_files, *serve.router.files]}
+    files[layout.router_marker(serve.router.env_dir)] = "cd" * 32
+    files[layout.CONTROL_PLANE_KEY_FILE] = "ef" * 32
+    serving = serving_of(first.plan.ranks, files=files, router=UnitState(active="active"))
+    again = report(s, gathered(serving, staging(NEW)))
+    assert again.serve is not None and again.serve.router is not None
+    shown = again.to_json()["serve"]
+    assert [f["path"] for f in shown["files"] if f["changes"]] == []
+    assert [f["path"] for f in shown["smoke_files"] if f["changes"]] == []
+    assert shown["rank_units"] == [] and shown["control_plane_key"] is None
+    assert not again.serve.target_changes and not again.serve.router.install
+    # A file the fact does not checksum is not planned either (the uv config, requirements).
+    assert [f.path for f in again.serve.router.files if f.changes] == []
+
+
+def test_a_release_with_no_pinned_router_requirements_is_refused_before_any_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, the serve step found the missing pins in the middle of a deploy."""
+    # Every pin file but the router's.
+    kept = tmp_path / "operations" / "pins"
+    kept.mkdir(parents=True)
+    for f in pins.PINS_DIR.iterdir():
+        if f.is_file() and not f.name.startswith("router-"):
+            shutil.copy(f, kept / f.name)
+    monkeypatch.setattr(pins, "PINS_DIR", kept)
+    result = report(make_settings(router=ROUTER), gathered(Serving(), staging(None)))
+    assert [e for e in result.errors if "sglang-router" in e] == [
+        "router version '0.3.2': no pinned requirements for sglang-router 0.3.2 on Python 3.11 "
+        "(operations/pins/router-0.3.2-py3.11.txt is missing): run scripts/pin_installs.py"
+    ]
+    assert not result.ok

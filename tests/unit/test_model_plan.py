@@ -6,7 +6,7 @@ import pytest
 
 from operations.facts.host import Resources
 from operations.facts.model import Copy, Staging
-from operations.model import stage_command, stage_unit_text
+from operations.model_plan import stage_command, stage_unit_text
 from operations.staging import decide
 from tests.unit.builders import make_settings
 

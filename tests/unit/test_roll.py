@@ -14,7 +14,7 @@ from operations.facts.serve import (
     referenced_envs,
     referenced_models,
 )
-from operations.host_files import sha256
+from operations.planned_files import sha256
 from operations.resolver import Rank
 from operations.roll import roll_plan
 from tests.unit.builders import facts, make_settings

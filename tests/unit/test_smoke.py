@@ -17,8 +17,8 @@ import pytest
 
 from operations import layout
 from operations.facts.serve import Serving, UnitState
-from operations.host_files import sha256
 from operations.host_scripts import load
+from operations.planned_files import sha256
 from operations.resolver import Rank, RouterPlan
 from operations.roll import router_restarts, smoke_targets
 from tests.doubles import wheels
@@ -353,7 +353,7 @@ def test_each_restarted_rank_once_and_the_router_a_few_times() -> None:
 
 def test_the_router_is_asked_when_it_restarts() -> None:
     plan = router_plan()
-    marker = f"{plan.env_dir}/{layout.ROUTER_MARKER}"
+    marker = layout.router_marker(plan.env_dir)
     unit_path = layout.unit_path(layout.ROUTER_UNIT)
     running = UnitState(unit_sha256="x", load="loaded", active="active", sub="running")
     same = Serving(router=running, files={unit_path: sha256(plan.unit), marker: "y"})

@@ -12,7 +12,7 @@ import pytest
 
 from operations.facts.host import Resources
 from operations.facts.model import script_module
-from operations.model import stage_command
+from operations.model_plan import stage_command
 from operations.preflight import STAGE_HEADROOM, stage_room
 from tests.unit.builders import make_settings
 

@@ -28,9 +28,9 @@ from operations import kb, layout
 from operations.engine import install_engine
 from operations.engine_plan import EngineFacts
 from operations.facts.serve import Serving
-from operations.host_files import sha256
 from operations.host_plan import HostReport, decide
 from operations.model import stage_model
+from operations.planned_files import sha256
 from tests.unit.builders import make_settings
 from tests.unit.test_host_report import gathered, staging
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from operations import resolver, units
-from operations.model import stage_unit_text
+from operations.model_plan import stage_unit_text
 from operations.settings import Settings
 from tests.unit.builders import facts, make_settings
 
@@ -75,6 +75,7 @@ def rendered(settings: Settings, nodes: tuple[str, ...] | None) -> dict[str, str
         router={"host": "ct200", "port": 8000}).router)  # fmt: skip
     router = resolver.resolve_router(with_router, "ct200", [("ct200", with_router)])
     out["sglang-router.service"] = router.unit
+    out["sglang.target"] = units.target_unit()
     return out
 
 
@@ -88,7 +89,6 @@ def test_every_rendered_unit_passes_systemd_analyze_verify(case: str, tmp_path: 
     for name, text in rendered(settings, nodes).items():
         (tmp_path / name).write_text(text)
         names.append(f"./{name}")
-    (tmp_path / "sglang.target").write_text("[Unit]\nDescription=ranks\n")
     proc = subprocess.run(
         [analyze, "verify", "--man=no", *names],
         cwd=tmp_path,
