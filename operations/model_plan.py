@@ -139,7 +139,7 @@ class ModelPlan:
             "make_user": self.make_user and not self.user_exists,
             "enable_stage_unit": self.enabled_now != "enabled",
             "stage": self.stage.plan.mode,
-            "units": [{"path": self.unit.path, "text": self.unit.to_json()["content"] or ""}],
+            "units": [{"path": self.unit.path, "text": self.unit.text}],
             "files": [f.to_json() for f in self.files],
         }
 
@@ -159,11 +159,10 @@ def decide(
 ) -> ModelPlan:
     s, source = settings, settings.source
     registry = {f.path: f for f in layout.managed_files(s)}
-    script = planned("Model: staging script", registry[layout.STAGE_SCRIPT], script_text(), digests)
-    unit_path = layout.unit_path(STAGE_UNIT)
-    unit = planned(
-        "Model: stage unit", registry[unit_path], stage_unit_text(s, key), digests, shown=True
-    )
+    script = planned("staging script", registry[layout.STAGE_SCRIPT], script_text(), digests)
+    unit_text = stage_unit_text(s, key)
+    unit_entry = registry[layout.unit_path(STAGE_UNIT)]
+    unit = planned("stage-at-boot unit", unit_entry, unit_text, digests, shown=True)
     files = [script, unit]
     staging = stage.staging
     sync = None
