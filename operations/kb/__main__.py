@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import cast
 
 import yaml
 
@@ -28,7 +28,7 @@ from operations.kb import intake
 from operations.kb.cli import load_cli_table
 from operations.kb.loader import load
 from operations.kb.model import version
-from operations.kb.raw import CLI_DIR, KNOWLEDGE_DIR, KnowledgeError
+from operations.kb.raw import CLI_DIR, KNOWLEDGE_DIR, KnowledgeError, RawRelease
 
 YAML = KNOWLEDGE_DIR / "sglang.yaml"
 ASSERT_DIR = KNOWLEDGE_DIR / "asserts"
@@ -52,10 +52,9 @@ def _script(name: str) -> ModuleType:
     return module
 
 
-def committed_entry(release: str) -> dict[str, Any] | None:
+def committed_entry(release: str) -> RawRelease | None:
     data = yaml.safe_load(YAML.read_text())
-    entry: dict[str, Any] | None = data["releases"].get(release)
-    return entry
+    return cast(RawRelease | None, data["releases"].get(release))
 
 
 def check(release: str) -> int:
