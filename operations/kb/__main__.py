@@ -35,9 +35,9 @@ ASSERT_DIR = KNOWLEDGE_DIR / "asserts"
 INSERT_BEFORE = '\n# Model architectures (config.json "architectures"[0])'
 RELEASE = re.compile(r"[0-9]+(\.[0-9]+)*(\.post[0-9]+)?")
 SNAPSHOT_NOTE = (
-    "the real-metadata lock (tests/unit/test_real_metadata.py) holds this release's builds as "
-    "strict xfails until the index snapshot is recaptured: python "
-    "scripts/capture_index_snapshot.py --whl-repo <sgl-project/whl checkout>"
+    "the real-metadata lock (tests/unit/test_real_metadata.py) fails for this release until the "
+    "index snapshot is recaptured: python scripts/capture_index_snapshot.py --whl-repo "
+    "<sgl-project/whl checkout>"
 )
 
 
