@@ -36,8 +36,8 @@ INSERT_BEFORE = '\n# Model architectures (config.json "architectures"[0])'
 RELEASE = re.compile(r"[0-9]+(\.[0-9]+)*(\.post[0-9]+)?")
 SNAPSHOT_NOTE = (
     "the real-metadata lock (tests/unit/test_real_metadata.py) fails for this release until the "
-    "index snapshot is recaptured: python scripts/capture_index_snapshot.py --whl-repo "
-    "<sgl-project/whl checkout>"
+    "index snapshot holds it: python scripts/capture_index_snapshot.py --whl-repo "
+    "<sgl-project/whl checkout> --release VERSION"
 )
 
 
@@ -207,7 +207,7 @@ def run_intake(release: str, write: bool, kernel_index: str | None) -> int:
         print(line)
     for line in drafted.undecided:
         print(f"UNDECIDED {line}")
-    print(f"UNDECIDED {SNAPSHOT_NOTE}")
+    print(f"UNDECIDED {SNAPSHOT_NOTE.replace('VERSION', release)}")
     if write:
         if release in known:
             raise intake.IntakeError(f"sglang {release} already has an entry; edit it by hand")

@@ -110,7 +110,8 @@ def test_the_snapshot_holds_every_release_it_is_asked_about() -> None:
     missing = [r for r in KB.releases if not any(sglang.glob(f"sglang-{r}-*.metadata"))]
     assert not missing, (
         f"sglang {', '.join(missing)}: not in the index snapshot ({sglang}); recapture it: "
-        ".venv/bin/python scripts/capture_index_snapshot.py --whl-repo <sgl-project/whl clone>"
+        ".venv/bin/python scripts/capture_index_snapshot.py --whl-repo <sgl-project/whl clone> "
+        f"--release {' --release '.join(missing)}"
     )
 
 
