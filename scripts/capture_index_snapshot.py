@@ -22,6 +22,11 @@ replays every lock against the written tree: each must give the same uv.lock (or
 way) as against the live proxy. Run by hand, with PyPI reachable:
 
     .venv/bin/python scripts/capture_index_snapshot.py --whl-repo /path/to/sgl-project-whl.git
+
+`--release VERSION` (repeatable) captures only that release's locks (the one `operations.kb
+intake` just added: minutes, not the hour of all of them) and merges them into the snapshot:
+a page keeps the files it had and gains the new ones. Every other lock is replayed against the
+snapshot before and after the merge and must come out the same.
 """
 
 from __future__ import annotations
@@ -292,8 +297,7 @@ def page_html(files: list[File], metadata: dict[str, bytes] | None) -> str:
             reason = f.yanked if isinstance(f.yanked, str) else ""
             attrs.append(f'data-yanked="{html.escape(reason)}"')
         links.append(f"<a {' '.join(attrs)}>{html.escape(f.filename)}</a><br/>")
-    body = "\n".join(links)
-    return f"<!DOCTYPE html>\n<html><body>\n{body}\n</body></html>\n"
+    return _page_of(links)
 
 
 @dataclass
@@ -531,9 +535,10 @@ def make_handler(sources: Sources, recording: Recording) -> type[BaseHTTPRequest
 # -- the snapshot -----------------------------------------------------------------------------
 
 
-def write_snapshot(recording: Recording, out: Path) -> int:
-    """Write what uv asked for; returns the number of metadata files."""
-    if out.exists():
+def write_snapshot(recording: Recording, out: Path, merge: bool = False) -> int:
+    """Write what uv asked for; returns the number of metadata files. With `merge`, what is
+    already under `out` stays: a page keeps its files and gains the new ones."""
+    if out.exists() and not merge:
         for child in out.iterdir():
             if child.is_dir():
                 shutil.rmtree(child)
@@ -543,14 +548,32 @@ def write_snapshot(recording: Recording, out: Path) -> int:
             continue
         metadata = recording.metadata.get((index, project), {})
         asked = {parse_wheel_filename(name)[1] for name in metadata}
-        keep = [f for f in files if f.version in asked]
         folder = out / index / project
+        page = folder / "index.html"
+        had = _page_links(page.read_text()) if merge and page.exists() else {}
+        keep = [f for f in files if f.version in asked and f.filename not in had]
+        if not keep and not metadata:
+            continue
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "index.html").write_text(page_html(keep, metadata))
+        links = [*had.values(), *_page_links(page_html(keep, metadata)).values()]
+        page.write_text(_page_of(links))
         for name, data in metadata.items():
             (folder / f"{name}.metadata").write_bytes(data)
             count += 1
     return count
+
+
+_LINK = re.compile(r"^<a [^>]*>([^<]+)</a><br/>$", re.MULTILINE)
+
+
+def _page_links(text: str) -> dict[str, str]:
+    """A page's link lines (as page_html writes them) by file name."""
+    return {html.unescape(m.group(1)): m.group(0) for m in _LINK.finditer(text)}
+
+
+def _page_of(links: list[str]) -> str:
+    body = "\n".join(links)
+    return f"<!DOCTYPE html>\n<html><body>\n{body}\n</body></html>\n"
 
 
 def normalised(text: str, base: str) -> str:
@@ -570,22 +593,47 @@ def main(argv: list[str] | None = None) -> int:
         metavar="TORCH_VERSION=PATH",
         help="PyTorch's .github/scripts/generate_binary_build_matrix.py at that release tag",
     )
+    parser.add_argument(
+        "--release",
+        action="append",
+        default=[],
+        metavar="VERSION",
+        help="capture only these releases' locks and merge them into --out (e.g. the one "
+        "`operations.kb intake` just added); every other lock is replayed before and after",
+    )
     args = parser.parse_args(argv)
     kb = kb_module.load()
+    unknown = sorted(set(args.release) - set(kb.releases))
+    if unknown:
+        parser.error(f"--release {', '.join(unknown)}: not in the knowledge base")
+    merge = bool(args.release)
+    if merge and not (args.out / "main").is_dir():
+        parser.error(f"--release merges into a snapshot: {args.out} holds none")
     matrix = {v: Path(p) for v, _, p in (m.partition("=") for m in args.build_matrix)}
     sources = Sources(kb, args.whl_repo, matrix)
     recording = Recording()
     server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(sources, recording))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     live = f"http://127.0.0.1:{server.server_address[1]}"
-    cases = build_cases(kb) + [c for c in NEGATIVE_CASES if _applies(c, kb)]
+    every = []
+    for case in build_cases(kb) + [c for c in NEGATIVE_CASES if _applies(c, kb)]:
+        if find_python(case.python) is None:
+            log(f"{case.id}: no Python {case.python} here; skipped")
+        else:
+            every.append(case)
+    cases = [c for c in every if not merge or c.release in args.release]
+    kept = [c for c in every if c not in cases]  # merged into: what they lock must not change
     results: dict[str, tuple[int, str]] = {}
     with tempfile.TemporaryDirectory(prefix="index-snapshot-") as tmp:
         work = Path(tmp)
+        if kept:
+            with SnapshotIndex(args.out) as before:
+                for case in kept:
+                    folder = work / "before" / case.id
+                    proc = lock(case, before.base, folder, work / "cache-before", kb)
+                    results[case.id] = (proc.returncode, _outcome(proc, folder, before.base))
+            log(f"replayed the {len(kept)} other locks against {args.out} as it was")
         for case in cases:
-            if find_python(case.python) is None:
-                log(f"{case.id}: no Python {case.python} here; skipped")
-                continue
             started = time.monotonic()
             proc = lock(case, live, work / "live" / case.id, work / "cache-live", kb)
             took = time.monotonic() - started
@@ -595,16 +643,16 @@ def main(argv: list[str] | None = None) -> int:
             if proc.returncode != 0:
                 log("  " + proc.stderr.strip().replace("\n", "\n  ")[-3000:])
         server.shutdown()
-        count = write_snapshot(recording, args.out)
+        count = write_snapshot(recording, args.out, merge)
         log(f"wrote {count} metadata files under {args.out}")
-        (args.out / "citations.json").write_text(
-            json.dumps(dict(sorted(sources.citations.items())), indent=1) + "\n"
+        citations = args.out / "citations.json"
+        known = json.loads(citations.read_text()) if merge and citations.exists() else {}
+        citations.write_text(
+            json.dumps(dict(sorted({**known, **sources.citations}.items())), indent=1) + "\n"
         )
         replay_ok = True
         with SnapshotIndex(args.out) as replay:
-            for case in cases:
-                if case.id not in results:
-                    continue
+            for case in every:
                 proc = lock(case, replay.base, work / "replay" / case.id, work / "cache-replay", kb)
                 text = _outcome(proc, work / "replay" / case.id, replay.base)
                 if not _same(proc.returncode, text, *results[case.id]):

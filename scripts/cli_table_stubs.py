@@ -25,13 +25,18 @@ Prints the parser's raw actions as JSON on stdout.
 """
 
 import abc
-import argparse
 import importlib
 import importlib.abc
 import importlib.machinery
 import json
+import os
 import sys
 import types
+
+# The parser's raw actions, as the virtualenv method reads them (its directory is not on the
+# path under -I).
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+from cli_table_actions import actions
 
 STUBS = {name for name in sys.argv[3].split(",") if name}
 VERSIONS = json.loads(sys.argv[6])
@@ -168,27 +173,7 @@ def main():
     sys.path[:0] = [src, light]
     sys.meta_path.insert(0, _Finder())
     cls = getattr(importlib.import_module(module_name), class_name)
-    parser = argparse.ArgumentParser()
-    cls.add_cli_args(parser)
-    registry = {v: k for k, v in parser._registries["action"].items() if isinstance(k, str)}
-    out = []
-    for a in parser._actions:
-        if not a.option_strings:
-            continue
-        help_text = a.help if isinstance(a.help, str) and a.help != argparse.SUPPRESS else ""
-        out.append(
-            {
-                "option_strings": list(a.option_strings),
-                "dest": a.dest,
-                "nargs": a.nargs,
-                "choices": None if a.choices is None else [str(c) for c in a.choices],
-                "action": registry.get(type(a), type(a).__name__),
-                "mro": [k.__name__ for k in type(a).__mro__],
-                "help": help_text,
-                "deprecated_attr": bool(getattr(a, "deprecated", False)),
-            }
-        )
-    json.dump(out, sys.stdout)
+    json.dump(actions(cls), sys.stdout)
 
 
 main()

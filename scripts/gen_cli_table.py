@@ -14,13 +14,13 @@ the argument module needs (a CPU build of torch, transformers at the version the
 and a few small packages), then builds the release's real ``argparse`` parser inside that
 virtualenv and writes ``operations/knowledge/cli/<pkg>-<ver>.json``.
 
-No GPU is needed.  One import-time hack is applied (see ``EXTRACTOR``): PyPI only has CUDA builds
-of torchvision for x86_64 Linux, whose C extension cannot load next to a CPU torch, and
-``torchvision/_meta_registrations.py`` then fails hard while registering fake kernels for the
-missing ``torchvision::*`` operators.  Those registrations only matter for torch.compile tracing,
-so the module is replaced by an empty one before anything imports torchvision.  Nothing of sglang
-is patched.  ``CUDA_VISIBLE_DEVICES`` is emptied for the child, so a GPU on the machine running
-this script cannot change the result.
+No GPU is needed.  One import-time hack is applied (see ``scripts/cli_table_actions.py``): PyPI
+only has CUDA builds of torchvision for x86_64 Linux, whose C extension cannot load next to a CPU
+torch, and ``torchvision/_meta_registrations.py`` then fails hard while registering fake kernels
+for the missing ``torchvision::*`` operators.  Those registrations only matter for torch.compile
+tracing, so the module is replaced by an empty one before anything imports torchvision.  Nothing
+of sglang is patched.  ``CUDA_VISIBLE_DEVICES`` is emptied for the child, so a GPU on the machine
+running this script cannot change the result.
 
 The output is deterministic (sorted keys, sorted choices, no help texts, no defaults), so running
 the script again for a committed release must give no diff; ``--check`` verifies exactly that.
@@ -119,36 +119,9 @@ TARGETS: dict[str, Target] = {
     ),
 }
 
-# Runs inside the throwaway virtualenv: builds the parser and prints the raw actions as JSON.
-# Kept free of interpretation; the table is built by the outer process.
-EXTRACTOR = r"""
-import argparse, importlib, json, sys, types
-# The only hack (see the module docstring): the CUDA build of torchvision cannot load its C ops
-# beside a CPU torch, and its fake-kernel registrations for those ops would raise at import.
-sys.modules["torchvision._meta_registrations"] = types.ModuleType("torchvision._meta_registrations")
-module_name, class_name = sys.argv[1], sys.argv[2]
-cls = getattr(importlib.import_module(module_name), class_name)
-parser = argparse.ArgumentParser()
-cls.add_cli_args(parser)
-registry = {v: k for k, v in parser._registries["action"].items() if isinstance(k, str)}
-out = []
-for a in parser._actions:
-    if not a.option_strings:
-        continue
-    choices = None if a.choices is None else [str(c) for c in a.choices]
-    help_text = a.help if isinstance(a.help, str) and a.help != argparse.SUPPRESS else ""
-    out.append({
-        "option_strings": list(a.option_strings),
-        "dest": a.dest,
-        "nargs": a.nargs,
-        "choices": choices,
-        "action": registry.get(type(a), type(a).__name__),
-        "mro": [k.__name__ for k in type(a).__mro__],
-        "help": help_text,
-        "deprecated_attr": bool(getattr(a, "deprecated", False)),
-    })
-json.dump(out, sys.stdout)
-"""
+# Runs inside the throwaway virtualenv: builds the parser and prints the raw actions as JSON
+# (scripts/cli_table_actions.py, which the stand-in method shares).
+ACTIONS_SCRIPT = Path(__file__).resolve().parent / "cli_table_actions.py"
 
 _DEPRECATED_HELP = re.compile(r"^\W*deprecated\b", re.IGNORECASE)
 _HELP_ACTIONS = {"help", "version"}
@@ -257,7 +230,7 @@ def extract(venv: Path, target: Target, pins: dict[str, str]) -> list[dict[str, 
         TRANSFORMERS_OFFLINE="1",
         TOKENIZERS_PARALLELISM="false",
     )
-    cmd = [str(venv_python(venv)), "-I", "-c", EXTRACTOR, target.module, target.args_class]
+    cmd = [str(venv_python(venv)), "-I", str(ACTIONS_SCRIPT), target.module, target.args_class]
     tried: set[str] = set()
     with tempfile.TemporaryDirectory() as cwd:
         for _ in range(30):
@@ -476,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
         "--method",
         choices=("stubbed", "venv"),
         default="stubbed",
-        help="stubbed (default): no torch, ~15 MB per release; venv: a CPU-torch virtualenv",
+        help="stubbed (default): no torch, the release's wheel (6-37 MiB); venv: CPU torch",
     )
     ap.add_argument(
         "--check", action="store_true", help="do not write; fail if the committed table differs"

@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import cast
 
 import yaml
 
@@ -28,16 +28,16 @@ from operations.kb import intake
 from operations.kb.cli import load_cli_table
 from operations.kb.loader import load
 from operations.kb.model import version
-from operations.kb.raw import CLI_DIR, KNOWLEDGE_DIR, KnowledgeError
+from operations.kb.raw import CLI_DIR, KNOWLEDGE_DIR, KnowledgeError, RawRelease
 
 YAML = KNOWLEDGE_DIR / "sglang.yaml"
 ASSERT_DIR = KNOWLEDGE_DIR / "asserts"
 INSERT_BEFORE = '\n# Model architectures (config.json "architectures"[0])'
 RELEASE = re.compile(r"[0-9]+(\.[0-9]+)*(\.post[0-9]+)?")
 SNAPSHOT_NOTE = (
-    "the real-metadata lock (tests/unit/test_real_metadata.py) holds this release's builds as "
-    "strict xfails until the index snapshot is recaptured: python "
-    "scripts/capture_index_snapshot.py --whl-repo <sgl-project/whl checkout>"
+    "the real-metadata lock (tests/unit/test_real_metadata.py) fails for this release until the "
+    "index snapshot holds it: python scripts/capture_index_snapshot.py --whl-repo "
+    "<sgl-project/whl checkout> --release VERSION"
 )
 
 
@@ -52,10 +52,9 @@ def _script(name: str) -> ModuleType:
     return module
 
 
-def committed_entry(release: str) -> dict[str, Any] | None:
+def committed_entry(release: str) -> RawRelease | None:
     data = yaml.safe_load(YAML.read_text())
-    entry: dict[str, Any] | None = data["releases"].get(release)
-    return entry
+    return cast(RawRelease | None, data["releases"].get(release))
 
 
 def check(release: str) -> int:
@@ -208,7 +207,7 @@ def run_intake(release: str, write: bool, kernel_index: str | None) -> int:
         print(line)
     for line in drafted.undecided:
         print(f"UNDECIDED {line}")
-    print(f"UNDECIDED {SNAPSHOT_NOTE}")
+    print(f"UNDECIDED {SNAPSHOT_NOTE.replace('VERSION', release)}")
     if write:
         if release in known:
             raise intake.IntakeError(f"sglang {release} already has an entry; edit it by hand")

@@ -23,15 +23,24 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from operations.kb.raw import KNOWLEDGE_DIR
+from operations.kb.raw import (
+    KNOWLEDGE_DIR,
+    RawBuild,
+    RawExclude,
+    RawOverride,
+    RawPackage,
+    RawPython,
+    RawRelease,
+    RawUnproven,
+)
 
 REPO = KNOWLEDGE_DIR.parent.parent
 METADATA_DIR = REPO / "tests" / "fixtures" / "metadata"
@@ -69,11 +78,40 @@ class IntakeError(Exception):
 
 @dataclass
 class Draft:
+    """A release's entry as intake derives it, and what it left for a person to decide."""
+
     version: str
-    entry: dict[str, Any]
-    undecided: list[str] = field(default_factory=list)
-    renamed: list[str] = field(default_factory=list)
-    removed: list[str] = field(default_factory=list)
+    entry: RawRelease
+    undecided: list[str]
+
+
+@dataclass(frozen=True)
+class Pins:
+    """What the release's METADATA pins for every lane: torch and its companions, the kernel."""
+
+    torch: str
+    vision: str | None  # None: no torchvision METADATA fixture requires that torch
+    audio: str
+    kernel_name: str  # sglang-kernel, or sgl-kernel before its rename
+    kernel: str | None
+
+
+class LaneFacts(TypedDict):
+    """A lane's derivable facts: (name, version, index, index lane) per package, and the
+    (requirement, replaces) of each override and (package, replaces) of each exclude."""
+
+    packages: list[tuple[str, str, str, str]]
+    overrides: list[tuple[str, str]]
+    excludes: list[tuple[str, str]]
+
+
+class EntryFacts(TypedDict):
+    """What `--check` compares: the derivable facts of an entry."""
+
+    requires: list[str]
+    python: list[str]
+    overrides: list[tuple[str, str]]
+    lanes: dict[str, LaneFacts]
 
 
 def metadata_path(release: str) -> Path:
@@ -153,22 +191,23 @@ def draft(release: str, metadata: str, glibc: str = "2.34", whl_dir: Path = WHL_
     reqs: dict[str, Requirement] = {
         str(canonicalize_name(Requirement(r).name)): Requirement(r) for r in bearing
     }
-    out = Draft(release, {})
+    undecided: list[str] = []
     torch = _pin(reqs, "torch")
     if torch is None:
         raise IntakeError(f"sglang {release}'s METADATA pins no torch==X: nothing to build")
     vision = torchvision_for(torch)
     if vision is None:
-        out.undecided.append(f"no torchvision METADATA fixture requires torch=={torch}")
-    audio = _pin(reqs, "torchaudio") or torch
+        undecided.append(f"no torchvision METADATA fixture requires torch=={torch}")
     # The kernel's project: sglang-kernel, or sgl-kernel before its rename (0.5.9).
     kernel_name = "sglang-kernel" if "sglang-kernel" in reqs else "sgl-kernel"
-    kernel = _pin(reqs, kernel_name)
+    pins = Pins(
+        torch, vision, _pin(reqs, "torchaudio") or torch, kernel_name, _pin(reqs, kernel_name)
+    )
     bindings = reqs.get("cuda-python")
     cuda12_release = bindings is not None and any(
         s.operator == "==" and s.version.startswith("12.") for s in bindings.specifier
     )
-    release_overrides = []
+    release_overrides: list[RawOverride] = []
     tile = reqs.get("cuda-tile")
     if tile is not None:
         rc = _pin(reqs, "cuda-tile")
@@ -180,75 +219,95 @@ def draft(release: str, metadata: str, glibc: str = "2.34", whl_dir: Path = WHL_
                     "source": "cuda-tile-pypi-files",
                 }
             )
-    lanes: dict[str, dict[str, Any]] = {}
+    lanes: dict[str, RawBuild] = {}
     if number <= LAST_CUDA12:
-        lanes["cu128"] = _cuda12_build(
-            release, bearing, reqs, torch, vision, audio, (kernel_name, kernel), whl_dir, out
-        )
+        lanes["cu128"] = _cuda12_build(bearing, reqs, pins, whl_dir, undecided)
     else:
-        out.undecided.append(
+        undecided.append(
             f"no CUDA 12 lane: SGLang's CUDA 12 lane ended after {LAST_CUDA12} "
             "(sgl-project/sglang#38404)"
         )
     if not cuda12_release:
-        lanes["cu130"] = _cuda13_build(
-            release, torch, vision, audio, (kernel_name, kernel), whl_dir, out
-        )
-    entry: dict[str, Any] = {
-        "glibc": glibc,
-        "python": {
-            "versions": ["3.11", "3.12"],
-            "why": PYTHON_WHY,
-            "source": ["outlines-core-files", "real-metadata-snapshot"],
-        },
-        "requires": bearing,
-        "source": ["sglang-wheel", "sglang-pypi-files"],
+        lanes["cu130"] = _cuda13_build(pins, whl_dir)
+    python: RawPython = {
+        "versions": ["3.11", "3.12"],
+        "why": PYTHON_WHY,
+        "source": ["outlines-core-files", "real-metadata-snapshot"],
     }
-    if release_overrides:
-        entry["overrides"] = release_overrides
-    entry["builds"] = lanes
+    source = ["sglang-wheel", "sglang-pypi-files"]
+    # The keys in the order a person reads them: the release's overrides before its builds.
+    entry: RawRelease = (
+        {
+            "glibc": glibc,
+            "python": python,
+            "requires": bearing,
+            "source": source,
+            "overrides": release_overrides,
+            "builds": lanes,
+        }
+        if release_overrides
+        else {
+            "glibc": glibc,
+            "python": python,
+            "requires": bearing,
+            "source": source,
+            "builds": lanes,
+        }
+    )
     if "outlines==0.1.11" not in requires:
-        out.undecided.append("outlines is not pinned to 0.1.11: check the Python minors")
+        undecided.append("outlines is not pinned to 0.1.11: check the Python minors")
     if python_spec and python_spec not in (">=3.10", ">=3.11"):
-        out.undecided.append(f"Requires-Python {python_spec}: check the Python minors")
-    out.entry = entry
-    return out
+        undecided.append(f"Requires-Python {python_spec}: check the Python minors")
+    return Draft(release, entry, undecided)
 
 
 def _text(bearing: list[str], name: str) -> str | None:
     return next((r for r in bearing if canonicalize_name(Requirement(r).name) == name), None)
 
 
-def _torch_trio(torch: str, vision: str | None, audio: str, lane: str) -> dict[str, Any]:
+def _torch_trio(pins: Pins, lane: str) -> dict[str, RawPackage]:
     return {
-        "torch": {"version": f"{torch}+{lane}", "index": "torch", "source": "pytorch-indexes"},
+        "torch": {"version": f"{pins.torch}+{lane}", "index": "torch", "source": "pytorch-indexes"},
         "torchvision": {
-            "version": f"{vision or 'UNKNOWN'}+{lane}",
+            "version": f"{pins.vision or 'UNKNOWN'}+{lane}",
             "index": "torch",
             "source": ["pytorch-indexes", "torchvision-pypi-metadata"],
         },
         "torchaudio": {
-            "version": f"{audio}+{lane}",
+            "version": f"{pins.audio}+{lane}",
             "index": "torch",
             "source": ["pytorch-indexes", "sglang-wheel"],
         },
     }
 
 
+def _build(
+    packages: dict[str, RawPackage],
+    overrides: list[RawOverride],
+    excludes: list[RawExclude],
+    unproven: list[RawUnproven],
+) -> RawBuild:
+    """A lane's build, with only the lists that have something in them."""
+    build: RawBuild = {"packages": packages}
+    if overrides:
+        build["overrides"] = overrides
+    if excludes:
+        build["excludes"] = excludes
+    if unproven:
+        build["unproven"] = unproven
+    return build
+
+
 def _cuda12_build(
-    release: str,
     bearing: list[str],
     reqs: Mapping[str, Requirement],
-    torch: str,
-    vision: str | None,
-    audio: str,
-    kernel_pin: tuple[str, str | None],
+    pins: Pins,
     whl_dir: Path,
-    out: Draft,
-) -> dict[str, Any]:
-    packages = _torch_trio(torch, vision, audio, "cu128")
-    unproven: list[dict[str, Any]] = []
-    name, kernel = kernel_pin
+    undecided: list[str],
+) -> RawBuild:
+    packages = _torch_trio(pins, "cu128")
+    unproven: list[RawUnproven] = []
+    name, kernel = pins.kernel_name, pins.kernel
     if kernel is not None:
         have = index_files("cu129", name, whl_dir)
         tagged = f"{kernel}+cu129"
@@ -268,7 +327,7 @@ def _cuda12_build(
                     "source": ["sglang-whl-index", "sglang-cuda12-retired"],
                 }
             )
-            out.undecided.append(f"cu128: {name} {tagged} not in the kernel index snapshot")
+            undecided.append(f"cu128: {name} {tagged} not in the kernel index snapshot")
         else:
             unproven.append(
                 {
@@ -277,8 +336,8 @@ def _cuda12_build(
                     "source": "package-indexes-open-questions",
                 }
             )
-    overrides: list[dict[str, Any]] = []
-    excludes: list[dict[str, Any]] = []
+    overrides: list[RawOverride] = []
+    excludes: list[RawExclude] = []
     for text in bearing:
         req = Requirement(text)
         name = canonicalize_name(req.name)
@@ -328,11 +387,7 @@ def _cuda12_build(
                     "source": ["sgl-deep-cu13", "sglang-cuda12-install"],
                 }
             )
-    build: dict[str, Any] = {"packages": packages}
-    if overrides:
-        build["overrides"] = overrides
     if excludes:
-        build["excludes"] = excludes
         unproven.append(
             {
                 "what": "left out (CUDA 13 builds only): "
@@ -341,23 +396,13 @@ def _cuda12_build(
                 "source": "sgl-deep-cu13",
             }
         )
-    if unproven:
-        build["unproven"] = unproven
-    return build
+    return _build(packages, overrides, excludes, unproven)
 
 
-def _cuda13_build(
-    release: str,
-    torch: str,
-    vision: str | None,
-    audio: str,
-    kernel_pin: tuple[str, str | None],
-    whl_dir: Path,
-    out: Draft,
-) -> dict[str, Any]:
-    packages = _torch_trio(torch, vision, audio, "cu130")
-    unproven: list[dict[str, Any]] = []
-    name, kernel = kernel_pin
+def _cuda13_build(pins: Pins, whl_dir: Path) -> RawBuild:
+    packages = _torch_trio(pins, "cu130")
+    unproven: list[RawUnproven] = []
+    name, kernel = pins.kernel_name, pins.kernel
     if kernel is not None:
         tagged = f"{kernel}+cu130"
         if tagged in index_files("cu130", name, whl_dir):
@@ -381,51 +426,56 @@ def _cuda13_build(
                         "source": ["sglang-kernel-pypi-cu13", "package-indexes-open-questions"],
                     }
                 )
-    build: dict[str, Any] = {"packages": packages}
-    if unproven:
-        build["unproven"] = unproven
-    return build
+    return _build(packages, [], [], unproven)
 
 
-def facts(entry: Mapping[str, Any]) -> dict[str, Any]:
+def _pairs(overrides: list[RawOverride] | None) -> list[tuple[str, str]]:
+    return sorted((o["requirement"], o["replaces"]) for o in overrides or [])
+
+
+def facts(entry: RawRelease) -> EntryFacts:
     """What `--check` compares: the derivable facts of an entry."""
-
-    def over(items: Any) -> list[tuple[str, str]]:
-        return sorted((o["requirement"], o["replaces"]) for o in items or [])
-
-    lanes = {}
+    lanes: dict[str, LaneFacts] = {}
     for lane, build in entry["builds"].items():
         lanes[lane] = {
             "packages": sorted(
                 (canonicalize_name(n), p["version"], p["index"], p.get("index_lane", lane))
                 for n, p in build["packages"].items()
             ),
-            "overrides": over(build.get("overrides")),
+            "overrides": _pairs(build.get("overrides")),
             "excludes": sorted((x["package"], x["replaces"]) for x in build.get("excludes", [])),
         }
     return {
         "requires": sorted(entry["requires"]),
         "python": list(entry["python"]["versions"]),
-        "overrides": over(entry.get("overrides")),
+        "overrides": _pairs(entry.get("overrides")),
         "lanes": lanes,
     }
 
 
-def differences(committed: Mapping[str, Any], drafted: Mapping[str, Any]) -> list[str]:
+def differences(committed: RawRelease, drafted: RawRelease) -> list[str]:
     a, b = facts(committed), facts(drafted)
-    problems = []
-    for key in ("requires", "python", "overrides"):
-        if a[key] != b[key]:
-            problems.append(f"{key}: committed {a[key]}, derived {b[key]}")
+    problems = [
+        f"{key}: committed {mine}, derived {theirs}"
+        for key, mine, theirs in (
+            ("requires", a["requires"], b["requires"]),
+            ("python", a["python"], b["python"]),
+            ("overrides", a["overrides"], b["overrides"]),
+        )
+        if mine != theirs
+    ]
     for lane in sorted(set(a["lanes"]) | set(b["lanes"])):
         if lane not in a["lanes"]:
             problems.append(f"builds.{lane}: derived, not committed")
         elif lane not in b["lanes"]:
             problems.append(f"builds.{lane}: committed, not derived")
         else:
-            for key, value in a["lanes"][lane].items():
-                if value != b["lanes"][lane][key]:
-                    problems.append(
-                        f"builds.{lane}.{key}: committed {value}, derived {b['lanes'][lane][key]}"
-                    )
+            mine_lane, theirs_lane = a["lanes"][lane], b["lanes"][lane]
+            for key, mine, theirs in (
+                ("packages", mine_lane["packages"], theirs_lane["packages"]),
+                ("overrides", mine_lane["overrides"], theirs_lane["overrides"]),
+                ("excludes", mine_lane["excludes"], theirs_lane["excludes"]),
+            ):
+                if mine != theirs:
+                    problems.append(f"builds.{lane}.{key}: committed {mine}, derived {theirs}")
     return problems

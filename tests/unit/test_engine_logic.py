@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from operations import kb as kbmod
 from operations.engine_plan import envs_to_prune
@@ -76,10 +78,41 @@ def test_cu130_reads_the_cu130_indexes_and_0_5_9_its_untagged_sgl_kernel_from_cu
     assert kernel is not None and (kernel.version, kernel.index_lane) == ("0.3.21", "cu129")
 
 
-def test_overrides_replace_sdist_only_and_cuda13_requirements() -> None:
-    s = spec(sglang_version="0.5.19", cuda_lane="cu128")
-    assert "cuda-tile==1.6.0" in s.overrides and "flashinfer-python==0.6.18" in s.overrides
-    assert s.unproven, "0.5.19 on a CUDA 12 lane is flagged as unproven"
+# Every (release, lane) build of the knowledge base: the rules below hold for each, so a new
+# release is checked the day it is added.
+BUILDS = [
+    pytest.param(release, build.lane.name, id=f"{release}-{build.lane.name}")
+    for release, entry in sorted(KB.releases.items(), key=lambda item: kbmod.version(item[0]))
+    for build in entry.builds
+]
+
+
+def _cuda12(lane: str) -> bool:
+    return KB.lanes[lane].cuda.startswith("12.")
+
+
+def _requirement(text: str) -> Requirement:
+    return Requirement(text)
+
+
+@pytest.mark.parametrize(("release", "lane"), BUILDS)
+def test_overrides_replace_sdist_only_and_cuda13_requirements(release: str, lane: str) -> None:
+    """A cuda-tile rc (an sdist that downloads its wheel at build time) is replaced by its final
+    release on every lane; a `[cu13]` extra is dropped on a CUDA 12 lane and kept on CUDA 13."""
+    s = spec(sglang_version=release, cuda_lane=lane)
+    overridden = {canonicalize_name(_requirement(o).name): _requirement(o) for o in s.overrides}
+    for text in KB.releases[release].requires:
+        req = _requirement(text)
+        name = canonicalize_name(req.name)
+        if name == "cuda-tile" and any("rc" in one.version for one in req.specifier):
+            assert name in overridden and "rc" not in str(overridden[name].specifier), s.overrides
+        if "cu13" in req.extras:
+            if _cuda12(lane):
+                assert name in overridden, (text, s.overrides)
+                assert not overridden[name].extras, overridden[name]
+                assert overridden[name].specifier == req.specifier, overridden[name]
+            else:
+                assert name not in overridden, (text, s.overrides)
 
 
 def test_env_name_is_release_lane_python_and_a_stable_short_hash() -> None:
@@ -100,21 +133,43 @@ def test_one_python_per_engine_the_hosts_own() -> None:
         engine_spec(make_settings(), KB, "3.13")
 
 
-def test_cuda_12_lanes_take_cuda_python_12_9_the_cuda_13_lane_the_releases_own() -> None:
-    # torch's CUDA 12 builds need cuda-bindings<13 (sgl-project/sglang#25069).
-    for release, lane in (("0.5.11", "cu128"), ("0.5.19", "cu128"), ("0.5.19", "cu129")):
-        assert "cuda-python==12.9.4" in spec(sglang_version=release, cuda_lane=lane).overrides
-    for release in ("0.5.11", "0.5.19"):
-        cu130 = spec(sglang_version=release, cuda_lane="cu130")
-        assert not any(o.startswith("cuda-python") for o in cu130.overrides)
+@pytest.mark.parametrize(("release", "lane"), BUILDS)
+def test_cuda_12_lanes_take_cuda_python_12_the_cuda_13_lane_the_releases_own(
+    release: str, lane: str
+) -> None:
+    # torch's CUDA 12 builds need cuda-bindings<13 (sgl-project/sglang#25069): a release asking
+    # for cuda-python>=13 gets 12.9.4 on a CUDA 12 lane; a CUDA 13 lane keeps the release's own.
+    s = spec(sglang_version=release, cuda_lane=lane)
+    own = [r for r in KB.releases[release].requires if _requirement(r).name == "cuda-python"]
+    ours = [o for o in s.overrides if _requirement(o).name == "cuda-python"]
+    if not _cuda12(lane):
+        assert not ours, s.overrides
+        return
+    wanted = ours or own
+    assert wanted, f"sglang {release} names no cuda-python"
+    (effective,) = wanted
+    assert not _requirement(effective).specifier.contains("13.0.0"), effective
+    if own and _requirement(own[0]).specifier.contains("13.0.0"):
+        assert ours == ["cuda-python==12.9.4"], s.overrides
 
 
-def test_cuda_13_only_packages_are_excluded_on_cuda_12_lanes() -> None:
-    s = spec(sglang_version="0.5.19", cuda_lane="cu128")
-    assert s.excludes == ("sgl-deep-ep", "sgl-deep-gemm")
-    data = tomllib.loads(project_toml(make_settings(sglang_version="0.5.19"), s, None))
-    assert data["tool"]["uv"]["exclude-dependencies"] == ["sgl-deep-ep", "sgl-deep-gemm"]
-    assert spec(sglang_version="0.5.19", cuda_lane="cu130").excludes == ()
+@pytest.mark.parametrize(("release", "lane"), BUILDS)
+def test_cuda_13_only_packages_are_excluded_on_cuda_12_lanes(release: str, lane: str) -> None:
+    """What a CUDA 12 lane leaves out is a requirement the release really has, and the project
+    file says so to uv; a CUDA 13 lane leaves nothing out."""
+    s = spec(sglang_version=release, cuda_lane=lane)
+    build = KB.releases[release].build(lane)
+    assert build is not None
+    assert s.excludes == tuple(x.package for x in build.excludes)
+    if not _cuda12(lane):
+        assert s.excludes == ()
+    required = {canonicalize_name(_requirement(r).name) for r in KB.releases[release].requires}
+    assert set(s.excludes) <= required, (s.excludes, required)
+    data = tomllib.loads(
+        project_toml(make_settings(sglang_version=release, cuda_lane=lane), s, None)
+    )
+    assert data["tool"]["uv"].get("exclude-dependencies", []) == list(s.excludes)
+    assert not {canonicalize_name(_requirement(r).name) for r in s.requirements} & set(s.excludes)
 
 
 def test_env_name_changes_with_the_set_but_not_with_where_wheels_come_from() -> None:

@@ -16,6 +16,7 @@ import yaml
 
 from operations import kb
 from operations.kb import KNOWLEDGE_DIR, KnowledgeError, Source, intake
+from operations.kb.raw import RawRelease
 
 
 def raw() -> dict[str, Any]:
@@ -342,8 +343,8 @@ def test_the_no_buffer_overlap_assert_is_anticipated_by_the_rule_that_adds_the_f
         assert ("--disable-overlap-schedule" in rule.adds) == asserts_overlap, table["version"]
 
 
-def _committed(release: str) -> dict[str, Any]:
-    entry: dict[str, Any] = raw()["releases"][release]
+def _committed(release: str) -> RawRelease:
+    entry: RawRelease = raw()["releases"][release]
     return entry
 
 

@@ -1,16 +1,26 @@
 """`python -m operations.releases INVENTORY`: what fits the simulated CT200, release by release,
-read off the knowledge base (no release is named here) and decided by the plan itself."""
+read off the knowledge base (no release is named here) and decided by the plan itself.
+
+Issue 28's "done when", on the same path: every release the knowledge base knows plans on the
+simulated CT200 (inventory/demo.py, driver 570) when it has a CUDA 12 lane, else on a
+580-driver CT200 with cu130, with 8 rank command lines its real CLI table accepts; and an
+explicit `mamba_cache_strategy=no_buffer` never plans a rank its release asserts on at start."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from operations import kb
+from operations import host_plan, kb
 from operations import releases as releases_mod
+from operations.argv import cli_problems
+from operations.host_plan import Gathered, HostReport
+from operations.settings import Settings
 
 KNOWLEDGE = kb.load()
 REPO = Path(__file__).resolve().parents[2]
@@ -49,17 +59,22 @@ def test_on_the_570_ct200_every_cuda12_release_fits_and_the_rest_need_the_driver
                 assert any("driver >= 580" in u and "pve.py" in u for u in v["unlock"]), v
 
 
-def test_on_a_580_driver_every_release_fits_on_cu130(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    inventory = tmp_path / "ct200_580.py"
+def _inventory_580(folder: Path) -> Path:
+    """The simulated CT200 after `pve.py` moved its node driver to 580."""
+    inventory = folder / "ct200_580.py"
     inventory.write_text(
         "from tests.doubles.ct200 import fake_responses\n"
         "ct200 = [('@fake/ct200', {'fake_responses': "
         "fake_responses('rtx-pro-6000-x8-driver-580'), 'fake_delay': 0, "
         "'fake_delay_jitter': 0})]\n"
     )
-    found = _run(inventory, capsys)
+    return inventory
+
+
+def test_on_a_580_driver_every_release_fits_on_cu130(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    found = _run(_inventory_580(tmp_path), capsys)
     for (release, lane), v in found.items():
         if lane == "cu130":
             assert v["fits"], (release, v["why"])
@@ -69,3 +84,129 @@ def test_an_unreadable_inventory_is_one_line(capsys: pytest.CaptureFixture[str])
     assert releases_mod.main(["no/such/inventory.py"]) == 1
     err = capsys.readouterr().err
     assert "no such file" in err and len(err.strip().splitlines()) == 1
+
+
+@dataclasses.dataclass
+class Asked:
+    """What `operations.releases` asked the plan on one host: the facts it gathered once, the
+    host's settings, and the report of each (release, lane)."""
+
+    host: str
+    settings: Settings
+    facts: Gathered
+    reports: dict[tuple[str, str], HostReport]
+
+    def decide(self, release: str, lane: str, **changes: Any) -> HostReport:
+        pinned = dataclasses.replace(
+            self.settings, sglang_version=release, cuda_lane=lane, **changes
+        )
+        return host_plan.decide(self.host, pinned, self.facts, KNOWLEDGE)
+
+
+def _asked(inventory: Path) -> Asked:
+    """Run `operations.releases` on `inventory`, recording each call of the plan it makes."""
+    calls: list[tuple[str, Settings, Gathered, HostReport]] = []
+    real = host_plan.decide
+
+    def recording(
+        host: str, settings: Settings, facts: Gathered, knowledge: kb.Knowledge
+    ) -> HostReport:
+        report = real(host, settings, facts, knowledge)
+        calls.append((host, settings, facts, report))
+        return report
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(releases_mod, "decide", recording)
+        result = releases_mod.run(str(inventory), {})
+    assert all(not isinstance(v, str) for v in result.values()), result
+    host, settings, facts, _ = calls[0]
+    reports = {(s.sglang_version, s.cuda_lane): r for _, s, _, r in calls}
+    return Asked(host, settings, facts, reports)
+
+
+@pytest.fixture(scope="module")
+def on_570() -> Asked:
+    return _asked(REPO / "inventory" / "demo.py")
+
+
+@pytest.fixture(scope="module")
+def on_580(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Asked]:
+    yield _asked(_inventory_580(tmp_path_factory.mktemp("ct200-580")))
+
+
+def _serves_the_model(release: str) -> bool:
+    model = KNOWLEDGE.models["Qwen/Qwen3.6-27B"]
+    return not model.min_release or kb.version(release) >= kb.version(model.min_release)
+
+
+def _where(release: str) -> tuple[str, str]:
+    """Where the release is to plan: its first CUDA 12 lane on the 570 CT200, else cu130 on the
+    580 one (SGLang's CUDA 12 lane ended after 0.5.19: sgl-project/sglang#38404)."""
+    cuda12 = [lane for lane in KNOWLEDGE.releases[release].lanes if _cuda12_lane(lane)]
+    return ("570", cuda12[0]) if cuda12 else ("580", "cu130")
+
+
+def _cuda12_lane(lane: str) -> bool:
+    return KNOWLEDGE.lanes[lane].cuda.startswith("12.")
+
+
+SERVING = [r for r in KNOWLEDGE.supported_releases() if _serves_the_model(r)]
+
+
+def _accepted_ranks(report: HostReport, release: str) -> None:
+    assert report.ok, report.errors
+    assert len(report.plan.ranks) == 8, report.plan.ranks
+    table = KNOWLEDGE.cli_table("sglang", release)
+    assert table is not None
+    for rank in report.plan.ranks:
+        errors, _ = cli_problems(rank.argv[3:], table, "rank")
+        assert not errors, errors
+
+
+@pytest.mark.parametrize("release", SERVING)
+def test_every_release_plans_8_ranks_its_table_accepts_where_it_can_run(
+    release: str, on_570: Asked, on_580: Asked
+) -> None:
+    driver, lane = _where(release)
+    asked = on_570 if driver == "570" else on_580
+    _accepted_ranks(asked.reports[(release, lane)], release)
+    if driver == "580":  # and on the 570 CT200 it is refused, naming the driver
+        errors = on_570.reports[(release, lane)].errors
+        assert any("driver 570" in e and ">= 580" in e for e in errors), errors
+
+
+def _asserts(release: str) -> dict[str, list[str]]:
+    """The release's start-up asserts, read from its wheel (operations/knowledge/asserts/)."""
+    path = kb.KNOWLEDGE_DIR / "asserts" / f"sglang-{release}.json"
+    table: dict[str, list[str]] = json.loads(path.read_text())["asserts"]
+    return table
+
+
+@pytest.mark.parametrize("release", SERVING)
+def test_no_buffer_never_plans_a_rank_its_release_asserts_on(
+    release: str, on_570: Asked, on_580: Asked
+) -> None:
+    """ServerArgs._validate_mamba_no_buffer (0.5.14+) asserts the overlap schedule off, page
+    size 1 and no trtllm_mha for an explicit no_buffer: the plan writes what the release's own
+    asserts ask, or refuses; where the release does not assert it, nothing is added."""
+    driver, lane = _where(release)
+    report = (on_570 if driver == "570" else on_580).decide(
+        release, lane, mamba_cache_strategy="no_buffer"
+    )
+    messages = _asserts(release).get("validate_mamba_no_buffer", [])
+    if not report.ok:
+        assert any("no_buffer" in e for e in report.errors), report.errors
+        return
+    _accepted_ranks(report, release)
+    overlap = any("overlap schedule" in m for m in messages)
+    spelling = KNOWLEDGE.flags.mamba_cache_strategy.spelling(release)
+    assert spelling is not None and spelling.option is not None
+    for rank in report.plan.ranks:
+        argv = rank.argv[3:]
+        assert ("--disable-overlap-schedule" in argv) == overlap, (release, argv)
+        assert argv[argv.index(spelling.option) + 1] == "no_buffer", argv
+        if messages:
+            if "--page-size" in argv:
+                assert argv[argv.index("--page-size") + 1] == "1", argv
+            backend = argv[argv.index("--attention-backend") + 1]
+            assert backend != "trtllm_mha", argv

@@ -603,11 +603,43 @@ def test_trtllm_mha_runs_on_sm120_from_0_5_19_only() -> None:
     assert any("SM100-only" in e for e in refused.errors), refused.errors
 
 
-def test_an_unproven_build_is_warned_with_its_sources() -> None:
-    p = plan(sglang_version="0.5.19")
-    unproven = [w for w in p.warnings if "is unproven" in w]
-    assert unproven and all("(source: https://" in w for w in unproven)
-    assert any("github.com/sgl-project/whl" in w for w in unproven)
+def _build_settings(release: str, lane: str) -> tuple[str, dict[str, Any]]:
+    """The scenario and settings a (release, lane) build plans with on the RTX PRO 6000
+    fixtures: a CUDA 13 lane on the 580-driver host, an older release serves Qwen3.5."""
+    knowledge = kbmod.load()
+    scenario = (
+        "rtx-pro-6000-x8"
+        if knowledge.lanes[lane].cuda.startswith("12.")
+        else ("rtx-pro-6000-x8-driver-580")
+    )
+    model = knowledge.models["Qwen/Qwen3.6-27B"]
+    settings: dict[str, Any] = {"sglang_version": release, "cuda_lane": lane}
+    if model.min_release and kbmod.version(release) < kbmod.version(model.min_release):
+        settings["model_name"] = "Qwen/Qwen3.5-27B"
+    return scenario, settings
+
+
+UNPROVEN_BUILDS = [
+    pytest.param(release, build.lane.name, id=f"{release}-{build.lane.name}")
+    for release in RELEASES
+    for build in kbmod.load().releases[release].builds
+    if build.unproven
+]
+
+
+@pytest.mark.parametrize(("release", "lane"), UNPROVEN_BUILDS)
+def test_an_unproven_build_is_warned_with_its_sources(release: str, lane: str) -> None:
+    """Every unproven part of a build the knowledge base lists reaches the plan as a warning."""
+    scenario, settings = _build_settings(release, lane)
+    p = plan(scenario, **settings)
+    assert not p.errors, p.errors
+    build = kbmod.load().releases[release].build(lane)
+    assert build is not None
+    unproven = [w for w in p.warnings if f"sglang {release} on {lane} is unproven" in w]
+    assert len(unproven) == len(build.unproven), unproven
+    for entry in build.unproven:
+        assert any(entry.what in w for w in unproven), entry.what
+    assert all("(source: https://" in w for w in unproven), unproven
 
 
 @pytest.mark.parametrize(
