@@ -231,12 +231,14 @@ class ServeStep:
         put_managed(
             "health-wait script", script_text("wait_healthy.py"), managed(WAIT_SCRIPT), files
         )
-        put_managed(
-            "roll-batch script",
-            script_text("roll_batch.py"),
-            managed(layout.ROLL_BATCH_SCRIPT),
-            files,
-        )
+        if self.plan.batches:
+            # Only a roll runs it: a converged run has no operation for it (issue 29's floor).
+            put_managed(
+                "roll-batch script",
+                script_text("roll_batch.py"),
+                managed(layout.ROLL_BATCH_SCRIPT),
+                files,
+            )
         if self.secret is not None:
             # A secret: mode 640 before the first byte, /etc/sglang 750 on every run.
             put_managed(
