@@ -33,10 +33,11 @@ from operations.files.hostsafe import JOURNAL_LINES, journal, listening, owner_p
 from operations.files.polling import backoff
 
 # Polls back off: a rank that loads in seconds (a test double, a small model) is seen within
-# a few tens of ms of its first 200, one that loads for minutes is asked twice a second.
+# a few tens of ms of its first 200, one that loads for minutes is asked four times a second
+# (a poll is a `systemctl show`, a read of /proc/net/tcp and one local GET: cheap).
 FIRST_POLL_S = 0.02
 POLL_GROWTH = 1.25
-MAX_POLL_S = 0.5
+MAX_POLL_S = 0.25
 PROGRESS_S = 30.0
 
 
