@@ -232,6 +232,28 @@ def put_file(
     )
 
 
+def line_writer(
+    src: str | bytes | Path,
+    dest: str,
+    owner: str = "root",
+    group: str = "root",
+    mode: str = "644",
+    diff: bool = False,
+) -> tuple[str, str]:
+    """For a host command that writes a file among other steps (files/roll_batch.py): the
+    shell text that writes dest from its stdin, with put_file's guarantees (final owner and mode
+    before the first byte, a unique temp name, a rename, its temp removed on failure, a killed
+    write's temp removed, the byte count checked), and that stdin, the content as one base64
+    line. `diff` (the deploy's `--diff`, in an operation's context): the change is shown as
+    put_file shows it. The caller decides that dest changes (the plan's digests); it is not a
+    secret (a command's stdin is not a secret's place)."""
+    data = content_bytes(src)
+    if diff:
+        _show_diff(dest, data, True, secret=False)
+    script = _write_script(dest, owner, group, mode, len(data))
+    return script, base64.b64encode(data).decode() + "\n"
+
+
 def put_planned(file: PlannedFile, name: str | None = None) -> OperationMeta:
     """put_file of the plan's file: a converged run rewrites nothing (the fact's digest stands
     in for the FileAt fact, but for a secret, whose mode and owners are read). `name`: the

@@ -59,6 +59,7 @@ WAIT_SCRIPT = f"{SCRIPT_DIR}/wait_healthy.py"
 STAGE_SCRIPT = f"{SCRIPT_DIR}/stage_model.py"
 SMOKE_SCRIPT = f"{SCRIPT_DIR}/smoke.py"
 ROUTER_WORKERS_SCRIPT = f"{SCRIPT_DIR}/router_workers.py"
+ROLL_BATCH_SCRIPT = f"{SCRIPT_DIR}/roll_batch.py"
 # The router's control-plane key (root only, mode 600): systemd hands it to the router unit as
 # the credential CONTROL_PLANE_CREDENTIAL (LoadCredential=), the launcher reads it from there
 # and the drain script from here (docs/security.md "The router's control plane").
@@ -301,6 +302,7 @@ def managed_files(settings: Settings) -> tuple[ManagedFile, ...]:
         ManagedFile(WAIT_SCRIPT, "serve", "755"),
         ManagedFile(SMOKE_SCRIPT, "serve", "755"),
         ManagedFile(ROUTER_WORKERS_SCRIPT, "serve", "755"),
+        ManagedFile(ROLL_BATCH_SCRIPT, "serve", "755"),
         ManagedFile(SECRETS_FILE, "serve", "640", user, True, dir_mode="750", dir_group=user),
         ManagedFile(unit_path(TARGET), "serve"),
         ManagedFile(TARGETS_FILE, "serve"),

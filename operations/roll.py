@@ -354,7 +354,9 @@ def serve_plan(
             router_step = _router_step(s, router, serving, router_restart, python_minor)
         except PinError as e:
             errors.append(f"router version {router.version!r}: {e}")
-    serve_files, smoke_files = _serve_files(s, serving, secret, drain, batch_smoke, watched)
+    serve_files, smoke_files = _serve_files(
+        s, serving, secret, drain, batch_smoke, watched, rolls=bool(roll.batches)
+    )
     return ServePlan(
         roll=roll,
         files=serve_files,
@@ -399,6 +401,7 @@ def _serve_files(
     drain: DrainPlan | None,
     batch_smoke: Sequence[SmokeRequests | None],
     watched: MonitoringPlan | None,
+    rolls: bool,
 ) -> tuple[list[PlannedFile], list[PlannedFile]]:
     """The serve step's files in the order it writes them, and the smoke step's: the request
     script goes with the serve step when a drained batch is asked before it rejoins, else with
@@ -409,6 +412,12 @@ def _serve_files(
         return planned(name, layout.managed_file(s, path), src, now, shown=shown)
 
     files = [file("health-wait script", layout.WAIT_SCRIPT, script_text("wait_healthy.py"))]
+    if rolls:
+        # Only a roll runs it (each batch is one host command): a converged run has no
+        # operation for it (issue 29's floor).
+        files.append(
+            file("roll-batch script", layout.ROLL_BATCH_SCRIPT, script_text("roll_batch.py"))
+        )
     if secret is not None:
         # A secret: mode 640 before the first byte, /etc/sglang 750 on every run.
         files.append(file("API key file", layout.SECRETS_FILE, secret))

@@ -23,9 +23,10 @@ converged host changes nothing.
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Callable, Sequence
-from typing import cast
+from typing import Any, TypedDict, cast
 
 from pyinfra import logger
 from pyinfra.api.command import QuoteString, StringCommand
@@ -33,12 +34,13 @@ from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.context import host
+from pyinfra.context import state as pyinfra_state
 from pyinfra.operations import server, systemd
 
 from operations import layout
 from operations.drain import DrainPlan
 from operations.host_call import Commands
-from operations.host_files import put_file, put_planned
+from operations.host_files import line_writer, put_file, put_planned
 from operations.host_plan import HostReport
 from operations.layout import ROUTER_UNIT, SECRETS_FILE, TARGET
 from operations.resolver import Rank
@@ -68,6 +70,17 @@ def wait_healthy(
     yield shlex.join(words)
 
 
+class WorkersArgs(TypedDict):
+    """router_workers' arguments for a batch (ServeStep._workers)."""
+
+    action: str
+    router: str
+    api: tuple[str, str, str]
+    timeout_s: int
+    targets: list[str]
+    key_file: str
+
+
 @operation(is_idempotent=False)
 def router_workers(
     action: str,
@@ -93,6 +106,30 @@ def router_workers(
     words += ["--key-file", key_file]
     words += ["--timeout", str(timeout_s), action, *targets]
     yield shlex.join(words)
+
+
+def host_argv(op: Any, **arguments: Any) -> list[str]:
+    """The one host command an operation of this step yields for `arguments`, as argv, for a
+    roll batch to run among its steps (the operation's own generator, pyinfra's `_inner`)."""
+    return shlex.split(str(next(op._inner(**arguments))))
+
+
+@operation(is_idempotent=False)
+def roll_batch(
+    batch: str, steps: list[tuple[str, list[str], list[str]]], writes: list[str]
+) -> Commands:
+    """
+    One batch of a roll as one host command (files/roll_batch.py): its steps in order, each
+    timed, the first that fails stopping the rest.
+
+    + batch: the batch's units, for the script's lines
+    + steps: (name, argv, preload): a shipped python3 script runs in the script's process,
+      another interpreter starts with the batch and imports `preload` first; a step named
+      `write` gets the next of `writes`
+    + writes: each write step's stdin (host_files.line_writer), never on a command line
+    """
+    words = ["python3", layout.ROLL_BATCH_SCRIPT, "--batch", batch, json.dumps(steps)]
+    yield StringCommand(shlex.join(words), _stdin="".join(writes))
 
 
 def ranks_label(ranks: Sequence[int]) -> str:
@@ -198,33 +235,41 @@ class ServeStep:
 
     def _out(self, ranks: Sequence[int], what: str) -> None:
         """Ranks leave the router and finish their in-flight requests (behind a router)."""
-        drain = self.drain
-        if drain is None:
+        if self.drain is None:
             return
         router_workers(
             name=f"{what}: take {ranks_label(ranks)} out of the router and drain",
-            action="out",
-            router=drain.router_url,
-            api=(drain.api.list_workers, drain.api.remove_worker, drain.api.add_worker),
-            timeout_s=drain.timeout_s,
-            key_file=drain.key_file,
-            targets=[f"{layout.unit_name(r)}={drain.worker(r)}={drain.metrics(r)}" for r in ranks],
+            **self._workers("out", ranks),
         )
 
     def _in(self, ranks: Sequence[int], what: str) -> None:
         """Ranks (healthy, answered) rejoin the router (behind a router)."""
-        drain = self.drain
-        if drain is None:
+        if self.drain is None:
             return
         router_workers(
             name=f"{what}: put {ranks_label(ranks)} back into the router",
-            action="in",
-            router=drain.router_url,
-            api=(drain.api.list_workers, drain.api.remove_worker, drain.api.add_worker),
-            timeout_s=drain.readmit_timeout_s,
-            key_file=drain.key_file,
-            targets=[f"{layout.unit_name(r)}={drain.worker(r)}" for r in ranks],
+            **self._workers("in", ranks),
         )
+
+    def _workers(self, action: str, ranks: Sequence[int]) -> WorkersArgs:
+        """router_workers' arguments: out (drain; UNIT=WORKER=METRICS) or in (readmit)."""
+        drain = self.drain
+        if drain is None:
+            raise OperationError("router_workers needs the plan's DrainPlan")
+        if action == "out":
+            targets = [f"{layout.unit_name(r)}={drain.worker(r)}={drain.metrics(r)}" for r in ranks]
+            timeout_s = drain.timeout_s
+        else:
+            targets = [f"{layout.unit_name(r)}={drain.worker(r)}" for r in ranks]
+            timeout_s = drain.readmit_timeout_s
+        return {
+            "action": action,
+            "router": drain.router_url,
+            "api": (drain.api.list_workers, drain.api.remove_worker, drain.api.add_worker),
+            "timeout_s": timeout_s,
+            "targets": targets,
+            "key_file": drain.key_file,
+        }
 
     def _remove(self) -> None:
         self._out(self.plan.remove, "dp_size shrank")
@@ -275,6 +320,10 @@ class ServeStep:
         self._in([r.rank for r in start], "start")
 
     def _roll(self, batch: list[Rank], what: str, asked: SmokeRequests | None) -> None:
+        """One batch, as one host command (roll_batch, files/roll_batch.py): out of the router
+        and drained, its changed unit files written, systemd reloaded, restarted, /health,
+        a chat request, back into the router; a step that fails stops the batch there (a
+        batch is never restarted undrained, never put back unhealthy) and the roll with it."""
         s = self.settings
         names = ", ".join(r.unit_name for r in batch)
         label = ranks_label([r.rank for r in batch])
@@ -286,36 +335,58 @@ class ServeStep:
             "flags or model) and run the deploy again: the previous engine environment is kept "
             "while a unit names it."
         )
-        self._out([r.rank for r in batch], what)
-        self._write_units(batch, what)
-        systemd.daemon_reload(name=f"reload systemd ({what})")
-        server.shell(
-            name=f"{what}: restart {label}",
-            # `|| true`: see _start; the health wait judges the batch and shows how to go back.
-            commands=[
-                f"systemctl reset-failed {units} || true",
-                f"systemctl restart {units} || true",
-            ],
-        )
-        wait_healthy(
-            name=f"{what}: /health of {label}",
-            checks=[(r.unit_name, layout.rank_health_url(s, r.rank)) for r in batch],
+        drain = self.drain
+        ranks = [r.rank for r in batch]
+        # (name, argv, modules a waiting interpreter imports first): files/roll_batch.py
+        steps: list[tuple[str, list[str], list[str]]] = []
+        writes: list[str] = []
+        if drain is not None:
+            steps.append(("drain", host_argv(router_workers, **self._workers("out", ranks)), []))
+        for rank in batch:
+            unit = self.decided.rank_units[rank.rank]
+            if unit.changes is False:
+                continue  # a pending restart: its file is already what the plan says
+            command, content = line_writer(
+                unit.data,
+                unit.path,
+                owner=unit.owner,
+                group=unit.group,
+                mode=unit.mode,
+                diff=bool(pyinfra_state.config.DIFF),
+            )
+            steps.append(("write", ["/bin/sh", "-c", command], []))
+            writes.append(content)
+        steps.append(("reload", ["systemctl", "daemon-reload"], []))
+        # `|| true`: see _start; the health wait judges the batch and shows how to go back.
+        restart = f"systemctl reset-failed {units} || true; systemctl restart {units} || true"
+        steps.append(("restart", ["/bin/sh", "-c", restart], []))
+        checks = [(r.unit_name, layout.rank_health_url(s, r.rank)) for r in batch]
+        health = host_argv(
+            wait_healthy,
+            checks=checks,
             timeout_s=s.health_timeout_s,
             service_user=s.service_user,
             hint=hint,
         )
-        if self.drain is None:
-            return
-        if asked is not None:
-            smoke_requests(
-                name=f"{what}: a chat request to {label} before it rejoins",
-                python=asked.python,
-                model=s.model_name,
-                timeout_s=s.smoke_timeout_s,
-                targets=asked.targets,
-                service_user=s.service_user,
-            )
-        self._in([r.rank for r in batch], what)
+        steps.append(("health", health, []))
+        if drain is not None:
+            if asked is not None and asked.targets:
+                smoke = host_argv(
+                    smoke_requests,
+                    python=asked.python,
+                    model=s.model_name,
+                    timeout_s=s.smoke_timeout_s,
+                    targets=asked.targets,
+                    service_user=s.service_user,
+                )
+                # Its interpreter starts with the batch and imports httpx (which files/smoke.py
+                # imports when it first asks) while the rank loads.
+                steps.append(("smoke", smoke, ["httpx"]))
+            steps.append(("readmit", host_argv(router_workers, **self._workers("in", ranks)), []))
+            name = f"{what}: restart {label} (out of the router and drain, back into the router)"
+        else:
+            name = f"{what}: restart {label}"
+        roll_batch(name=name, batch=names, steps=steps, writes=writes)
 
     def _prune_models(self) -> None:
         if not self.decided.prune_keep:

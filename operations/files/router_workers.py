@@ -35,7 +35,14 @@ import urllib.error
 import urllib.request
 from typing import Any, TypedDict
 
-POLL_S = 0.1
+from operations.files.polling import backoff
+
+# Polls back off (files/polling.py): a removal the router makes at once, a rank whose last
+# request ends in a few ms, a worker listed healthy soon after it is added: each seen within
+# milliseconds; what takes longer is asked every MAX_POLL_S.
+FIRST_POLL_S = 0.01
+POLL_GROWTH = 1.5
+MAX_POLL_S = 0.25
 REQUEST_TIMEOUT_S = 10
 # The router answers a removal with 202 and a queued job; its removal job gives up after 30 s
 # (sglang-router 0.3.2, src/core/job_queue.rs: RemoveWorker's timeout_duration).
@@ -143,17 +150,19 @@ def take_out(args: argparse.Namespace, targets: list[tuple[str, str, str]]) -> i
             continue
         call(args.router, args.remove, id=worker["id"])
     deadline = time.monotonic() + REMOVAL_TIMEOUT_S
+    sleeps = backoff(FIRST_POLL_S, POLL_GROWTH, MAX_POLL_S)
     while any(url in workers for _, url, _ in targets):
         if time.monotonic() > deadline:
             left = [unit for unit, url, _ in targets if url in workers]
             print(f"the router still lists {', '.join(left)} after {REMOVAL_TIMEOUT_S}s")
             return 1
-        time.sleep(POLL_S)  # polling the router's list, with a deadline
+        time.sleep(next(sleeps))  # polling the router's list, with a deadline
         workers = listed(args)
     removed = time.monotonic()
     deadline = removed + args.timeout
     pending = {unit: metrics for unit, _, metrics in targets}
     first = {unit: in_flight(metrics) for unit, metrics in pending.items()}
+    sleeps = backoff(FIRST_POLL_S, POLL_GROWTH, MAX_POLL_S)
     while pending:
         for unit, metrics in list(pending.items()):
             now = in_flight(metrics)
@@ -177,7 +186,7 @@ def take_out(args: argparse.Namespace, targets: list[tuple[str, str, str]]) -> i
                     flush=True,
                 )
             break
-        time.sleep(POLL_S)  # polling the ranks' gauges, with a deadline
+        time.sleep(next(sleeps))  # polling the ranks' gauges, with a deadline
     return 0
 
 
@@ -196,6 +205,7 @@ def put_back(args: argparse.Namespace, targets: list[tuple[str, str]]) -> int:
             call(args.router, args.add, body={"url": url})
     deadline = start + args.timeout
     pending = dict(targets)
+    sleeps = backoff(FIRST_POLL_S, POLL_GROWTH, MAX_POLL_S)
     while pending:
         workers = listed(args)
         for unit, url in list(pending.items()):
@@ -211,7 +221,7 @@ def put_back(args: argparse.Namespace, targets: list[tuple[str, str]]) -> int:
                 flush=True,
             )
             return 1
-        time.sleep(POLL_S)  # polling the router's list, with a deadline
+        time.sleep(next(sleeps))  # polling the router's list, with a deadline
     return 0
 
 

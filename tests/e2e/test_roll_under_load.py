@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests import testbed as tb
+from tests.e2e.benching import slow_ranks
 from tests.e2e.deploying import LANE, Indexes
 from tests.e2e.index import wait_for
 from tests.e2e.load import CLIENTS, Load
@@ -40,7 +41,6 @@ pytestmark = pytest.mark.e2e
 NEW_RELEASE = "0.5.19"
 GENERATE_S = 0.3
 LOAD_S = 3
-DROPIN = "/run/systemd/system/sglang@.service.d"
 
 
 @pytest.fixture(scope="module")
@@ -51,13 +51,7 @@ def indexes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Indexes]:
 @pytest.fixture(scope="module")
 def host(testbed: tb.Testbed) -> Iterator[Container]:
     (container,) = testbed.boot(serving_spec())
-    slow = (
-        f"mkdir -p {DROPIN} && printf '[Service]\\n"
-        f"Environment=SGLANG_DOUBLE_GENERATE_SECONDS={GENERATE_S}\\n"
-        f"Environment=SGLANG_DOUBLE_LOAD_SECONDS={LOAD_S}\\n' > {DROPIN}/load.conf"
-        " && systemctl daemon-reload"
-    )
-    assert container.ssh_run(slow)[0] == 0
+    slow_ranks(container, GENERATE_S, LOAD_S)
     yield container
     testbed.destroy(container)
 

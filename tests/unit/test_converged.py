@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import json
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -220,5 +221,38 @@ def test_a_rank_a_killed_drain_left_out_of_the_router_is_put_back(tmp_path: Path
     changes = operations_commands(seen)
     assert len(changes) == 1 and " in sglang@3.service=" in changes[0], changes
     assert left_out in json.loads(image.read_text())["@fake/ct200"]["listed"]
+    again, seen = run(tmp_path, image, "pyinfra", "-y", str(inv), "deploy.py")
+    assert operations_commands(seen) == [], again
+
+
+def test_a_roll_behind_a_router_is_one_host_command_per_batch(tmp_path: Path) -> None:
+    """Issue 31: each batch is drained, written, reloaded, restarted, health-gated, asked and
+    put back by one host command (files/roll_batch.py), in that order; the host then holds the
+    new units and lists every rank, and the run after changes nothing."""
+    names, data = CONFIGURATIONS["router on the same host"]
+    inv = inventory(tmp_path, names, data)
+    image = seed(tmp_path, inv, names, data)
+    run(tmp_path, image, "pyinfra", "-y", str(inv), "deploy.py")
+    before = json.loads(image.read_text())["@fake/ct200"]["units"]
+    inv = inventory(tmp_path, names, {**data, "mem_fraction_static": 0.85})
+
+    out, seen = run(tmp_path, image, "pyinfra", "-y", str(inv), "deploy.py")
+
+    batches = [c for c in operations_commands(seen) if f"{layout.ROLL_BATCH_SCRIPT} --batch" in c]
+    assert len(batches) == 8, out
+    for rank, command in enumerate(batches):
+        steps = json.loads(shlex.split(command.split(": ", 1)[1])[-1])
+        order = [name for name, _, _ in steps]
+        assert order == ["drain", "write", "reload", "restart", "health", "smoke", "readmit"]
+        named = {name: shlex.join(argv) for name, argv, _ in steps}
+        assert f"out sglang@{rank}.service=" in named["drain"], named
+        shell = {name: argv[-1] for name, argv, _ in steps}  # /bin/sh -c TEXT
+        assert f'mv -f "$tmp" {layout.unit_path(layout.unit_name(rank))}' in shell["write"]
+        assert shell["restart"].endswith(f"systemctl restart sglang@{rank}.service || true")
+        assert steps[5][2] == ["httpx"]  # the smoke's interpreter imports it while waiting
+        assert f"in sglang@{rank}.service=" in named["readmit"], named
+    host = json.loads(image.read_text())["@fake/ct200"]
+    assert all(host["units"][u] != before[u] for u in before), "every unit rolled"
+    assert len(host["listed"]) == 8, host["listed"]
     again, seen = run(tmp_path, image, "pyinfra", "-y", str(inv), "deploy.py")
     assert operations_commands(seen) == [], again

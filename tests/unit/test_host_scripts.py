@@ -26,6 +26,7 @@ SHIPPED = {
     "smoke.py": "--service-user",
     "wait_healthy.py": "--service-user",
     "router_workers.py": "--router",
+    "roll_batch.py": "--batch",
     "router_launch.py": None,
     "engine_check.py": None,
     "cuda_toolkit.py": None,
@@ -33,7 +34,8 @@ SHIPPED = {
 # The scripts made of modules beside them, and those modules.
 PARTS = {
     "smoke.py": ["hostsafe"],
-    "wait_healthy.py": ["hostsafe"],
+    "wait_healthy.py": ["hostsafe", "polling"],
+    "router_workers.py": ["polling"],
     "stage_model.py": ["stage_manifest", "stage_tree", "stage_copy", "stage_run"],
     "stage_source.py": ["stage_manifest"],
 }
