@@ -338,6 +338,8 @@ def test_a_controller_source_is_sent_with_rsync(
     again = deploy(host, indexes, tmp_path, data)
     assert "unchanged: staged copy matches the source" in ok(again), again
     assert again.status("sync from the controller").startswith("No changes"), again
+    # Issue 29: a converged run with a controller source changes nothing at all.
+    assert {k: v for k, v in again.statuses.items() if v != "No changes"} == {}, again
 
 
 def test_a_hub_cache_snapshot_is_staged_as_regular_files_and_served_a_link_out_refused(

@@ -259,6 +259,15 @@ def test_two_hosts_behind_one_router_and_the_api_key_stays_secret(
         assert mode.split() == ["600", "root", "root"]
         assert "--config /etc/sglang/secrets.yaml" in cmdlines
 
+    # Issue 29: the same deploy again, behind the router with the API key, changes nothing and
+    # rewrites no managed file (the drain script was rewritten on every run before).
+    again = deploy(
+        tmp_path, {a: base_data(a, indexes, **common), b: base_data(b, indexes, **common)}
+    )
+    ok(again)
+    assert {k: v for k, v in again.statuses.items() if v != "No changes"} == {}, again
+    assert API_KEY not in again.output and CONTROL_KEY not in again.output
+
     converge(tmp_path, a, indexes)
 
 
