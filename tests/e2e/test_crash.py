@@ -7,11 +7,11 @@ copy of a changed model, the API key file's write, between a rank's unit write a
 restart (rank drained out of the router), and after that rank's restart before it is put back
 into the router; then the host's SSH sessions dropped mid-roll (sshd's, by PID: the controller
 lives on). Each kill is triggered by the host at the point, never by a sleep: a test double
-holds the call named (`systemctl daemon-reload`, `uv sync`, `base64 -d`, `python3
-router_workers.py ... in`) and writes its PID first, or (the model copy) the copy is seen half
-done. After each: every unit runs and at most one batch is out of the router. The run after the
-last one converges (nothing left of the killed runs: no half copy, no temp file of a write), the
-run after it changes nothing, and status agrees with every process.
+holds the call named (`systemctl daemon-reload`, `uv sync`, `base64 -d`, the health wait's
+`systemctl show` after the batch's restart) and writes its PID first, or (the model copy) the
+copy is seen half done. After each: every unit runs and at most one batch is out of the
+router. The run after the last one converges (nothing left of the killed runs: no half copy, no
+temp file of a write), the run after it changes nothing, and status agrees with every process.
 
 What runs is a fact: the ServingState fact's own command, run in a testbed container, tells a
 rank whose process runs what its unit file says from one whose file was rewritten after the
@@ -141,7 +141,6 @@ ARMED = "/run/test-crash-armed"
 UV = "/opt/sglang/tools/bin/uv"
 SYSTEMCTL = "/usr/local/sbin/systemctl"
 BASE64 = "/usr/local/bin/base64"
-PYTHON3 = "/usr/local/bin/python3"
 MODELS = "/dev/shm/models"
 STAGING = f"{MODELS}/.*.tmp-*"
 API_KEY = "sk-crash-0123456789abcdef0123456789"
@@ -190,21 +189,32 @@ if [ "$1" = -d ] && [ -e {ARMED} ] && ls {SECRET_TEMP} >/dev/null 2>&1; then
 fi
 exec /usr/bin/base64 "$@"
 """
-# python3: the drain script putting ranks back into the router (`router_workers.py ... in`,
-# operations/serve.py `_in`), i.e. with the rank restarted, healthy, answered, not yet re-added.
-PYTHON3_DOUBLE = f"""#!/bin/sh
-# TEST DOUBLE (tests/e2e/test_crash.py): holds the router's worker add.
-if [ "$1" = {layout.ROUTER_WORKERS_SCRIPT} ] && [ -e {ARMED} ]; then
-  for word; do
-    if [ "$word" = in ]; then
-      rm -f {ARMED}
-      echo $$ > {REACHED}
-      exec sleep 600
-    fi
-  done
+# systemctl: the health wait's first `systemctl show` of `rank` after the batch restarted it
+# (operations/files/wait_healthy.py, a step of the batch's one host command,
+# files/roll_batch.py): the rank runs the new release, out of the router, not yet re-added.
+# (The re-add itself runs inside the batch script's own process: no double can hold it; a
+# controller killed here ends the script at its next line of output, before the re-add.)
+RESTARTED = "/run/crash-test-restarted"
+
+
+def health_wait_double(rank: int) -> str:
+    unit = f"sglang@{rank}.service"
+    return f"""#!/bin/sh
+# TEST DOUBLE (tests/e2e/test_crash.py): holds the health wait after the batch's restart.
+if [ -e {ARMED} ]; then
+  case " $* " in
+    *" restart "*" {unit} "*|*" restart {unit}"*) touch {RESTARTED} ;;
+  esac
+  if [ "$1" = show ] && [ "$2" = {unit} ] && [ -e {RESTARTED} ]; then
+    rm -f {ARMED} {RESTARTED}
+    echo $$ > {REACHED}
+    exec sleep 600
+  fi
 fi
-exec /usr/bin/python3 "$@"
+exec /usr/bin/systemctl "$@"
 """
+
+
 # The host's SSH sessions, every one but the caller's own: each child of the listening sshd
 # (one per connection) whose process tree the calling shell is not in. By PID, kill -9.
 DROP_SESSIONS = """
@@ -413,9 +423,14 @@ def test_a_deploy_killed_at_each_step_of_a_roll_or_its_ssh_sessions_dropped(
     status = run_status(tmp_path, c, router_data(c, indexes, **new))
     assert "pending restart" in status["ranks"][0]["state"], status["ranks"][0]
 
-    # 5. Killed before rank 0, restarted on the new release and answering, is put back into
-    # the (authenticated) router.
-    killed_at(c, written_double(PYTHON3, PYTHON3_DOUBLE), f"rm -f {PYTHON3}", roll())
+    # 5. Killed after rank 0 restarted on the new release, before it is put back into the
+    # (authenticated) router.
+    killed_at(
+        c,
+        written_double(SYSTEMCTL, health_wait_double(0)),
+        f"rm -f {SYSTEMCTL} {RESTARTED}",
+        roll(),
+    )
     assert running_release(c, 0) == NEW_RELEASE
     at_most_one_batch_out(c, 0)
 
