@@ -25,14 +25,20 @@ def _duration(seconds: int | None) -> str:
     return f"{secs}s"
 
 
+def _gpu_memory(r: RankStatus) -> str | None:
+    """The rank's GPU memory used/total in GiB ("3.2/96"); None: no GPU seen with a name."""
+    if r.gpu is None or r.gpu_name is None:
+        return None
+    used = (r.gpu_memory_used_mib or 0) / 1024
+    total = (r.gpu_memory_total_mib or 0) / 1024
+    return f"{used:.1f}/{total:.0f}"
+
+
 def _gpu_cell(r: RankStatus) -> str:
-    if r.gpu is None:
-        return "-"
-    if r.gpu_name is None:
-        return f"{r.gpu}"
-    used = f"{(r.gpu_memory_used_mib or 0) / 1024:.1f}"
-    total = f"{(r.gpu_memory_total_mib or 0) / 1024:.0f}"
-    return f"{r.gpu} {r.gpu_name}, {used}/{total} GiB"
+    memory = _gpu_memory(r)
+    if memory is None:
+        return "-" if r.gpu is None else f"{r.gpu}"
+    return f"{r.gpu} {r.gpu_name}, {memory} GiB"
 
 
 def _probe_cells(answered: bool | None, latency_s: float | None, tokens: int | None) -> list[str]:
@@ -55,13 +61,10 @@ def _runs(r: RankStatus) -> str:
 
 
 def _short_gpu(r: RankStatus) -> str:
-    if r.gpu is None:
-        return "-"
-    if r.gpu_name is None:
-        return f"{r.gpu}"
-    used = f"{(r.gpu_memory_used_mib or 0) / 1024:.1f}"
-    total = f"{(r.gpu_memory_total_mib or 0) / 1024:.0f}"
-    return f"{r.gpu} {used}/{total}G"
+    memory = _gpu_memory(r)
+    if memory is None:
+        return "-" if r.gpu is None else f"{r.gpu}"
+    return f"{r.gpu} {memory}G"
 
 
 def _count(n: int | None) -> str:
