@@ -70,9 +70,9 @@ from operations.lock_check import LockSources, check_lock
 from operations.pins import PinError, uv_requirement
 from operations.preflight import NESTING_FIX
 from operations.redact import redact
-from operations.serve import service_user
 from operations.settings import Settings
 from operations.toolkit import REDIST_DIR, host_packages, install_toolkit, redist_dir, sync_archives
+from operations.users import service_user
 
 # The engine check, run on the host by verify_env; engine_probe.py reads and judges its output.
 CHECK_SCRIPT = script_text("engine_check.py")
@@ -664,7 +664,7 @@ def _install(s: Settings, plan: EnginePlan) -> None:
     service_user(
         name=f"service user {plan.user}",
         user=plan.user,
-        exists=plan.user_exists,
+        make=not plan.user_exists,
     )
     verify_env(
         name="check on the GPUs",

@@ -38,8 +38,8 @@ from operations.layout import STAGE_UNIT
 
 # Where they have always been imported from (the plan renders the unit: model_plan.py).
 from operations.model_plan import stage_command
-from operations.serve import service_user
 from operations.settings import Settings
+from operations.users import service_user
 
 SCRIPT_DEST = layout.STAGE_SCRIPT
 UNIT_PATH = layout.unit_path(STAGE_UNIT)
@@ -287,7 +287,7 @@ def _stage_model(report: HostReport) -> None:
     # The staged copy is readable by the servers' group only: the user exists before it
     # (made by the engine step, before its check, when this run builds the engine).
     if plan.make_user:
-        service_user(name=f"service user {plan.user}", user=plan.user, exists=plan.user_exists)
+        service_user(name=f"service user {plan.user}", user=plan.user, make=not plan.user_exists)
     stage = plan.stage.plan
     logger.info(f"{host.print_prefix}model {s.model_name}: {stage.mode}: {stage.why}")
     staged(

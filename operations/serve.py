@@ -148,33 +148,6 @@ def ranks_label(ranks: Sequence[int]) -> str:
 
 
 @operation()
-def service_user(user: str, exists: bool) -> Commands:
-    """
-    A system user and group for the servers: no login, no root, a home for caches.
-
-    + user: the name
-    + exists: whether it exists now (from the ServingState fact)
-    """
-    if exists:
-        host.noop(f"user {user} exists")
-        return
-    # `id -u` first: useradd fails on a user that exists, and one may be made (by hand)
-    # between the fact and this command.
-    yield StringCommand(
-        *("id", "-u", QuoteString(user), ">/dev/null", "2>&1", "||"),
-        "useradd",
-        "--system",
-        "--user-group",
-        "--create-home",
-        "--home-dir",
-        QuoteString(layout.service_home(user)),
-        "--shell",
-        "/usr/sbin/nologin",
-        QuoteString(user),
-    )
-
-
-@operation()
 def pruned_model_copies(stage_dir: str, slug: str, keep: list[str], doomed: list[str]) -> Commands:
     """
     Remove staged copies of the model that no rank unit names any more (after a whole roll).

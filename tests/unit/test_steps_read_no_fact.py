@@ -13,14 +13,11 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = [ROOT / "operations/serve.py", ROOT / "operations/smoke.py"]
+STEPS = [ROOT / "operations/serve.py", ROOT / "operations/smoke.py", ROOT / "operations/users.py"]
 # Names a fact's value goes by (the ServingState fact, its parts, a FileAt reading).
 FACT_NAMES = {"serving", "Serving", "get_fact", "facts", "files_now"}
 # Parameters an operation took fact values with before issue 29.
 FACT_PARAMETERS = {"sha256_now", "installed", "exists", "now", "state"}
-# The engine and model steps' operation, defined here and called from there (its `exists` is
-# theirs to take from their plans, operations/engine.py and model.py), not by these steps.
-OTHER_STEPS_OPERATIONS = {"service_user"}
 
 
 def _is_operation(node: ast.FunctionDef) -> bool:
@@ -48,8 +45,6 @@ def offences(source: str, name: str) -> list[str]:
             if not (isinstance(node.value, ast.Constant) and node.value.value in (None, False)):
                 found.append(f"{name}:{line}: hands an operation sha256_now=<a value>")
         elif isinstance(node, ast.FunctionDef) and _is_operation(node):
-            if node.name in OTHER_STEPS_OPERATIONS:
-                continue
             args = node.args
             for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs]:
                 if arg.arg in FACT_PARAMETERS:
