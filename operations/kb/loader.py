@@ -4,10 +4,18 @@ cross-references a schema cannot express, every problem at once, each named by i
 
 from __future__ import annotations
 
+import contextlib
+import copyreg
+import hashlib
+import importlib.util
 import json
+import os
+import pickle
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import fields
 from functools import cache
+from pathlib import Path
 from types import MappingProxyType
 from typing import cast
 
@@ -525,5 +533,77 @@ _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 @cache
 def load() -> Knowledge:
+    """The knowledge base, checked. Built from knowledge/ the first time these very files are
+    read (and whenever one of them, or the code that builds and checks them, changes);
+    otherwise the checked result of that build is read back (`_remembered`)."""
+    key = _inputs_key()
+    kept = _remembered(key)
+    if kept is not None:
+        return kept
     text = (KNOWLEDGE_DIR / "sglang.yaml").read_text()
-    return build(yaml.load(text, Loader=_SAFE_LOADER))
+    knowledge = build(yaml.load(text, Loader=_SAFE_LOADER))
+    _remember(key, knowledge)
+    return knowledge
+
+
+# -- the checked knowledge, remembered --------------------------------------------------------
+# Parsing sglang.yaml and checking it against its schema and the 19 releases' CLI tables (2 MB
+# of JSON) cost ~80 ms of every converged deploy (bench/serve_bench.py), for a verdict that
+# cannot have changed while none of its inputs did. The built Knowledge is kept beside this
+# package's bytecode, under a digest of every input: each file of knowledge/, the code that
+# builds and checks it (this package and operations/verdicts.py), the Python and the
+# `packaging` it was built with. A change to any is another name, hence a fresh build with
+# every check; a build that fails is never kept. Written when Python writes bytecode, where
+# .pyc files are, and trusted as they are: whoever can write there can change the code the
+# controller runs (as operations/verdicts.py and operations/host_scripts.py do).
+KEPT_DIR = Path(importlib.util.cache_from_source(__file__)).parent
+KEPT_PREFIX = "knowledge-"
+
+
+def _inputs_key() -> str:
+    import packaging
+
+    sha = hashlib.sha256(f"{sys.version}\0packaging {packaging.__version__}".encode())
+    code = [*sorted(Path(__file__).parent.glob("*.py")), Path(verdicts.__file__)]
+    data = sorted(p for p in KNOWLEDGE_DIR.rglob("*") if p.is_file())
+    for path in (*code, *data):
+        body = path.read_bytes()
+        sha.update(f"\0{path.name}\0{len(body)}\0".encode() + body)
+    return sha.hexdigest()[:32]
+
+
+def _kept_path(key: str) -> Path:
+    return KEPT_DIR / f"{KEPT_PREFIX}{key}.pickle"
+
+
+def _remembered(key: str) -> Knowledge | None:
+    try:
+        with open(_kept_path(key), "rb") as kept:
+            found = pickle.load(kept)
+    except Exception:  # anything unreadable is built afresh, with every check
+        return None
+    return found if isinstance(found, Knowledge) else None
+
+
+def _proxy(items: dict[str, object]) -> Mapping[str, object]:
+    """A read-only mapping again, as the loader made it (pickle cannot name mappingproxy)."""
+    return MappingProxyType(items)
+
+
+def _remember(key: str, knowledge: Knowledge) -> None:
+    if sys.dont_write_bytecode:
+        return
+    path = _kept_path(key)
+    with contextlib.suppress(OSError, pickle.PicklingError, TypeError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Renamed into place: a reader never sees half a file.
+        temp = path.with_name(f".{path.name}.{os.getpid()}")
+        with open(temp, "wb") as out:
+            pickler = pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL)
+            pickler.dispatch_table = copyreg.dispatch_table.copy()
+            pickler.dispatch_table[MappingProxyType] = lambda m: (_proxy, (dict(m),))
+            pickler.dump(knowledge)
+        temp.replace(path)
+        for old in path.parent.glob(f"{KEPT_PREFIX}*.pickle"):
+            if old != path:
+                old.unlink(missing_ok=True)
