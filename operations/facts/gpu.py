@@ -104,12 +104,23 @@ class NvidiaGpus(FactBase[NvidiaSmi]):
     # Both queries in one round trip; the exit status travels as a marker line so that a
     # failing nvidia-smi is a fact to report, not a failed fact gathering.
     def command(self) -> str:
+        return f"{self.query_command()}; {self.banner_command()}"
+
+    @staticmethod
+    def query_command() -> str:
+        """The GPU table and, after it, the exit status's marker line."""
         fields = ",".join(QUERY_FIELDS)
         return (
             f"nvidia-smi --query-gpu={fields} --format=csv,noheader,nounits 2>&1; "
-            f'echo "{RC_MARKER}$?"; '
-            "nvidia-smi 2>/dev/null | grep -m1 'CUDA Version' || true"
+            f'echo "{RC_MARKER}$?"'
         )
+
+    @staticmethod
+    def banner_command() -> str:
+        """The banner's CUDA line (the driver's CUDA version: no --query-gpu field holds it).
+        Independent of the query: PreflightFacts runs the two at once, each nvidia-smi
+        initialising NVML for every GPU on its own."""
+        return "nvidia-smi 2>/dev/null | grep -m1 'CUDA Version' || true"
 
     @staticmethod
     def default() -> NvidiaSmi:
