@@ -227,19 +227,25 @@ class Session:
         from pyinfra.api.state import BaseStateCallback
 
         from operations import reach
+        from operations.connection import no_delay
 
         self.connected = True
         if not self.settings:
             return
         why = self.unreachable
 
-        class Unreachable(BaseStateCallback):
+        class OnConnect(BaseStateCallback):
+            @staticmethod
+            def host_connect(state: State, host: Host) -> None:
+                # Its facts' channels go at once (operations/connection.py).
+                no_delay(host)
+
             @staticmethod
             def host_connect_error(state: State, host: Host, error: BaseException) -> None:
                 what = reach.hint(host.name)
                 why[host.name] = one_line(error) + (f"; {what}" if what else "")
 
-        self.state.add_callback_handler(Unreachable())
+        self.state.add_callback_handler(OnConnect())
         # A host whose settings do not pass is not contacted at all.
         self.state.limit_hosts = [h for h in self.hosts if h.name in self.settings]
         # pyinfra logs each failure itself; the one line above is what is shown, once.

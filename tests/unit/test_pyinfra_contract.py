@@ -134,3 +134,22 @@ def test_the_context_managers_we_use_exist(name: str) -> None:
 
     manager = getattr(pyinfra.context, name)
     assert callable(manager.get) and callable(manager.use)
+
+
+def test_an_ssh_hosts_socket_is_reached_through_its_connectors_paramiko_client() -> None:
+    """operations/connection.no_delay sets TCP_NODELAY on `host.connector.client.get_transport()
+    .sock` (pyinfra/connectors/ssh.py SSHConnector: `client: SSHClient | None`, set in
+    connect(); paramiko/transport.py Transport.__init__: `self.sock = sock`), and
+    operations/deploy_lock.py opens its channel on that transport."""
+    from paramiko import SSHClient, Transport
+    from pyinfra.connectors.ssh import SSHConnector
+
+    hints = inspect.get_annotations(SSHConnector, eval_str=False)
+    assert "client" in hints and "SSHClient" in str(hints["client"]), (
+        "pyinfra's SSHConnector no longer keeps its paramiko client in .client: "
+        "operations/connection.py and operations/deploy_lock.py must follow"
+    )
+    assert callable(getattr(SSHClient, "get_transport", None))
+    assert "self.sock = sock" in inspect.getsource(Transport.__init__), (
+        "paramiko's Transport no longer keeps its socket in .sock: operations/connection.py"
+    )
