@@ -252,9 +252,8 @@ class Serving:
     # Environment name -> its marker; the name `current` points at.
     envs: dict[str, EngineEnv] = field(default_factory=dict)
     engine_current: str | None = None
-    # The copy the model link points at (".SLUG@KEY"), and the hub marker's revision.
+    # The copy the model link points at (".SLUG@KEY").
     model_target: str | None = None
-    model_hub_revision: str | None = None
     # rank (or "router") -> "200", "503", "refused", "timeout", "error:WHAT"; absent: not probed.
     health: dict[str, str] = field(default_factory=dict)
     # Why nothing was probed (no python3); None when the probes ran or none were asked.
@@ -486,7 +485,6 @@ def parse_serving(lines: list[str]) -> Serving:
         envs=envs,
         engine_current=current,
         model_target=target,
-        model_hub_revision=values.get("model_hub_revision") or None,
         health=health,
         health_error=values.get("health_unavailable") or None,
         load=load,
@@ -521,7 +519,7 @@ class ServingState(FactBase[Serving]):
             router=None, files={}, user_exists=True,
             envs={"0.5.11-cu128-1a2b3c4d": EngineEnv("0.5.11", "cu128")},
             engine_current="0.5.11-cu128-1a2b3c4d",
-            model_target=".Qwen--Qwen3.6-27B@52cd26977905ef55", model_hub_revision=None,
+            model_target=".Qwen--Qwen3.6-27B@52cd26977905ef55",
             health={"0": "200"}, health_error=None, load={"0": RankLoad(2.0, 0.0)},
             gpus=[], gpu_error=None,
         )
@@ -534,7 +532,6 @@ class ServingState(FactBase[Serving]):
     + router: whether to read sglang-router.service
     + health_urls: rank number (or "router") -> its /health URL, as the host reaches it
     + metrics_urls: rank number -> its /metrics URL, read in the same script (running, queued)
-    + hub_marker: the hub download marker of an hf:// source, else None
     + gpus: whether to ask nvidia-smi for memory use
     + timeout_s: each /health probe's timeout
     + enabled: units whose `systemctl is-enabled` answer to read
@@ -555,7 +552,6 @@ class ServingState(FactBase[Serving]):
         router: bool = True,
         health_urls: dict[str, str] | None = None,
         metrics_urls: dict[str, str] | None = None,
-        hub_marker: str | None = None,
         gpus: bool = False,
         timeout_s: float = 2.0,
         enabled: list[str] | None = None,
@@ -603,9 +599,6 @@ class ServingState(FactBase[Serving]):
             QuoteString(model_link),
             '2>/dev/null)";',
         ]
-        if hub_marker:
-            parts += ['echo "model_hub_revision $(head -n1', QuoteString(hub_marker)]
-            parts += ['2>/dev/null)";']
         if health_urls:
             probes: list[str | QuoteString] = [
                 QuoteString(f"{k}={url}") for k, url in sorted(health_urls.items())

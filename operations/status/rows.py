@@ -16,7 +16,6 @@ from operations.roll import router_workers
 from operations.settings import Settings
 
 EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_ERROR = 0, 1, 2
-HUB_MARKER = layout.HUB_MARKER
 PROBE_TIMEOUT_S = 2.0
 
 
@@ -29,7 +28,6 @@ class ServingArgs(TypedDict):
     router: bool
     health_urls: dict[str, str]
     metrics_urls: dict[str, str] | None
-    hub_marker: str | None
     gpus: bool
     timeout_s: float
 
@@ -252,7 +250,6 @@ def fact_args(settings: Settings, host_name: str) -> ServingArgs:
     router = router_url(settings, host_name)
     if router is not None:
         urls[ROUTER_KEY] = router
-    source = settings.source
     return {
         "engine_root": settings.engine_root,
         "model_link": layout.staged_model_link(settings),
@@ -260,7 +257,6 @@ def fact_args(settings: Settings, host_name: str) -> ServingArgs:
         "router": router is not None,
         "health_urls": urls,
         "metrics_urls": metrics_urls(settings),
-        "hub_marker": f"{source.target_dir}/{HUB_MARKER}" if source.kind == "hf" else None,
         "gpus": True,
         "timeout_s": PROBE_TIMEOUT_S,
     }
