@@ -15,6 +15,11 @@ one (issue 6). The ratio judged is the median of the per-round ratios.
 
 The roll behind the router is bench/roll_bench.py's.
 
+Where the converged deploy's time goes: TIMED_RUNS runs of the real deploy.py through a wrapper
+(TIMED_DEPLOY) that marks each phase as deploy.py reaches it (pyinfra's own start and connect,
+the lock's request, the toolkit's imports, the facts, the plan, its panel and the operation
+calls), the medians printed beside the trivial deploy's whole run.
+
 BENCH_ROUNDS (default 5) sets the rounds; BENCH_PROFILE=1 adds one `--debug` run of the
 converged full deploy against the first host, prints its facts and commands by count and
 keeps its output in a temporary file.
@@ -22,6 +27,7 @@ keeps its output in a temporary file.
 
 from __future__ import annotations
 
+import ast
 import collections
 import os
 import re
@@ -52,6 +58,78 @@ from pyinfra.operations import files
 
 files.directory(name="Bench: /tmp exists", path="/tmp")
 """
+
+
+TIMED_RUNS = 5
+# deploy.py as pyinfra runs it, with a mark at each phase: the functions it calls are wrapped
+# before it imports them, then its own text runs (compiled under its own name).
+TIMED_DEPLOY = """\
+import os, time
+from pathlib import Path
+
+DEPLOY, MARKS = {deploy!r}, {marks!r}
+_stat = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+_uptime = float(Path("/proc/uptime").read_text().split()[0])
+# The process's start, on perf_counter's clock: pyinfra's own start and connect come first.
+_zero = time.perf_counter() - (_uptime - int(_stat[19]) / os.sysconf("SC_CLK_TCK"))
+_marks = [("pyinfra start and connect", time.perf_counter())]
+
+import operations.deploy_lock as _lock  # deploy.py's first import
+
+
+def _marked(owner, name, before, after, then=None):
+    real = getattr(owner, name)
+
+    def call(*args, **kwargs):
+        if before:
+            _marks.append((before, time.perf_counter()))
+        try:
+            return real(*args, **kwargs)
+        finally:
+            _marks.append((after, time.perf_counter()))
+            if then is not None:
+                then()
+
+    setattr(owner, name, call)
+
+
+def _imported():
+    # deploy.py has imported the toolkit by now: the plan's own calls are wrapped in place.
+    import operations.gate as gate, operations.host_plan as plan
+
+    _marked(plan, "gather", "knowledge loaded", "facts answered")
+    _marked(gate, "plan_for_host", "", "plan decided")
+
+
+_marked(_lock, "ask", "", "lock asked")
+_marked(_lock.Request, "taken", "toolkit imported", "lock taken", then=_imported)
+_code = compile(Path(DEPLOY).read_text(), DEPLOY, "exec")
+exec(_code, {{"__file__": DEPLOY, "__name__": "deploy"}})
+_marks.append(("panel shown, operations called", time.perf_counter()))
+with open(MARKS, "a") as out:
+    out.write(repr([(n, t - _zero) for n, t in _marks]) + "\\n")
+"""
+
+
+def timeline(one: Path, work: Path, deploy_py: Path, trivial_s: float) -> None:
+    """The phases of TIMED_RUNS converged deploys, medians, each phase's time since the one
+    before it."""
+    marks = work / "marks.txt"
+    timed = work / "timed_deploy.py"
+    timed.write_text(TIMED_DEPLOY.format(deploy=str(deploy_py), marks=str(marks)))
+    totals = [pyinfra(one, timed)[0] for _ in range(TIMED_RUNS)]
+    runs = [ast.literal_eval(line) for line in marks.read_text().splitlines()]
+    names = [name for name, _ in runs[0]]
+    print(f"where a converged deploy's time goes (median of {TIMED_RUNS} runs, 1 host):")
+    before = [0.0] * len(runs)
+    for index, name in enumerate(names):
+        spans = [run[index][1] - before[i] for i, run in enumerate(runs)]
+        before = [run[index][1] for run in runs]
+        print(f"  {name:<30} {statistics.median(spans) * 1000:6.0f} ms")
+    rest = [total - run[-1][1] for total, run in zip(totals, runs, strict=True)]
+    print(f"  {'pyinfra runs them, disconnects':<30} {statistics.median(rest) * 1000:6.0f} ms")
+    print(f"  {'whole run':<30} {statistics.median(totals) * 1000:6.0f} ms")
+    print(f"  {'the trivial deploy, whole run':<30} {trivial_s * 1000:6.0f} ms (median, above)")
 
 
 _FACT = re.compile(r"(?:Getting|Loading|Running) fact:? (?P<fact>[\w.]+)")
@@ -112,6 +190,7 @@ def measure(work: Path, indexes: Indexes, hosts: list[Container]) -> int:
         ROUNDS,
     )
     table(runs)
+    timeline(one, work, deploy_py, statistics.median(runs["trivial 1 host"]))
 
     if PROFILE:
         seconds, output = pyinfra(one, deploy_py, "--debug")
