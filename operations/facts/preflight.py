@@ -88,7 +88,8 @@ class PreflightFacts(FactBase[HostFacts]):
         # made by this command) and printed, once all have ended, in this order after its
         # section's line: the two nvidia-smi calls and the GPU probe each wait on the driver,
         # the rest on the disk, and the command takes as long as the slowest part rather than
-        # their sum (bench/serve_bench.py).
+        # their sum (bench/serve_bench.py). A host where no such directory can be made (a full
+        # or read-only /tmp) gets the same parts one after the other, as before.
         parts: list[tuple[str, str, str | StringCommand]] = [
             ("gpu", "gpu", NvidiaGpus.query_command()),
             ("", "gpu-banner", NvidiaGpus.banner_command()),
@@ -105,15 +106,23 @@ class PreflightFacts(FactBase[HostFacts]):
         # Last: config.json is printed as it is, maybe without a final newline.
         if model_path is not None:
             parts.append(("model", "model", ModelSource().command(path=model_path)))
-        pieces: list[str | StringCommand] = ["d=$(mktemp -d) || exit 1; trap 'rm -rf \"$d\"' EXIT;"]
-        for _, name, part in parts:
-            pieces += ["(", part, f') > "$d/{name}" &']
+        pieces: list[str | StringCommand] = []
+        for number, (_, _, part) in enumerate(parts):
+            pieces += [f"_part{number}() {{ (", part, "); };"]
+        pieces.append("if d=$(mktemp -d 2>/dev/null); then trap 'rm -rf \"$d\"' EXIT;")
+        for number, (_, name, _) in enumerate(parts):
+            pieces.append(f'_part{number} > "$d/{name}" &')
         pieces.append("wait;")
         for section, name, _ in parts:
             if section:
                 pieces.append(f"echo '{SECTION}{section}';")
-            pieces.append(f'cat "$d/{name}";')
-        pieces.append("true")
+            pieces.append(f"cat \"$d/{name}\";")
+        pieces.append("else")
+        for number, (section, _, _) in enumerate(parts):
+            if section:
+                pieces.append(f"echo '{SECTION}{section}';")
+            pieces.append(f"_part{number};")
+        pieces.append("fi; true")
         return StringCommand(*pieces)
 
     @staticmethod
