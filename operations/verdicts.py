@@ -57,7 +57,7 @@ def digest(kind: str, *parts: str | bytes | None) -> str | None:
     if any(part is None for part in parts):
         return None
     sha = hashlib.sha256(kind.encode())
-    for part in (_checker(), *parts):
+    for part in (checker(), *parts):
         data = part.encode() if isinstance(part, str) else part
         assert isinstance(data, bytes)
         sha.update(len(data).to_bytes(8, "big") + data)
@@ -113,7 +113,7 @@ def _encoded(value: object) -> str | None:
 
 
 @cache
-def _checker() -> bytes:
+def checker() -> bytes:
     """What the verdicts depend on besides schema and document: this module and the installed
     jsonschema (its files' sizes and times: an upgrade replaces them)."""
     parts = [Path(__file__).read_bytes()]

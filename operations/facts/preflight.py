@@ -116,7 +116,7 @@ class PreflightFacts(FactBase[HostFacts]):
         for section, name, _ in parts:
             if section:
                 pieces.append(f"echo '{SECTION}{section}';")
-            pieces.append(f"cat \"$d/{name}\";")
+            pieces.append(f'cat "$d/{name}";')
         pieces.append("else")
         for number, (section, _, _) in enumerate(parts):
             if section:

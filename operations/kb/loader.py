@@ -551,11 +551,11 @@ def load() -> Knowledge:
 # of JSON) cost ~80 ms of every converged deploy (bench/serve_bench.py), for a verdict that
 # cannot have changed while none of its inputs did. The built Knowledge is kept beside this
 # package's bytecode, under a digest of every input: each file of knowledge/, the code that
-# builds and checks it (this package and operations/verdicts.py), the Python and the
-# `packaging` it was built with. A change to any is another name, hence a fresh build with
-# every check; a build that fails is never kept. Written when Python writes bytecode, where
-# .pyc files are, and trusted as they are: whoever can write there can change the code the
-# controller runs (as operations/verdicts.py and operations/host_scripts.py do).
+# builds and checks it (this package, operations/verdicts.py and the installed jsonschema), the
+# Python, `packaging` and PyYAML it was built with. A change to any is another name, hence a
+# fresh build with every check; a build that fails is never kept. Written when Python writes
+# bytecode, where .pyc files are, and trusted as they are: whoever can write there can change
+# the code the controller runs (as operations/verdicts.py and operations/host_scripts.py do).
 KEPT_DIR = Path(importlib.util.cache_from_source(__file__)).parent
 KEPT_PREFIX = "knowledge-"
 
@@ -563,7 +563,9 @@ KEPT_PREFIX = "knowledge-"
 def _inputs_key() -> str:
     import packaging
 
-    sha = hashlib.sha256(f"{sys.version}\0packaging {packaging.__version__}".encode())
+    versions = f"{sys.version}\0packaging {packaging.__version__}\0PyYAML {yaml.__version__}"
+    # The schema's checker: verdicts.py and the installed jsonschema's files.
+    sha = hashlib.sha256(versions.encode() + verdicts.checker())
     code = [*sorted(Path(__file__).parent.glob("*.py")), Path(verdicts.__file__)]
     data = sorted(p for p in KNOWLEDGE_DIR.rglob("*") if p.is_file())
     for path in (*code, *data):
