@@ -405,6 +405,7 @@ def test_the_routers_requests_go_at_once_each_guarded_and_judged(
     assert len(guards) == count, guards
 
 
+@pytest.mark.integration  # runs a systemctl double
 def test_every_units_state_comes_from_one_systemctl_call(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
