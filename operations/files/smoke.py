@@ -78,6 +78,7 @@ MAX_TOKENS = 32
 # Thinking off through the chat template (the module docstring: where SGLang reads it).
 TEMPLATE_KWARGS = {"enable_thinking": False}
 BODY_SHOWN = 120  # characters of a bad body quoted in the verdict
+AT_ONCE = 8  # a target's chat requests in flight together (smoke_router_requests: up to 64)
 
 
 @dataclass(frozen=True)
@@ -352,10 +353,11 @@ def ask(
             return latency, 0, Verdict(name, False, round(latency, 3), why=why)
         return latency, got or 0, None
 
-    # COUNT requests (the router's) go at once, as clients send them: each is guarded and
-    # judged alone, and the target's time is one answer's, not COUNT of them. An httpx Client
-    # may be shared between threads (its docstring, encode/httpx httpx/_client.py, PR #2380).
-    with ThreadPoolExecutor(max(1, count)) as pool:
+    # COUNT requests (the router's) go at once (AT_ONCE at a time), as clients send them:
+    # each is guarded and judged alone, and the target's time is one answer's, not COUNT of
+    # them. An httpx Client may be shared between threads (its docstring, encode/httpx
+    # httpx/_client.py, PR #2380).
+    with ThreadPoolExecutor(max(1, min(count, AT_ONCE))) as pool:
         answers = list(pool.map(one, range(count)))
     sent = sum(1 for latency, _, _ in answers if latency is not None)
     for _, _, failed in answers:
