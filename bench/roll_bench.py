@@ -18,7 +18,9 @@ during the rolls (the bare restarts' failures are shown: they are what a drain s
 Where the roll's time goes comes from the roll's own lines (pyinfra -vvv): per batch, the host
 command's phases (drain, restart, health wait, smoke, readmit) and the SSH round trips (the
 commands pyinfra ran for that batch); the rest is pyinfra's own (start, facts, the converged
-steps), shown beside a converged deploy's time measured in each round.
+steps), shown beside a converged deploy's time measured in each round. The bare side prints
+each batch's restart and health seconds (a line after each batch; its work is the same), so
+the two restarts and the two health waits are shown side by side.
 
 BENCH_ROUNDS (default 5) sets the rounds. BENCH_KEEP=1 keeps each roll's output in a
 temporary file (its path printed).
@@ -75,14 +77,19 @@ def up(url):
         return False
 for batch in sys.argv[1:]:
     units = [u.split("=", 1) for u in batch.split(",")]
+    began = time.monotonic()
     subprocess.run(["systemctl", "restart", *[u for u, _ in units]], check=True)
-    deadline = time.monotonic() + 120
+    restarted = time.monotonic()
+    deadline = restarted + 120
     for _, url in units:
         while not up(url):
             if time.monotonic() > deadline:
                 sys.exit(f"{url}: no 200 within 120 s")
             time.sleep(0.01)
+    done = time.monotonic()
+    print(f"bare batch: restart {restarted - began:.3f} s, health {done - restarted:.3f} s")
 """
+_BARE = re.compile(r"^bare batch: restart ([0-9.]+) s, health ([0-9.]+) s$", re.M)
 
 # The roll's own lines (operations/files/roll_batch.py, shown by -vvv).
 _PHASES = re.compile(r"roll batch (?P<units>\S+): (?P<phases>(?:\w+ [0-9.]+ s,? ?)+)")
@@ -157,6 +164,8 @@ def measure(work: Path, indexes: Indexes, hosts: list[Container]) -> int:
     state = {"rolls": 0}
     converged: list[float] = []
     details: list[Breakdown] = []
+    # Each bare run's [restart, health, restart, health, ...] seconds, batch by batch.
+    bare_phases: list[list[float]] = []
     sent = failed = bare_sent = bare_failed = 0
     kept: list[Path] = []
 
@@ -183,10 +192,11 @@ def measure(work: Path, indexes: Indexes, hosts: list[Container]) -> int:
         wait_for(lambda: router_healthy(c), timeout=120, what="every rank in the router")
         with Load(url) as load:
             started = time.monotonic()
-            rc, _, err = c.ssh_run(bare_command, timeout=600)
+            rc, out, err = c.ssh_run(bare_command, timeout=600)
             seconds = time.monotonic() - started
         if rc != 0:
             raise RuntimeError(f"the bare restarts failed: {err}")
+        bare_phases.append([float(x) for pair in _BARE.findall(out) for x in pair])
         bare_sent, bare_failed = bare_sent + load.sent, bare_failed + load.failed
         return seconds
 
@@ -218,6 +228,10 @@ def measure(work: Path, indexes: Indexes, hosts: list[Container]) -> int:
     print(
         f"    {'the rest (SSH round trips, pyinfra per op)':<44} {roll_s - fixed - phased:6.2f} s"
     )
+    print("  where the bare restarts' time goes (medians over the runs):")
+    for index, name in enumerate(("restart", "health")):
+        value = statistics.median(sum(run[index::2]) for run in bare_phases)
+        print(f"    {name + ', all batches':<44} {value:6.2f} s")
     per_batch = statistics.median(d.commands / max(1, d.batches) for d in details)
     seen = statistics.median(d.batches for d in details)
     print(f"    SSH round trips per batch: {per_batch:.1f} ({seen:.0f} batches seen)")

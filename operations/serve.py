@@ -49,6 +49,11 @@ from operations.settings import Settings
 from operations.smoke import smoke_requests
 
 WAIT_SCRIPT = layout.WAIT_SCRIPT
+# What a batch's smoke interpreter imports while its rank loads (files/roll_batch.py PRELOAD):
+# httpx, and what httpx imports only when the first Client is made (httpx 0.28.1,
+# httpx/_transports/default.py: httpcore in HTTPTransport.__init__; httpx/_config.py: ssl and
+# certifi in create_ssl_context). A module the environment lacks is skipped.
+SMOKE_PRELOAD = ["httpx", "httpcore", "ssl", "certifi"]
 
 
 @operation(is_idempotent=False)
@@ -130,6 +135,35 @@ def roll_batch(
     """
     words = ["python3", layout.ROLL_BATCH_SCRIPT, "--batch", batch, json.dumps(steps)]
     yield StringCommand(shlex.join(words), _stdin="".join(writes))
+
+
+def restart_command(units: str) -> str:
+    """A drained batch's restart onto its new unit files, for /bin/sh: the old processes are
+    told to stop (`--no-block`: the stop job is queued and SIGTERM sent, systemctl returns),
+    systemd reloads the unit files while they shut down (a reload took 0.13-0.25 s, a stop as
+    long or, for a real rank, longer: bench/roll_bench.py), a second `stop` waits for the job
+    to end (merged into it, or at once when the units are already inactive), and the units
+    start. No client waits across the reload (systemd/systemd PR #8803 made such a wait safe,
+    in v239). Only the batch's own unit files are new (written just before this) and only its
+    own units stop: every other rank's file still names what its process runs, so a
+    crash-restart of one runs that. A stop systemd refuses fails the step with nothing
+    stopped: the old processes serve on, the batch stays out of the router. A start refused at
+    the start limit (a crash loop left the unit `failed`) is retried once after `reset-failed`,
+    as a deploy starts afresh; `|| true`: see ServeStep._start, the health wait judges the
+    batch and shows how to go back. A failed
+    reload still starts the units, on what systemd had loaded (the old release, with
+    NeedDaemonReload: "pending restart" for the next run), and fails the step, so the batch
+    stays out of the router and the roll stops."""
+    return (
+        f"systemctl stop --no-block {units} || exit; "
+        "systemctl daemon-reload; reloaded=$?; "
+        f"systemctl stop {units}; "
+        f"systemctl start {units} || {{ systemctl reset-failed {units}; "
+        f"systemctl start {units}; }} || true; "
+        'if [ "$reloaded" -ne 0 ]; then '
+        f'echo "systemctl daemon-reload failed (exit $reloaded): {units} started on the unit '
+        'files systemd had loaded"; exit "$reloaded"; fi'
+    )
 
 
 def ranks_label(ranks: Sequence[int]) -> str:
@@ -294,9 +328,10 @@ class ServeStep:
 
     def _roll(self, batch: list[Rank], what: str, asked: SmokeRequests | None) -> None:
         """One batch, as one host command (roll_batch, files/roll_batch.py): out of the router
-        and drained, its changed unit files written, systemd reloaded, restarted, /health,
-        a chat request, back into the router; a step that fails stops the batch there (a
-        batch is never restarted undrained, never put back unhealthy) and the roll with it."""
+        and drained, its changed unit files written, systemd reloaded while it stops, started
+        (restart_command), /health, a chat request, back into the router; a step that fails
+        stops the batch there (a batch is never restarted undrained, never put back unhealthy)
+        and the roll with it."""
         s = self.settings
         names = ", ".join(r.unit_name for r in batch)
         label = ranks_label([r.rank for r in batch])
@@ -329,10 +364,7 @@ class ServeStep:
             )
             steps.append(("write", ["/bin/sh", "-c", command], []))
             writes.append(content)
-        steps.append(("reload", ["systemctl", "daemon-reload"], []))
-        # `|| true`: see _start; the health wait judges the batch and shows how to go back.
-        restart = f"systemctl reset-failed {units} || true; systemctl restart {units} || true"
-        steps.append(("restart", ["/bin/sh", "-c", restart], []))
+        steps.append(("restart", ["/bin/sh", "-c", restart_command(units)], []))
         checks = [(r.unit_name, layout.rank_health_url(s, r.rank)) for r in batch]
         health = host_argv(
             wait_healthy,
@@ -353,8 +385,8 @@ class ServeStep:
                     service_user=s.service_user,
                 )
                 # Its interpreter starts with the batch and imports httpx (which files/smoke.py
-                # imports when it first asks) while the rank loads.
-                steps.append(("smoke", smoke, ["httpx"]))
+                # imports when it first asks) while the rank loads: SMOKE_PRELOAD.
+                steps.append(("smoke", smoke, SMOKE_PRELOAD))
             steps.append(("readmit", host_argv(router_workers, **self._workers("in", ranks)), []))
             name = f"{what}: restart {label} (out of the router and drain, back into the router)"
         else:

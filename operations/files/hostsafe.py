@@ -193,26 +193,58 @@ def owner_problem(where: str, reaching: list[Listener], service_user: str) -> st
     return None
 
 
+def _active_states(out: str) -> list[str]:
+    return [
+        line[12:].strip() or "unknown"
+        for line in out.splitlines()
+        if line.startswith("ActiveState=")
+    ]
+
+
+def units_active(units: list[str]) -> dict[str, str]:
+    """Each unit's ActiveState as systemd says it ("active", "inactive", "failed", ...), from
+    one `systemctl show` for all of them: it prints one block per unit named, in the order
+    named (systemctl(1), "show"). An answer that does not have one state per unit is asked
+    again unit by unit."""
+    names = list(dict.fromkeys(units))
+    if not names:
+        return {}
+
+    def show(asked: list[str]) -> list[str]:
+        out = subprocess.run(
+            ["systemctl", "show", *asked, "-p", "ActiveState"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
+        return _active_states(out)
+
+    states = show(names)
+    if len(states) != len(names):
+        states = [(show([name]) or ["unknown"])[0] for name in names]
+    return dict(zip(names, states, strict=True))
+
+
 def unit_active(unit: str) -> str:
     """The unit's ActiveState as systemd says it ("active", "inactive", "failed", ...)."""
-    out = subprocess.run(
-        ["systemctl", "show", unit, "-p", "ActiveState"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout
-    states = [line[12:] for line in out.splitlines() if line.startswith("ActiveState=")]
-    return states[0].strip() if states and states[0].strip() else "unknown"
+    return units_active([unit])[unit]
 
 
-def refusal(url: str, unit: str, service_user: str) -> str | None:
+def refusal(
+    url: str,
+    unit: str,
+    service_user: str,
+    listeners: list[Listener] | None = None,
+    states: dict[str, str] | None = None,
+) -> str | None:
     """Why nothing may be sent to `url` (its listener is not the service user's, or `unit` is
-    not active); None when it may."""
-    where, reaching = listening(url)
+    not active); None when it may. `listeners`, `states`: read once for several checks (else
+    read here)."""
+    where, reaching = listening(url, listeners)
     why = owner_problem(where, reaching, service_user)
     if why is not None:
         return why
-    state = unit_active(unit)
+    state = states[unit] if states is not None and unit in states else unit_active(unit)
     if state != "active":
         return f"{unit} is {state}: whoever listens on {where} is not it"
     return None

@@ -19,8 +19,10 @@ one's output going to this script's own (pyinfra shows it with -vvv, and always 
   starts, which on a busy host was a third of a second a step;
 - ARGV `/ABS/bin/python /ABS/SCRIPT.py ...` (another interpreter: the smoke's, an engine
   environment's) starts when the batch starts, imports PRELOAD (module names: what the script
-  imports late, httpx for smoke.py) and waits; its step only lets it go, so its start and
-  imports overlap the steps before it. A batch that stops first ends it (by its PID);
+  imports late, httpx for smoke.py), compiles the script and waits; its step only lets it go,
+  so its start, imports and compile overlap the steps before it, and it exits without an
+  interpreter's teardown once the script is done. A batch that stops first ends it (by its
+  PID);
 - any other ARGV runs as a process (no shell unless ARGV is one).
 
 A step named `write` gets one line of this script's stdin as its stdin (a file's content,
@@ -50,17 +52,42 @@ GO = b"go\n"
 # What a waiting interpreter runs: PRELOAD imported, then, once told GO, the script as
 # `python SCRIPT ARGS` would run it. Told anything else (its stdin closed), it ends.
 WAITING = """\
-import importlib, runpy, sys
+import importlib, os, sys, traceback, types
 script, preload = sys.argv[1], [m for m in sys.argv[2].split(",") if m]
 for module in preload:
     try:
         importlib.import_module(module)
     except ImportError:
         pass  # the script says what is missing, when it runs
+try:
+    with open(script, "rb") as source:
+        code = compile(source.read(), script, "exec")
+except (OSError, SyntaxError, ValueError) as error:
+    code = error  # said when its step comes, as python would say it
 if sys.stdin.buffer.readline() != b"go\\n":
     sys.exit(125)
+if isinstance(code, BaseException):
+    print(f"{sys.executable}: can't run {script!r}: {code}", file=sys.stderr)
+    os._exit(2)
 sys.argv = [script, *sys.argv[3:]]
-runpy.run_path(script, run_name="__main__")
+main = types.ModuleType("__main__")
+main.__file__ = script
+sys.modules["__main__"] = main
+status = 0
+try:
+    exec(code, main.__dict__)
+except SystemExit as done:
+    if done.code is None or isinstance(done.code, int):
+        status = int(done.code or 0)
+    else:
+        print(done.code, file=sys.stderr)
+        status = 1
+except BaseException:
+    traceback.print_exc()
+    status = 1
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(status)  # its work is done: no interpreter teardown on the batch's time
 """
 
 

@@ -56,7 +56,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from typing import Any, TypedDict
 
-from operations.files.hostsafe import JOURNAL_LINES, journal, listening, mask_journal, refusal
+from operations.files.hostsafe import (
+    JOURNAL_LINES,
+    journal,
+    listening,
+    mask_journal,
+    owner_problem,
+    read_listeners,
+    refusal,
+    units_active,
+)
 
 # The router answers GET /v1/models itself, not from a worker (sglang-router 0.3.2 lists
 # "unknown": seen in tests/e2e/test_smoke.py), so through it only the chat answers are judged.
@@ -69,6 +78,7 @@ MAX_TOKENS = 32
 # Thinking off through the chat template (the module docstring: where SGLang reads it).
 TEMPLATE_KWARGS = {"enable_thinking": False}
 BODY_SHOWN = 120  # characters of a bad body quoted in the verdict
+AT_ONCE = 8  # a target's chat requests in flight together (smoke_router_requests: up to 64)
 
 
 @dataclass(frozen=True)
@@ -317,32 +327,44 @@ def ask(
     if (stop := refused()) is not None:
         return stop
     client = _client(key, timeout)  # made once the listener is known to be the service user's
-    first = True
     if name != ROUTER:
-        first = False
         status, body = _raw(lambda: client.get(f"{base}/models"))
         why = judge_models(status, body, model)
         if status is None:
             why = f"GET /v1/models: no answer ({body})"
         if why is not None:
             return Verdict(name, False, why=why)
-    latencies: list[float] = []
-    tokens = 0
-    for _ in range(count):
-        if not first and (stop := refused()) is not None:
-            return replace(stop, requests=len(latencies))
-        first = False
+
+    def one(index: int) -> tuple[float | None, int, Verdict | None]:
+        """One chat request: (its latency or None when nothing was sent, its tokens, the
+        target's failed verdict or None)."""
+        # The router's first request follows the guard made above, at once.
+        if (index or name != ROUTER) and (stop := refused()) is not None:
+            return None, 0, stop
         asked = operands()
         request = chat_request(model, *asked)
         started = time.monotonic()
-        status, body = _raw(lambda: client.post(f"{base}/chat/completions", json=request))  # noqa: B023
-        latencies.append(time.monotonic() - started)
+        status, body = _raw(lambda: client.post(f"{base}/chat/completions", json=request))
+        latency = time.monotonic() - started
         why, got = judge_chat(status, body, model, asked)
         if status is None:
             why = f"POST /v1/chat/completions: no answer ({body})"
         if why is not None:
-            return Verdict(name, False, round(latencies[-1], 3), requests=len(latencies), why=why)
-        tokens += got or 0
+            return latency, 0, Verdict(name, False, round(latency, 3), why=why)
+        return latency, got or 0, None
+
+    # COUNT requests (the router's) go at once (AT_ONCE at a time), as clients send them:
+    # each is guarded and judged alone, and the target's time is one answer's, not COUNT of
+    # them. An httpx Client may be shared between threads (its docstring, encode/httpx
+    # httpx/_client.py, PR #2380).
+    with ThreadPoolExecutor(max(1, min(count, AT_ONCE))) as pool:
+        answers = list(pool.map(one, range(count)))
+    sent = sum(1 for latency, _, _ in answers if latency is not None)
+    for _, _, failed in answers:
+        if failed is not None:
+            return replace(failed, requests=sent)
+    latencies = [latency for latency, _, _ in answers if latency is not None]
+    tokens = sum(got for _, got, _ in answers)
     latency = round(max(latencies), 3) if latencies else None
     return Verdict(name, True, latency, tokens, len(latencies))
 
@@ -358,7 +380,9 @@ def guard_for(name: str, base: str, args: argparse.Namespace) -> Callable[[], st
     its unit (`--unit NAME=UNIT`, or NAME itself when it is a unit) is active. Through the
     router, the key reaches its workers too: every rank of this host it may forward to
     (`--router-worker UNIT=URL`) is, when something listens there, the service user's and
-    active. (Workers on other hosts are checked by their own host's deploy.)"""
+    active. (Workers on other hosts are checked by their own host's deploy.) One check reads
+    the listeners once and asks systemd once, for the target's unit and the workers' together
+    (a `systemctl show` each was most of a router request's time: bench/roll_bench.py)."""
     units = dict(word.split("=", 1) for word in args.unit)
     unit = units.get(name, name if name.endswith(".service") else "")
     workers = [word.split("=", 1) for word in args.router_worker] if name == ROUTER else []
@@ -366,15 +390,27 @@ def guard_for(name: str, base: str, args: argparse.Namespace) -> Callable[[], st
     def check() -> str | None:
         if not unit:
             return f"no unit named for {name!r} (--unit NAME=UNIT)"
-        why = refusal(base, unit, args.service_user)
+        listeners = read_listeners()
+        where, reaching = listening(base, listeners)
+        why = owner_problem(where, reaching, args.service_user)
         if why is not None:
             return why
+        forwarded = []
         for worker_unit, url in workers:
-            where, reaching = listening(url)
+            at, reaching = listening(url, listeners)
             if reaching:
-                why = refusal(url, worker_unit, args.service_user)
+                why = owner_problem(at, reaching, args.service_user)
                 if why is not None:
-                    return f"the router forwards to {where}: {why}"
+                    return f"the router forwards to {at}: {why}"
+                forwarded.append((worker_unit, url, at))
+        states = units_active([unit, *(u for u, _, _ in forwarded)])
+        why = refusal(base, unit, args.service_user, listeners, states)
+        if why is not None:
+            return why
+        for worker_unit, url, at in forwarded:
+            why = refusal(url, worker_unit, args.service_user, listeners, states)
+            if why is not None:
+                return f"the router forwards to {at}: {why}"
         return None
 
     return check

@@ -7,7 +7,7 @@ copy of a changed model, the API key file's write, between a rank's unit write a
 restart (rank drained out of the router), and after that rank's restart before it is put back
 into the router; then the host's SSH sessions dropped mid-roll (sshd's, by PID: the controller
 lives on). Each kill is triggered by the host at the point, never by a sleep: a test double
-holds the call named (`systemctl daemon-reload`, `uv sync`, `base64 -d`, the health wait's
+holds the call named (a rank's `systemctl stop`, `uv sync`, `base64 -d`, the health wait's
 `systemctl show` after the batch's restart) and writes its PID first, or (the model copy) the
 copy is seen half done. After each: every unit runs and at most one batch is out of the
 router. The run after the last one converges (nothing left of the killed runs: no half copy, no
@@ -151,16 +151,20 @@ API_KEY = "sk-crash-0123456789abcdef0123456789"
 
 
 def systemctl_double(rank: int) -> str:
-    """systemctl: the first `daemon-reload` after `rank`'s unit file names the new release,
-    i.e. between `_roll`'s unit write and its restart (operations/serve.py), with that rank
-    drained out of the router."""
+    """systemctl: the first `stop` of `rank` once its unit file names the new release, i.e.
+    between `_roll`'s unit write and its restart (operations/serve.py restart_command: the
+    batch's first call to systemd after the write), with that rank drained out of the router
+    and its old process still serving."""
     return f"""#!/bin/sh
 # TEST DOUBLE (tests/e2e/test_crash.py): holds the roll between a unit write and its restart.
-if [ "$1" = daemon-reload ] && [ -e {ARMED} ] && grep -q {NEW_RELEASE}-{LANE} \\
+if [ "$1" = stop ] && [ -e {ARMED} ] && grep -q {NEW_RELEASE}-{LANE} \\
     /etc/systemd/system/sglang@{rank}.service 2>/dev/null; then
-  rm -f {ARMED}
-  echo $$ > {REACHED}
-  exec sleep 600
+  case " $* " in
+    *" sglang@{rank}.service "*)
+      rm -f {ARMED}
+      echo $$ > {REACHED}
+      exec sleep 600 ;;
+  esac
 fi
 exec /usr/bin/systemctl "$@"
 """
@@ -203,7 +207,8 @@ def health_wait_double(rank: int) -> str:
 # TEST DOUBLE (tests/e2e/test_crash.py): holds the health wait after the batch's restart.
 if [ -e {ARMED} ]; then
   case " $* " in
-    *" restart "*" {unit} "*|*" restart {unit}"*) touch {RESTARTED} ;;
+    *" start {unit} "*|*" start "*" {unit} "*|*" restart {unit} "*|*" restart "*" {unit} "*)
+      touch {RESTARTED} ;;
   esac
   if [ "$1" = show ] && [ "$2" = {unit} ] && [ -e {RESTARTED} ]; then
     rm -f {ARMED} {RESTARTED}

@@ -19,6 +19,7 @@ import pytest
 from operations import host_scripts
 from operations.files.polling import backoff
 from operations.host_files import line_writer
+from operations.serve import restart_command
 
 pytestmark = pytest.mark.integration  # runs the script and /bin/sh
 
@@ -135,3 +136,78 @@ def test_polls_start_short_and_grow_to_their_bound() -> None:
     assert first[0] == 0.02 and first[1] == pytest.approx(0.025)
     assert all(a <= b for a, b in itertools.pairwise(first))
     assert max(first) == 0.5 and first[-1] == 0.5
+
+
+def fake_systemctl(tmp_path: Path, fails: str = "") -> tuple[dict[str, str], Path]:
+    """PATH with a systemctl that logs each call and fails (exit 1) the calls `fails` names
+    (a shell pattern matched against "$*")."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    log = tmp_path / "calls"
+    tool = bin_dir / "systemctl"
+    tool.write_text(
+        f'#!/bin/sh\necho "$*" >> {log}\ncase "$*" in {fails or "-"}) exit 1 ;; esac\nexit 0\n'
+    )
+    tool.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}, log
+
+
+@pytest.mark.parametrize(
+    ("fails", "code", "calls"),
+    [
+        # The stop is queued, systemd reloads while the old process shuts down, the second
+        # stop waits for it, the unit starts.
+        (
+            "",
+            0,
+            [
+                "stop --no-block sglang@0.service",
+                "daemon-reload",
+                "stop sglang@0.service",
+                "start sglang@0.service",
+            ],
+        ),
+        # A stop systemd refuses: nothing more, the old process serves on; the step fails.
+        ('"stop --no-block "*', 1, ["stop --no-block sglang@0.service"]),
+        # A failed reload: the unit still starts (on what systemd had loaded); the step fails.
+        (
+            "daemon-reload",
+            1,
+            [
+                "stop --no-block sglang@0.service",
+                "daemon-reload",
+                "stop sglang@0.service",
+                "start sglang@0.service",
+            ],
+        ),
+        # A start refused at the start limit is tried again after reset-failed.
+        (
+            '"start "*',
+            0,
+            [
+                "stop --no-block sglang@0.service",
+                "daemon-reload",
+                "stop sglang@0.service",
+                "start sglang@0.service",
+                "reset-failed sglang@0.service",
+                "start sglang@0.service",
+            ],
+        ),
+    ],
+)
+def test_a_batchs_restart_reloads_systemd_while_it_stops(
+    tmp_path: Path, fails: str, code: int, calls: list[str]
+) -> None:
+    env, log = fake_systemctl(tmp_path, fails)
+    proc = subprocess.run(
+        ["/bin/sh", "-c", restart_command("sglang@0.service")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert proc.returncode == code, proc
+    assert log.read_text().splitlines() == calls
+    if fails == "daemon-reload":
+        assert "systemctl daemon-reload failed (exit 1)" in proc.stdout, proc

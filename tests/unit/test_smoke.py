@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import threading
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -368,3 +370,74 @@ def test_the_router_is_asked_when_it_restarts() -> None:
 def test_the_setting_defaults() -> None:
     s = make_settings()
     assert (s.smoke_requests, s.smoke_router_requests, s.smoke_timeout_s) == (True, 4, 120)
+
+
+def test_the_routers_requests_go_at_once_each_guarded_and_judged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """COUNT requests through the router are in flight together (a Barrier of COUNT parties
+    lets no request answer until all were sent: sent one after another, the first would wait
+    out the barrier's timeout and fail), each after its own guard; one wrong answer fails the
+    target."""
+    count = 4
+    barrier = threading.Barrier(count, timeout=20)
+    guards: list[int] = []
+    sums = iter([(100 + i, 200 + i) for i in range(count)])
+
+    class Client:
+        def post(self, url: str, json: Any) -> _Answer:
+            barrier.wait()  # BrokenBarrierError (a failed request) unless all COUNT are in flight
+            a, b = (int(n) for n in re.findall(r"\d+", json["messages"][-1]["content"]))
+            return _Answer(reply(content=str(a + b + (1 if a == 102 else 0))))
+
+    monkeypatch.setattr(script, "operands", lambda: next(sums))
+    monkeypatch.setattr(script, "_client", lambda *args: Client())
+    monkeypatch.setattr(script, "_httpx", lambda: _Httpx)
+
+    def guard() -> str | None:
+        guards.append(1)
+        return None
+
+    verdict = script.ask("router", "http://r/v1", count, MODEL, None, 5, guard)
+    assert not verdict.answered and verdict.requests == count, verdict
+    assert "asked 'What is 102 + 202?" in (verdict.why or ""), verdict
+    # The router's first request follows the guard made before the client, at once.
+    assert len(guards) == count, guards
+
+
+@pytest.mark.integration  # runs a systemctl double
+def test_every_units_state_comes_from_one_systemctl_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """units_active (files/hostsafe.py) asks systemd once for all units (a block each, in the
+    order named); an answer without one state per unit is asked again unit by unit."""
+    calls = tmp_path / "calls"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    systemctl = bin_dir / "systemctl"
+    # `systemctl show A B -p ActiveState`: a block per unit, blank lines between; unit b is
+    # failed; a call naming "odd" answers one block only.
+    systemctl.write_text(
+        f"""#!/bin/sh
+echo "$*" >> {calls}
+shift
+first=1
+for unit in "$@"; do
+  case "$unit" in -p|ActiveState) continue ;; esac
+  [ "$first" = 1 ] || echo
+  first=0
+  case "$unit" in b.service) echo ActiveState=failed ;; *) echo ActiveState=active ;; esac
+  [ "$unit" = odd.service ] && [ "$#" -gt 3 ] && break
+done
+exit 0
+"""
+    )
+    systemctl.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    states = script.units_active(["a.service", "b.service", "a.service", "c.service"])
+    assert states == {"a.service": "active", "b.service": "failed", "c.service": "active"}
+    assert calls.read_text().splitlines() == ["show a.service b.service c.service -p ActiveState"]
+    calls.unlink()
+    odd = script.units_active(["odd.service", "b.service"])
+    assert odd == {"odd.service": "active", "b.service": "failed"}
+    assert len(calls.read_text().splitlines()) == 3  # both at once, then one by one
