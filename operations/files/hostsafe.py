@@ -225,26 +225,9 @@ def units_active(units: list[str]) -> dict[str, str]:
     return dict(zip(names, states, strict=True))
 
 
-def unit_active(unit: str) -> str:
-    """The unit's ActiveState as systemd says it ("active", "inactive", "failed", ...)."""
-    return units_active([unit])[unit]
-
-
-def refusal(
-    url: str,
-    unit: str,
-    service_user: str,
-    listeners: list[Listener] | None = None,
-    states: dict[str, str] | None = None,
-) -> str | None:
-    """Why nothing may be sent to `url` (its listener is not the service user's, or `unit` is
-    not active); None when it may. `listeners`, `states`: read once for several checks (else
-    read here)."""
-    where, reaching = listening(url, listeners)
-    why = owner_problem(where, reaching, service_user)
-    if why is not None:
-        return why
-    state = states[unit] if states is not None and unit in states else unit_active(unit)
+def state_problem(unit: str, where: str, state: str) -> str | None:
+    """Why whatever listens on `where` is not `unit` (its ActiveState `state`, units_active's,
+    is not active); None when it is."""
     if state != "active":
         return f"{unit} is {state}: whoever listens on {where} is not it"
     return None

@@ -63,7 +63,7 @@ from operations.files.hostsafe import (
     mask_journal,
     owner_problem,
     read_listeners,
-    refusal,
+    state_problem,
     units_active,
 )
 
@@ -395,20 +395,20 @@ def guard_for(name: str, base: str, args: argparse.Namespace) -> Callable[[], st
         why = owner_problem(where, reaching, args.service_user)
         if why is not None:
             return why
-        forwarded = []
+        forwarded: list[tuple[str, str]] = []
         for worker_unit, url in workers:
             at, reaching = listening(url, listeners)
             if reaching:
                 why = owner_problem(at, reaching, args.service_user)
                 if why is not None:
                     return f"the router forwards to {at}: {why}"
-                forwarded.append((worker_unit, url, at))
-        states = units_active([unit, *(u for u, _, _ in forwarded)])
-        why = refusal(base, unit, args.service_user, listeners, states)
+                forwarded.append((worker_unit, at))
+        states = units_active([unit, *(u for u, _ in forwarded)])
+        why = state_problem(unit, where, states[unit])
         if why is not None:
             return why
-        for worker_unit, url, at in forwarded:
-            why = refusal(url, worker_unit, args.service_user, listeners, states)
+        for worker_unit, at in forwarded:
+            why = state_problem(worker_unit, at, states[worker_unit])
             if why is not None:
                 return f"the router forwards to {at}: {why}"
         return None
