@@ -23,18 +23,25 @@ FIXTURES = ROOT / "fixtures"
 DOUBLE = ROOT / "doubles" / "nvidia-smi"
 
 
+def nvidia_smi_env(bindir: Path, scenario: str) -> dict[str, str]:
+    """The environment of a command that finds the nvidia-smi double first on PATH (linked into
+    `bindir`), showing the captured `scenario` of tests/fixtures/nvidia-smi."""
+    link = bindir / "nvidia-smi"
+    if not link.is_symlink():
+        os.symlink(DOUBLE, link)
+    return {
+        **os.environ,
+        "PATH": f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "NVIDIA_SMI_DOUBLE_DIR": str(FIXTURES / "nvidia-smi" / scenario),
+    }
+
+
 def nvidia_smi_output(scenario: str) -> list[str]:
     """What the NvidiaGpus fact's command prints on a host showing `scenario`."""
     with tempfile.TemporaryDirectory() as bindir:
-        os.symlink(DOUBLE, Path(bindir) / "nvidia-smi")
-        env = {
-            **os.environ,
-            "PATH": f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-            "NVIDIA_SMI_DOUBLE_DIR": str(FIXTURES / "nvidia-smi" / scenario),
-        }
         result = subprocess.run(
             ["sh", "-c", NvidiaGpus().command()],
-            env=env,
+            env=nvidia_smi_env(Path(bindir), scenario),
             capture_output=True,
             text=True,
             check=True,

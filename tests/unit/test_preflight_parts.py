@@ -6,14 +6,13 @@ read-only /tmp); the parsed facts are the same; the directory is gone afterwards
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from operations.facts.preflight import PreflightFacts, parse_host_facts
-from tests.doubles.ct200 import DOUBLE, FIXTURES
+from tests.doubles.ct200 import nvidia_smi_env
 
 # It runs sh, the nvidia-smi double and coreutils.
 pytestmark = pytest.mark.integration
@@ -22,17 +21,10 @@ pytestmark = pytest.mark.integration
 def run(tmp_path: Path, tmpdir: Path) -> list[str]:
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
-    if not (bindir / "nvidia-smi").exists():
-        os.symlink(DOUBLE, bindir / "nvidia-smi")
     command = PreflightFacts().command(
         stage_dir=str(tmp_path), engine_root=str(tmp_path / "engine"), roots=[str(tmp_path)]
     )
-    env = {
-        **os.environ,
-        "PATH": f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-        "NVIDIA_SMI_DOUBLE_DIR": str(FIXTURES / "nvidia-smi" / "rtx-pro-6000-x8"),
-        "TMPDIR": str(tmpdir),
-    }
+    env = {**nvidia_smi_env(bindir, "rtx-pro-6000-x8"), "TMPDIR": str(tmpdir)}
     result = subprocess.run(
         ["sh", "-c", command.get_raw_value()],
         env=env,
