@@ -1,12 +1,14 @@
 """Bring a GPU host from bare to serving: `pyinfra INVENTORY deploy.py [--dry]`.
 
 Steps, in order, each converging (a converged host reports no change):
-  1. gate (operations/gate.py): settings checked for every host, facts gathered, preflight and
+  1. gate (operations/runtime/plan_step.py): settings checked for every host, facts gathered,
+  preflight and
      the resolved plan printed; a host that fails gets no change at all.
-  2. engine (operations/engine.py): the pinned SGLang for the host's CUDA lane.
-  3. model (operations/model.py): the weights staged in /dev/shm.
-  4. serve (operations/serve.py): one systemd unit per rank, health-gated; the router.
-  5. smoke (operations/smoke.py): each rank this run (re)started, and the router, answers a chat
+  2. engine (operations/steps/engine.py): the pinned SGLang for the host's CUDA lane.
+  3. model (operations/steps/model.py): the weights staged in /dev/shm.
+  4. serve (operations/steps/serve.py): one systemd unit per rank, health-gated; the router.
+  5. smoke (operations/steps/smoke.py): each rank this run (re)started, and the router, answers a
+  chat
      request as a client sends it (API key, served model name); off with smoke_requests: false.
 """
 
@@ -14,16 +16,16 @@ import sys
 
 from pyinfra.context import host, state
 
-from operations import deploy_lock
-from operations.connection import no_delay
-from operations.stack_order import known_to_inspect
+from operations.runtime import deploy_lock
+from operations.runtime.connection import no_delay
+from operations.runtime.stack_order import known_to_inspect
 
 # pyinfra reads the call stack for every operation: this file's frame is found at once.
 known_to_inspect(__file__)
 
 # The simulated CT200 (inventory/demo.py) answers facts only: a real run is refused up front.
 if host.data.get("_demo") and "--dry" not in sys.argv:
-    from operations.inventory import refuse
+    from operations.runtime.inventory import refuse
 
     refuse(
         state,
@@ -36,14 +38,15 @@ if host.data.get("_demo") and "--dry" not in sys.argv:
 no_delay(host)
 
 # One deploy per host at a time: the lock is asked for before the plan's first fact, and the
-# host takes it while the controller imports the rest of the toolkit (operations/deploy_lock.py).
+# host takes it while the controller imports the rest of the toolkit
+# (operations/runtime/deploy_lock.py).
 lock = deploy_lock.ask(state, host)
 
-from operations.engine import install_engine  # noqa: E402
-from operations.gate import plan_or_refuse  # noqa: E402
-from operations.model import stage_model  # noqa: E402
-from operations.serve import serve  # noqa: E402
-from operations.smoke import smoke  # noqa: E402
+from operations.runtime.plan_step import plan_or_refuse  # noqa: E402
+from operations.steps.engine import install_engine  # noqa: E402
+from operations.steps.model import stage_model  # noqa: E402
+from operations.steps.serve import serve  # noqa: E402
+from operations.steps.smoke import smoke  # noqa: E402
 
 report = plan_or_refuse(state, host) if lock.taken() else None
 if report is not None:

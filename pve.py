@@ -2,12 +2,12 @@
 `pyinfra inventory/pve.py pve.py [--dry]`.
 
 Each inventory host is one container (pve_ctid), reached over SSH as root on its Proxmox node,
-with the same settings (and checks) as the container's own deploy. See operations/pve.py and
+with the same settings (and checks) as the container's own deploy. See operations/steps/pve.py and
 docs/operations.md ("The Proxmox node").
 """
 
 from pyinfra.context import host, state
 
-from operations.pve import converge
+from operations.steps.pve import converge
 
 converge(state, host)

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from operations import kb as kbmod  # noqa: E402
-from operations.engine_spec import engine_spec  # noqa: E402
+from operations.plan.engine_spec import engine_spec  # noqa: E402
 from operations.settings import Layer, load  # noqa: E402
 from tests.doubles import cuda_redist, wheels  # noqa: E402
 from tests.e2e.deploying import support_wheels  # noqa: E402
@@ -62,8 +62,8 @@ TIMER = (
 ENGINE_DEPLOY = """\
 from pyinfra.context import host, state
 
-from operations.engine import install_engine
-from operations.gate import plan_or_refuse
+from operations.steps.engine import install_engine
+from operations.runtime.plan_step import plan_or_refuse
 
 report = plan_or_refuse(state, host)
 if report is not None:

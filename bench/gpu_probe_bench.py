@@ -21,9 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from operations import preflight  # noqa: E402
 from operations.facts.preflight import PreflightFacts  # noqa: E402
 from operations.layout import PROBE_CACHE_DIR  # noqa: E402
+from operations.plan import preflight  # noqa: E402
 from tests.testbed import ContainerSpec, Testbed, ensure_testbed  # noqa: E402
 from tests.unit.builders import make_settings  # noqa: E402
 

@@ -91,7 +91,7 @@ for batch in sys.argv[1:]:
 """
 _BARE = re.compile(r"^bare batch: restart ([0-9.]+) s, health ([0-9.]+) s$", re.M)
 
-# The roll's own lines (operations/files/roll_batch.py, shown by -vvv).
+# The roll's own lines (operations/programs/roll_batch.py, shown by -vvv).
 _PHASES = re.compile(r"roll batch (?P<units>\S+): (?P<phases>(?:\w+ [0-9.]+ s,? ?)+)")
 _PHASE = re.compile(r"(\w+) ([0-9.]+) s")
 _STARTING = re.compile(r"^--> Starting operation: Serve \| (?P<op>.+?)\s*$", re.M)

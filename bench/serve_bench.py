@@ -74,7 +74,7 @@ _uptime = float(Path("/proc/uptime").read_text().split()[0])
 _zero = time.perf_counter() - (_uptime - int(_stat[19]) / os.sysconf("SC_CLK_TCK"))
 _marks = [("pyinfra start and connect", time.perf_counter())]
 
-import operations.deploy_lock as _lock  # deploy.py's first import
+import operations.runtime.deploy_lock as _lock  # deploy.py's first import
 
 
 def _marked(owner, name, before, after, then=None):
@@ -95,7 +95,7 @@ def _marked(owner, name, before, after, then=None):
 
 def _imported():
     # deploy.py has imported the toolkit by now: the plan's own calls are wrapped in place.
-    import operations.gate as gate, operations.host_plan as plan
+    import operations.runtime.plan_step as gate, operations.plan.host_plan as plan
 
     _marked(plan, "gather", "knowledge loaded", "facts answered")
     _marked(gate, "plan_for_host", "", "plan decided")

@@ -13,7 +13,7 @@ SSH keys come from your agent or ~/.ssh/config, as with plain ssh.
 
 import os
 
-from operations.reach import from_environment
+from operations.runtime.reach import from_environment
 
 ct200 = [
     (

@@ -15,8 +15,8 @@ More containers of the same node: more entries, each with its own name and pve_c
 
 import os
 
-from operations.pve import name_the_node_on_connect_errors
-from operations.reach import from_environment, hint
+from operations.runtime.reach import from_environment, hint
+from operations.steps.pve import name_the_node_on_connect_errors
 
 # Digits become the id; anything else is left to the settings check to refuse (one line naming
 # pve_ctid and the value), never a traceback while the inventory loads.

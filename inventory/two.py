@@ -25,7 +25,7 @@ entry below holds for that container alone (a second model source, another gpu_c
 
 import os
 
-from operations.reach import from_environment
+from operations.runtime.reach import from_environment
 
 
 def container(name: str, number: str) -> tuple[str, dict[str, object]]:

@@ -70,18 +70,20 @@ ROUTER_MARKER = ".sglang-deploy-complete"
 
 
 def router_marker(env: str) -> str:
-    """Touched last by the router's install (operations/serve.py router_env): env is complete."""
+    """Touched last by the router's install (operations/steps/serve.py router_env): env is
+    complete."""
     return f"{env}/{ROUTER_MARKER}"
 
 
-# Monitoring: a Prometheus file_sd targets file and a Grafana dashboard (operations/monitoring.py).
+# Monitoring: a Prometheus file_sd targets file and a Grafana dashboard
+# (operations/plan/monitoring.py).
 # Not under CONFIG_DIR: with an API key that is 750 root:SERVICE_USER, which a `prometheus` or
 # `grafana` user on the host could not read; these files hold no secret (mode 644).
 MONITORING_DIR = "/etc/sglang-monitoring"
 TARGETS_FILE = f"{MONITORING_DIR}/prometheus-targets.json"
 DASHBOARD_FILE = f"{MONITORING_DIR}/grafana-dashboard.json"
 # Under an hf:// source's directory: the revision the hub download completed
-# (operations/files/stage_model.py HUB_MARKER, which the host script spells on its own).
+# (operations/programs/stage_model.py HUB_MARKER, which the host script spells on its own).
 HUB_MARKER = ".cache/sglang-hub-complete"
 # Root-only, and only for the length of one hub download: the token never lands in a unit file.
 HUB_TOKEN_DIR = f"{CONFIG_DIR}/hub"

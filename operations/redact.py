@@ -5,16 +5,16 @@ A package index URL may carry a token (`https://user:token@mirror/simple`, a tok
 segment, `?token=`): settings errors, the engine's log line and `status --json` all pass what
 they show through `redact_text`. Journal text (a failed rank's last lines, which hold SGLang's
 `server_args=ServerArgs(..., api_key='...')`) goes through `mask_journal`. Both are the host
-scripts' own masking (operations/files/hostsafe.py, standard library only), imported here: the
+scripts' own masking (operations/programs/hostsafe.py, standard library only), imported here: the
 host scripts that print a journal (files/wait_healthy.py, files/smoke.py) get it inlined
-(operations/host_scripts.py), so there is one copy.
+(operations/render/host_scripts.py), so there is one copy.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from operations.files.hostsafe import mask_journal, mask_urls
+from operations.programs.hostsafe import mask_journal, mask_urls
 
 __all__ = ["mask_journal", "redact", "redact_data", "redact_text"]
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Refresh tests/fixtures/nvcc/: what the real CUDA compiler of every lane says.
 
-For every compiler the knowledge base pins (operations/knowledge/sglang.yaml
+For every compiler the knowledge base pins (operations/kb/knowledge/sglang.yaml
 lanes.<lane>.compiler: the version of its cuda_nvcc archive or nvidia-cuda-nvcc wheel), takes
 PyPI's wheel of that nvcc version (nvidia-cuda-nvcc-cu12 for 12.x, nvidia-cuda-nvcc from 13.0),
 checks it against the sha256 PyPI lists for it, unpacks it and runs what it holds:
@@ -187,7 +187,7 @@ def source_md(wheels: list[Wheel], lanes: dict[str, list[str]], with_nvcc: set[s
         "# The real nvcc of every lane, as PyPI ships it",
         "",
         f"Captured {stamp} (UTC) by `scripts/capture_nvcc.py` (run it again to refresh): for each",
-        "compiler version the knowledge base pins (operations/knowledge/sglang.yaml",
+        "compiler version the knowledge base pins (operations/kb/knowledge/sglang.yaml",
         "`lanes.<lane>.compiler`), PyPI's wheel of that nvcc version, its sha256 checked against",
         "PyPI's, unpacked, and its own tools run on Linux x86_64. The files are their stdout as",
         "printed (`ptxas-gpu-name.txt`: the `--gpu-name` entry of `ptxas --help`; `nvcc-arch.txt`:",

@@ -10,7 +10,7 @@ lock; credentials, which uv never writes into a lock, come from ~/.netrc). For e
 the lock it downloads the one wheel the target can install (CPython `--python`, manylinux up to
 `--glibc`, x86_64), checks its sha256 against the lock and keeps it only then. `--uv` adds the
 uv wheel the deploy bootstraps from, `--router` sglang-router and its dependencies, `--hub` the
-Hugging Face CLI's wheels: each exactly the pinned set of operations/pins/ for `--python`,
+Hugging Face CLI's wheels: each exactly the pinned set of operations/kb/pins/ for `--python`,
 downloaded by pip with `--require-hashes --only-binary :all:` (the deploy installs them the same
 way). The CUDA archives of the lane's compiler (the lane is the lock's name's second part, or
 `--lane`) go to `cuda-redist/` beside WHEELHOUSE, where the offline deploy takes them, each
@@ -47,10 +47,10 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import parse_wheel_filename
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from operations.pins import hub_file, router_file, uv_requirement
+from operations.kb.pins import hub_file, router_file, uv_requirement
 
 if TYPE_CHECKING:
-    from operations.engine_spec import Toolkit
+    from operations.plan.engine_spec import Toolkit
 
 CHUNK = 1 << 20
 TIMEOUT_S = 600
@@ -295,12 +295,12 @@ def cuda_downloads(
     lane: str, wheelhouse: Path, url: str | None, manifest_path: str | None
 ) -> list[Download]:
     """The lane's compiler archives, to cuda-redist/ beside the wheelhouse (where the offline
-    deploy takes them: operations/toolkit.redist_dir)."""
+    deploy takes them: operations/steps/toolkit.redist_dir)."""
     from operations import kb as kbmod
     from operations import settings as settings_mod
-    from operations.engine_spec import EngineError, read_redist_manifest, toolkit
+    from operations.plan.engine_spec import EngineError, read_redist_manifest, toolkit
     from operations.settings import Settings
-    from operations.toolkit import redist_dir
+    from operations.steps.toolkit import redist_dir
 
     entry = kbmod.load().lanes.get(lane)
     if entry is None:
@@ -380,7 +380,7 @@ def main(argv: list[str]) -> int:
         if args.uv:
             line = uv_requirement(args.uv)
             if line is None:
-                problems.append(f"uv {args.uv}: no pinned hash in operations/pins/uv.txt")
+                problems.append(f"uv {args.uv}: no pinned hash in operations/kb/pins/uv.txt")
             else:
                 with tempfile.TemporaryDirectory() as work:
                     requirements = Path(work) / "uv.txt"
@@ -399,6 +399,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from operations.closed_pipe import quiet
+    from operations.cli.closed_pipe import quiet
 
     sys.exit(quiet(lambda: main(sys.argv[1:])))

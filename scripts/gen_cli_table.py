@@ -12,7 +12,7 @@ virtualenv outside the repository, under ``~/.cache/sglang-deploy/cli-tables/<pk
 ``pip download --no-deps``, installs the wheel with ``--no-deps`` together with only what importing
 the argument module needs (a CPU build of torch, transformers at the version the release pins,
 and a few small packages), then builds the release's real ``argparse`` parser inside that
-virtualenv and writes ``operations/knowledge/cli/<pkg>-<ver>.json``.
+virtualenv and writes ``operations/kb/knowledge/cli/<pkg>-<ver>.json``.
 
 No GPU is needed.  One import-time hack is applied (see ``scripts/cli_table_actions.py``): PyPI
 only has CUDA builds of torchvision for x86_64 Linux, whose C extension cannot load next to a CPU
@@ -489,7 +489,7 @@ def cli(argv: list[str] | None = None) -> int:
     """main() for a user: a failed step is one line naming it, non-zero, never a traceback
     (pip's and the extractor's own output, above it, says the rest)."""
     sys.path.insert(0, str(REPO_ROOT))
-    from operations.closed_pipe import quiet
+    from operations.cli.closed_pipe import quiet
 
     try:
         return quiet(lambda: main(argv))

@@ -1,4 +1,4 @@
-"""Regenerate operations/pins/: what the deploy installs beside the engine, pinned with hashes.
+"""Regenerate operations/kb/pins/: what the deploy installs beside the engine, pinned with hashes.
 
     python scripts/pin_installs.py [--uv 0.13.9 ...]
 
@@ -12,12 +12,13 @@ requirements file of this directory with `--require-hashes --only-binary :all:`,
                              (https://pypi.org/simple/uv/, PEP 691)
   router-V-pyX.Y.txt         sglang-router==V and every dependency, one file per router release
                              of the knowledge base and per Python minor it lists for a release
-  hub-pyX.Y.txt              the Hugging Face CLI (operations/model.py HUB_REQUIREMENT), the same
+  hub-pyX.Y.txt              the Hugging Face CLI (operations/steps/model.py HUB_REQUIREMENT), the
+  same
 
 The last two are `uv pip compile --generate-hashes --only-binary :all: --python-version X.Y
 --python-platform x86_64-manylinux_2_28` against PyPI: every hash of every file of each pinned
 version. Run it with network access to PyPI, then review and commit the diff
-(operations/pins/SOURCE.md says when and with which uv).
+(operations/kb/pins/SOURCE.md says when and with which uv).
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from operations import kb as kbmod  # noqa: E402
-from operations.model import HUB_REQUIREMENT  # noqa: E402
-from operations.pins import PINS_DIR, UV_PLATFORM, hub_file, router_file  # noqa: E402
+from operations.kb.pins import PINS_DIR, UV_PLATFORM, hub_file, router_file  # noqa: E402
+from operations.steps.model import HUB_REQUIREMENT  # noqa: E402
 
 SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
 PLATFORM = "x86_64-manylinux_2_28"

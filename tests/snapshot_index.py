@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from operations.engine_spec import EngineSpec, engine_spec, project_toml
 from operations.kb import Knowledge
+from operations.plan.engine_spec import EngineSpec, engine_spec, project_toml
 from operations.settings import Settings
 from tests.e2e.index import free_port, serve_directory, stop_process
 from tests.unit.builders import make_settings

@@ -1,6 +1,6 @@
 """What the host has of the engine: its versioned environments, the `current` link, the uv
 bootstrapped under the engine root, and the wheels already synced there. Each fact is one round
-trip; operations/engine.py changes what these facts read.
+trip; operations/steps/engine.py changes what these facts read.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from operations.layout import ENGINE_MARKER, EngineTree
 
 # An environment's marker (layout.ENGINE_MARKER): complete once its check passed.
 MARKER = ENGINE_MARKER
-# Written into ENGINE_ROOT/cuda/<name> (operations/files/cuda_toolkit.py) as its last step.
+# Written into ENGINE_ROOT/cuda/<name> (operations/programs/cuda_toolkit.py) as its last step.
 TOOLKIT_MARKER = ".sglang-deploy-toolkit.json"
 # Debian packages an engine needs beside its wheels: libnuma1 (sgl_kernel links libnuma.so.1)
 # and g++ (nvcc preprocesses every .cu with the host compiler; tvm-ffi and FlashInfer build

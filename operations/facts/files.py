@@ -1,5 +1,5 @@
 """What a file we write and its directory are now: type, mode, owner, group and the file's sha256.
-The one file writer (operations/host_files.py) compares this with what it would write: content
+The one file writer (operations/steps/host_files.py) compares this with what it would write: content
 by hash, never by text, so a converged host reports no change and nothing secret is read back.
 """
 

@@ -133,7 +133,7 @@ class NvidiaGpus(FactBase[NvidiaSmi]):
 # -- who can open the GPUs ------------------------------------------------------------------
 # The ranks run as the service user, in their unit's sandbox: a node that root opens proves
 # nothing about them. GpuAccess reads each node's owner and mode and, in one transient unit
-# with a rank's own sandbox (operations/units.py rank_sandbox, rank 0's DeviceAllow=), opens
+# with a rank's own sandbox (operations/render/units.py rank_sandbox, rank 0's DeviceAllow=), opens
 # every node read-write as the service user (`nobody` while that user does not exist yet):
 # EACCES is the node's mode, EPERM a device filter that holds (a node outside DeviceAllow=),
 # exit status 226 a sandbox this container cannot set up (systemd.exec(5) EXIT_NAMESPACE).

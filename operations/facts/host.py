@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.facts import FactBase
 
-from operations import host_scripts, layout
-from operations.files.stage_manifest import CONFIG_MARKER as CONFIG_MARKER  # the fact's marker
+from operations import layout
+from operations.programs.stage_manifest import CONFIG_MARKER as CONFIG_MARKER  # the fact's marker
+from operations.render import host_scripts
 
 
 @dataclass(frozen=True)
@@ -241,7 +242,7 @@ class ModelSource(FactBase[Model]):
     Returns whether a model directory exists, the bytes the staging copy takes from it, and
     its architecture (config.json).
 
-    Read by the staging copy's own code (operations/files/stage_source.py, sent inline: its
+    Read by the staging copy's own code (operations/programs/stage_source.py, sent inline: its
     scan and its link rule), so a Hugging Face cache snapshot, whose files are links into
     ../../blobs/, is measured and read as it will be staged, and a config.json linked out of
     the source (to a root-only file) is never read.

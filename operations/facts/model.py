@@ -1,6 +1,6 @@
 """What the target holds of the model: the source's manifest against the staged copy's.
 
-Both are read by the staging script itself (operations/files/stage_model.py `plan`), sent inline
+Both are read by the staging script itself (operations/programs/stage_model.py `plan`), sent inline
 so the fact works before the deploy has installed anything. It is asked with the copy's key and
 the kept keys the stage run gets, and the same code decides "unchanged" and the leftovers here
 and in the copy, so the plan and the run never disagree.
@@ -17,14 +17,14 @@ from typing import Any
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.facts import FactBase
 
-from operations import host_scripts
 from operations.facts.host import Model, parse_model
+from operations.render import host_scripts
 
 SCRIPT = "stage_model.py"
 
 
 def script_text() -> str:
-    """The staging script as the host gets it (operations/host_scripts.py): inline here, and
+    """The staging script as the host gets it (operations/render/host_scripts.py): inline here, and
     the file the model step installs."""
     return host_scripts.script_text(SCRIPT)
 

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.facts import FactBase
 
-from operations import execstart, layout
+from operations import layout
 from operations.facts.engine import MARKER, EngineHost, parse_engine_state, state_script
 from operations.facts.once import gathered
+from operations.render import execstart
 from operations.settings import Settings
 
 ROUTER_KEY = "router"
@@ -175,7 +176,7 @@ class UnitState:
         return self.active in ("active", "activating", "reloading")
 
     def argv(self) -> list[str]:
-        """ExecStart= as the words it runs (operations/execstart.py: the writer's inverse);
+        """ExecStart= as the words it runs (operations/render/execstart.py: the writer's inverse);
         [] when the line cannot be split."""
         if not self.exec_start:
             return []

@@ -1,8 +1,8 @@
 """Whether each rank (and the router) answers a chat request as a client sees it: the shipped
-smoke script (operations/files/smoke.py) run on the host by an engine environment's python.
+smoke script (operations/programs/smoke.py) run on the host by an engine environment's python.
 
 Only `python -m operations.status --probe` reads this fact: it sends requests, so plain status
-stays read-only. The deploy runs the same script as an operation (operations/smoke.py).
+stays read-only. The deploy runs the same script as an operation (operations/steps/smoke.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from operations import layout
 
 @dataclass(frozen=True)
 class ProbeAnswer:
-    """One target's verdict (operations/files/smoke.py Verdict)."""
+    """One target's verdict (operations/programs/smoke.py Verdict)."""
 
     answered: bool
     latency_s: float | None = None

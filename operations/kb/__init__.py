@@ -11,7 +11,7 @@ Consumers import from here (`from operations.kb import Knowledge`, `kb.load()`).
 
 from __future__ import annotations
 
-from operations.kb.cli import (
+from operations.kb.cli_tables import (
     CliOption,
     CliTable,
     cli_table_path,
@@ -21,7 +21,12 @@ from operations.kb.loader import (
     build,
     load,
 )
-from operations.kb.model import (
+from operations.kb.raw import (
+    CLI_DIR,
+    KNOWLEDGE_DIR,
+    KnowledgeError,
+)
+from operations.kb.types import (
     PLACEHOLDER,
     PYPI_FILES_URL,
     Architecture,
@@ -57,11 +62,6 @@ from operations.kb.model import (
     cite,
     in_range,
     version,
-)
-from operations.kb.raw import (
-    CLI_DIR,
-    KNOWLEDGE_DIR,
-    KnowledgeError,
 )
 
 __all__ = [

@@ -10,7 +10,7 @@ What a draft is derived from (each a file the intake writes, or a committed fixt
   the newest fetchable snapshot of github.com/sgl-project/whl: docs.sglang.io is unreachable
   here);
 - the torchvision METADATA fixtures (which torchvision goes with which torch);
-- the release's CLI table (operations/knowledge/cli/sglang-<v>.json, by
+- the release's CLI table (operations/kb/knowledge/cli/sglang-<v>.json, by
   scripts/gen_cli_table.py, no torch needed) and the previous release's, diffed for renamed and
   removed options.
 
@@ -42,7 +42,7 @@ from operations.kb.raw import (
     RawUnproven,
 )
 
-REPO = KNOWLEDGE_DIR.parent.parent
+REPO = KNOWLEDGE_DIR.parents[2]
 METADATA_DIR = REPO / "tests" / "fixtures" / "metadata"
 WHL_DIR = REPO / "tests" / "fixtures" / "sglang-whl"
 

@@ -25,9 +25,19 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from operations import verdicts
-from operations.kb.cli import cli_table_path, load_cli_table
-from operations.kb.model import (
+from operations.kb.cli_tables import cli_table_path, load_cli_table
+from operations.kb.raw import (
+    KNOWLEDGE_DIR,
+    KnowledgeError,
+    RawBackend,
+    RawCites,
+    RawCompiler,
+    RawKnowledge,
+    RawLimits,
+    RawOverride,
+    RawRelease,
+)
+from operations.kb.types import (
     Architecture,
     AttentionBackend,
     AutoBackend,
@@ -61,17 +71,7 @@ from operations.kb.model import (
     in_range,
     version,
 )
-from operations.kb.raw import (
-    KNOWLEDGE_DIR,
-    KnowledgeError,
-    RawBackend,
-    RawCites,
-    RawCompiler,
-    RawKnowledge,
-    RawLimits,
-    RawOverride,
-    RawRelease,
-)
+from operations.settings import verdicts
 
 # -- the loader ------------------------------------------------------------------------------
 
@@ -551,11 +551,13 @@ def load() -> Knowledge:
 # of JSON) cost ~80 ms of every converged deploy (bench/serve_bench.py), for a verdict that
 # cannot have changed while none of its inputs did. The built Knowledge is kept beside this
 # package's bytecode, under a digest of every input: each file of knowledge/, the code that
-# builds and checks it (this package, operations/verdicts.py and the installed jsonschema), the
+# builds and checks it (this package, operations/settings/verdicts.py and the installed
+# jsonschema), the
 # Python, `packaging` and PyYAML it was built with. A change to any is another name, hence a
 # fresh build with every check; a build that fails is never kept. Written when Python writes
 # bytecode, where .pyc files are, and trusted as they are: whoever can write there can change
-# the code the controller runs (as operations/verdicts.py and operations/host_scripts.py do).
+# the code the controller runs (as operations/settings/verdicts.py and
+# operations/render/host_scripts.py do).
 KEPT_DIR = Path(importlib.util.cache_from_source(__file__)).parent
 KEPT_PREFIX = "knowledge-"
 

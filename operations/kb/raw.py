@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NotRequired, TypedDict
 
-KNOWLEDGE_DIR = Path(__file__).parent.parent / "knowledge"
+KNOWLEDGE_DIR = Path(__file__).parent / "knowledge"
 CLI_DIR = KNOWLEDGE_DIR / "cli"
 
 

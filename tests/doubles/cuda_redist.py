@@ -2,7 +2,7 @@
 cuda_cudart, cuda_cccl) as the engine step downloads, checks and unpacks it, with a manifest in
 NVIDIA's redistrib JSON format.
 
-The real ones (operations/knowledge/sglang.yaml lanes.<lane>.compiler, sources
+The real ones (operations/kb/knowledge/sglang.yaml lanes.<lane>.compiler, sources
 nvidia-redist-12.8.1 and nvidia-redist-12.9.1: redistrib_<release>.json as NixOS/nixpkgs vendors
 it) are laid out as
 

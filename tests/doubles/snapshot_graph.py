@@ -54,7 +54,7 @@ from tests.scripts import script_module
 ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOT = ROOT / "tests" / "fixtures" / "index-snapshot"
 CAPTURE_SCRIPT = ROOT / "scripts" / "capture_index_snapshot.py"
-KNOWLEDGE_FILE = ROOT / "operations" / "knowledge" / "sglang.yaml"
+KNOWLEDGE_FILE = ROOT / "operations" / "kb" / "knowledge" / "sglang.yaml"
 # The containers' Python (Debian 12): an engine is locked for the host's Python alone.
 E2E_PYTHON = "3.11"
 # The (release, lane) builds the e2e tests deploy: 0.5.11 and its pin-change target 0.5.19 on

@@ -10,16 +10,16 @@ names the snapshot file the METADATA copies.
 
 Three kinds of wheel stand in the e2e indexes (tests/e2e/deploying.py make_indexes):
 
-- GPU doubles, with double code: what the engine check (operations/files/engine_check.py) or the
+- GPU doubles, with double code: what the engine check (operations/programs/engine_check.py) or the
   server double imports and what needs a GPU: torch, torchvision, torchaudio, the SGLang kernel
   package, flashinfer, cuda-python (its `cuda.bindings.driver` double; the real one ships it in
   cuda-bindings, which is an index double here) and sglang (its launch_server double). The
   sources live in tests/doubles/packages/; the values of one build (version, CUDA build,
   architectures) go into a generated `_double_build.py`, and the sglang wheel embeds the
-  release's real option table from operations/knowledge/cli/.
+  release's real option table from operations/kb/knowledge/cli/.
 - REAL wheels from PyPI (tests/e2e/index.py pypi_wheel), for what the doubles or the deploy
   really import on the host: the OpenAI client and its closure in the lock (httpx, which
-  operations/files/smoke.py imports, anyio, pydantic, ...). REAL names the roots.
+  operations/programs/smoke.py imports, anyio, pydantic, ...). REAL names the roots.
 - Index doubles (`index_double`): everything else the lock pulls in (the nvidia-*-cu12 and
   cuda-toolkit libraries, triton, transformers, outlines, ...): the captured METADATA and an
   empty package (nothing but its .dist-info). Nothing imports them: they are GPU libraries or
@@ -55,7 +55,7 @@ from tests.doubles.snapshot_graph import (
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = Path(__file__).resolve().parent / "packages"
-KNOWLEDGE = ROOT / "operations" / "knowledge"
+KNOWLEDGE = ROOT / "operations" / "kb" / "knowledge"
 # Fixed timestamps make a rebuilt wheel byte-identical, so index hashes stay stable.
 ZIP_DATE = (2020, 1, 1, 0, 0, 0)
 # What torch 2.x cu12.8+ builds list in torch.cuda.get_arch_list() on x86_64 (sm_120 included).
@@ -281,7 +281,7 @@ def plain_wheel(outdir: Path, name: str, version: str, summary: str = "TEST DOUB
 
 # The roots of what the doubles or the deploy really import on the host, served as the REAL
 # wheels from PyPI with everything they need in the lock: the OpenAI client (the real sglang
-# requires it; operations/files/smoke.py sends through its transport, httpx).
+# requires it; operations/programs/smoke.py sends through its transport, httpx).
 REAL = ("openai", "httpx")
 # The packages with double code (release_wheels' roles by project); every other package of a
 # lock is REAL or an index double.

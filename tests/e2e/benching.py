@@ -16,7 +16,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from operations.pins import router_file
+from operations.kb.pins import router_file
 from tests.e2e.deploying import BENCH_MODEL_DIR, BENCH_RELEASE, Indexes, bench_hosts
 from tests.e2e.index import pinned_wheels, stop_process
 from tests.testbed import Container
@@ -127,7 +127,7 @@ def slow_ranks(container: Container, generate_s: float, load_s: float) -> None:
 
 
 def router_wheels() -> list[Path]:
-    """The real sglang-router and its web stack: exactly the pinned set (operations/pins),
+    """The real sglang-router and its web stack: exactly the pinned set (operations/kb/pins),
     which the deploy installs with --require-hashes."""
     return pinned_wheels(router_file(ROUTER_RELEASE, "3.11"))
 

@@ -279,7 +279,7 @@ def pypi_wheels_with_deps(requirement: str, pythons: tuple[str, ...] = ("3.11",)
 
 
 def pinned_wheels(requirements: Path, python_version: str = "3.11") -> list[Path]:
-    """The wheels of a pinned requirements file (operations/pins/), for the containers'
+    """The wheels of a pinned requirements file (operations/kb/pins/), for the containers'
     Python: downloaded once by pip with `--require-hashes`, so each matches the pinned sha256
     the deploy installs it against (the same check again here: a cached wheel that does not
     match fails the test, not the deploy)."""

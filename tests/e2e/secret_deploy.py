@@ -5,8 +5,8 @@ through sudo and one secret file goes through `put_file(secret=True)`."""
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import host, state
 
-from operations.deploy_lock import Request
-from operations.host_files import put_file
+from operations.runtime.deploy_lock import Request
+from operations.steps.host_files import put_file
 
 why = Request(state, host, 60).answer()
 if why is not None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from operations.pins import router_file
+from operations.kb.pins import router_file
 from tests.doubles import wheels as doubles
 from tests.e2e.deploying import (
     LANE,
@@ -42,7 +42,7 @@ def release_indexes(
 ) -> Iterator[Indexes]:
     """The package indexes for a serving test: each release's wheel doubles, and the real
     router and its web stack from PyPI, served like everything else: exactly the pinned set
-    (operations/pins), which the deploy installs with --require-hashes. Stopped after."""
+    (operations/kb/pins), which the deploy installs with --require-hashes. Stopped after."""
     out = tmp_path_factory.mktemp(f"{name}-wheels")
     made = make_indexes(
         tmp_path_factory.mktemp(f"{name}-index"),

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from operations import kb as kbmod
-from operations.engine_spec import engine_spec
+from operations.plan.engine_spec import engine_spec
 from operations.settings import Layer, load
 from tests import testbed as tb
 from tests.doubles import wheels as doubles

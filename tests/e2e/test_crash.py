@@ -30,10 +30,11 @@ from typing import Any
 
 import pytest
 
-from operations import deploy_lock, layout
+from operations import layout
 from operations.facts.serve import Serving, ServingState, parse_serving
-from operations.planned_files import sha256
-from operations.roll import ServePlan, roll_plan
+from operations.plan.planned_files import sha256
+from operations.plan.serve_plan import ServePlan, roll_plan
+from operations.runtime import deploy_lock
 from tests import testbed as tb
 from tests.e2e.deploying import LANE, Deploying, Indexes, start_deploy
 from tests.e2e.index import wait_for
@@ -152,7 +153,7 @@ API_KEY = "sk-crash-0123456789abcdef0123456789"
 
 def systemctl_double(rank: int) -> str:
     """systemctl: the first `stop` of `rank` once its unit file names the new release, i.e.
-    between `_roll`'s unit write and its restart (operations/serve.py restart_command: the
+    between `_roll`'s unit write and its restart (operations/steps/serve.py restart_command: the
     batch's first call to systemd after the write), with that rank drained out of the router
     and its old process still serving."""
     return f"""#!/bin/sh
@@ -171,7 +172,8 @@ exec /usr/bin/systemctl "$@"
 
 
 # uv, in place of the engine's own (moved to uv.real): its `sync` of the new engine, i.e. with
-# the new environment made by `uv venv` and not yet installed (operations/engine.py build_env).
+# the new environment made by `uv venv` and not yet installed (operations/steps/engine.py
+# build_env).
 UV_DOUBLE = f"""#!/bin/sh
 # TEST DOUBLE (tests/e2e/test_crash.py): holds the engine install after `uv venv`.
 if [ "$1" = sync ] && [ -e {ARMED} ]; then
@@ -181,7 +183,7 @@ if [ "$1" = sync ] && [ -e {ARMED} ]; then
 fi
 exec {UV}.real "$@"
 """
-# base64: the `base64 -d` of put_file's write script (operations/host_files.py) while the API
+# base64: the `base64 -d` of put_file's write script (operations/steps/host_files.py) while the API
 # key file's temp file exists, i.e. made with its final mode and owners, not yet written.
 SECRET_TEMP = f"{layout.CONFIG_DIR}/.secrets.yaml.??????????"
 BASE64_DOUBLE = f"""#!/bin/sh
@@ -194,7 +196,7 @@ fi
 exec /usr/bin/base64 "$@"
 """
 # systemctl: the health wait's first `systemctl show` of `rank` after the batch restarted it
-# (operations/files/wait_healthy.py, a step of the batch's one host command,
+# (operations/programs/wait_healthy.py, a step of the batch's one host command,
 # files/roll_batch.py): the rank runs the new release, out of the router, not yet re-added.
 # (The re-add itself runs inside the batch script's own process: no double can hold it; a
 # controller killed here ends the script at its next line of output, before the re-add.)

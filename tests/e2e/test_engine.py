@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from operations import kb as kbmod
-from operations.engine_spec import Toolkit, engine_spec, read_redist_manifest
 from operations.facts.engine import MARKER
+from operations.plan.engine_spec import Toolkit, engine_spec, read_redist_manifest
 from operations.settings import Layer, load
 from tests import testbed as tb
 from tests.doubles import cuda_redist

@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
-from operations import layout, monitoring
+from operations import layout
+from operations.cli.status import fact_args
 from operations.facts.serve import ServingState, parse_serving
+from operations.plan import monitoring
 from operations.settings import Layer, load
-from operations.status import fact_args
 from tests import testbed as tb
 from tests.e2e.deploying import LANE, Indexes
 from tests.e2e.index import wait_for

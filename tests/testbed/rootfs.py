@@ -47,7 +47,7 @@ HOST_PACKAGES: dict[str, str] = {
     "systemd-nspawn": "systemd-container",
     "debootstrap": "debootstrap",
     "ssh-keygen": "openssh-client",
-    # A model directory on the controller is sent with rsync (operations/model.py).
+    # A model directory on the controller is sent with rsync (operations/steps/model.py).
     "rsync": "rsync",
 }
 

@@ -6,7 +6,7 @@ from functools import cache
 
 from operations.facts.gpu import NvidiaSmi, parse_nvidia_smi
 from operations.facts.host import Model
-from operations.resolver import Facts
+from operations.plan.resolver import Facts
 from operations.settings import Layer, Settings, load
 from tests.doubles.ct200 import nvidia_smi_output
 

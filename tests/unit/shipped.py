@@ -1,4 +1,5 @@
-"""The host scripts as the host gets them (operations/host_scripts.py), for tests that run them
+"""The host scripts as the host gets them (operations/render/host_scripts.py), for tests that run
+them
 as the deploy does: each written once per test run to a private directory, removed at exit."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-from operations.host_scripts import script_text
+from operations.render.host_scripts import script_text
 
 
 @cache
@@ -21,7 +22,7 @@ def _directory() -> Path:
 
 @cache
 def script_path(main: str) -> Path:
-    """operations/files/MAIN bundled, as put_file writes it to the host (mode 755)."""
+    """operations/programs/MAIN bundled, as put_file writes it to the host (mode 755)."""
     path = _directory() / main
     path.write_text(script_text(main))
     path.chmod(0o755)

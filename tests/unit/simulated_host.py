@@ -240,7 +240,7 @@ facts._get_fact, FakeConnector.run_shell_command = in_fact, command
 atexit.register(save)
 sys.argv = [what, *sys.argv[4:]]
 if what == "plan":
-    from operations.plan import main
+    from operations.cli.plan import main
 else:
     from pyinfra_cli.main import main
 sys.exit(main())

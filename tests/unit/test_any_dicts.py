@@ -1,7 +1,7 @@
 """Issue 29, point 7: at most BUDGET `dict[str, Any]` in operations/ outside operations/facts/
-(the host scripts in operations/files/ included). A dict of Any is a shape nobody wrote down:
+(the host scripts in operations/programs/ included). A dict of Any is a shape nobody wrote down:
 what a host script prints, what a step passes on, what a setting holds. Write it as a TypedDict
-or a dataclass (operations/files/stage_run.py Plan: the JSON the ModelStaging fact parses), or,
+or a dataclass (operations/programs/stage_run.py Plan: the JSON the ModelStaging fact parses), or,
 for decoded JSON the code checks field by field, `dict[str, object]`. The facts' parsers read
 raw host output and are counted apart from this budget.
 

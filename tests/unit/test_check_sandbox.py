@@ -3,7 +3,8 @@ template, preflight's probe unit and the check's unit (issue 27)."""
 
 from __future__ import annotations
 
-from operations import engine, units
+from operations.render import units
+from operations.steps import engine
 
 USER = "sglang"
 

@@ -1,4 +1,4 @@
-"""TCP_NODELAY on a host's SSH connection (operations/connection.py): set on an SSH host's
+"""TCP_NODELAY on a host's SSH connection (operations/runtime/connection.py): set on an SSH host's
 TCP socket, and nothing done (False) for another connector, a host not connected yet, or a
 connection that is no TCP socket (a ProxyCommand's pipe)."""
 
@@ -14,7 +14,7 @@ from pyinfra.api.host import Host
 from pyinfra.api.inventory import Inventory
 from pyinfra.api.state import State
 
-from operations.connection import no_delay
+from operations.runtime.connection import no_delay
 
 
 def _host(name: str) -> Host:

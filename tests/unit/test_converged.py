@@ -23,8 +23,8 @@ import pytest
 
 from operations import layout
 from operations.facts.model import script_module
-from operations.serve import SMOKE_PRELOAD, restart_command
 from operations.settings import defaults
+from operations.steps.serve import SMOKE_PRELOAD, restart_command
 from tests.unit.builders import make_settings
 from tests.unit.simulated_host import RUNNER, asked_paths
 
@@ -33,8 +33,8 @@ pytestmark = pytest.mark.integration  # runs pyinfra and the plan command
 ROOT = Path(__file__).resolve().parents[2]
 SLUG = "Qwen--Qwen3.6-27B"
 FAKE = '{"fake_delay": 0, "fake_delay_jitter": 0}'
-# The facts a deploy's plan asks (operations/host_plan.gather), and FileAt for a secret, whose
-# mode and owners are read on every run (operations/host_files.py).
+# The facts a deploy's plan asks (operations/plan/host_plan.gather), and FileAt for a secret, whose
+# mode and owners are read on every run (operations/steps/host_files.py).
 PLAN_FACTS = {"PreflightFacts", "ServingState", "ModelStaging"}
 
 CONFIGURATIONS: dict[str, tuple[list[str], dict[str, Any]]] = {

@@ -1,5 +1,5 @@
 """The deploy lock of a run that is gone never blocks the next run (issue 31, point 2): the
-holder (operations/deploy_lock.py HOLDER, run here by a real python3 on a lock file of the
+holder (operations/runtime/deploy_lock.py HOLDER, run here by a real python3 on a lock file of the
 test's own) lets go when its SSH session goes, in either way sshd ends one:
 
 - its stdin closes: the controller was killed (its connection closed) or the host's sshd
@@ -31,8 +31,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from operations import deploy_lock
-from operations.deploy_lock import HOLDER, Request
+from operations.runtime import deploy_lock
+from operations.runtime.deploy_lock import HOLDER, Request
 
 # These tests run real processes (the lock holder, the write script): the integration layer.
 pytestmark = pytest.mark.integration

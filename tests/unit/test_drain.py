@@ -1,4 +1,4 @@
-"""The roll's drain, decided in the plan (operations/drain.py), and what carries it out: the
+"""The roll's drain, decided in the plan (operations/plan/drain.py), and what carries it out: the
 router's reliability flags on its real command line, rank units that stop after the drain, the
 drain script's reading of a rank's request gauges (the server double's real /metrics text)."""
 
@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from operations import drain, host_scripts, kb, resolver
+from operations import kb
+from operations.plan import drain, resolver
+from operations.render import host_scripts
 from operations.settings import Settings
 from tests.unit.builders import facts, make_settings
 
@@ -353,8 +355,8 @@ def test_a_router_in_front_of_other_hosts_needs_a_controller_key_file(tmp_path: 
 
 def test_the_key_is_written_once_or_when_the_controllers_changes(tmp_path: Path) -> None:
     from operations.layout import CONTROL_PLANE_KEY_FILE
-    from operations.planned_files import sha256
-    from operations.resolver.router import key_changes
+    from operations.plan.planned_files import sha256
+    from operations.plan.resolver.router import key_changes
 
     generated = with_router()
     assert key_changes(generated, {}, runs_router=True) is True  # none yet: generated this run
@@ -373,7 +375,7 @@ def test_the_key_is_written_once_or_when_the_controllers_changes(tmp_path: Path)
 
 
 def test_open_binds_are_warned_about() -> None:
-    from operations.resolver.router import open_binds
+    from operations.plan.resolver.router import open_binds
 
     s = with_router()  # bind 0.0.0.0, server_host 127.0.0.1, no api_key_file
     found = open_binds(s, "ct200")

@@ -1,7 +1,7 @@
 """The engine's compiler with a REAL nvcc: the cu130 lane's five PyPI wheels (nvcc 13.0.88 and
 nvvm, crt, runtime headers and cccl of the same toolkit), as the knowledge base lists them,
-unpacked by the host's install script (operations/files/cuda_toolkit.py) and used by the engine
-check's compile step (operations/files/engine_check.py) to build a kernel for sm_120a on this
+unpacked by the host's install script (operations/programs/cuda_toolkit.py) and used by the engine
+check's compile step (operations/programs/engine_check.py) to build a kernel for sm_120a on this
 machine, which has no GPU: compiling needs none.
 
 The wheels (~105 MB) are downloaded once into the testbed cache outside the repository
@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 
 from operations import kb as kbmod
-from operations.engine_probe import parse_probe
-from operations.engine_spec import Toolkit, read_redist_manifest, toolkit
-from operations.files import cuda_toolkit, engine_check
+from operations.plan.engine_probe import parse_probe
+from operations.plan.engine_spec import Toolkit, read_redist_manifest, toolkit
+from operations.programs import cuda_toolkit, engine_check
 from operations.settings import Layer, load
 from tests.doubles import cuda_redist, wheels
 from tests.e2e.index import pypi_wheel

@@ -20,9 +20,10 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from operations import kb as kbmod
-from operations.engine_plan import envs_to_prune
-from operations.engine_probe import Device, Driver, Probe, evaluate, parse_probe
-from operations.engine_spec import (
+from operations.facts.engine import EngineHost
+from operations.plan.engine_plan import envs_to_prune
+from operations.plan.engine_probe import Device, Driver, Probe, evaluate, parse_probe
+from operations.plan.engine_spec import (
     EngineError,
     EngineSpec,
     engine_spec,
@@ -33,8 +34,7 @@ from operations.engine_spec import (
     read_redist_manifest,
     toolkit,
 )
-from operations.facts.engine import EngineHost
-from operations.files import cuda_toolkit, engine_check
+from operations.programs import cuda_toolkit, engine_check
 from operations.redact import redact
 from tests.doubles import cuda_redist
 from tests.doubles import wheels as double_wheels
@@ -251,13 +251,13 @@ def test_missing_wheels_matches_names_and_exact_versions() -> None:
 
 # -- the engine check: the real host script against the double wheels ------------------------
 #
-# operations/files/engine_check.py runs as the engine step runs it (`python -c SCRIPT ARGUMENT`,
+# operations/programs/engine_check.py runs as the engine step runs it (`python -c SCRIPT ARGUMENT`,
 # stdout and stderr read together) in a Python whose packages are the double wheels at the
 # knowledge base's 0.5.11/cu128 pins (tests/doubles/packages: torch, its companions, the
 # kernel, flashinfer, cuda-python's driver API), on a host replayed from a captured nvidia-smi
 # fixture (its /dev/nvidiaN nodes under a temp dir), with the cu128 compiler the deploy
-# unpacks (NVIDIA's archive doubles through operations/files/cuda_toolkit.py). Its output is
-# read with operations.engine_probe.parse_probe and judged with evaluate.
+# unpacks (NVIDIA's archive doubles through operations/programs/cuda_toolkit.py). Its output is
+# read with operations.plan.engine_probe.parse_probe and judged with evaluate.
 
 TESTS = Path(__file__).resolve().parents[1]
 CHECK_SCRIPT = Path(engine_check.__file__).read_text()
@@ -495,7 +495,7 @@ def test_a_kernel_of_another_cuda_major_is_named_with_its_build(
         "sglang-kernel 0.4.2+cu129: import sgl_kernel failed beside torch 2.11.0+cu128 with the "
         f"host's driver 570.172.08 (runs CUDA <= 12.8): ImportError: {missing}; its CUDA build "
         "must match torch's CUDA major (12.8) and run on this driver: fix its build for the "
-        "cu128 lane in operations/knowledge/sglang.yaml, or pin another cuda_lane"
+        "cu128 lane in operations/kb/knowledge/sglang.yaml, or pin another cuda_lane"
     )
     assert len(problems) == 2
 

@@ -10,16 +10,16 @@ from pathlib import Path
 from typing import Any
 
 from operations import kb, layout
-from operations.engine_plan import EngineFacts, EnginePlan, decide
-from operations.engine_probe import Driver
-from operations.engine_spec import engine_spec
 from operations.facts.engine import EngineHost
 from operations.facts.model import Copy, Staging, script_text
-from operations.model_plan import ModelPlan, stage_unit_text
-from operations.model_plan import decide as decide_model
-from operations.planned_files import sha256
+from operations.plan.engine_plan import EngineFacts, EnginePlan, decide
+from operations.plan.engine_probe import Driver
+from operations.plan.engine_spec import engine_spec
+from operations.plan.model_plan import ModelPlan, stage_unit_text
+from operations.plan.model_plan import decide as decide_model
+from operations.plan.planned_files import sha256
+from operations.plan.staging import ControllerScan, decide_stage
 from operations.settings import Settings
-from operations.staging import ControllerScan, decide_stage
 from tests.unit.builders import make_settings
 
 KB = kb.load()

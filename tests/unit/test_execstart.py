@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from operations import execstart, units
 from operations.facts.serve import parse_serving
+from operations.render import execstart, units
 
 HOSTILE = [
     "plain",

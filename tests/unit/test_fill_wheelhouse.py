@@ -89,7 +89,7 @@ def test_a_missing_lock_is_one_line(tmp_path: Path) -> None:
     rc, err = fill_main(str(tmp_path / "nope.lock"), str(tmp_path / "wh"), "--no-cuda")
     assert rc == 1
     (line,) = err.splitlines()
-    assert "nope.lock: no such file" in line and "operations.lock" in line
+    assert "nope.lock: no such file" in line and "operations.cli.engine_lock" in line
 
 
 def test_an_unreachable_wheel_names_its_package(index: LocalIndex, tmp_path: Path) -> None:
@@ -109,7 +109,7 @@ def test_the_lanes_compiler_archives_land_beside_the_wheelhouse_checked(
     index: LocalIndex, tmp_path: Path
 ) -> None:
     """The offline deploy takes them from cuda-redist/ beside the wheelhouse
-    (operations/toolkit.redist_dir), each checked against the manifest's sha256."""
+    (operations/steps/toolkit.redist_dir), each checked against the manifest's sha256."""
     redist = cuda_redist.build(index.root / "redist", "cu128")
     lock = lock_for(index, tmp_path)
     named = lock.rename(tmp_path / "0.5.11-cu128-cp311-00000000.lock")

@@ -7,8 +7,8 @@ start (226/NAMESPACE, as without `features: nesting=1`)."""
 
 from __future__ import annotations
 
-from operations import preflight
 from operations.facts.gpu import parse_gpu_access
+from operations.plan import preflight
 from tests.unit.builders import make_settings
 
 NODES = ["/dev/nvidiactl", "/dev/nvidia-uvm", *(f"/dev/nvidia{i}" for i in range(8))]

@@ -29,8 +29,9 @@ from pyinfra.connectors.fake import FakeConnector
 from pyinfra.connectors.util import CommandOutput
 from typing_extensions import override
 
-from operations import engine, layout, model, toolkit
-from operations.host_call import HostCall, run
+from operations import layout
+from operations.runtime.host_call import HostCall, run
+from operations.steps import engine, model, toolkit
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests/operations"
@@ -105,13 +106,13 @@ def ops_of(seen: Recording, needle: str) -> list[dict[str, Any]]:
 
 
 def test_the_staging_run_goes_through_sudo() -> None:
-    args, kwargs = case("model.staged/beside")
+    args, kwargs = case("steps.model.staged/beside")
     seen = deploy(lambda s: add_op(s, model.staged, *args, **kwargs), **SUDO)
     assert ops_of(seen, "stage_model.py stage") == [SUDO]
 
 
 def test_the_hub_download_and_the_token_removal_go_through_sudo() -> None:
-    args, _ = case("model.fetched_from_hub/first-download-public-repo")
+    args, _ = case("steps.model.fetched_from_hub/first-download-public-repo")
     args[-1:] = [None, layout.HUB_TOKEN_FILE]  # not downloaded yet; a private repository
     seen = deploy(lambda s: add_op(s, model.fetched_from_hub, *args), **SUDO)
     # One command: the download, then `rm -f TOKEN` whatever its outcome, all as root.
@@ -121,7 +122,7 @@ def test_the_hub_download_and_the_token_removal_go_through_sudo() -> None:
 
 
 def test_the_engine_check_goes_through_sudo() -> None:
-    args, kwargs = case("engine.verify_env/fresh")
+    args, kwargs = case("steps.engine.verify_env/fresh")
     # The fake host's answer is no probe: the check fails (and says so), after running as root.
     seen = deploy(
         lambda s: add_op(s, engine.verify_env, *args, _ignore_errors=True, **kwargs), **SUDO
@@ -132,14 +133,14 @@ def test_the_engine_check_goes_through_sudo() -> None:
 
 def test_an_operations_own_global_arguments_win() -> None:
     """An op's `_sudo_user=` reaches its callback as it reaches its StringCommands."""
-    args, kwargs = case("model.staged/inplace-stops-the-ranks")
+    args, kwargs = case("steps.model.staged/inplace-stops-the-ranks")
     seen = deploy(lambda s: add_op(s, model.staged, *args, _sudo_user="admin", **kwargs), **SUDO)
     stop, stage = ops_of(seen, "systemctl stop")[0], ops_of(seen, "stage_model.py stage")[0]
     assert stop == stage == {**SUDO, "_sudo_user": "admin"}
 
 
 def test_without_sudo_nothing_asks_for_it() -> None:
-    args, kwargs = case("model.staged/beside")
+    args, kwargs = case("steps.model.staged/beside")
     seen = deploy(lambda s: add_op(s, model.staged, *args, **kwargs))
     assert ops_of(seen, "stage_model.py stage")[0]["_sudo"] is False
 
@@ -209,7 +210,7 @@ def test_sudo_uploads_use_random_temp_names(tmp_path: Path) -> None:
 
 
 def test_sudo_archive_uploads_use_random_temp_names(tmp_path: Path) -> None:
-    tools = case("engine.verify_env/fresh")[1]["spec"]["toolkit"]
+    tools = case("steps.engine.verify_env/fresh")[1]["spec"]["toolkit"]
     for archive in tools["archives"]:
         (tmp_path / Path(archive["path"]).name).write_bytes(b"xz")
     kwargs = {"src": str(tmp_path), "dest": "/opt/sglang/cuda-redist", "tools": tools}

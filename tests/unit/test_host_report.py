@@ -13,14 +13,15 @@ from typing import Any
 
 import pytest
 
-from operations import kb, layout, pins
+from operations import kb, layout
 from operations.facts.host import parse_resources
 from operations.facts.model import Copy, Staging
 from operations.facts.preflight import HostFacts
 from operations.facts.serve import Serving, UnitState
-from operations.host_plan import Gathered, HostReport, decide
-from operations.planned_files import sha256
-from operations.resolver import Rank
+from operations.kb import pins
+from operations.plan.host_plan import Gathered, HostReport, decide
+from operations.plan.planned_files import sha256
+from operations.plan.resolver import Rank
 from operations.settings import Settings
 from tests.unit.builders import QWEN36, gpu_facts, make_settings
 
@@ -391,7 +392,7 @@ def test_a_release_with_no_pinned_router_requirements_is_refused_before_any_chan
 ) -> None:
     """Before, the serve step found the missing pins in the middle of a deploy."""
     # Every pin file but the router's.
-    kept = tmp_path / "operations" / "pins"
+    kept = tmp_path / "operations" / "kb" / "pins"
     kept.mkdir(parents=True)
     for f in pins.PINS_DIR.iterdir():
         if f.is_file() and not f.name.startswith("router-"):
@@ -400,6 +401,6 @@ def test_a_release_with_no_pinned_router_requirements_is_refused_before_any_chan
     result = report(make_settings(router=ROUTER), gathered(Serving(), staging(None)))
     assert [e for e in result.errors if "sglang-router" in e] == [
         "router version '0.3.2': no pinned requirements for sglang-router 0.3.2 on Python 3.11 "
-        "(operations/pins/router-0.3.2-py3.11.txt is missing): run scripts/pin_installs.py"
+        "(operations/kb/pins/router-0.3.2-py3.11.txt is missing): run scripts/pin_installs.py"
     ]
     assert not result.ok

@@ -1,4 +1,5 @@
-"""The host scripts as the host gets them (operations/host_scripts.py): one self-contained text
+"""The host scripts as the host gets them (operations/render/host_scripts.py): one self-contained
+text
 each, the shared modules inlined, nothing of this project imported. Each bundle runs in a bare
 interpreter (`python3 -I`, from an empty directory), and the staging script also inline as the
 ModelStaging fact sends it, within the kernel's limit on one argument."""
@@ -15,8 +16,8 @@ import pytest
 from pyinfra.api.command import StringCommand
 from pyinfra.connectors.util import make_unix_command
 
-from operations import host_scripts
 from operations.facts.model import ModelStaging, script_text
+from operations.render import host_scripts
 
 FILES = host_scripts.FILES
 # Every script the deploy writes to a host or sends inline, and what it prints for --help.
@@ -91,8 +92,8 @@ def test_the_host_gets_each_shared_module_once(main: str) -> None:
     text = host_scripts.script_text(main)
     own = (FILES / main).read_text()
     for part in PARTS[main]:
-        assert f"operations/files/{part}.py, inlined" in text
-        assert f"from operations.files.{part} import" in own
+        assert f"operations/programs/{part}.py, inlined" in text
+        assert f"from operations.programs.{part} import" in own
         for definition in definitions((FILES / f"{part}.py").read_text()):
             assert text.count(definition) == 1, (part, definition[:60])
             assert definition not in own
@@ -100,7 +101,7 @@ def test_the_host_gets_each_shared_module_once(main: str) -> None:
 
 def test_the_controller_masks_with_the_same_code() -> None:
     from operations import redact
-    from operations.files import hostsafe
+    from operations.programs import hostsafe
 
     assert redact.mask_journal is hostsafe.mask_journal
     smoke = host_scripts.load("smoke.py")
@@ -184,7 +185,7 @@ def test_a_name_two_parts_define_differently_is_refused(tmp_path: Path) -> None:
     main = write(
         tmp_path,
         "main.py",
-        "from operations.files.a import helper\nfrom operations.files.b import helper\n",
+        "from operations.programs.a import helper\nfrom operations.programs.b import helper\n",
     )
     with pytest.raises(host_scripts.BundleError, match="'helper'"):
         host_scripts.bundle(main, tmp_path)
@@ -192,15 +193,15 @@ def test_a_name_two_parts_define_differently_is_refused(tmp_path: Path) -> None:
 
 def test_a_name_its_module_does_not_define_is_refused(tmp_path: Path) -> None:
     write(tmp_path, "a.py", "import os\n\nX = 1\n")
-    main = write(tmp_path, "main.py", "from operations.files.a import Y\n")
+    main = write(tmp_path, "main.py", "from operations.programs.a import Y\n")
     with pytest.raises(host_scripts.BundleError, match="does not define Y"):
         host_scripts.bundle(main, tmp_path)
 
 
 def test_an_import_cycle_is_refused(tmp_path: Path) -> None:
-    write(tmp_path, "a.py", "from operations.files.b import B\n\nA = 1\n")
-    write(tmp_path, "b.py", "from operations.files.a import A\n\nB = 2\n")
-    main = write(tmp_path, "main.py", "from operations.files.a import A\n")
+    write(tmp_path, "a.py", "from operations.programs.b import B\n\nA = 1\n")
+    write(tmp_path, "b.py", "from operations.programs.a import A\n\nB = 2\n")
+    main = write(tmp_path, "main.py", "from operations.programs.a import A\n")
     with pytest.raises(host_scripts.BundleError, match="a cycle"):
         host_scripts.bundle(main, tmp_path)
 
@@ -208,12 +209,12 @@ def test_an_import_cycle_is_refused(tmp_path: Path) -> None:
 @pytest.mark.integration
 def test_each_module_is_inlined_once_where_it_is_first_imported(tmp_path: Path) -> None:
     write(tmp_path, "a.py", '"""A."""\n\nfrom __future__ import annotations\n\nA = 1\n')
-    write(tmp_path, "b.py", "from operations.files.a import A\n\nB = A + 1\n")
+    write(tmp_path, "b.py", "from operations.programs.a import A\n\nB = A + 1\n")
     main = write(
         tmp_path,
         "main.py",
         '"""Main."""\n\nfrom __future__ import annotations\n\n'
-        "from operations.files.b import B\nfrom operations.files.a import A\n\n"
+        "from operations.programs.b import B\nfrom operations.programs.a import A\n\n"
         "print(A, B, __doc__)\n",
     )
     text = host_scripts.bundle(main, tmp_path)
@@ -226,7 +227,7 @@ def test_each_module_is_inlined_once_where_it_is_first_imported(tmp_path: Path) 
 
 @pytest.fixture
 def files_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """host_scripts over a copy of operations/files, with empty in-process caches."""
+    """host_scripts over a copy of operations/programs, with empty in-process caches."""
     copy = tmp_path / "files"
     copy.mkdir()
     for path in FILES.glob("*.py"):

@@ -7,7 +7,7 @@ imported): a relative import is resolved against its package; `from pkg import n
 implicit edge is not counted (a package whose `__init__` re-exports its submodules would be one
 circle with all of them), but a submodule that imports a name from its own package's `__init__`
 is an edge to it, and a circle when that `__init__` imports the submodule back. The host
-scripts in operations/files/ run on the host with the stdlib only and are not modules of the
+scripts in operations/programs/ run on the host with the stdlib only and are not modules of the
 package.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "operations"
-HOST_SCRIPTS = ROOT / PACKAGE / "files"
+HOST_SCRIPTS = ROOT / PACKAGE / "programs"
 
 
 def _module_name(path: Path) -> str:
@@ -150,7 +150,7 @@ def test_the_graph_sees_every_kind_of_import(tmp_path: Path) -> None:
     assert user == {"pkg", "pkg.words", "pkg.other", "pkg.sub", "pkg.sub.deep"}
     assert imports_of("pkg.sub", tmp_path / "pkg/sub/__init__.py", known) == {"pkg.sub.deep"}
     # and on the real tree: `from operations import layout` is the module layout
-    assert "operations.layout" in graph()["operations.roll"]
+    assert "operations.layout" in graph()["operations.plan.serve_plan"]
 
 
 def test_circles_are_found() -> None:
@@ -168,6 +168,6 @@ def test_no_import_circles() -> None:
 
 
 def test_the_vocabulary_imports_nothing_of_the_package() -> None:
-    """The plan's words (operations/vocabulary.py) are what every plan module may import: were
+    """The plan's words (operations/plan/vocabulary.py) are what every plan module may import: were
     it to import one of them, the circle would be back one step removed."""
-    assert graph()["operations.vocabulary"] == set()
+    assert graph()["operations.plan.vocabulary"] == set()

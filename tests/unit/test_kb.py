@@ -362,7 +362,7 @@ def test_intake_derives_each_committed_entry_offline(release: str) -> None:
 def test_intake_check_passes_for_three_entries_and_fails_on_a_changed_one(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from operations.kb import __main__ as cli
+    from operations.cli import kb as cli
 
     releases = kb.load().supported_releases()
     passing = [r for r in releases if cli.main(["--check", r]) == 0]
@@ -384,7 +384,7 @@ def test_intake_check_passes_for_three_entries_and_fails_on_a_changed_one(
 def test_intake_bad_input_is_one_line(
     argv: list[str], wanted: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from operations.kb import __main__ as cli
+    from operations.cli import kb as cli
 
     assert cli.main(argv) == 2
     err = capsys.readouterr().err

@@ -1,5 +1,5 @@
 """docs/architecture.md: "layout.py is the one home of names and paths". This test reads every
-module under operations/ (the host scripts in operations/files/ aside: they run on the host
+module under operations/ (the host scripts in operations/programs/ aside: they run on the host
 without this package and get their paths as arguments) and finds no string literal, f-string
 part included, that spells a path or name the deploy manages on a host: those come from
 operations/layout.py (EngineTree, StageTree, the unit names, the device-node list)."""
@@ -77,13 +77,19 @@ def offences(path: Path) -> list[str]:
 
 
 SOURCES = sorted(
-    p for p in OPERATIONS.rglob("*.py") if p.name != "layout.py" and "files" not in p.parts
+    p for p in OPERATIONS.rglob("*.py") if p.name != "layout.py" and "programs" not in p.parts
 )
 
 
 def test_the_sources_are_found() -> None:
     names = {p.relative_to(OPERATIONS).as_posix() for p in SOURCES}
-    assert {"serve.py", "engine.py", "facts/serve.py", "facts/engine.py", "units.py"} <= names
+    assert {
+        "steps/serve.py",
+        "steps/engine.py",
+        "facts/serve.py",
+        "facts/engine.py",
+        "render/units.py",
+    } <= names
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.relative_to(OPERATIONS).as_posix())

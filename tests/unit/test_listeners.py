@@ -1,5 +1,5 @@
 """Who is sent the API key (issue 20, item 4): the listener check smoke.py and wait_healthy.py
-share (operations/files/hostsafe.py, inlined into each). Its /proc/net/tcp parser reads lines
+share (operations/programs/hostsafe.py, inlined into each). Its /proc/net/tcp parser reads lines
 captured on a real machine (tests/fixtures/proc-net-tcp/SOURCE.md); the attack runs the real
 scripts, as the host gets them, against a real listener that a process of another user
 (`nobody`, dropped to before it binds) holds, and the listener records every request it gets:
@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from operations.host_scripts import load
+from operations.render.host_scripts import load
 from tests.unit.shipped import script_path
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,5 @@
-"""The controller's check of an engine lock (operations/lock_check.py), on real uv.lock texts.
+"""The controller's check of an engine lock (operations/plan/engine_lock_check.py), on real uv.lock
+texts.
 
 tests/fixtures/locks/0.5.11-cu128-py3.11.lock is the lock `uv lock` made of the production
 project of 0.5.11/cu128 for Python 3.11 against the index snapshot (tests/snapshot_index.py),
@@ -15,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from operations import kb as kbmod
-from operations.engine_spec import engine_spec
-from operations.lock_check import LockSources, check_lock, lock_sources
+from operations.plan.engine_lock_check import LockSources, check_lock, lock_sources
+from operations.plan.engine_spec import engine_spec
 from tests.unit.builders import make_settings
 
 LOCKS = Path(__file__).resolve().parents[1] / "fixtures" / "locks"

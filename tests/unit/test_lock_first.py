@@ -13,7 +13,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # What the plan and the steps import, and the lock must not wait for.
-HEAVY = ("operations.host_plan", "operations.kb", "operations.resolver", "rich", "jsonschema")
+HEAVY = (
+    "operations.plan.host_plan",
+    "operations.kb",
+    "operations.plan.resolver",
+    "rich",
+    "jsonschema",
+)
 
 
 def test_deploy_py_asks_for_the_lock_before_importing_the_steps() -> None:
@@ -27,7 +33,8 @@ def test_deploy_py_asks_for_the_lock_before_importing_the_steps() -> None:
         node.lineno
         for node in tree.body
         if isinstance(node, ast.ImportFrom)
-        and node.module in ("operations.engine", "operations.gate", "operations.serve")
+        and node.module
+        in ("operations.steps.engine", "operations.runtime.plan_step", "operations.steps.serve")
     ]
     assert steps and all(asked < line for line in steps)
 
@@ -35,7 +42,7 @@ def test_deploy_py_asks_for_the_lock_before_importing_the_steps() -> None:
 @pytest.mark.integration
 def test_asking_for_the_lock_imports_nothing_heavy() -> None:
     code = (
-        "import sys, operations.deploy_lock, operations.stack_order\n"
+        "import sys, operations.runtime.deploy_lock, operations.runtime.stack_order\n"
         f"print(sorted(m for m in sys.modules if m.startswith({HEAVY!r})))"
     )
     out = subprocess.run(

@@ -6,8 +6,8 @@ import pytest
 
 from operations.facts.host import Resources
 from operations.facts.model import Copy, Staging
-from operations.model_plan import stage_command, stage_unit_text
-from operations.staging import decide
+from operations.plan.model_plan import stage_command, stage_unit_text
+from operations.plan.staging import decide
 from tests.unit.builders import make_settings
 
 GIB = 1024**3
@@ -152,9 +152,9 @@ def test_the_plan_carries_the_one_staging_decision_and_a_refusal_stops_the_host(
     """The staging decision is made once, in host_plan, before any change: the plan shows it as
     a decision, and a copy that cannot fit is a host error at the gate (nothing touched), not a
     refusal half-way through the deploy."""
-    from operations.host_plan import HostReport
-    from operations.resolver import HostPlan
-    from operations.staging import StageDecision, StagePlan
+    from operations.plan.host_plan import HostReport
+    from operations.plan.resolver import HostPlan
+    from operations.plan.staging import StageDecision, StagePlan
 
     settings = make_settings()
     refused = StageDecision(StagePlan("refuse", "/dev/shm size 10 GiB < 54 GiB"), None,

@@ -1,4 +1,4 @@
-"""Monitoring: the Prometheus targets the plan decides (operations/monitoring.py), the router's
+"""Monitoring: the Prometheus targets the plan decides (operations/plan/monitoring.py), the router's
 metrics flags, the Grafana dashboard's queries against what SGLang exports, and the status
 command's running/queued columns read by the real probe script from a real HTTP server."""
 
@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
-from operations import layout, monitoring, resolver
-from operations import status as st
+from operations import layout
+from operations.cli import status as st
 from operations.facts.serve import _PROBE, RankLoad, Serving, parse_serving
+from operations.plan import monitoring, resolver
 from tests.unit.builders import make_settings
 from tests.unit.test_plan_cli import plan_json
 

@@ -1,7 +1,7 @@
 """The nvcc double answers as the real nvcc of its release, offline.
 
 tests/doubles/nvcc, as tests/doubles/cuda_redist.py writes it into a CUDA 12 lane's cuda_nvcc
-archive and the host's install script (operations/files/cuda_toolkit.py) unpacks it, is run
+archive and the host's install script (operations/programs/cuda_toolkit.py) unpacks it, is run
 here as the deploy runs it: its `--version` and the `-arch=` targets it takes must be what the
 real tools of that release said, captured from PyPI's wheels into tests/fixtures/nvcc/
 (scripts/capture_nvcc.py; SOURCE.md there names each wheel, its URL and sha256). PyPI's CUDA 12
@@ -23,8 +23,8 @@ import pytest
 from packaging.version import Version
 
 from operations import kb as kbmod
-from operations.engine_spec import EngineSpec, read_redist_manifest, toolkit
-from operations.files import cuda_toolkit
+from operations.plan.engine_spec import EngineSpec, read_redist_manifest, toolkit
+from operations.programs import cuda_toolkit
 from operations.settings import Layer, load
 from tests.doubles import cuda_redist
 from tests.scripts import script_module

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from operations.facts.host import Model, parse_model
-from operations.resolver import resolve
-from operations.serve import ranks_label
+from operations.plan.resolver import resolve
+from operations.steps.serve import ranks_label
 from tests.unit.builders import QWEN36, facts, make_settings
 
 pytestmark = pytest.mark.integration  # runs pyinfra, the plan and status commands
@@ -344,7 +344,10 @@ def lock(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
 @pytest.mark.parametrize(
     ("release", "texts"),
     [
-        ("0.5.99", ["sglang_version '0.5.99'", "not in the knowledge base", "operations.releases"]),
+        (
+            "0.5.99",
+            ["sglang_version '0.5.99'", "not in the knowledge base", "operations.cli.releases"],
+        ),
         ("0.5.23", ["cuda_lane 'cu128'", "has no cu128", "offers cu130"]),
     ],
 )
@@ -383,8 +386,8 @@ def test_lock_names_the_setting_of_an_index_it_cannot_reach(tmp_path: Path) -> N
 def test_a_missing_interpreter_says_what_to_install() -> None:
     """uv's words (0.13.9, captured with no python3.12 on the controller's PATH)."""
     from operations import kb
-    from operations.engine_spec import engine_spec
-    from operations.lock import uv_problem
+    from operations.cli.engine_lock import uv_problem
+    from operations.plan.engine_spec import engine_spec
 
     said = (
         "error: Failed to inspect Python interpreter from search path at "
@@ -400,8 +403,8 @@ def test_a_missing_interpreter_says_what_to_install() -> None:
 def test_the_kernel_index_is_named_by_its_setting() -> None:
     """uv's words (0.13.9) for a kernel index on a closed port."""
     from operations import kb
-    from operations.engine_spec import engine_spec
-    from operations.lock import uv_problem
+    from operations.cli.engine_lock import uv_problem
+    from operations.plan.engine_spec import engine_spec
 
     settings = make_settings(kernel_index_url="http://127.0.0.1:9/k/{lane}")
     spec = engine_spec(settings, kb.load(), "3.11")
@@ -419,11 +422,11 @@ def test_the_kernel_index_is_named_by_its_setting() -> None:
 @pytest.mark.parametrize(
     "argv",
     [
-        ["operations.plan", DEMO, "--json"],
-        ["operations.plan", DEMO],
-        ["operations.status", DEMO, "--json"],
-        ["operations.status", DEMO],
-        ["operations.releases", DEMO],
+        ["operations.cli.plan", DEMO, "--json"],
+        ["operations.cli.plan", DEMO],
+        ["operations.cli.status", DEMO, "--json"],
+        ["operations.cli.status", DEMO],
+        ["operations.cli.releases", DEMO],
     ],
 )
 def test_a_closed_pipe_is_quiet(argv: list[str]) -> None:
@@ -441,7 +444,7 @@ def test_a_closed_pipe_is_quiet(argv: list[str]) -> None:
         )
     finally:
         os.close(write)
-    # 141 as SIGPIPE would (operations/closed_pipe.py); rich's own handler, for the tables, 1.
+    # 141 as SIGPIPE would (operations/cli/closed_pipe.py); rich's own handler, for the tables, 1.
     # Both in the message: a wrong status with nothing on stderr said nothing before.
     said = f"exit {result.returncode}, stderr {result.stderr!r}"
     assert result.stderr == "" and result.returncode in (1, 141), said

@@ -52,7 +52,7 @@ out, what = sys.argv[1], sys.argv[2]
 atexit.register(lambda: open(out, "w").write(json.dumps(seen)))
 sys.argv = [what, *sys.argv[3:]]
 if what == "plan":
-    from operations.plan import main
+    from operations.cli.plan import main
 else:
     from pyinfra_cli.main import main
 sys.exit(main())

@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 
-from operations import kb, resolver
+from operations import kb
 from operations.facts.host import Model, Resources, parse_resources
-from operations.gate import refusal
-from operations.host_plan import HostReport
-from operations.preflight import Failure, check
+from operations.plan import resolver
+from operations.plan.host_plan import HostReport
+from operations.plan.preflight import Failure, check
+from operations.runtime.plan_step import refusal
 from tests.doubles.ct200 import FIXTURES
 from tests.unit.builders import QWEN36, facts, gpu_facts, make_settings
 

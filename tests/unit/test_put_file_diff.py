@@ -12,7 +12,7 @@ import pytest
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.util import FakeState, create_host
 
-from operations.host_files import put_file
+from operations.steps.host_files import put_file
 
 DEST = "/etc/systemd/system/sglang@0.service"
 OLD = "[Service]\nUser=sglang\nExecStart=/opt/sglang/envs/a/bin/python -m x --port 30000\n"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from operations.host_files import _write_script, temp_pattern
+from operations.steps.host_files import _write_script, temp_pattern
 
 # These tests run real processes (the lock holder, the write script): the integration layer.
 pytestmark = pytest.mark.integration

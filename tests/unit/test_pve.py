@@ -1,4 +1,4 @@
-"""The Proxmox side's pure plan (operations/pve.py): facts parsed from the node fixtures in
+"""The Proxmox side's pure plan (operations/steps/pve.py): facts parsed from the node fixtures in
 tests/fixtures/pve (see SOURCE.md there), settings through the real loader."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from operations import kb as kbmod
-from operations import preflight
 from operations.facts.pve import (
     CtConfig,
     GuestState,
@@ -24,7 +23,8 @@ from operations.facts.pve import (
     parse_module_version,
     parse_pveversion,
 )
-from operations.pve import MIB, PveFacts, PvePlan, plan, summary
+from operations.plan import preflight
+from operations.steps.pve import MIB, PveFacts, PvePlan, plan, summary
 from tests.unit.builders import make_settings
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "pve"
@@ -419,7 +419,7 @@ def test_an_unreachable_node_is_named_as_the_node(caplog: pytest.LogCaptureFixtu
     which for pve.py is the container's: the message names the node and what to check."""
     import logging
 
-    from operations.pve import name_the_node_on_connect_errors
+    from operations.steps.pve import name_the_node_on_connect_errors
 
     name_the_node_on_connect_errors("ct9", "root@pve9", "PVE_HOST=pve9: check it")
     log = logging.getLogger("pyinfra")
@@ -441,7 +441,7 @@ def test_the_raw_line_edit_removes_and_adds_in_the_main_section_only(tmp_path: P
     at the end of the main section, every other byte is kept."""
     import shlex
 
-    from operations.pve import _EDIT_LINES
+    from operations.steps.pve import _EDIT_LINES
 
     conf = tmp_path / "200.conf"
     main = "arch: amd64\nlxc.cgroup2.devices.allow: c  505:* rwm\nswap: 0\n"

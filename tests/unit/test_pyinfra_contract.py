@@ -23,7 +23,7 @@ from pyinfra.api.state import State
 from pyinfra.context import ctx_config, ctx_host
 from pyinfra.operations import files
 
-from operations.host_call import HostCall
+from operations.runtime.host_call import HostCall
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,7 +55,7 @@ def test_the_installed_pyinfra_is_in_the_range_we_test() -> None:
 
 
 def test_imports_of_ours_that_pyinfra_only_brings_along_are_declared() -> None:
-    # operations/facts/once.py imports gevent; operations/host_call.py typing_extensions.
+    # operations/facts/once.py imports gevent; operations/runtime/host_call.py typing_extensions.
     for name in ("gevent", "typing-extensions"):
         _declared(name)
 
@@ -88,7 +88,7 @@ def test_ctx_host_get_and_use_are_how_a_greenlet_gets_the_host() -> None:
 
 
 def test_a_refused_host_is_failed_through_the_state_sets() -> None:
-    """operations/inventory._fail adds the host to `state.failed_hosts` and discards it from
+    """operations/runtime/inventory._fail adds the host to `state.failed_hosts` and discards it from
     `state.active_hosts` (pyinfra/api/state.py State.__init__: both are sets of Host) rather
     than State.fail_hosts, which prompts and raises."""
     state = _state()
@@ -98,12 +98,13 @@ def test_a_refused_host_is_failed_through_the_state_sets() -> None:
 
 
 def test_function_command_execute_is_what_host_call_overrides() -> None:
-    """operations/host_call.HostCall overrides FunctionCommand.execute(state, host,
+    """operations/runtime/host_call.HostCall overrides FunctionCommand.execute(state, host,
     connector_arguments) and reads .function, .args, .kwargs, .connector_arguments
     (pyinfra/api/command.py FunctionCommand)."""
     parameters = list(inspect.signature(FunctionCommand.execute).parameters)
     assert parameters == ["self", "state", "host", "connector_arguments"], (
-        f"FunctionCommand.execute now takes {parameters}: operations/host_call.HostCall must follow"
+        f"FunctionCommand.execute now takes {parameters}: "
+        "operations/runtime/host_call.HostCall must follow"
     )
 
     def callback(state: object, host: object, arguments: object, word: str) -> str:
@@ -116,7 +117,7 @@ def test_function_command_execute_is_what_host_call_overrides() -> None:
 
 
 def test_operations_reuse_others_through_inner() -> None:
-    """operations/model.py and engine.py `yield from files.rsync._inner(...)` and
+    """operations/steps/model.py and engine.py `yield from files.rsync._inner(...)` and
     `put_file._inner(...)`: the wrapped generator pyinfra's @operation keeps
     (pyinfra/api/operation.py, `decorated_func._inner = func`)."""
     assert inspect.isgeneratorfunction(files.rsync._inner)
@@ -137,19 +138,20 @@ def test_the_context_managers_we_use_exist(name: str) -> None:
 
 
 def test_an_ssh_hosts_socket_is_reached_through_its_connectors_paramiko_client() -> None:
-    """operations/connection.no_delay sets TCP_NODELAY on `host.connector.client.get_transport()
+    """operations/runtime/connection.no_delay sets TCP_NODELAY on
+    `host.connector.client.get_transport()
     .sock` (pyinfra/connectors/ssh.py SSHConnector: `client: SSHClient | None`, set in
     connect(); paramiko/transport.py Transport.__init__: `self.sock = sock`), and
-    operations/deploy_lock.py opens its channel on that transport."""
+    operations/runtime/deploy_lock.py opens its channel on that transport."""
     from paramiko import SSHClient, Transport
     from pyinfra.connectors.ssh import SSHConnector
 
     hints = inspect.get_annotations(SSHConnector, eval_str=False)
     assert "client" in hints and "SSHClient" in str(hints["client"]), (
         "pyinfra's SSHConnector no longer keeps its paramiko client in .client: "
-        "operations/connection.py and operations/deploy_lock.py must follow"
+        "operations/runtime/connection.py and operations/runtime/deploy_lock.py must follow"
     )
     assert callable(getattr(SSHClient, "get_transport", None))
     assert "self.sock = sock" in inspect.getsource(Transport.__init__), (
-        "paramiko's Transport no longer keeps its socket in .sock: operations/connection.py"
+        "paramiko's Transport no longer keeps its socket in .sock: operations/runtime/connection.py"
     )

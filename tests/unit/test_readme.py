@@ -48,7 +48,7 @@ def test_ci_runs_the_readme_test_command() -> None:
 def test_every_preflight_check_is_in_the_troubleshooting_table() -> None:
     import ast
 
-    source = (ROOT / "operations" / "preflight.py").read_text()
+    source = (ROOT / "operations" / "plan" / "preflight.py").read_text()
     checks = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "fail" and node.args:

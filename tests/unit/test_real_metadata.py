@@ -20,7 +20,7 @@ from packaging.version import Version
 
 from operations import kb as kb_module
 from operations.kb import intake
-from operations.lock_check import LockSources, check_lock
+from operations.plan.engine_lock_check import LockSources, check_lock
 from tests.needs import missing
 from tests.snapshot_index import (
     NEGATIVE_CASES,
@@ -130,7 +130,7 @@ def test_build_locks_against_the_real_metadata(
     if KB.lanes[case.lane].cuda.startswith("12."):
         bindings = packages["cuda-bindings"]["version"]
         assert Version(bindings) < Version("13"), f"cuda-bindings {bindings} on {case.lane}"
-    # The controller would keep this lock (operations/lock_check.py) but for the PyTorch
+    # The controller would keep this lock (operations/plan/engine_lock_check.py) but for the PyTorch
     # wheels, whose sha256 the snapshot does not know (tests/fixtures/index-snapshot/SOURCE.md):
     # download.pytorch.org's pages announce one, and a lock without it is refused.
     lanes = {f"{index.base}/{n}/" for n in _explicit_indexes(case)}

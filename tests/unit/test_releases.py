@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
-from operations import host_plan, kb
-from operations import releases as releases_mod
-from operations.argv import cli_problems
-from operations.host_plan import Gathered, HostReport
+from operations import kb
+from operations.cli import releases as releases_mod
+from operations.kb.argv import cli_problems
+from operations.plan import host_plan
+from operations.plan.host_plan import Gathered, HostReport
 from operations.settings import Settings
 
 KNOWLEDGE = kb.load()
@@ -88,7 +89,7 @@ def test_an_unreadable_inventory_is_one_line(capsys: pytest.CaptureFixture[str])
 
 @dataclasses.dataclass
 class Asked:
-    """What `operations.releases` asked the plan on one host: the facts it gathered once, the
+    """What `operations.cli.releases` asked the plan on one host: the facts it gathered once, the
     host's settings, and the report of each (release, lane)."""
 
     host: str
@@ -104,7 +105,7 @@ class Asked:
 
 
 def _asked(inventory: Path) -> Asked:
-    """Run `operations.releases` on `inventory`, recording each call of the plan it makes."""
+    """Run `operations.cli.releases` on `inventory`, recording each call of the plan it makes."""
     calls: list[tuple[str, Settings, Gathered, HostReport]] = []
     real = host_plan.decide
 
@@ -176,7 +177,7 @@ def test_every_release_plans_8_ranks_its_table_accepts_where_it_can_run(
 
 
 def _asserts(release: str) -> dict[str, list[str]]:
-    """The release's start-up asserts, read from its wheel (operations/knowledge/asserts/)."""
+    """The release's start-up asserts, read from its wheel (operations/kb/knowledge/asserts/)."""
     path = kb.KNOWLEDGE_DIR / "asserts" / f"sglang-{release}.json"
     table: dict[str, list[str]] = json.loads(path.read_text())["asserts"]
     return table

@@ -9,8 +9,8 @@ import pytest
 
 from operations import kb as kbmod
 from operations.facts.host import Model
-from operations.resolver import HostPlan, resolve
-from operations.units import exec_word as systemd_quote
+from operations.plan.resolver import HostPlan, resolve
+from operations.render.units import exec_word as systemd_quote
 from tests.unit.builders import facts, make_settings
 
 RELEASES = kbmod.load().supported_releases()

@@ -1,4 +1,5 @@
-"""The serve step's roll decisions (operations/serve.py roll_plan), from the resolved ranks and
+"""The serve step's roll decisions (operations/steps/serve.py roll_plan), from the resolved ranks
+and
 the ServingState fact alone: which ranks start, which restart in which batches, what a failed
 batch leaves behind and what a re-run (or a reboot in the middle of a roll) does next."""
 
@@ -6,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from operations import resolver
 from operations.facts.serve import (
     Serving,
     UnitState,
@@ -14,9 +14,10 @@ from operations.facts.serve import (
     referenced_envs,
     referenced_models,
 )
-from operations.planned_files import sha256
-from operations.resolver import Rank
-from operations.roll import roll_plan
+from operations.plan import resolver
+from operations.plan.planned_files import sha256
+from operations.plan.resolver import Rank
+from operations.plan.serve_plan import roll_plan
 from tests.unit.builders import facts, make_settings
 
 KEY_OLD, KEY_NEW = "1111aaaa2222bbbb", "3333cccc4444dddd"
@@ -169,7 +170,7 @@ def killed_after_write(want: list[Rank], written: set[int], active: str = "activ
 
 
 def test_a_rank_whose_process_is_older_than_its_unit_file_is_pending_restart() -> None:
-    from operations.roll import ServePlan
+    from operations.plan.serve_plan import ServePlan
 
     want = ranks(sglang_version="0.5.19", cuda_lane="cu129")
     plan = roll_plan(want, killed_after_write(want, {3}), batch_size=1)
@@ -217,8 +218,9 @@ def test_a_stopped_rank_is_started_not_pending() -> None:
 def test_ranks_the_router_does_not_list_are_put_back_without_a_restart() -> None:
     """Issue 31: a run killed between a drain's `out` and its `in` leaves a converged rank out
     of the router; the plan puts back exactly the serving, unchanged ranks it does not list."""
-    from operations import drain, kb
-    from operations.roll import left_out
+    from operations import kb
+    from operations.plan import drain
+    from operations.plan.serve_plan import left_out
 
     s = make_settings(router={"host": "ct200", "port": 8000})
     plan, _, _ = drain.decide("ct200", s, [("ct200", s)], kb.load())

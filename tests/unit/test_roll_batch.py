@@ -1,4 +1,4 @@
-"""A roll batch as one host command (operations/files/roll_batch.py, run as the host gets it):
+"""A roll batch as one host command (operations/programs/roll_batch.py, run as the host gets it):
 its steps in order, a write step fed its own line of stdin through host_files' writer, the
 first failing step stopping the rest, and each step's seconds on the last line; the polls'
 backoff (files/polling.py)."""
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from operations import host_scripts
-from operations.files.polling import backoff
-from operations.host_files import line_writer
-from operations.serve import restart_command
+from operations.programs.polling import backoff
+from operations.render import host_scripts
+from operations.steps.host_files import line_writer
+from operations.steps.serve import restart_command
 
 pytestmark = pytest.mark.integration  # runs the script and /bin/sh
 

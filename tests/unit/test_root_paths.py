@@ -18,7 +18,7 @@ import pytest
 
 from operations import kb
 from operations.facts.host import HostResources, Resources, parse_resources
-from operations.preflight import check, root_paths, unsafe_roots
+from operations.plan.preflight import check, root_paths, unsafe_roots
 from operations.settings import Settings
 from tests.unit.builders import QWEN36, gpu_facts, make_settings
 

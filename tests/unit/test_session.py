@@ -1,4 +1,4 @@
-"""One inventory session (operations/inventory.py): every command that reads an inventory
+"""One inventory session (operations/runtime/inventory.py): every command that reads an inventory
 says the same one line for the same bad inventory, and none loads, checks or connects an
 inventory any other way."""
 
@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from operations import lock, plan, releases
-from operations.inventory import open_session
-from operations.status import cli as status_cli
+from operations.cli import engine_lock as lock
+from operations.cli import plan, releases
+from operations.cli.status import cli as status_cli
+from operations.runtime.inventory import open_session
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = "inventory/demo.py"
@@ -120,7 +121,7 @@ def test_the_two_container_inventory_loads_with_the_router_on_ct200() -> None:
 
 # -- nothing else loads an inventory ------------------------------------------------------------
 
-SESSION = "operations/inventory.py"
+SESSION = "operations/runtime/inventory.py"
 # pyinfra's inventory loading and connecting, and the settings check of a whole inventory.
 SESSION_ONLY = {"make_inventory", "connect_all", "load_inventory", "ctx_inventory"}
 
@@ -149,13 +150,13 @@ def session_calls(path: Path) -> set[str]:
 
 def test_only_the_session_loads_checks_and_connects_an_inventory() -> None:
     files = product_files()
-    assert ROOT / SESSION in files and ROOT / "operations" / "plan.py" in files
+    assert ROOT / SESSION in files and ROOT / "operations" / "cli" / "plan.py" in files
     assert session_calls(ROOT / SESSION) >= {"make_inventory", "connect_all", "load_inventory"}
     elsewhere = {
         str(p.relative_to(ROOT)): names
         for p in files
         if p != ROOT / SESSION
-        and p != ROOT / "operations" / "settings.py"  # where load_inventory is defined
+        and p != ROOT / "operations" / "settings" / "__init__.py"  # where load_inventory is defined
         and (names := session_calls(p))
     }
     assert elsewhere == {}, f"load and connect an inventory through {SESSION}: {elsewhere}"

@@ -1,5 +1,6 @@
-"""The smoke request's pure parts: judging raw answers (operations/files/smoke.py, imported as
-the host runs it), reading the key file, and which targets a deploy asks (operations/smoke.py).
+"""The smoke request's pure parts: judging raw answers (operations/programs/smoke.py, imported as
+the host runs it), reading the key file, and which targets a deploy asks
+(operations/steps/smoke.py).
 The requests themselves, with httpx on the host, run end to end
 (tests/e2e/test_smoke.py)."""
 
@@ -19,10 +20,10 @@ import pytest
 
 from operations import layout
 from operations.facts.serve import Serving, UnitState
-from operations.host_scripts import load
-from operations.planned_files import sha256
-from operations.resolver import Rank, RouterPlan
-from operations.roll import router_restarts, smoke_targets
+from operations.plan.planned_files import sha256
+from operations.plan.resolver import Rank, RouterPlan
+from operations.plan.serve_plan import router_restarts, smoke_targets
+from operations.render.host_scripts import load
 from tests.doubles import wheels
 from tests.unit.builders import make_settings
 
@@ -30,7 +31,7 @@ MODEL = "Qwen/Qwen3.6-27B"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-# The script as the host runs it (operations/host_scripts.py).
+# The script as the host runs it (operations/render/host_scripts.py).
 script = load("smoke.py", "smoke_script")
 
 
@@ -298,7 +299,7 @@ def test_targets_on_the_command_line() -> None:
 def test_the_key_is_read_from_sglangs_config_file(tmp_path: Path) -> None:
     key = 'sk-"quoted"\\x'
     path = tmp_path / "secrets.yaml"
-    path.write_text(f"api-key: {json.dumps(key)}\n")  # as operations/serve.py writes it
+    path.write_text(f"api-key: {json.dumps(key)}\n")  # as operations/steps/serve.py writes it
     assert script.read_key(str(path)) == key
     assert script.read_key(str(tmp_path / "absent.yaml")) is None
     assert script.read_key(None) is None

@@ -1,4 +1,5 @@
-"""operations/stack_order.py: a frame of a file run with `exec` (as pyinfra runs deploy.py) is
+"""operations/runtime/stack_order.py: a frame of a file run with `exec` (as pyinfra runs deploy.py)
+is
 found by inspect's module lookup once the file is registered, and pyinfra's operation order
 from the stack is the same either way."""
 
@@ -9,7 +10,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from operations.stack_order import known_to_inspect
+from operations.runtime.stack_order import known_to_inspect
 
 
 def frame_of(path: Path) -> FrameType:

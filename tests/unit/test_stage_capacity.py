@@ -12,8 +12,8 @@ import pytest
 
 from operations.facts.host import Resources
 from operations.facts.model import script_module
-from operations.model_plan import stage_command
-from operations.preflight import STAGE_HEADROOM, stage_room
+from operations.plan.model_plan import stage_command
+from operations.plan.preflight import STAGE_HEADROOM, stage_room
 from tests.unit.builders import make_settings
 
 sm = script_module()

@@ -1,4 +1,4 @@
-"""The one staging decision (operations/staging.py), from facts alone: the ModelStaging fact,
+"""The one staging decision (operations/plan/staging.py), from facts alone: the ModelStaging fact,
 the copies the rank units name and the host's room in, every outcome the plan shows out.
 
 decide_stage takes the fact as the script answered it, asked with the copy's key and the kept
@@ -15,7 +15,7 @@ import pytest
 
 from operations.facts.host import Resources
 from operations.facts.model import Copy, Staging
-from operations.staging import decide_stage
+from operations.plan.staging import decide_stage
 from tests.unit.builders import make_settings
 
 GIB = 2**30

@@ -1,4 +1,4 @@
-"""The link rule (operations/files/stage_manifest.py, docs/model.md "Links in the source"): a
+"""The link rule (operations/programs/stage_manifest.py, docs/model.md "Links in the source"): a
 link in the source that resolves inside the source's root to a regular file is staged as a
 regular file with that content; the root is the source, or for a Hugging Face cache snapshot
 (models--ORG--NAME/snapshots/REV, every file a relative link into ../../blobs/) the repository's
@@ -276,8 +276,8 @@ def test_the_preflight_round_trip_with_the_source_script_fits_in_one_argument() 
     command: under Linux's MAX_ARG_STRLEN with sudo's wrapping, and with room to grow."""
     from pyinfra.connectors.util import make_unix_command
 
-    from operations import host_scripts
     from operations.facts.preflight import PreflightFacts
+    from operations.render import host_scripts
 
     command = PreflightFacts().command(
         "/dev/shm", "/opt/sglang", ["/opt/sglang"] * 8, model_path="/mnt/" + "m" * 200
@@ -379,7 +379,7 @@ def test_the_controller_directory_refused_by_the_rule_is_refused_in_the_plan(
 ) -> None:
     """A controller source is scanned there by the same rule: a link it refuses is the
     plan's refusal, before anything is sent (rsync --copy-links would follow it)."""
-    from operations.staging import controller_scan, decide_stage
+    from operations.plan.staging import controller_scan, decide_stage
     from tests.unit.builders import make_settings
 
     (src / "tokenizer.json").symlink_to(secret)

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from operations import host_plan, staging
 from operations.facts.host import Resources
 from operations.facts.model import ModelStaging, Staging, parse_staging, script_module
 from operations.facts.preflight import HostFacts
 from operations.facts.serve import Serving, UnitState
+from operations.plan import host_plan, staging
 from tests.unit.builders import gpu_facts, make_settings
 from tests.unit.test_model_stage import make_model
 

@@ -20,7 +20,7 @@ import pytest
 
 from operations.facts.host import Resources
 from operations.facts.model import Copy, Staging, script_module
-from operations.staging import decide
+from operations.plan.staging import decide
 from tests.unit.builders import make_settings
 from tests.unit.shipped import script_path
 

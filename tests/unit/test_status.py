@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 from operations import layout
-from operations import status as st
+from operations.cli import status as st
 from operations.facts.serve import Serving, ServingState, parse_serving
 from operations.facts.smoke import Probe, ProbeAnswer
 from tests.unit.builders import make_settings
@@ -382,7 +382,7 @@ def write_inventory(tmp_path: Path) -> Path:
 
 
 def test_one_command_per_host(tmp_path: Path) -> None:
-    from operations.inventory import open_session
+    from operations.runtime.inventory import open_session
 
     session = open_session(str(write_inventory(tmp_path)), {})
     state = session.state
@@ -448,7 +448,7 @@ def test_the_probe_is_one_round_trip_and_reports_what_each_rank_answered(
     testbed (tests/facts/smoke.SmokeProbe: ranks 0 and 1 and the router, so dp_size 2)."""
     from pyinfra.connectors.fake import FakeConnector
 
-    from operations.inventory import open_session
+    from operations.runtime.inventory import open_session
 
     captured = json.loads((PROBES / f"{case}.json").read_text())
     fake = {

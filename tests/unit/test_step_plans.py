@@ -25,17 +25,17 @@ from pyinfra.api.state import State
 from pyinfra.context import ctx_host, ctx_state
 
 from operations import kb, layout
-from operations.engine import install_engine
-from operations.engine_plan import EngineFacts
 from operations.facts.serve import Serving
-from operations.host_plan import HostReport, decide
-from operations.model import stage_model
-from operations.planned_files import sha256
+from operations.plan.engine_plan import EngineFacts
+from operations.plan.host_plan import HostReport, decide
+from operations.plan.planned_files import sha256
+from operations.steps.engine import install_engine
+from operations.steps.model import stage_model
 from tests.unit.builders import make_settings
 from tests.unit.test_host_report import gathered, staging
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = [ROOT / "operations/engine.py", ROOT / "operations/model.py"]
+STEPS = [ROOT / "operations/steps/engine.py", ROOT / "operations/steps/model.py"]
 TOKEN = "hf_plan-test-token-0123456789"
 # A lock the lock check passes (just the project), as the controller keeps it.
 LOCK = 'version = 1\n\n[[package]]\nname = "sglang-engine"\nversion = "0"\n'

@@ -1,8 +1,10 @@
-"""The serve and smoke steps carry out their plan (issue 29): nothing in operations/serve.py or
-operations/smoke.py asks a fact (`host.get_fact`), reads the ServingState fact the plan kept
+"""The serve and smoke steps carry out their plan (issue 29): nothing in operations/steps/serve.py
+or
+operations/steps/smoke.py asks a fact (`host.get_fact`), reads the ServingState fact the plan kept
 (`report.serving`, a `Serving`), or hands an operation a fact value (`sha256_now=` from a
 fact); and no operation of theirs has a parameter that names a fact's reading. What a step
-needs of the host's state is in the ServePlan (operations/roll.py), decided in host_plan.decide.
+needs of the host's state is in the ServePlan (operations/plan/serve_plan.py), decided in
+host_plan.decide.
 
 Read from the source with `ast` (nothing is imported): a step that picked a slice of a fact
 itself (how the drain script came to be rewritten on every converged run) fails here."""
@@ -13,7 +15,11 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = [ROOT / "operations/serve.py", ROOT / "operations/smoke.py", ROOT / "operations/users.py"]
+STEPS = [
+    ROOT / "operations/steps/serve.py",
+    ROOT / "operations/steps/smoke.py",
+    ROOT / "operations/steps/users.py",
+]
 # Names a fact's value goes by (the ServingState fact, its parts, a FileAt reading).
 FACT_NAMES = {"serving", "Serving", "get_fact", "facts", "files_now"}
 # Parameters an operation took fact values with before issue 29.

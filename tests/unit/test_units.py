@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from operations import resolver, units
-from operations.model_plan import stage_unit_text
+from operations.plan import resolver
+from operations.plan.model_plan import stage_unit_text
+from operations.render import units
 from operations.settings import Settings
 from tests.unit.builders import facts, make_settings
 

@@ -1,4 +1,5 @@
-"""Schema verdicts remembered (operations/verdicts.py): a pass is taken from the record only
+"""Schema verdicts remembered (operations/settings/verdicts.py): a pass is taken from the record
+only
 for the very schema and document that passed, exact types included; failures are never
 recorded; nothing is written where Python writes no bytecode."""
 
@@ -14,7 +15,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from operations import verdicts
+from operations.settings import verdicts
 
 SCHEMA: dict[str, Any] = {
     "type": "object",

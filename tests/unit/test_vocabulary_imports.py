@@ -1,4 +1,5 @@
-"""The plan's words (operations/vocabulary.py: `Decision`, the `*Json` shapes) have one home, and
+"""The plan's words (operations/plan/vocabulary.py: `Decision`, the `*Json` shapes) have one home,
+and
 every module imports them from it: none re-exports them (issue 29, point 5). A re-export is a
 second name for one thing, and what made the resolver package the place the plan's shapes were
 imported from, with the import circle that came with it. Read from the source with `ast`
@@ -10,8 +11,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-VOCABULARY = ROOT / "operations" / "vocabulary.py"
-HOME = "operations.vocabulary"
+VOCABULARY = ROOT / "operations" / "plan" / "vocabulary.py"
+HOME = "operations.plan.vocabulary"
 
 
 def words() -> set[str]:
@@ -57,13 +58,13 @@ def test_the_vocabulary_defines_the_plan_words() -> None:
 def test_the_finder_sees_both_spellings() -> None:
     text = (
         "from operations import resolver\n"
-        "from operations.resolver import Decision, Rank\n"
-        "from operations.vocabulary import PlanJson\n"
+        "from operations.plan.resolver import Decision, Rank\n"
+        "from operations.plan.vocabulary import PlanJson\n"
         "x: resolver.PlanJson\n"
         "y: resolver.Rank\n"
     )
     assert elsewhere(text, {"Decision", "PlanJson"}) == [
-        "2: from operations.resolver import Decision",
+        "2: from operations.plan.resolver import Decision",
         "4: resolver.PlanJson",
     ]
 
@@ -80,6 +81,6 @@ def test_every_module_imports_the_plan_words_from_their_home() -> None:
         for where in elsewhere(path.read_text(), names)
     ]
     assert not found, (
-        "the plan's words are imported from operations.vocabulary, not re-exported:\n"
+        "the plan's words are imported from operations.plan.vocabulary, not re-exported:\n"
         + "\n".join(found)
     )

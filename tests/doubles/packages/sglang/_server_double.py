@@ -32,7 +32,7 @@ It behaves like the real server where a deploy can observe it, with the standard
   SchedulerMetricsCollector); a roll reads both to know when a rank has drained. The double
   queues nothing (every request runs at once), so its queue gauge is always 0.
 
-- the smoke's question (operations/files/smoke.py QUESTION, the prompt contract: two integers
+- the smoke's question (operations/programs/smoke.py QUESTION, the prompt contract: two integers
   joined by `+` in the last user message, "What is 317 + 425? Reply with the number only.") is
   answered with the sum, as a model that computes right does; any other prompt gets a fixed
   greeting. With thinking not disabled (`chat_template_kwargs` without `"enable_thinking":

@@ -1,5 +1,5 @@
 """TEST DOUBLE of cuda-python's `cuda.bindings.driver`: the CUDA driver API calls the engine check
-makes (operations/files/engine_check.py run_kernel), on the GPUs as the testbed shows them.
+makes (operations/programs/engine_check.py run_kernel), on the GPUs as the testbed shows them.
 
 Like the real bindings, every call returns a tuple whose first item is a CUresult (values and
 cuGetErrorString texts from cuda.h's `enum cudaError_enum`), then its outputs; pointers are

@@ -1,0 +1,52 @@
+"""What the deploy installs beside the engine, pinned with hashes: uv, the Hugging Face CLI and
+sglang-router, each from a requirements file of this directory, installed with
+`--require-hashes --only-binary :all:` (no other file, no source build). The files are made by
+scripts/pin_installs.py (SOURCE.md says when); the deploy only reads them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PINS_DIR = Path(__file__).resolve().parent
+# The one uv wheel a host installs: the tag uv publishes for glibc Linux on x86_64.
+UV_PLATFORM = "manylinux_2_17_x86_64"
+
+
+class PinError(Exception):
+    """No pinned requirements for what the settings ask: the message says what to run."""
+
+
+def router_file(version: str, python: str) -> Path:
+    return PINS_DIR / f"router-{version}-py{python}.txt"
+
+
+def hub_file(python: str) -> Path:
+    return PINS_DIR / f"hub-py{python}.txt"
+
+
+def uv_requirement(version: str) -> str | None:
+    """`uv==V --hash=sha256:H` (a requirements line) for a pinned uv release; None if none."""
+    for line in (PINS_DIR / "uv.txt").read_text().splitlines():
+        if line.split(" ", 1)[0] == f"uv=={version}":
+            return line.strip()
+    return None
+
+
+def _read(path: Path, what: str) -> str:
+    if not path.is_file():
+        raise PinError(
+            f"no pinned requirements for {what} ({path.relative_to(PINS_DIR.parents[2])} "
+            "is missing): run scripts/pin_installs.py"
+        )
+    return path.read_text()
+
+
+def router_requirements(version: str, python: str) -> str:
+    """sglang-router==V and its dependencies for CPython `python`, with hashes."""
+    return _read(router_file(version, python), f"sglang-router {version} on Python {python}")
+
+
+def hub_requirements(python: str) -> str:
+    """The Hugging Face CLI and its dependencies for CPython `python`, with hashes."""
+    return _read(hub_file(python), f"the Hugging Face CLI on Python {python}")

@@ -1,0 +1,123 @@
+"""Whether a roll on this host is drain-protected, and how: decided once, in the plan.
+
+Behind sglang-router, every rank the serve step restarts (a roll batch, a changed API key, a
+shrink) first leaves the router through the pinned router release's worker API (the knowledge
+base's `routers` entry: `DELETE /workers/{id}`), so no new request reaches it while the requests
+it already has finish; the step waits until its own /metrics shows nothing running or queued
+(`sglang:num_running_reqs` + `sglang:num_queue_reqs` = 0) for at most `drain_timeout_s`, then
+restarts it, waits for /health and a chat request, and only then puts it back
+(`POST /workers`). Every call sends the router's control-plane key (layout.CONTROL_PLANE_KEY_FILE,
+read on the host; resolver/router.py says how sglang-router checks it). The serve step carries
+this out with files/router_workers.py; this module only
+decides it (pure: settings and knowledge in, DrainPlan out), so `operations.cli.plan` shows it.
+
+Without a router, clients talk to the ranks directly: a roll restarts each batch as before, and
+the plan says that its in-flight requests are cut.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from operations import layout
+from operations.kb import Knowledge, RouterRelease
+from operations.plan.vocabulary import Decision
+from operations.settings import Settings
+
+
+@dataclass(frozen=True)
+class DrainPlan:
+    """How this host's ranks leave and rejoin the router around a restart."""
+
+    # The router as this host reaches it (http://ADDRESS:PORT).
+    router_url: str
+    # This host's ranks: rank N listens on server_host:base_port+N.
+    server_host: str
+    base_port: int
+    api: RouterRelease
+    # How long a rank may take to finish its in-flight requests once out of the router.
+    timeout_s: int
+    # How long the router may take to list a re-added rank healthy.
+    readmit_timeout_s: int
+    # The control-plane key on this host, which every call sends (files/router_workers.py).
+    key_file: str = layout.CONTROL_PLANE_KEY_FILE
+
+    def worker(self, rank: int) -> str:
+        """The rank as the router names it (its --worker-urls entry, resolver.worker_urls)."""
+        return layout.worker_url(self.server_host, self.base_port + rank)
+
+    def list_url(self) -> str | None:
+        """The router's worker list as a GET URL (what the ServingState fact reads to find
+        this host's ranks an interrupted run left out); None when the call is not a GET."""
+        method, _, path = self.api.list_workers.partition(" ")
+        return self.router_url.rstrip("/") + path if method == "GET" and "{" not in path else None
+
+    def metrics(self, rank: int) -> str:
+        """The rank's own /metrics, as its host reaches it."""
+        return layout.metrics_url(self.server_host, self.base_port + rank)
+
+
+def router_address(host_name: str, router_host: Settings, router_bind: str) -> str:
+    """The router's address as `host_name` reaches it: its bind address, or where it binds every
+    address, loopback on its own host and its host's server_host from any other."""
+    if router_bind not in ("0.0.0.0", "::", ""):
+        return router_bind
+    name = router_host.router.host if router_host.router is not None else ""
+    return "127.0.0.1" if host_name == name else router_host.server_host
+
+
+def decide(
+    host_name: str,
+    settings: Settings,
+    inventory_settings: list[tuple[str, Settings]],
+    kb: Knowledge,
+) -> tuple[DrainPlan | None, Decision, list[str]]:
+    """The drain plan (None: rolls are not drain-protected), the decision the plan shows, and
+    warnings."""
+    router = settings.router
+    if router is None:
+        return (
+            None,
+            Decision(
+                "roll drain",
+                "none: rolls are not drain-protected",
+                "no router: clients talk to the ranks directly, so a restarted rank's in-flight "
+                "requests are cut and its clients see connection errors until it answers /health "
+                "again (set `router` to drain each rank before it restarts)",
+            ),
+            [],
+        )
+    api = kb.routers.get(router.version)
+    if api is None:
+        known = ", ".join(sorted(kb.routers)) or "none"
+        why = (
+            f"sglang-router {router.version}'s worker API is not in the knowledge base "
+            f"(known: {known}): rolls restart ranks the router still sends requests to"
+        )
+        return None, Decision("roll drain", "none: rolls are not drain-protected", why), [why]
+    by_name = dict(inventory_settings)
+    router_host = by_name.get(router.host, settings)
+    address = router_address(host_name, router_host, router.bind)
+    plan = DrainPlan(
+        router_url=layout.worker_url(address, router.port),
+        server_host=settings.server_host,
+        base_port=settings.base_port,
+        api=api,
+        timeout_s=settings.drain_timeout_s,
+        readmit_timeout_s=router.worker_startup_timeout_s,
+    )
+    sources = ", ".join(s.url for s in api.source)
+    return (
+        plan,
+        Decision(
+            "roll drain",
+            f"through sglang-router {router.version} at {plan.router_url}, up to "
+            f"{settings.drain_timeout_s}s per batch",
+            f"each restarted rank leaves the router first ({api.remove_worker}), finishes its "
+            f"in-flight requests (its sglang:num_running_reqs and num_queue_reqs at 0, or "
+            f"{settings.drain_timeout_s}s), restarts, answers /health and a chat request, then "
+            f"rejoins ({api.add_worker}); a rank that fails stays out and the roll stops "
+            f"({sources})",
+        ),
+        [],
+    )

@@ -1,0 +1,365 @@
+"""One host, from settings to plan: gather the facts, run preflight, resolve, and decide
+everything the deploy's steps act on (the staging, the roll, the smoke requests).
+
+`plan_for_host` gathers the facts (PreflightFacts, ServingState and ModelStaging, asked at
+the same time) and calls `decide`, a pure function of settings and facts. The plan command and
+deploy.py both call `plan_for_host`, so the plan shown is the deploy run; the steps read the
+HostReport and decide nothing again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from typing import cast
+
+from pyinfra.api.host import Host
+from pyinfra.facts.files import File
+
+from operations import kb as kbmod
+from operations import layout
+from operations.facts.engine import WheelhouseFiles
+from operations.facts.gpu import NvidiaSmi
+from operations.facts.host import Model, Resources
+from operations.facts.model import Staging, local_model
+from operations.facts.once import gathered, together
+from operations.facts.preflight import HostFacts, PreflightFacts
+from operations.facts.serve import (
+    Serving,
+    referenced_env_names,
+    referenced_models,
+    serving_state,
+)
+from operations.plan import drain as drainmod
+from operations.plan import engine_plan, model_plan, monitoring, preflight, resolver, serve_plan
+from operations.plan.engine_probe import Driver
+from operations.plan.resolver.router import open_binds
+from operations.plan.staging import (
+    ControllerScan,
+    StageDecision,
+    controller_scan,
+    decide_stage,
+    keep_keys,
+    model_staging,
+)
+from operations.plan.vocabulary import Decision, PlanJson
+from operations.settings import Settings
+
+
+@dataclass
+class HostReport:
+    settings: Settings
+    plan: resolver.HostPlan
+    failures: list[preflight.Failure] = field(default_factory=list)
+    gpu: NvidiaSmi | None = None
+    resources: Resources | None = None
+    model: Model | None = None
+    # Set on the host that runs the router.
+    router: resolver.RouterPlan | None = None
+    # How the model is staged (None while preflight refuses the host).
+    staging: StageDecision | None = None
+    # How a restarted rank leaves and rejoins the router (None: no drain, see drain.py).
+    drain: drainmod.DrainPlan | None = None
+    # The Prometheus targets file and the Grafana dashboard the serve step writes.
+    monitoring: monitoring.MonitoringPlan | None = None
+    # The key of the staged copy the rank units name (None: not known; they name the link).
+    model_key: str | None = None
+    # The ServingState fact as the plan read it (the model step's `sha256_now`s; never shown).
+    serving: Serving | None = None
+    # What the serve and smoke steps do (operations/serve_plan.py); None while preflight refuses.
+    serve: serve_plan.ServePlan | None = None
+    # What the engine and model steps do, every file they write (engine_plan.py,
+    # model_plan.py); None while the host is refused.
+    engine_step: engine_plan.EnginePlan | None = None
+    model_step: model_plan.ModelPlan | None = None
+
+    @property
+    def errors(self) -> list[str]:
+        """Every reason this host is refused, preflight first."""
+        return (
+            [
+                f"preflight: {f.check}: expected {f.expected}; found {f.found}; fix: {f.fix}"
+                for f in self.failures
+            ]
+            + self.plan.errors
+            + (self.router.errors if self.router else [])
+            + (
+                [f"model staging: {self.staging.plan.why} (nothing was copied)"]
+                if self.staging is not None and self.staging.refused
+                else []
+            )
+            + (self.serve.errors if self.serve is not None else [])
+        )
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def to_json(self) -> PlanJson:
+        data = self.plan.to_json()
+        data["errors"] = self.errors
+        if self.router is not None:
+            data["warnings"] = data["warnings"] + self.router.warnings
+            data["router"] = {"argv": self.router.argv, "unit": self.router.unit}
+        if self.monitoring is not None:
+            data["monitoring"] = self.monitoring.to_json()
+        data["model_key"] = self.model_key
+        if self.staging is not None:
+            data["staging"] = {
+                "mode": self.staging.plan.mode,
+                "what": self.staging.what,
+                "why": self.staging.plan.why,
+                "key": self.staging.key,
+                "keep": self.staging.keep_keys,
+                "source_pending": self.staging.source_pending,
+            }
+        if self.serve is not None:
+            data["serve"] = self.serve.to_json()
+        data["engine_step"] = self.engine_step.to_json() if self.engine_step else None
+        data["model_step"] = self.model_step.to_json() if self.model_step else None
+        return data
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """Every fact the plan reads of one host (`gather`), as `decide` takes them."""
+
+    host: HostFacts
+    # The ServingState fact (rank units, managed files, the engine's environments).
+    serving: Serving
+    # The ModelStaging fact of the source (None: python3 is missing on the host).
+    staging: Staging | None
+    # The model the deploy stages, read where it is now (controller or target).
+    model: Model
+    # The staged copy's key (model_key); None while the source cannot be read.
+    model_key: str | None
+    # The engine step's facts: EngineState (in ServingState), the controller's locks and
+    # wheelhouse, the host's wheelhouse (WheelhouseFiles, asked with the others).
+    engine: engine_plan.EngineFacts = field(default_factory=engine_plan.EngineFacts)
+    # A controller source's scan on the controller (once per run); None for other sources.
+    controller: ControllerScan | None = None
+    # Whether the hub CLI is installed: asked only while a hub download is to do (None: not).
+    hub_cli_installed: bool | None = None
+    # The controller's hub token (HF_TOKEN); never shown.
+    hub_token: str | None = field(default=None, repr=False)
+
+
+def gather(host: Host, settings: Settings, router_list: str | None = None) -> Gathered:
+    """The facts of one host, each asked once per run (once.gathered), all at the same time:
+    the preflight facts, what serves and the staging plan.
+
+    The staging plan must be the one the stage run gets with the kept copies (--keep: the
+    copies the rank units name, known from ServingState). It is asked without them first:
+    keeping a copy only takes it out of the plan's leftovers, so when no leftover is a kept
+    copy the two answers are the same (tests/unit/test_staging_rule.py). Otherwise, as while a
+    roll onto a new copy is unfinished, it is asked again with them."""
+    source = settings.source
+    on_target = not (source.kind == "controller" and source.controller_dir is not None)
+    controller = None if on_target else controller_scan(str(source.controller_dir))
+    key = model_key(settings, None, controller)
+    wheelhouse = layout.engine_tree(settings).wheelhouse if settings.wheelhouse else None
+
+    def preflight_facts() -> HostFacts:
+        found: HostFacts = gathered(
+            PreflightFacts,
+            stage_dir=settings.model_stage_dir,
+            engine_root=settings.engine_root,
+            roots=[path for _, path in preflight.root_paths(settings)],
+            model_path=source.target_dir if on_target else None,
+            access=preflight.access_probe(settings),
+        )
+        return found
+
+    calls = [
+        preflight_facts,
+        lambda: serving_state(settings, router_list),
+        lambda: model_staging(settings, key, []),
+    ]
+    if wheelhouse is not None:
+        # The host's copy of the wheelhouse, for the engine plan's sync: with the others.
+        calls.append(lambda: gathered(WheelhouseFiles, path=wheelhouse) or {})
+    answers = together(*calls)
+    found, serving, staging = cast(tuple[HostFacts, Serving, "Staging | None"], answers[:3])
+    remote = cast(dict[str, int], answers[3]) if wheelhouse is not None else {}
+    keep = keep_keys(settings, referenced_models(serving), key)
+    if staging is not None and any(layout.copy_key(settings, p) in keep for p in staging.leftovers):
+        staging = model_staging(settings, key, keep)
+    if key is None:
+        key = model_key(settings, staging, controller)
+    if on_target:
+        model = found.model if found.model is not None else Model(exists=False)
+    else:
+        assert source.controller_dir is not None
+        model = local_model(source.controller_dir)
+    cli = None
+    if source.kind == "hf" and (staging.hub_revision if staging else None) != source.revision:
+        # Only while the download is to do: a converged host never asks.
+        cli = bool(gathered(File, path=settings.model_hub_cli))
+    return Gathered(
+        host=found,
+        serving=serving,
+        staging=staging,
+        model=model,
+        model_key=key,
+        engine=engine_facts(host, settings, serving, remote),
+        controller=controller,
+        hub_cli_installed=cli,
+        hub_token=model_plan.hub_token(),
+    )
+
+
+def engine_facts(
+    host: Host, settings: Settings, serving: Serving, wheels_now: dict[str, int]
+) -> engine_plan.EngineFacts:
+    """The engine plan's facts: the host's from the ServingState fact (and WheelhouseFiles),
+    the controller's read here (its locks, relative to the deploy's directory as pyinfra
+    resolves local paths, and its wheelhouse)."""
+    run = getattr(host, "state", None)
+    cwd = run.cwd if run is not None and run.cwd else os.getcwd()
+    locks: dict[str, str] = {}
+    lock_dir = os.path.join(cwd, settings.engine_lock_dir)
+    for entry in (
+        sorted(os.scandir(lock_dir), key=lambda e: e.name) if os.path.isdir(lock_dir) else ()
+    ):
+        if entry.name.endswith(".lock") and entry.is_file():
+            with open(entry.path, "rb") as lock:
+                locks[entry.name] = hashlib.sha256(lock.read()).hexdigest()
+    wheels = None
+    if settings.wheelhouse and os.path.isdir(settings.wheelhouse):
+        # os.walk and os.path: pyinfra-testing fakes local files through those.
+        _, _, names = next(os.walk(settings.wheelhouse), ("", [], []))
+        wheels = {
+            n: os.path.getsize(os.path.join(settings.wheelhouse, n))
+            for n in sorted(names)
+            if n.endswith(".whl")
+        }
+    return engine_plan.EngineFacts(
+        state=serving.engine if serving.engine is not None else engine_plan.no_engine(),
+        cwd=cwd,
+        locks=locks,
+        wheels=wheels,
+        wheels_now=wheels_now,
+        referenced=frozenset(referenced_env_names(serving, settings.engine_root)),
+        user_exists=serving.user_exists,
+    )
+
+
+def model_key(
+    settings: Settings, staging: Staging | None, controller: ControllerScan | None = None
+) -> str | None:
+    """The key the staged copy of this model's source gets (STAGE_DIR/models/.SLUG@KEY), known
+    before it is staged so a rank unit can name it: a hub source's pinned revision, else the
+    source's manifest digest (the controller's copy as its scan read it, or the target's
+    directory as the ModelStaging fact read it: with `staging` None, the key known before that
+    fact). None while the source cannot be read."""
+    source = settings.source
+    if source.kind == "hf" and source.revision:
+        return layout.hub_key(source.revision)
+    if source.kind == "controller" and source.controller_dir is not None:
+        return controller.digest if controller is not None else None
+    return staging.source.digest if staging is not None and staging.source else None
+
+
+def plan_for_host(
+    host: Host, settings: Settings, inventory_settings: list[tuple[str, Settings]] | None = None
+) -> HostReport:
+    """`inventory_settings`: every host's settings, by name, for the router's worker list."""
+    knowledge = kbmod.load()
+    everyone = inventory_settings or [(host.name, settings)]
+    drain, _, _ = drainmod.decide(host.name, settings, everyone, knowledge)
+    listing = drain.list_url() if drain is not None else None
+    return decide(
+        host.name, settings, gather(host, settings, listing), knowledge, inventory_settings
+    )
+
+
+def decide(
+    host_name: str,
+    settings: Settings,
+    facts: Gathered,
+    knowledge: kbmod.Knowledge,
+    inventory_settings: list[tuple[str, Settings]] | None = None,
+) -> HostReport:
+    """The host's report from its settings and facts: pure (tests/unit/test_host_report.py)."""
+    gpu, resources, model = facts.host.gpu, facts.host.resources, facts.model
+    failures = preflight.check(settings, knowledge, gpu, resources, model, facts.host.access)
+    resolver_facts = resolver.Facts(
+        gpu=gpu,
+        model=model,
+        model_key=facts.model_key,
+        device_nodes=tuple(resources.device_nodes) if resources is not None else None,
+        python=resources.python if resources is not None else None,
+    )
+    plan = resolver.resolve(settings, resolver_facts, knowledge)
+    everyone = inventory_settings or [(host_name, settings)]
+    router = None
+    if settings.router is not None and settings.router.host == host_name:
+        router = resolver.resolve_router(settings, host_name, everyone)
+    drain, drained, drain_warnings = drainmod.decide(host_name, settings, everyone, knowledge)
+    plan.decisions.append(drained)
+    plan.warnings.extend(drain_warnings)
+    if (low_ram := preflight.ram_per_rank_warning(settings)) is not None:
+        plan.warnings.append(low_ram)
+    plan.warnings.extend(open_binds(settings, host_name))
+    plan.warnings.extend(preflight.access_warnings(settings, facts.host.access))
+    watched, watched_decision = monitoring.decide(host_name, settings)
+    plan.decisions.append(watched_decision)
+    decision = None
+    serve = None
+    engine_step, model_step = None, None
+    if not failures:
+        kept = referenced_models(facts.serving)
+        decision = decide_stage(
+            settings, resources, facts.model_key, facts.staging, kept, facts.controller
+        )
+        plan.decisions.append(Decision("model staging", decision.what, decision.plan.why))
+        python = plan.engine.python if plan.engine is not None else None
+        serve = serve_plan.serve_plan(
+            settings, plan.ranks, facts.serving, router, drain, watched, python
+        )
+        engine_step, model_step = _step_plans(settings, plan, facts, decision)
+    return HostReport(
+        settings,
+        plan,
+        failures,
+        gpu,
+        resources,
+        model,
+        router,
+        decision,
+        drain,
+        watched,
+        model_key=facts.model_key,
+        serving=facts.serving,
+        serve=serve,
+        engine_step=engine_step,
+        model_step=model_step,
+    )
+
+
+def _step_plans(
+    settings: Settings, plan: resolver.HostPlan, facts: Gathered, decision: StageDecision
+) -> tuple[engine_plan.EnginePlan | None, model_plan.ModelPlan | None]:
+    """The engine and model steps' plans; none while the resolver or the staging refuses."""
+    spec = plan.engine
+    if spec is None or plan.errors or decision.refused:
+        return None, None
+    gpu, resources = facts.host.gpu, facts.host.resources
+    driver = Driver(gpu.driver_version if gpu else None, gpu.cuda_version if gpu else None)
+    nodes = resources.device_nodes if resources is not None else None
+    engine = engine_plan.decide(settings, spec, facts.engine, driver, nodes)
+    model = model_plan.decide(
+        settings,
+        decision,
+        facts.model_key,
+        facts.serving.files,
+        facts.serving.enabled,
+        facts.serving.user_exists,
+        engine.install,
+        spec.python,
+        facts.controller,
+        facts.hub_cli_installed,
+        facts.hub_token,
+    )
+    return engine, model

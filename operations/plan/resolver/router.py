@@ -1,0 +1,218 @@
+"""The router: its command line (every rank of every host as a worker) and unit, for the host
+that runs it, checked against sglang-router's own option table and the hosts' rank ports; its
+control-plane key; and the plan's warnings about what it and the ranks leave open.
+
+The control plane (sglang-router 0.3.2, read in its sdist): `POST /workers`, `GET /workers`
+and `DELETE /workers/{id}` are one route group (src/server.rs:634-639) behind
+`control_plane_auth_middleware` when `--control-plane-api-keys` (or JWT) is configured, else
+behind the plain `--api-key` check, which lets everything through when no key is set
+(src/server.rs:641-656; src/middleware.rs:114-148). The control-plane check wants
+`Authorization: Bearer KEY` and answers 401 without it or for a wrong key, 403 for a key of
+role `user` (src/auth/middleware.rs:214-361; keys kept as SHA-256, compared in constant time,
+src/auth/config.rs:123-237). A worker added through `POST /workers` is then sent client
+requests with the client's own `Authorization` header (src/routers/header_utils.rs:207-219,
+src/routers/http/router.rs:544-557): an open control plane hands a stranger every client's
+bearer key. So the router always starts with one admin key (files/router_launch.py reads it
+from a systemd credential), and every drain call sends it (files/router_workers.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from operations import kb as kbmod
+from operations import layout
+from operations.kb.argv import cli_problems
+from operations.render import units
+from operations.settings import Settings
+
+
+@dataclass(frozen=True)
+class RouterPlan:
+    argv: list[str]
+    unit: str
+    workers: list[str]
+    health_url: str
+    env_dir: str
+    version: str
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def worker_urls(all_settings: list[tuple[str, Settings]]) -> list[str]:
+    """Every rank of every host, as the router reaches it."""
+    return [
+        layout.worker_url(s.server_host, s.base_port + rank)
+        for _, s in all_settings
+        for rank in range(s.dp_size)
+    ]
+
+
+# What the launcher adds to the options in its own process (files/router_launch.py): checked
+# against the release's option table like the rest of the command line.
+CONTROL_PLANE_OPTION = "--control-plane-api-keys"
+ROUTER_MODULE = "sglang_router.launch_router"
+
+
+def control_key_text(settings: Settings) -> str | None:
+    """The control-plane key file's text from the controller (router.control_plane_key_file;
+    checked by settings.controller_problems); None: generated on the router's host."""
+    router = settings.router
+    if router is None or not router.control_plane_key_file:
+        return None
+    return Path(router.control_plane_key_file).expanduser().read_text().strip() + "\n"
+
+
+def key_changes(settings: Settings, files: dict[str, str], runs_router: bool) -> bool:
+    """Whether this run writes the control-plane key on this host: the controller's key is not
+    the one there, or (generated, on the router's own host only) there is none yet. `files`:
+    the ServingState fact's sha256s."""
+    if settings.router is None:
+        return False
+    text = control_key_text(settings)
+    if text is None:
+        return runs_router and layout.CONTROL_PLANE_KEY_FILE not in files
+    return files.get(layout.CONTROL_PLANE_KEY_FILE) != hashlib.sha256(text.encode()).hexdigest()
+
+
+def _loopback(address: str) -> bool:
+    if address in ("localhost",):
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def open_binds(settings: Settings, host_name: str) -> list[str]:
+    """Warnings: what this host serves to anyone who reaches it (no api_key_file)."""
+    if settings.api_key_file:
+        return []
+    found = []
+    if not _loopback(settings.server_host):
+        last = settings.base_port + settings.dp_size - 1
+        found.append(
+            f"{host_name}: server_host {settings.server_host} (set in "
+            f"{settings.origin('server_host')}) with no api_key_file: ranks on ports "
+            f"{settings.base_port}-{last} answer anyone who reaches that address; set "
+            "api_key_file (docs/security.md)"
+        )
+    router = settings.router
+    if router is not None and router.host == host_name and not _loopback(router.bind):
+        found.append(
+            f"{host_name}: router bind {router.bind}:{router.port} (set in "
+            f"{settings.origin('router')}) with no api_key_file: anyone who reaches it is "
+            "served, and the router forwards each client's bearer key to the ranks; set "
+            "api_key_file (docs/security.md, the router's control plane)"
+        )
+    return found
+
+
+def resolve_router(
+    settings: Settings, host_name: str, all_settings: list[tuple[str, Settings]]
+) -> RouterPlan:
+    """The router's command line and unit, for the host that runs it."""
+    router = settings.router
+    assert router is not None and router.host == host_name
+    env_dir = layout.router_env(settings)
+    workers = worker_urls(all_settings)
+    argv = [
+        layout.env_python(env_dir),
+        # The launcher adds the control-plane key in its own process (files/router_launch.py).
+        layout.ROUTER_LAUNCH_SCRIPT,
+        ROUTER_MODULE,
+        "--worker-urls",
+        *workers,
+        "--policy",
+        router.policy,
+        "--host",
+        router.bind,
+        "--port",
+        str(router.port),
+        # Reliability (settings.Router says why each differs from the router's own default).
+        "--retry-max-retries",
+        str(router.retry_max_retries),
+        "--retry-initial-backoff-ms",
+        str(router.retry_initial_backoff_ms),
+        "--health-check-interval-secs",
+        str(router.health_check_interval_s),
+        "--health-failure-threshold",
+        str(router.health_failure_threshold),
+        "--health-success-threshold",
+        str(router.health_success_threshold),
+        "--cb-failure-threshold",
+        str(router.cb_failure_threshold),
+        "--cb-timeout-duration-secs",
+        str(router.cb_timeout_s),
+        "--worker-startup-timeout-secs",
+        str(router.worker_startup_timeout_s),
+        # Its Prometheus metrics, where the targets file says (operations/plan/monitoring.py).
+        "--prometheus-host",
+        router.bind,
+        "--prometheus-port",
+        str(router.metrics_port),
+    ]
+    errors: list[str] = []
+    warnings: list[str] = []
+    table = kbmod.load_cli_table("sglang-router", router.version)
+    if table is None:
+        errors.append(
+            f"router version {router.version!r}: no option table for sglang-router "
+            f"{router.version}; run 'python scripts/gen_cli_table.py sglang-router "
+            f"{router.version}' (see operations/kb/knowledge/cli/README.md)"
+        )
+    else:
+        launched = [*argv[3:], CONTROL_PLANE_OPTION, "sglang-deploy:sglang-deploy:admin:KEY"]
+        found, warned = cli_problems(launched, table, "router command line")
+        errors += found
+        warnings += warned
+        if CONTROL_PLANE_OPTION not in table.options:
+            errors.append(
+                f"router version {router.version!r}: sglang-router {router.version} has no "
+                f"{CONTROL_PLANE_OPTION}, so its worker API (add, remove) would be open to "
+                "anyone who reaches its port; pin a release that has it (0.3.2)"
+            )
+    others = [name for name, s in all_settings if name != host_name and s.dp_size > 0]
+    if others and not router.control_plane_key_file:
+        errors.append(
+            f"router.control_plane_key_file (set in {settings.origin('router')}): not set, and "
+            f"the router on {host_name} serves the ranks of {', '.join(others)} too, whose "
+            "drains must send its control-plane key; accepted: a file on the controller "
+            "holding one key (e.g. `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
+        )
+    if router.metrics_port == router.port:
+        errors.append(
+            f"router metrics_port {router.metrics_port} (set in {settings.origin('router')}) is "
+            "the router's own port; choose another"
+        )
+    for name, s in all_settings:
+        ports = range(s.base_port, s.base_port + s.dp_size)
+        for what, port in (
+            ("router port", router.port),
+            ("router metrics_port", router.metrics_port),
+        ):
+            if name == host_name and port in ports:
+                errors.append(
+                    f"{what} {port} (set in {settings.origin('router')}) collides with "
+                    f"rank {port - s.base_port} of {name} (ports {ports.start}-{ports.stop - 1})"
+                    "; choose a router port outside every host's rank ports"
+                )
+        if name != host_name and s.server_host.startswith("127."):
+            warnings.append(
+                f"router on {host_name} reaches {name}'s ranks at {s.server_host}, a loopback "
+                "address: set server_host for that host to an address the router can reach"
+            )
+    unit = units.router_unit(settings, argv, len(workers))
+    return RouterPlan(
+        argv=argv,
+        unit=unit,
+        workers=workers,
+        health_url=layout.health_url(router.bind, router.port),
+        env_dir=env_dir,
+        version=router.version,
+        errors=errors,
+        warnings=warnings,
+    )

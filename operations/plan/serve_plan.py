@@ -1,0 +1,525 @@
+"""What the serve and smoke steps do, decided in the plan from the ServingState fact.
+
+host_plan.decide calls `serve_plan` once per host; the HostReport carries the ServePlan, the
+plan command shows it (`python -m operations.plan --json`: "serve"), and operations/steps/serve.py
+and
+operations/steps/smoke.py carry it out without deciding again:
+
+- ranks that are not serving start together (`RollPlan.start`);
+- a serving rank restarts when and only when its own unit file changes, or the API key file
+  the ranks read changes (`secret_changed`): in batches of `restart_batch_size`;
+- ranks beyond `dp_size` are removed;
+- the router (re)starts when its environment is not installed, its unit changed or it is not
+  active (`router_restart`);
+- a chat request goes to each rank this run (re)starts and, when anything (re)started, through
+  the router: behind a router each rolled batch is asked before it rejoins (`batch_smoke`), the
+  rest after the serve step (`smoke`);
+- once every batch is healthy, staged copies no unit names any more go (`prune_doomed`);
+- every file the two steps write, with its content, the digest the ServingState fact read and
+  its registry entry's mode and owners (`files`, `rank_units`, `smoke_files`,
+  `control_plane_key`, and the router's `RouterStep`): the steps hand each to
+  `host_files.put_planned` and read no fact.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from operations import layout
+from operations.facts.serve import Serving, referenced_models
+from operations.kb.pins import PinError, router_requirements
+from operations.plan.drain import DrainPlan
+from operations.plan.engine_spec import tools_uv_config
+from operations.plan.monitoring import DASHBOARD_SOURCE, MonitoringPlan
+from operations.plan.planned_files import PlannedFile, planned, sha256
+from operations.plan.resolver import Rank, RouterPlan
+from operations.plan.resolver.router import control_key_text
+from operations.plan.resolver.router import key_changes as router_key_changes
+from operations.plan.vocabulary import FileJson, RouterStepJson, ServeJson, SmokeJson
+from operations.render import units
+from operations.render.host_scripts import script_text
+from operations.settings import Settings
+
+ROUTER_TARGET = "router"  # files/smoke.py ROUTER: judged by its chat answers alone
+
+
+def batches(ranks: Sequence[Rank], size: int) -> list[list[Rank]]:
+    return [list(ranks[i : i + size]) for i in range(0, len(ranks), size)]
+
+
+@dataclass(frozen=True)
+class RollPlan:
+    """What the serve step does to the ranks, decided from the fact alone."""
+
+    # Not serving now: their (new) units are written and they start together.
+    start: list[Rank] = field(default_factory=list)
+    # Serving, and their unit changed: rewritten and restarted, one batch at a time.
+    batches: list[list[Rank]] = field(default_factory=list)
+    # Beyond dp_size: stopped, disabled, removed.
+    remove: list[int] = field(default_factory=list)
+    # Serving and unchanged: not touched.
+    unchanged: list[Rank] = field(default_factory=list)
+    # Rolled although their unit file is what the plan says: the running process does not run
+    # it (a deploy killed between a unit's write and its restart), rank -> why.
+    pending: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def rolled(self) -> list[Rank]:
+        return [rank for batch in self.batches for rank in batch]
+
+
+def roll_plan(
+    ranks: Sequence[Rank], serving: Serving, batch_size: int, secret_changed: bool = False
+) -> RollPlan:
+    """Which ranks start, which restart in which batches, which go.
+
+    A rank's unit file names its engine environment and model copy, so "what it runs changed"
+    is "its unit text changed": nothing is inferred from links or times. After a roll that
+    stopped at a failed batch (or a reboot in the middle of one) the fact shows the rolled
+    ranks' files already new and the others old, so a re-run rolls exactly the rest.
+    `secret_changed`: the API key file the ranks read with --config changed: all restart.
+    A file on disk is what *will* run; a rank whose process started before its unit file (or
+    the key file) last changed, or whose unit systemd has not reloaded, is "pending restart"
+    (`Serving.pending_restart`) and rolls in the same drained, health-gated batches.
+    """
+    plan = RollPlan(remove=sorted(set(serving.rank_files()) - {r.rank for r in ranks}))
+    restart: list[Rank] = []
+    for rank in ranks:
+        now = serving.ranks.get(rank.rank)
+        if now is None or not now.running:
+            plan.start.append(rank)
+        elif now.unit_sha256 != sha256(rank.unit) or secret_changed:
+            restart.append(rank)
+        elif (why := serving.pending_restart(rank.rank)) is not None:
+            plan.pending[rank.rank] = why
+            restart.append(rank)
+        else:
+            plan.unchanged.append(rank)
+    plan.batches.extend(batches(restart, max(1, batch_size)))
+    return plan
+
+
+def secrets_text(settings: Settings) -> str | None:
+    """The options file that carries the API key; None when no key is configured."""
+    if not settings.api_key_file:
+        return None
+    key = Path(settings.api_key_file).expanduser().read_text().strip()
+    # JSON string syntax is valid YAML and escapes whatever the key holds.
+    return f"api-key: {json.dumps(key)}\n"
+
+
+def router_restarts(serving: Serving, plan: RouterPlan, key_changes: bool = False) -> bool:
+    """Whether the serve step (re)starts the router this run: its environment is not installed,
+    its unit text is new, it is not active, or its control-plane key is written this run
+    (`key_changes`, resolver/router.py)."""
+    unit = serving.files.get(layout.unit_path(layout.ROUTER_UNIT))
+    router = serving.router
+    installed = layout.router_marker(plan.env_dir) in serving.files
+    stale = unit != sha256(plan.unit) or key_changes
+    if stale or router is None or router.active != "active" or not installed:
+        return True
+    return router.pending_restart() is not None
+
+
+def smoke_targets(
+    settings: Settings, ranks: Sequence[Rank], router: RouterPlan | None, router_too: bool
+) -> list[str]:
+    """The script's NAME=URL[*COUNT] arguments: each (re)started rank once, then the router
+    `smoke_router_requests` times when it is asked too."""
+    targets = [f"{r.unit_name}={layout.rank_api_base(settings, r.rank)}" for r in ranks]
+    base = layout.router_api_base(settings)
+    count = settings.smoke_router_requests
+    if router is not None and router_too and base is not None and count > 0:
+        targets.append(f"{ROUTER_TARGET}={base}*{count}")
+    return targets
+
+
+def router_workers(settings: Settings) -> list[str]:
+    """The script's --router-worker UNIT=URL arguments: every rank of this host, as the host
+    reaches it. A request through the router carries the key on to a rank, so each one that
+    listens is checked as the router is (files/smoke.py)."""
+    return [
+        f"{layout.unit_name(rank)}={layout.rank_api_base(settings, rank)}"
+        for rank in range(settings.dp_size)
+    ]
+
+
+@dataclass(frozen=True)
+class SmokeRequests:
+    """One run of files/smoke.py: the interpreter it runs with (an engine environment's, for
+    httpx), its NAME=URL[*COUNT] targets (no targets: nothing is asked), and when the router
+    is asked, this host's ranks it forwards to."""
+
+    python: str = ""
+    targets: list[str] = field(default_factory=list)
+    router_workers: list[str] = field(default_factory=list)
+
+
+def _smoke_json(smoke: SmokeRequests) -> SmokeJson:
+    return {
+        "python": smoke.python,
+        "targets": smoke.targets,
+        "router_workers": smoke.router_workers,
+    }
+
+
+@dataclass(frozen=True)
+class RouterStep:
+    """What the serve step does for the router on the host that runs it: its environment
+    (installed when the marker is missing), the files it writes, whether it (re)starts."""
+
+    version: str
+    env_dir: str
+    engine_root: str
+    # The marker is missing: the environment is built afresh (router_env).
+    install: bool
+    # The pinned requirements the install writes into the environment and installs from.
+    requirements: PlannedFile
+    # The package sources (a secret: the index URL may carry credentials), before an install.
+    uv_config: PlannedFile | None
+    launcher: PlannedFile
+    unit: PlannedFile
+    restart: bool
+    health_url: str
+
+    @property
+    def files(self) -> list[PlannedFile]:
+        """In the order the step writes them (the uv config and requirements: installs only)."""
+        first = [self.uv_config, self.requirements] if self.install else []
+        return [f for f in (*first, self.launcher, self.unit) if f is not None]
+
+    def to_json(self) -> RouterStepJson:
+        return {
+            "version": self.version,
+            "env_dir": self.env_dir,
+            "install": self.install,
+            "restart": self.restart,
+            "files": [f.to_json() for f in self.files],
+        }
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    """Everything the serve and smoke steps act on (see the module's docstring)."""
+
+    roll: RollPlan
+    # The API key file's text (never shown); None: no key configured.
+    secret: str | None = None
+    secret_changed: bool = False
+    # No key configured, and the host has a key file: it goes.
+    remove_secret: bool = False
+    router_restart: bool = False
+    # Behind a router, with smoke requests on: one per rolled batch, asked before it rejoins.
+    batch_smoke: list[SmokeRequests | None] = field(default_factory=list)
+    # What the smoke step asks after the serve step.
+    smoke: SmokeRequests = field(default_factory=SmokeRequests)
+    # Keys of the staged copies the units name, and the copies (paths) that go after the roll.
+    prune_keep: list[str] = field(default_factory=list)
+    prune_doomed: list[str] = field(default_factory=list)
+    # How a batch leaves and rejoins the router (None: not drain-protected).
+    drain: DrainPlan | None = None
+    # Serving, unchanged ranks the router does not list: an interrupted run took them out (a
+    # drain) and never put them back. They rejoin (router_workers in) with no restart.
+    readmit: list[int] = field(default_factory=list)
+    # The serve step's files, in the order it writes them (scripts, the API key file, the
+    # target unit, the monitoring files), and whether the target unit is new.
+    files: list[PlannedFile] = field(default_factory=list)
+    target_changes: bool = False
+    # Each rank's unit (for the ranks that start or roll: what the step writes).
+    rank_units: dict[int, PlannedFile] = field(default_factory=dict)
+    # The smoke step's (the request script, unless the serve step ships it for a batch).
+    smoke_files: list[PlannedFile] = field(default_factory=list)
+    # The router's control-plane key, when this run writes it (resolver/router.key_changes).
+    control_plane_key: PlannedFile | None = None
+    # On the router's host.
+    router: RouterStep | None = None
+    # Why the plan cannot be carried out (a release with no pinned requirements).
+    errors: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """What this run does to the ranks, for the plan printed before any change."""
+
+        def names(ranks: Sequence[Rank]) -> str:
+            return ", ".join(str(r.rank) for r in ranks)
+
+        plan = self.roll
+        parts = []
+        if plan.start:
+            parts.append(f"start rank(s) {names(plan.start)} together")
+        if plan.batches:
+            order = " then ".join(f"[{names(b)}]" for b in plan.batches)
+            drained = (
+                f", each drained through the router first (up to {self.drain.timeout_s}s)"
+                if self.drain is not None
+                else " (not drain-protected: no router)"
+            )
+            why = "unit changed"
+            if plan.pending:
+                pending = ", ".join(f"{r}: {w}" for r, w in sorted(plan.pending.items()))
+                why = f"unit changed or pending restart ({pending})"
+            parts.append(f"restart ({why}) in batches {order}{drained}")
+        if plan.remove:
+            parts.append(f"stop and remove rank(s) {', '.join(map(str, plan.remove))}")
+        if self.readmit:
+            parts.append(
+                f"put rank(s) {', '.join(map(str, self.readmit))} back into the router "
+                "(an earlier run took them out and did not finish)"
+            )
+        return "; ".join(parts) or "every rank runs what the plan says: nothing to restart"
+
+    def to_json(self) -> ServeJson:
+        def numbers(ranks: Sequence[Rank]) -> list[int]:
+            return [r.rank for r in ranks]
+
+        return {
+            "start": numbers(self.roll.start),
+            "batches": [numbers(b) for b in self.roll.batches],
+            "remove": self.roll.remove,
+            "unchanged": numbers(self.roll.unchanged),
+            "pending": {str(r): why for r, why in sorted(self.roll.pending.items())},
+            "readmit": self.readmit,
+            "secret_changed": self.secret_changed,
+            "remove_secret": self.remove_secret,
+            "router_restart": self.router_restart,
+            "batch_smoke": [_smoke_json(b) if b else None for b in self.batch_smoke],
+            "smoke": _smoke_json(self.smoke),
+            "prune_keep": self.prune_keep,
+            "prune_doomed": self.prune_doomed,
+            "summary": self.summary(),
+            "files": _files_json(self.files),
+            "smoke_files": _files_json(self.smoke_files),
+            "rank_units": _files_json([self.rank_units[r] for r in sorted(self.rank_units)]),
+            "control_plane_key": (
+                self.control_plane_key.to_json() if self.control_plane_key else None
+            ),
+            "router_step": self.router.to_json() if self.router is not None else None,
+        }
+
+
+def _files_json(files: Sequence[PlannedFile]) -> list[FileJson]:
+    return [f.to_json() for f in files]
+
+
+def serve_plan(
+    settings: Settings,
+    ranks: Sequence[Rank],
+    serving: Serving,
+    router: RouterPlan | None,
+    drain: DrainPlan | None,
+    watched: MonitoringPlan | None = None,
+    python_minor: str | None = None,
+) -> ServePlan:
+    """The serve and smoke steps' decisions for this host (router: set on the router's host;
+    watched: the monitoring files; python_minor: the host's python3, "3.11", the router's)."""
+    s = settings
+    secret = secrets_text(s)
+    secret_changed = secret is not None and serving.files.get(layout.SECRETS_FILE) != sha256(secret)
+    roll = roll_plan(ranks, serving, s.restart_batch_size, secret_changed)
+    router_restart = router is not None and router_restarts(
+        serving, router, router_key_changes(s, serving.files, runs_router=True)
+    )
+
+    batch_smoke: list[SmokeRequests | None] = []
+    for batch in roll.batches:
+        if drain is not None and s.smoke_requests:
+            targets = smoke_targets(s, batch, None, router_too=False)
+            batch_smoke.append(SmokeRequests(layout.env_python(batch[0].engine_env), targets))
+        else:
+            batch_smoke.append(None)
+    smoke = SmokeRequests()
+    if s.smoke_requests:
+        # A drained batch already answered before it rejoined the router.
+        asked = [r for r in (*roll.start, *roll.rolled) if not _asked_in_roll(r, roll, drain, s)]
+        router_too = router is not None and (bool(roll.start or roll.rolled) or router_restart)
+        targets = smoke_targets(s, asked, router, router_too)
+        if targets:
+            python = layout.env_python((asked or list(ranks))[0].engine_env)
+            through = any(t.startswith(f"{ROUTER_TARGET}=") for t in targets)
+            smoke = SmokeRequests(python, targets, router_workers(s) if through else [])
+
+    keep = {r.model_path for r in ranks}
+    keys = sorted(k for p in keep if (k := layout.copy_key(s, p)) is not None)
+    doomed: list[str] = []
+    if keys:  # the ranks read the link (copy not known): nothing is named, nothing goes
+        present = referenced_models(serving)
+        if serving.model_target:
+            present.add(layout.stage_tree(s).entry(serving.model_target))
+        doomed = sorted(p for p in present - keep if layout.copy_key(s, p) is not None)
+    errors: list[str] = []
+    router_step = None
+    if router is not None:
+        try:
+            router_step = _router_step(s, router, serving, router_restart, python_minor)
+        except PinError as e:
+            errors.append(f"router version {router.version!r}: {e}")
+    serve_files, smoke_files = _serve_files(
+        s, serving, secret, drain, batch_smoke, watched, rolls=bool(roll.batches)
+    )
+    return ServePlan(
+        roll=roll,
+        files=serve_files,
+        target_changes=any(
+            f.changes is not False for f in serve_files if f.path == layout.unit_path(layout.TARGET)
+        ),
+        rank_units=_rank_units(s, [*roll.start, *roll.rolled], serving),
+        smoke_files=smoke_files,
+        control_plane_key=_control_plane_key(s, serving, runs_router=router is not None),
+        router=router_step,
+        errors=errors,
+        readmit=left_out(roll, serving, drain),
+        secret=secret,
+        secret_changed=secret_changed,
+        remove_secret=secret is None and layout.SECRETS_FILE in serving.files,
+        router_restart=router_restart,
+        batch_smoke=batch_smoke,
+        smoke=smoke,
+        prune_keep=keys,
+        prune_doomed=doomed,
+        drain=drain,
+    )
+
+
+def left_out(roll: RollPlan, serving: Serving, drain: DrainPlan | None) -> list[int]:
+    """Unchanged, serving ranks the router does not list (when this host could read its list):
+    a run killed in a drain left them out. A rank being started or rolled rejoins anyway."""
+    listed = serving.router_workers
+    if drain is None or listed is None:
+        return []
+    return [r.rank for r in roll.unchanged if drain.worker(r.rank).rstrip("/") not in listed]
+
+
+def _asked_in_roll(rank: Rank, roll: RollPlan, drain: DrainPlan | None, s: Settings) -> bool:
+    return drain is not None and s.smoke_requests and rank in roll.rolled
+
+
+def _serve_files(
+    s: Settings,
+    serving: Serving,
+    secret: str | None,
+    drain: DrainPlan | None,
+    batch_smoke: Sequence[SmokeRequests | None],
+    watched: MonitoringPlan | None,
+    rolls: bool,
+) -> tuple[list[PlannedFile], list[PlannedFile]]:
+    """The serve step's files in the order it writes them, and the smoke step's: the request
+    script goes with the serve step when a drained batch is asked before it rejoins, else with
+    the smoke step (shipped either way, for `status --probe`)."""
+    now = serving.files
+
+    def file(name: str, path: str, src: str | bytes | Path, shown: bool = False) -> PlannedFile:
+        return planned(name, layout.managed_file(s, path), src, now, shown=shown)
+
+    files = [file("health-wait script", layout.WAIT_SCRIPT, script_text("wait_healthy.py"))]
+    if rolls:
+        # Only a roll runs it (each batch is one host command): a converged run has no
+        # operation for it (issue 29's floor).
+        files.append(
+            file("roll-batch script", layout.ROLL_BATCH_SCRIPT, script_text("roll_batch.py"))
+        )
+    if secret is not None:
+        # A secret: mode 640 before the first byte, /etc/sglang 750 on every run.
+        files.append(file("API key file", layout.SECRETS_FILE, secret))
+    smoke = script_text("smoke.py")
+    smoke_files = [file("Smoke | request script", layout.SMOKE_SCRIPT, smoke)]
+    if drain is not None:
+        files.append(
+            file("drain script", layout.ROUTER_WORKERS_SCRIPT, script_text("router_workers.py"))
+        )
+        if any(batch_smoke):
+            # Each drained batch answers a chat request before it rejoins the router.
+            files.append(file("smoke script", layout.SMOKE_SCRIPT, smoke))
+            smoke_files = []
+    target = layout.unit_path(layout.TARGET)
+    files.append(file(layout.TARGET, target, units.target_unit(), shown=True))
+    if watched is not None:
+        files.append(file("Prometheus targets file", watched.targets_file, watched.targets_text()))
+        files.append(file("Grafana dashboard", watched.dashboard_file, DASHBOARD_SOURCE))
+    return files, smoke_files
+
+
+def _rank_units(s: Settings, ranks: Sequence[Rank], serving: Serving) -> dict[int, PlannedFile]:
+    """The unit file of each rank the step writes, with the digest the fact read (by glob)."""
+    now: dict[str, str] = {}
+    for rank, unit in serving.ranks.items():
+        if unit.unit_sha256 is not None:
+            now[layout.rank_unit_path(rank)] = unit.unit_sha256
+    return {
+        r.rank: planned(
+            r.unit_name,
+            layout.managed_file(s, layout.rank_unit_path(r.rank)),
+            r.unit,
+            now,
+            shown=True,
+        )
+        for r in ranks
+    }
+
+
+def _control_plane_key(s: Settings, serving: Serving, runs_router: bool) -> PlannedFile | None:
+    """The router's control-plane key on every host behind it, when this run writes it: the
+    controller's router.control_plane_key_file, or, unset, one generated here once with the
+    CSPRNG (`secrets`) and kept. Root only: systemd hands the router unit a copy
+    (LoadCredential=)."""
+    if not router_key_changes(s, serving.files, runs_router=runs_router):
+        return None
+    text = control_key_text(s)
+    return planned(
+        "Router: control-plane key (root only)",
+        layout.managed_file(s, layout.CONTROL_PLANE_KEY_FILE),
+        text if text is not None else secrets.token_urlsafe(32) + "\n",
+        serving.files,
+        generated=text is None,
+    )
+
+
+def _router_step(
+    s: Settings, plan: RouterPlan, serving: Serving, restart: bool, python: str | None
+) -> RouterStep:
+    """The router's part of the serve step (raises PinError: no pinned requirements)."""
+    if python is None:
+        raise PinError("the host's python3 is not known")
+    now: Mapping[str, str] = serving.files
+    tree = layout.engine_tree(s)
+    install = layout.router_marker(plan.env_dir) not in now
+    uv_config = None
+    if install:
+        # Root-only: the main index URL may carry credentials.
+        wheelhouse_dir = tree.wheelhouse if s.wheelhouse else None
+        uv_config = planned(
+            "Router: uv.toml",
+            layout.managed_file(s, tree.uv_config),
+            tools_uv_config(s, wheelhouse_dir),
+            now,
+        )
+    return RouterStep(
+        version=plan.version,
+        env_dir=plan.env_dir,
+        engine_root=s.engine_root,
+        install=install,
+        requirements=planned(
+            "Router: requirements",
+            layout.managed_file(s, layout.env_requirements(plan.env_dir)),
+            router_requirements(plan.version, python),
+            now,
+        ),
+        uv_config=uv_config,
+        launcher=planned(
+            "Router: launcher",
+            layout.managed_file(s, layout.ROUTER_LAUNCH_SCRIPT),
+            script_text("router_launch.py"),
+            now,
+        ),
+        unit=planned(
+            "Router: unit",
+            layout.managed_file(s, layout.unit_path(layout.ROUTER_UNIT)),
+            plan.unit,
+            now,
+            shown=True,
+        ),
+        restart=restart,
+        health_url=plan.health_url,
+    )

@@ -1,0 +1,155 @@
+"""What an engine needs beside its wheels: the lane's CUDA compiler (ENGINE_ROOT/cuda/<name>,
+shared by every engine of that compiler) and the Debian packages the JIT builds and the kernel
+load (facts/engine.py HOST_PACKAGES). The plan decides which compiler (engine_spec.Toolkit);
+these operations carry it out, reading only the EngineState fact the engine step already read,
+so a converged host costs no round trip here.
+
+Online, the host downloads each archive from the toolkit's URL (NVIDIA's redist, or PyPI's file
+host for the CUDA 13 wheels); offline (setting wheelhouse), the controller's `cuda-redist/`
+directory beside the wheelhouse is uploaded first. Either way files/cuda_toolkit.py checks each
+archive's size and sha256 before unpacking it, and renames the toolkit into place only when
+its nvcc runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from collections.abc import Mapping
+
+from pyinfra.api.command import FileUploadCommand, FunctionCommand, StringCommand
+from pyinfra.api.host import Host
+from pyinfra.api.operation import operation
+from pyinfra.api.state import State
+from pyinfra.context import host
+
+from operations.facts.engine import HOST_PACKAGES
+from operations.layout import EngineTree
+from operations.plan.engine_spec import Toolkit
+from operations.render.host_scripts import script_text
+from operations.runtime.host_call import Commands
+from operations.steps.host_files import put_file
+
+INSTALL_SCRIPT = script_text("cuda_toolkit.py")
+# Beside the wheelhouse on the controller; on the host, under ENGINE_ROOT.
+REDIST_DIR = "cuda-redist"
+
+
+def redist_dir(wheelhouse: str) -> str:
+    """The controller's directory of compiler archives for offline installs."""
+    return os.path.join(os.path.dirname(os.path.abspath(wheelhouse.rstrip("/"))), REDIST_DIR)
+
+
+def _q(text: str) -> str:
+    return shlex.quote(text)
+
+
+def _fail(state: State, host: Host, message: str) -> bool:
+    from pyinfra import logger
+
+    logger.error(f"{host.print_prefix}{message}")
+    return False
+
+
+@operation()
+def host_packages(installed: list[str]) -> Commands:
+    """
+    Install the Debian packages an engine needs beside its wheels (libnuma1, g++) with apt.
+
+    + installed: those of them dpkg already reports installed (the EngineState fact)
+    """
+    missing = [p for p in HOST_PACKAGES if p not in installed]
+    if not missing:
+        host.noop(f"{', '.join(HOST_PACKAGES)} installed")
+        return
+    names = " ".join(_q(p) for p in missing)
+    # Lists first only when the install alone fails: a fresh container has none.
+    yield (
+        "export DEBIAN_FRONTEND=noninteractive; "
+        f"apt-get install -y -q --no-install-recommends {names} || "
+        f"(apt-get update -q && apt-get install -y -q --no-install-recommends {names})"
+    )
+
+
+@operation(is_idempotent=False)
+def sync_archives(src: str, dest: str, tools: Toolkit | Mapping[str, object]) -> Commands:
+    """
+    Upload the compiler's archives from the controller's cuda-redist/ directory (offline
+    installs), each under a temporary name renamed when complete; refuse, changing nothing,
+    when one is missing there.
+
+    + src: the controller's cuda-redist/ directory
+    + dest: its copy on the host (ENGINE_ROOT/cuda-redist)
+    + tools: the toolkit (engine_spec.Toolkit or its to_json())
+    """
+    if not isinstance(tools, Toolkit):
+        tools = Toolkit.from_json(tools)
+    # os.path rather than pathlib: pyinfra-testing fakes local files through os.
+    missing = [a.file_name for a in tools.archives if not os.path.isfile(f"{src}/{a.file_name}")]
+    if missing:
+        yield FunctionCommand(
+            _fail,
+            (
+                f"cuda-redist: no {', '.join(missing)} in {src} (nvcc {tools.version}'s "
+                f"archives; download them from {tools.url}); nothing changed",
+            ),
+            {},
+        )
+        return
+    yield StringCommand("mkdir", "-p", _q(f"{dest}/.partial"))
+    for archive in tools.archives:
+        partial = f"{dest}/.partial/{archive.file_name}"
+        # A random temp name for pyinfra's `_sudo` upload (its default, /tmp/pyinfra-<sha1 of
+        # dest>, is a name a local user could create first).
+        yield FileUploadCommand(
+            f"{src}/{archive.file_name}", partial, remote_temp_filename=host.get_temp_filename()
+        )
+        yield StringCommand("mv", "-f", _q(partial), _q(f"{dest}/{archive.file_name}"))
+
+
+def toolkit_arguments(engine_root: str, tools: Toolkit, offline: bool) -> str:
+    """What files/cuda_toolkit.py is given (ENGINE_ROOT/cuda/.NAME.json, root-only): the
+    engine plan lists it (engine_plan.py), install_toolkit writes it."""
+    arguments = {
+        "home": tools.home(engine_root),
+        "source": EngineTree(engine_root).redist(REDIST_DIR) if offline else tools.url,
+        "root": tools.root,
+        "archives": [{"path": a.path, "sha256": a.sha256, "size": a.size} for a in tools.archives],
+        "marker": {"version": tools.version, "archives": [a.file_name for a in tools.archives]},
+    }
+    return json.dumps(arguments, indent=1) + "\n"
+
+
+@operation()
+def install_toolkit(
+    engine_root: str,
+    tools: Toolkit | Mapping[str, object],
+    installed: list[str],
+    offline: bool = False,
+) -> Commands:
+    """
+    Unpack the lane's compiler into ENGINE_ROOT/cuda/<name>, each archive checked against its
+    manifest's sha256 and size first; complete (its marker written, nvcc run) or absent.
+
+    + engine_root: the engine root on the host
+    + tools: the toolkit (engine_spec.Toolkit or its to_json())
+    + installed: the complete toolkits under ENGINE_ROOT/cuda (the EngineState fact)
+    + offline: take the archives from ENGINE_ROOT/cuda-redist instead of the toolkit's URL
+    """
+    if not isinstance(tools, Toolkit):
+        tools = Toolkit.from_json(tools)
+    home = tools.home(engine_root)
+    if tools.name in installed:
+        host.noop(f"nvcc {tools.version} is installed in {home}")
+        return
+    # Root-only, never on a command line: a mirror's URL may carry a token.
+    args_file = EngineTree(engine_root).toolkit_args(tools.name)
+    yield from put_file._inner(
+        src=toolkit_arguments(engine_root, tools, offline),
+        dest=args_file,
+        mode="600",
+        dir_mode="755",
+        secret=True,
+    )
+    yield StringCommand("python3", "-c", _q(INSTALL_SCRIPT), _q(args_file))
