@@ -9,7 +9,7 @@ restarts it, waits for /health and a chat request, and only then puts it back
 (`POST /workers`). Every call sends the router's control-plane key (layout.CONTROL_PLANE_KEY_FILE,
 read on the host; resolver/router.py says how sglang-router checks it). The serve step carries
 this out with files/router_workers.py; this module only
-decides it (pure: settings and knowledge in, DrainPlan out), so `operations.cli.plan` shows it.
+decides it (pure: settings and knowledge in, DrainPlan out), so `operations.plan` shows it.
 
 Without a router, clients talk to the ranks directly: a roll restarts each batch as before, and
 the plan says that its in-flight requests are cut.

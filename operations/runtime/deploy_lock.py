@@ -24,8 +24,8 @@ a channel of the deploy's own SSH connection. The lock goes when that process ex
 A second deploy that finds the lock held prints who holds it (user, controller, pid, since
 when) and waits for it up to `deploy_lock_wait_s` (default 1800 s, beyond the 15 minutes),
 then refuses the host with that message; it changes nothing meanwhile. When the lock comes
-free while it waits, it names the run that let it go. Read-only commands (operations.cli.plan,
-operations.cli.status) take no lock. Connectors other than SSH and @local (such as @fake of
+free while it waits, it names the run that let it go. Read-only commands (operations.plan,
+operations.status) take no lock. Connectors other than SSH and @local (such as @fake of
 `make demo`) hold no lock.
 """
 

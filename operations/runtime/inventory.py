@@ -7,7 +7,7 @@ Two doors, one set of rules:
 - Under pyinfra's CLI (`pyinfra INVENTORY deploy.py`, `pyinfra inventory/pve.py pve.py`),
   pyinfra has loaded the inventory and connected; `inventory_settings(state)` checks every
   host's settings once per run, and `refuse` stops a host before any change.
-- The controller's own commands (`operations.cli.plan`, `.status`, `.releases`, `.lock`) call
+- The controller's own commands (`operations.plan`, `.status`, `.releases`, `.lock`) call
   `open_session(path, --data)`: the inventory loaded as pyinfra's CLI loads it (same
   connectors, @fake included), each host's settings checked, then `Session.connect()` and
   `Session.each()`, which visits every host in inventory order under pyinfra's host context

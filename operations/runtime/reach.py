@@ -3,7 +3,7 @@ reached: the inventories read them from the environment (CT200_HOST, PVE_HOST, .
 address lives in the repo, and a run without them tries a default name.
 
 An inventory calls `from_environment` for each address; when that host cannot be reached,
-`operations.cli.plan` and `operations.cli.status` add the hint to their one line, and under
+`operations.plan` and `operations.status` add the hint to their one line, and under
 pyinfra's
 CLI an unset variable is logged up front.
 """

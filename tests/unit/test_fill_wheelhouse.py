@@ -89,7 +89,7 @@ def test_a_missing_lock_is_one_line(tmp_path: Path) -> None:
     rc, err = fill_main(str(tmp_path / "nope.lock"), str(tmp_path / "wh"), "--no-cuda")
     assert rc == 1
     (line,) = err.splitlines()
-    assert "nope.lock: no such file" in line and "operations.cli.engine_lock" in line
+    assert "nope.lock: no such file" in line and "-m operations.lock" in line
 
 
 def test_an_unreachable_wheel_names_its_package(index: LocalIndex, tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ def test_redaction_hides_userinfo_only() -> None:
 
 
 def test_status_json_never_shows_a_url_credential() -> None:
-    # A settings problem quoting an index URL, as operations.cli.status shows an invalid host.
+    # A settings problem quoting an index URL, as operations.status shows an invalid host.
     error = "settings: package_index_url = 'https://deploy:s3cret@mirror.example/simple x'"
     broken = st.HostResult("ct201", reachable=False, error=error, invalid_settings=True)
     document = json.dumps(st.to_json([broken]))

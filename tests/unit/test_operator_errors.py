@@ -346,7 +346,7 @@ def lock(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
     [
         (
             "0.5.99",
-            ["sglang_version '0.5.99'", "not in the knowledge base", "operations.cli.releases"],
+            ["sglang_version '0.5.99'", "not in the knowledge base", "operations.releases"],
         ),
         ("0.5.23", ["cuda_lane 'cu128'", "has no cu128", "offers cu130"]),
     ],
@@ -422,11 +422,11 @@ def test_the_kernel_index_is_named_by_its_setting() -> None:
 @pytest.mark.parametrize(
     "argv",
     [
-        ["operations.cli.plan", DEMO, "--json"],
-        ["operations.cli.plan", DEMO],
-        ["operations.cli.status", DEMO, "--json"],
-        ["operations.cli.status", DEMO],
-        ["operations.cli.releases", DEMO],
+        ["operations.plan", DEMO, "--json"],
+        ["operations.plan", DEMO],
+        ["operations.status", DEMO, "--json"],
+        ["operations.status", DEMO],
+        ["operations.releases", DEMO],
     ],
 )
 def test_a_closed_pipe_is_quiet(argv: list[str]) -> None:

@@ -89,7 +89,7 @@ def test_an_unreadable_inventory_is_one_line(capsys: pytest.CaptureFixture[str])
 
 @dataclasses.dataclass
 class Asked:
-    """What `operations.cli.releases` asked the plan on one host: the facts it gathered once, the
+    """What `operations.releases` asked the plan on one host: the facts it gathered once, the
     host's settings, and the report of each (release, lane)."""
 
     host: str
@@ -105,7 +105,7 @@ class Asked:
 
 
 def _asked(inventory: Path) -> Asked:
-    """Run `operations.cli.releases` on `inventory`, recording each call of the plan it makes."""
+    """Run `operations.releases` on `inventory`, recording each call of the plan it makes."""
     calls: list[tuple[str, Settings, Gathered, HostReport]] = []
     real = host_plan.decide
 
