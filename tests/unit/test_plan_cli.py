@@ -341,7 +341,7 @@ def test_a_deploy_caches_this_package_bytecode_unless_told_not_to(
         env=env,
     )
     assert "--attention-backend flashinfer" in result.stdout + result.stderr, result.stderr
-    cached = {p.name.split(".")[0] for p in tmp_path.rglob("operations/*.pyc")}
+    cached = {p.name.split(".")[0] for p in tmp_path.rglob("operations/**/*.pyc")}
     if dont_write:
         assert cached == set()
     else:
