@@ -70,7 +70,7 @@ from operations.render import units
 from operations.render.host_scripts import script_text
 from operations.runtime.host_call import Commands, HostCall, run
 from operations.settings import Settings
-from operations.steps.host_files import put_file
+from operations.steps.host_files import new_file, put_planned
 from operations.steps.toolkit import (
     REDIST_DIR,
     host_packages,
@@ -262,12 +262,7 @@ def lock_env(
                 yield FunctionCommand(_fail, (_refused(controller_lock, problems, False),), {})
                 return
         # The project directory exists (its pyproject.toml was written just before).
-        yield from put_file._inner(
-            src=Path(controller_lock),
-            dest=tree.project_lock(env_name),
-            mode="600",
-            sha256_now=None,
-        )
+        yield from new_file(Path(controller_lock), tree.project_lock(env_name), mode="600")
         return
     yield (
         f"cd {_q(project)} && rm -f {LOCK_FILE} && {_uv(engine_root)} lock {_cache(engine_root)} "
@@ -625,15 +620,7 @@ def _install(s: Settings, plan: EnginePlan) -> None:
         main = redact(s.package_index_url) if s.package_index_url else "the installer's default"
         logger.debug(f"engine indexes: {shown}; main {main}")
     if any(f.path == tree.pip_config for f in plan.files):
-        conf = plan.file(tree.pip_config)
-        put_file(
-            name="pip.conf",
-            src=conf.data,
-            dest=conf.path,
-            mode=conf.mode,
-            dir_mode=conf.dir_mode,
-            secret=True,
-        )
+        put_planned(plan.file(tree.pip_config), name="pip.conf")
     bootstrap_uv(
         name=f"uv {plan.uv_version}",
         engine_root=root,
@@ -641,15 +628,7 @@ def _install(s: Settings, plan: EnginePlan) -> None:
         installed=plan.uv_now,
     )
     # Root-only: index URLs may carry credentials; they never appear on a command line.
-    project = plan.file(tree.project_toml(spec.name))
-    put_file(
-        name="project",
-        src=project.data,
-        dest=project.path,
-        mode=project.mode,
-        dir_mode=project.dir_mode,
-        secret=True,
-    )
+    put_planned(plan.file(tree.project_toml(spec.name)), name="project")
     lock_env(
         name="lock",
         engine_root=root,

@@ -38,7 +38,7 @@ from operations.plan.host_plan import HostReport
 from operations.plan.model_plan import stage_command
 from operations.runtime.host_call import Commands, HostCall, run
 from operations.settings import Settings
-from operations.steps.host_files import put_file, put_planned
+from operations.steps.host_files import new_file, put_planned
 from operations.steps.users import service_user
 
 SCRIPT_DEST = layout.STAGE_SCRIPT
@@ -165,7 +165,7 @@ def hub_cli(cli: str, requirements: str, installed: bool) -> Commands:
         return
     pinned = layout.hub_cli_requirements(cli)
     yield StringCommand("python3", "-m", "venv", QuoteString(layout.hub_cli_venv(cli)))
-    yield from put_file._inner(src=requirements, dest=pinned, sha256_now=None)
+    yield from new_file(requirements, pinned)
     yield StringCommand(
         QuoteString(layout.hub_cli_pip(cli)),
         "install",
@@ -266,14 +266,7 @@ def _stage_model(report: HostReport) -> None:
                 installed=not hub.install_cli,
             )
         if hub.token is not None:
-            put_file(
-                name="hub token (root only)",
-                src=hub.token.data,
-                dest=hub.token.path,
-                mode=hub.token.mode,
-                dir_mode=hub.token.dir_mode,
-                secret=True,
-            )
+            put_planned(hub.token, name="hub token (root only)")
         fetched_from_hub(
             name="hub download (once)",
             cli=hub.cli,

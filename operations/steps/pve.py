@@ -60,7 +60,7 @@ from operations.render import units
 from operations.runtime import inventory
 from operations.runtime.host_call import Commands
 from operations.settings import Settings
-from operations.steps.host_files import put_file
+from operations.steps.host_files import new_file
 
 MIB = 1024**2
 # pve-container defaults when the key is absent (Config.pm: memory default 512, swap default 512).
@@ -572,7 +572,7 @@ def node_uvm_unit(text: str, steps: list[str]) -> Commands:
         host.noop(f"{unit} is installed, enabled and active")
         return
     if "write" in steps:
-        yield from put_file._inner(src=text, dest=layout.unit_path(unit), sha256_now=None)
+        yield from new_file(text, layout.unit_path(unit))
         yield "systemctl daemon-reload"
     if "enable" in steps:
         # reenable: a changed [Install] section gets its links anew.
