@@ -62,7 +62,7 @@ from operations.layout import LOCK_FILE, EngineTree, env_python
 from operations.plan.engine_lock_check import LockSources, check_lock
 from operations.plan.engine_plan import EnginePlan
 from operations.plan.engine_probe import Driver, evaluate, parse_probe
-from operations.plan.engine_spec import EngineError, EngineSpec, indexes
+from operations.plan.engine_spec import EngineError, EngineSpec, EngineSpecJson, indexes
 from operations.plan.host_plan import HostReport
 from operations.plan.preflight import NESTING_FIX
 from operations.redact import redact
@@ -128,14 +128,6 @@ def check_command(
 
 def _q(text: str) -> str:
     return shlex.quote(text)
-
-
-def _env_dir(engine_root: str, name: str) -> str:
-    return EngineTree(engine_root).env(name)
-
-
-def _project_dir(engine_root: str, name: str) -> str:
-    return EngineTree(engine_root).project(name)
 
 
 @operation(is_idempotent=False)
@@ -377,7 +369,7 @@ def _verify(
 @operation()
 def verify_env(
     engine_root: str,
-    spec: EngineSpec | Mapping[str, object],
+    spec: EngineSpecJson,
     driver_version: str | None = None,
     driver_cuda: str | None = None,
     complete: bool = False,
@@ -393,26 +385,27 @@ def verify_env(
     it is complete.
 
     + engine_root: the engine root on the host
-    + spec: what the environment must hold (an EngineSpec or its to_json())
+    + spec: what the environment must hold (the plan's EngineSpec, as its to_json(): plain
+      values, as every operation gets)
     + driver_version/driver_cuda: the host's driver as preflight's nvidia-smi read it, for the
       advice in a failure
     + complete: the environment passed its check when it was installed (the plan's)
     + user: the service user the check runs as (it must exist); None runs it as root, bare
     + device_nodes: the host's NVIDIA nodes (HostResources), for the optional DeviceAllow= lines
     """
-    if not isinstance(spec, EngineSpec):
-        spec = EngineSpec.from_json(spec)
+    engine = EngineSpec.from_json(spec)
     if complete:
-        host.noop(f"{spec.name} passed its check when it was installed")
+        host.noop(f"{engine.name} passed its check when it was installed")
         return
-    env = _env_dir(engine_root, spec.name)
+    tree = EngineTree(engine_root)
     yield HostCall(
         _verify,
-        (env, spec.to_json(), [driver_version, driver_cuda], engine_root, user, device_nodes),
+        (tree.env(engine.name), engine.to_json(), [driver_version, driver_cuda], engine_root, user,
+         device_nodes),
         {},
-    )
-    marker = json.dumps(spec.marker(), sort_keys=True)
-    path = EngineTree(engine_root).env_marker(spec.name)
+    )  # fmt: skip
+    marker = json.dumps(engine.marker(), sort_keys=True)
+    path = tree.env_marker(engine.name)
     yield (
         f"printf '%s\\n' {_q(marker)} > {_q(path + '.tmp')} && mv -f {_q(path + '.tmp')} {_q(path)}"
     )
@@ -522,12 +515,12 @@ def _compiler(s: Settings, plan: EnginePlan) -> None:
             name="sync nvcc archives",
             src=redist_dir(plan.wheelhouse or ""),
             dest=EngineTree(plan.root).redist(REDIST_DIR),
-            tools=tools,
+            tools=tools.to_json(),
         )
     install_toolkit(
         name=f"nvcc {tools.version}",
         engine_root=plan.root,
-        tools=tools,
+        tools=tools.to_json(),
         installed=[tools.name] if compiler.toolkit_installed else [],
         offline=bool(plan.wheelhouse),
     )
@@ -655,7 +648,7 @@ def _install(s: Settings, plan: EnginePlan) -> None:
     verify_env(
         name="check on the GPUs",
         engine_root=root,
-        spec=spec,
+        spec=spec.to_json(),
         driver_version=plan.driver.version,
         driver_cuda=plan.driver.cuda,
         complete=False,
