@@ -36,10 +36,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from shlex import quote as _q
 from typing import cast
 
 from pyinfra import logger
@@ -59,7 +59,6 @@ from pyinfra.operations import files
 
 from operations.kb.pins import PinError, uv_requirement
 from operations.layout import LOCK_FILE, EngineTree, env_python
-from operations.plan.engine_lock_check import LockSources, check_lock
 from operations.plan.engine_plan import EnginePlan
 from operations.plan.engine_probe import Driver, evaluate, parse_probe
 from operations.plan.engine_spec import EngineError, EngineSpec, EngineSpecJson, indexes
@@ -69,6 +68,7 @@ from operations.redact import redact
 from operations.render import units
 from operations.render.host_scripts import script_text
 from operations.runtime.host_call import Commands, HostCall, run
+from operations.runtime.on_controller import fail, keep_lock, local_dir, upload_refusal
 from operations.settings import Settings
 from operations.steps.host_files import new_file, put_planned
 from operations.steps.toolkit import (
@@ -126,10 +126,6 @@ def check_command(
 # -- operations -----------------------------------------------------------------------------
 
 
-def _q(text: str) -> str:
-    return shlex.quote(text)
-
-
 @operation(is_idempotent=False)
 def require_wheels(wheelhouse: str, missing: list[str], is_dir: bool = True) -> Commands:
     """
@@ -144,13 +140,8 @@ def require_wheels(wheelhouse: str, missing: list[str], is_dir: bool = True) -> 
         return
     where = f"in {wheelhouse}" if is_dir else f"({wheelhouse} is not a directory)"
     yield FunctionCommand(
-        _fail, (f"wheelhouse: no wheel for {', '.join(missing)} {where}; nothing changed",), {}
+        fail, (f"wheelhouse: no wheel for {', '.join(missing)} {where}; nothing changed",), {}
     )
-
-
-def _fail(state: State, host: Host, message: str) -> bool:
-    logger.error(f"{host.print_prefix}{message}")
-    return False
 
 
 @operation()
@@ -247,11 +238,9 @@ def lock_env(
     project = tree.project(env_name)
     if upload:
         if registries is not None:
-            sources = LockSources.from_args(registries, wheelhouse, wheelhouse_files)
-            with open(controller_lock) as lock:
-                problems = check_lock(lock.read(), sources)
-            if problems:
-                yield FunctionCommand(_fail, (_refused(controller_lock, problems, False),), {})
+            refusal = upload_refusal(controller_lock, registries, wheelhouse, wheelhouse_files)
+            if refusal is not None:
+                yield FunctionCommand(fail, (refusal,), {})
                 return
         # The project directory exists (its pyproject.toml was written just before).
         yield from new_file(Path(controller_lock), tree.project_lock(env_name), mode="600")
@@ -549,42 +538,10 @@ def fetch_lock(
     """
     # One name per host: the first hosts of an engine may all fetch at once.
     partial = f"{dest}.{re.sub(r'[^A-Za-z0-9_.-]', '_', host.name)}.partial"
-    yield FunctionCommand(_local_dir, (os.path.dirname(dest),), {})
+    yield FunctionCommand(local_dir, (os.path.dirname(dest),), {})
     # A random temp name for the `_sudo` copy pyinfra downloads (not one derived from dest).
     yield FileDownloadCommand(src, partial, remote_temp_filename=host.get_temp_filename())
-    yield FunctionCommand(_keep_lock, (partial, dest, registries, wheelhouse, wheelhouse_files), {})
-
-
-def _refused(lock: str, problems: list[str], deleted: bool) -> str:
-    what = "deleted, not kept" if deleted else "not uploaded"
-    return f"the lock {lock} fails the lock check ({what}):" + "".join(
-        f"\n    {p}" for p in problems
-    )
-
-
-def _keep_lock(
-    state: State,
-    host: Host,
-    partial: str,
-    dest: str,
-    registries: list[str],
-    wheelhouse: str | None,
-    wheelhouse_files: list[str] | None,
-) -> bool:
-    """Keep the downloaded lock as DEST if it passes the lock check, else delete it."""
-    sources = LockSources.from_args(registries, wheelhouse, wheelhouse_files)
-    with open(partial) as lock:
-        problems = check_lock(lock.read(), sources)
-    if problems:
-        os.remove(partial)
-        return _fail(state, host, _refused(dest, problems, True))
-    os.replace(partial, dest)
-    return True
-
-
-def _local_dir(state: State, host: Host, path: str) -> bool:
-    os.makedirs(path or ".", exist_ok=True)
-    return True
+    yield FunctionCommand(keep_lock, (partial, dest, registries, wheelhouse, wheelhouse_files), {})
 
 
 def _fetch_lock(plan: EnginePlan) -> None:

@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
+from shlex import quote as _q
 
 from pyinfra.api.command import FileUploadCommand, FunctionCommand, StringCommand
-from pyinfra.api.host import Host
 from pyinfra.api.operation import operation
-from pyinfra.api.state import State
 from pyinfra.context import host
 
 from operations.facts.engine import HOST_PACKAGES
@@ -28,6 +26,7 @@ from operations.layout import EngineTree
 from operations.plan.engine_spec import Toolkit, ToolkitJson
 from operations.render.host_scripts import script_text
 from operations.runtime.host_call import Commands
+from operations.runtime.on_controller import fail
 from operations.steps.host_files import put_file
 
 INSTALL_SCRIPT = script_text("cuda_toolkit.py")
@@ -38,17 +37,6 @@ REDIST_DIR = "cuda-redist"
 def redist_dir(wheelhouse: str) -> str:
     """The controller's directory of compiler archives for offline installs."""
     return os.path.join(os.path.dirname(os.path.abspath(wheelhouse.rstrip("/"))), REDIST_DIR)
-
-
-def _q(text: str) -> str:
-    return shlex.quote(text)
-
-
-def _fail(state: State, host: Host, message: str) -> bool:
-    from pyinfra import logger
-
-    logger.error(f"{host.print_prefix}{message}")
-    return False
 
 
 @operation()
@@ -87,7 +75,7 @@ def sync_archives(src: str, dest: str, tools: ToolkitJson) -> Commands:
     missing = [a.file_name for a in toolkit.archives if not os.path.isfile(f"{src}/{a.file_name}")]
     if missing:
         yield FunctionCommand(
-            _fail,
+            fail,
             (
                 f"cuda-redist: no {', '.join(missing)} in {src} (nvcc {toolkit.version}'s "
                 f"archives; download them from {toolkit.url}); nothing changed",
