@@ -401,8 +401,8 @@ def _memory(host_name: str, s: Settings, kb: Knowledge, facts: PveFacts, result:
     if size is not None and caps and size > min(caps):
         size = min(caps)
     sources = (
-        f"measured by the node {_gib(measured)} (real blocks), knowledge base "
-        f"{_gib(known_bytes)}, node MemTotal {_gib(node_mem)}"
+        f"measured by the node {preflight.gib(measured)} (real blocks), knowledge base "
+        f"{preflight.gib(known_bytes)}, node MemTotal {preflight.gib(node_mem)}"
     )
     if size is None:
         err(
@@ -498,10 +498,6 @@ def _driver(host_name: str, s: Settings, facts: PveFacts, result: PvePlan) -> No
             f"it has {found}; "
             "set pve_install_driver = true to install it (user space only, --no-kernel-module)"
         )
-
-
-def _gib(n: int | None) -> str:
-    return "unknown" if n is None else f"{n / 1024**3:.1f} GiB"
 
 
 def _int(text: str | None, default: int) -> int:

@@ -36,6 +36,7 @@ from operations.plan.host_plan import HostReport
 
 # Where they have always been imported from (the plan renders the unit: model_plan.py).
 from operations.plan.model_plan import stage_command
+from operations.plan.preflight import gib
 from operations.runtime.host_call import Commands, HostCall, run
 from operations.settings import Settings
 from operations.steps.host_files import new_file, put_planned
@@ -46,10 +47,6 @@ UNIT_PATH = layout.unit_path(STAGE_UNIT)
 HUB_REQUIREMENT = "huggingface_hub>=0.34,<2"  # 0.34 introduced the `hf` command
 # Ranks the in-place swap stops; the serve step starts them again (the model changed).
 RANK_UNITS = (layout.TARGET, layout.RANK_UNIT_GLOB)
-
-
-def _gib(n: int | None) -> str:
-    return "unknown" if n is None else f"{n / 2**30:.2f} GiB"
 
 
 # ------------------------------------------------------------------------------ operations
@@ -250,7 +247,7 @@ def _stage_model(report: HostReport) -> None:
     if plan.sync is not None:
         sync = plan.sync
         synced_from_controller(
-            name=f"sync from the controller ({_gib(sync.local_bytes)})",
+            name=f"sync from the controller ({gib(sync.local_bytes)})",
             local_dir=sync.local_dir,
             target_dir=sync.target_dir,
             local_digest=sync.local_digest,
