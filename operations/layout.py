@@ -238,11 +238,6 @@ def engine_tree(settings: Settings) -> EngineTree:
     return EngineTree(settings.engine_root)
 
 
-def engine_env(engine_root: str, name: str) -> str:
-    """An engine environment: ENGINE_ROOT/envs/<EngineSpec.name>."""
-    return EngineTree(engine_root).env(name)
-
-
 def engine_current(engine_root: str) -> str:
     return EngineTree(engine_root).current
 

@@ -12,7 +12,7 @@ import json
 import os
 import pickle
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import fields
 from functools import cache
 from pathlib import Path
@@ -20,12 +20,10 @@ from types import MappingProxyType
 from typing import cast
 
 import yaml
-from packaging.requirements import Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
-from packaging.version import Version
 
-from operations.kb.cli_tables import cli_table_path, load_cli_table
+from operations.kb.cross_checks import cross_problems
 from operations.kb.raw import (
     KNOWLEDGE_DIR,
     KnowledgeError,
@@ -68,8 +66,6 @@ from operations.kb.types import (
     Spelling,
     StartAssert,
     Unproven,
-    in_range,
-    version,
 )
 from operations.settings import verdicts
 
@@ -163,6 +159,36 @@ class _Reader:
                 self.cites(f"models.{name}", m["source"]),
                 m.get("quantization"),
             )
+        backends, hybrid, auto = self.attention()
+        flags, speculative, no_buffer, environment = self.serving_rules()
+        routers, start_asserts, router_policies = self.router_rules()
+        self.problems += [
+            f"sources.{sid}: cited by nothing" for sid in self.sources if sid not in self.cited
+        ]
+        return Knowledge(
+            sources=MappingProxyType(self.sources),
+            gpus=MappingProxyType(gpus),
+            lanes=MappingProxyType(lanes),
+            releases=MappingProxyType(releases),
+            architectures=MappingProxyType(architectures),
+            models=MappingProxyType(models),
+            attention_backends=MappingProxyType(backends),
+            hybrid_attention_backends=hybrid,
+            auto_attention_backend=auto,
+            flags=flags,
+            speculative=speculative,
+            mamba_no_buffer=no_buffer,
+            rank_environment=environment,
+            routers=MappingProxyType(routers),
+            start_asserts=start_asserts,
+            router_policies=router_policies,
+        )
+
+    def attention(
+        self,
+    ) -> tuple[dict[str, AttentionBackend], tuple[HybridBackends, ...], tuple[AutoBackend, ...]]:
+        """The attention backends, the hybrid models' and the automatic choice's rules."""
+        raw = self.raw
         backends = {name: self.backend(name, b) for name, b in raw["attention_backends"].items()}
         hybrid = tuple(
             HybridBackends(
@@ -182,6 +208,13 @@ class _Reader:
             )
             for i, a in enumerate(raw["auto_attention_backend"])
         )
+        return backends, hybrid, auto
+
+    def serving_rules(
+        self,
+    ) -> tuple[Flags, Speculative, tuple[NoBufferRule, ...], tuple[RankEnvironment, ...]]:
+        """Flags' spellings, speculative decoding, mamba's no-buffer rules, rank environment."""
+        raw = self.raw
         flags = Flags(**{f.name: self.flag(f.name) for f in fields(Flags)})
         s = raw["speculative"]
         speculative = Speculative(
@@ -217,6 +250,13 @@ class _Reader:
             )
             for i, e in enumerate(raw["rank_environment"])
         )
+        return flags, speculative, no_buffer, environment
+
+    def router_rules(
+        self,
+    ) -> tuple[dict[str, RouterRelease], tuple[StartAssert, ...], tuple[RouterPolicy, ...]]:
+        """The router's releases, the start asserts and the router policies, by field."""
+        raw = self.raw
         routers = {
             number: RouterRelease(
                 number,
@@ -247,27 +287,7 @@ class _Reader:
             )
             for i, r in enumerate(raw.get("router_policies", []))
         )
-        self.problems += [
-            f"sources.{sid}: cited by nothing" for sid in self.sources if sid not in self.cited
-        ]
-        return Knowledge(
-            sources=MappingProxyType(self.sources),
-            gpus=MappingProxyType(gpus),
-            lanes=MappingProxyType(lanes),
-            releases=MappingProxyType(releases),
-            architectures=MappingProxyType(architectures),
-            models=MappingProxyType(models),
-            attention_backends=MappingProxyType(backends),
-            hybrid_attention_backends=hybrid,
-            auto_attention_backend=auto,
-            flags=flags,
-            speculative=speculative,
-            mamba_no_buffer=no_buffer,
-            rank_environment=environment,
-            routers=MappingProxyType(routers),
-            start_asserts=start_asserts,
-            router_policies=router_policies,
-        )
+        return routers, start_asserts, router_policies
 
     def release(self, number: str, raw: RawRelease, lanes: Mapping[str, Lane]) -> Release:
         where = f"releases.{number}"
@@ -368,148 +388,6 @@ def _limits(raw: RawLimits) -> NoBufferLimits:
     )
 
 
-def _cross_problems(kb: Knowledge) -> Iterator[str]:
-    """Cross-references a schema cannot express: names that must exist, ranges that must
-    cover every release once, spellings and backends the release's own parser must accept."""
-    for number, release in kb.releases.items():
-        yield from (f"releases.{number}: {p}" for p in _release_problems(kb, release))
-    tables = {number: load_cli_table("sglang", number) for number in kb.releases}
-    for number, table in tables.items():
-        if table is None:
-            yield f"releases.{number}: no CLI table {cli_table_path('sglang', number)}"
-
-    def caps(where: str, listed: tuple[str, ...] | None) -> Iterator[str]:
-        for cap in listed or ():
-            if cap not in kb.gpus:
-                yield f"{where}: unknown compute capability {cap!r}"
-
-    def backends(where: str, listed: tuple[str, ...]) -> Iterator[str]:
-        for backend in listed:
-            if backend not in kb.attention_backends:
-                yield f"{where}: unknown backend {backend!r}"
-
-    def choices(number: str, option: str) -> tuple[str, ...] | None:
-        table = tables[number]
-        entry = table.get(option) if table is not None else None
-        return entry.choices if entry is not None else None
-
-    for name, entry in kb.attention_backends.items():
-        for rule in (entry.chips, *entry.by_release):
-            yield from caps(f"attention_backends.{name}", rule.runs_on)
-            yield from caps(f"attention_backends.{name}", rule.refused_on)
-    for i, hybrid in enumerate(kb.hybrid_attention_backends):
-        where = f"hybrid_attention_backends[{i}]"
-        yield from backends(where, hybrid.backends)
-        for number in kb.releases:
-            accepted = choices(number, "--attention-backend")
-            if in_range(number, hybrid.releases) and accepted is not None:
-                for backend in hybrid.backends:
-                    if backend not in accepted:
-                        yield f"{where}: sglang {number}'s --attention-backend has no {backend!r}"
-    for i, auto in enumerate(kb.auto_attention_backend):
-        yield from caps(f"auto_attention_backend[{i}]", auto.compute_caps)
-        yield from backends(f"auto_attention_backend[{i}]", auto.prefer)
-    for i, no_buffer in enumerate(kb.mamba_no_buffer):
-        for limits in (no_buffer.refuses, no_buffer.warns):
-            yield from backends(f"mamba_no_buffer[{i}]", limits.attention_backends)
-        for number, table in tables.items():
-            if table is None or not in_range(number, no_buffer.releases):
-                continue
-            for added in no_buffer.adds:
-                flag_entry = table.get(added)
-                if flag_entry is None or flag_entry.takes_value:
-                    yield f"mamba_no_buffer[{i}].adds: sglang {number} has no flag {added}"
-    for number in kb.releases:
-        rules = [r for r in kb.mamba_no_buffer if in_range(number, r.releases)]
-        if len(rules) != 1:
-            yield (
-                f"mamba_no_buffer: sglang {number} falls in {len(rules)} of its ranges; "
-                "every release must fall in exactly one"
-            )
-    for flag in kb.flags.all():
-        for number in kb.releases:
-            covering = [i for i, s in enumerate(flag.spellings) if in_range(number, s.releases)]
-            if len(covering) != 1:
-                yield (
-                    f"flags.{flag.setting}: sglang {number} falls in {len(covering)} of its "
-                    "ranges; every release must fall in exactly one"
-                )
-                continue
-            option = flag.spellings[covering[0]].option
-            table = tables[number]
-            if option is None or table is None:
-                continue
-            spelled = table.get(option)
-            if spelled is None or spelled.deprecated:
-                found = "no" if spelled is None else "only a deprecated"
-                yield (
-                    f"flags.{flag.setting}[{covering[0]}]: sglang {number} has {found} option "
-                    f"{option} (its CLI table)"
-                )
-    for i, env in enumerate(kb.rank_environment):
-        yield from caps(f"rank_environment[{i}]", env.compute_caps)
-    for name, lane in kb.lanes.items():
-        compiler = lane.compiler
-        if compiler is None:
-            continue
-        # The compiler builds for the lane's CUDA: a 12.9 nvcc in the 12.8 lane would emit
-        # PTX the lane's oldest driver cannot load.
-        if version(compiler.version).release[:2] != version(lane.cuda).release[:2]:
-            yield (
-                f"lanes.{name}.compiler: version {compiler.version} is not CUDA {lane.cuda}'s "
-                "compiler"
-            )
-        if not any(a.name in ("cuda_nvcc", "nvidia-cuda-nvcc") for a in compiler.archives):
-            yield f"lanes.{name}.compiler: no nvcc archive (cuda_nvcc or nvidia-cuda-nvcc)"
-    strategy = kb.speculative.hybrid_requires_mamba_strategy
-    for number in kb.releases:
-        spelling = kb.flags.mamba_cache_strategy.spelling(number)
-        accepted = choices(number, spelling.option) if spelling and spelling.option else None
-        if accepted is not None and strategy not in accepted:
-            yield (
-                f"speculative.hybrid_requires_mamba_strategy: sglang {number} does not accept "
-                f"{strategy!r} (accepted: {', '.join(accepted)})"
-            )
-
-
-def _release_problems(kb: Knowledge, release: Release) -> list[str]:
-    """A release's builds must be what the release asks for, with one CUDA build of torch and
-    its companions per lane, from indexes and lanes that exist."""
-    problems: list[str] = []
-    asked: dict[str, Requirement] = {
-        canonicalize_name(Requirement(r).name): Requirement(r) for r in release.requires
-    }
-    for build in release.builds:
-        where = f"builds.{build.lane.name}"
-        for package in build.packages:
-            req = asked.get(package.name)
-            if req is None:
-                problems.append(f"{where}: {package.name} is not among the release's requires")
-            elif not req.specifier.contains(Version(package.version), prereleases=True):
-                problems.append(f"{where}: {package.requirement} does not satisfy {req}")
-            if package.index_lane not in kb.lanes:
-                problems.append(f"{where}: {package.name} reads unknown lane {package.index_lane}")
-        # torchvision/torchaudio refuse to load beside a torch of another CUDA build.
-        tags = {
-            p.name: Version(p.version).local
-            for p in build.packages
-            if p.name in ("torch", "torchvision", "torchaudio")
-        }
-        if set(tags.values()) != {build.lane.name}:
-            problems.append(
-                f"{where}: torch and its companions must all be +{build.lane.name}: {tags}"
-            )
-        for override in build.overrides:
-            if override.replaces not in release.requires:
-                problems.append(f"{where}: override replaces {override.replaces!r}, not required")
-        for exclude in build.excludes:
-            if exclude.replaces not in release.requires:
-                problems.append(f"{where}: exclude replaces {exclude.replaces!r}, not required")
-            elif canonicalize_name(Requirement(exclude.replaces).name) != exclude.package:
-                problems.append(f"{where}: exclude {exclude.package} replaces {exclude.replaces!r}")
-    return problems
-
-
 def build(data: object) -> Knowledge:
     """Typed knowledge from the data of knowledge/sglang.yaml, checked against schema.json and
     its cross-references; KnowledgeError names every broken key."""
@@ -520,7 +398,7 @@ def build(data: object) -> Knowledge:
         raise KnowledgeError("knowledge/sglang.yaml is invalid:\n  " + "\n  ".join(lines))
     reader = _Reader(cast(RawKnowledge, data))  # the schema has checked this shape
     kb = reader.read()
-    problems = reader.problems + list(_cross_problems(kb))
+    problems = reader.problems + list(cross_problems(kb))
     if problems:
         raise KnowledgeError("knowledge/sglang.yaml is inconsistent:\n  " + "\n  ".join(problems))
     return kb

@@ -134,10 +134,10 @@ def stage_room(
     # Both copies and the ranks must fit under memory.high, as memory_needed's rule does.
     in_memory = current_bytes + copy_bytes + ranks
     if (free is None or free >= need) and (limit is None or memory_high(limit) >= in_memory):
-        return StageRoom("beside", copy_bytes, f"{_gib(copy_bytes)} to copy, {_gib(free)} free")
+        return StageRoom("beside", copy_bytes, f"{gib(copy_bytes)} to copy, {gib(free)} free")
     beside_why = (
-        f"{_gib(need)} needed beside the current copy ({_gib(current_bytes)}), "
-        f"{_gib(free)} free in {settings.model_stage_dir}, memory limit {_gib(limit)}"
+        f"{gib(need)} needed beside the current copy ({gib(current_bytes)}), "
+        f"{gib(free)} free in {settings.model_stage_dir}, memory limit {gib(limit)}"
     )
     whole = int(size * STAGE_HEADROOM)
     if current_bytes and (free is None or free + current_bytes >= whole):
@@ -145,8 +145,8 @@ def stage_room(
     return StageRoom(
         None,
         copy_bytes,
-        f"the model needs {_gib(need)} = {need} bytes in {settings.model_stage_dir}; "
-        f"{_gib(free)} = {free} bytes free (current copy {_gib(current_bytes)}); "
+        f"the model needs {gib(need)} = {need} bytes in {settings.model_stage_dir}; "
+        f"{gib(free)} = {free} bytes free (current copy {gib(current_bytes)}); "
         "nothing was copied",
     )
 
@@ -333,7 +333,8 @@ def unsafe_roots(settings: Settings, resources: Resources) -> list[tuple[str, st
     return found
 
 
-def _gib(n: int | None) -> str:
+def gib(n: int | None) -> str:
+    """A size in bytes as every message shows it: GiB, one decimal ("unknown": None)."""
     return "unknown" if n is None else f"{n / GIB:.1f} GiB"
 
 
@@ -439,9 +440,9 @@ def check(
         if resources.stage_total_bytes is not None and resources.stage_total_bytes < need:
             fail(
                 f"{s.model_stage_dir} size",
-                f">= {_gib(need)} = {need} bytes (the model, {_gib(size)}, plus 2%); "
+                f">= {gib(need)} = {need} bytes (the model, {gib(size)}, plus 2%); "
                 "nothing was copied",
-                _gib(resources.stage_total_bytes),
+                gib(resources.stage_total_bytes),
                 f"enlarge the tmpfs (mount -o remount,size=... {s.model_stage_dir}, or the "
                 "container's /dev/shm size) or set model_stage_dir",
             )
@@ -450,10 +451,10 @@ def check(
         if limit is not None and limit < needed:
             fail(
                 "container memory",
-                f">= {_gib(needed)} (model {_gib(size)} in tmpfs + {s.dp_size} ranks x "
-                f"{_gib(ram_per_rank(s))}, ram_per_rank_gb, + Proxmox's 128 MiB memory.high "
+                f">= {gib(needed)} (model {gib(size)} in tmpfs + {s.dp_size} ranks x "
+                f"{gib(ram_per_rank(s))}, ram_per_rank_gb, + Proxmox's 128 MiB memory.high "
                 "margin)",
-                _gib(limit),
+                gib(limit),
                 "raise the container's memory limit (pct set CTID --memory MiB): /dev/shm "
                 "pages count against it",
             )
@@ -493,8 +494,8 @@ def check(
     if resources.engine_free_bytes is not None and resources.engine_free_bytes < ENGINE_ENV_BYTES:
         fail(
             "disk for engines",
-            f">= {_gib(ENGINE_ENV_BYTES)} free under {s.engine_root}",
-            _gib(resources.engine_free_bytes),
+            f">= {gib(ENGINE_ENV_BYTES)} free under {s.engine_root}",
+            gib(resources.engine_free_bytes),
             "free disk space or grow the container's root disk (pct resize)",
         )
     return failures

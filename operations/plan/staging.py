@@ -22,12 +22,8 @@ from operations import layout
 from operations.facts.host import Resources
 from operations.facts.model import ModelStaging, Staging, script_module
 from operations.facts.once import gathered
-from operations.plan.preflight import stage_room
+from operations.plan.preflight import gib, stage_room
 from operations.settings import Settings
-
-
-def _gib(n: int | None) -> str:
-    return "unknown" if n is None else f"{n / 2**30:.2f} GiB"
 
 
 @dataclass(frozen=True)
@@ -57,7 +53,7 @@ def decide(
         return StagePlan(
             "unchanged",
             f"staged copy matches the source (manifest {source.digest}, {source.files} files, "
-            f"{_gib(source.bytes)})",
+            f"{gib(source.bytes)})",
         )
     if staged is not None and staged.digest == source.digest:
         if not staging.mismatched:

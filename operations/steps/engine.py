@@ -33,17 +33,15 @@ operation gets its part of it and turns it into commands, asking no fact. See do
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from shlex import quote as _q
 from typing import cast
 
 from pyinfra import logger
-from pyinfra.api.arguments import ConnectorArguments
 from pyinfra.api.command import (
     FileDownloadCommand,
     FileUploadCommand,
@@ -51,26 +49,21 @@ from pyinfra.api.command import (
     StringCommand,
 )
 from pyinfra.api.deploy import deploy
-from pyinfra.api.host import Host
 from pyinfra.api.operation import OperationMeta, operation
-from pyinfra.api.state import State
 from pyinfra.context import host
 from pyinfra.operations import files
 
 from operations.kb.pins import PinError, uv_requirement
 from operations.layout import LOCK_FILE, EngineTree, env_python
-from operations.plan.engine_lock_check import LockSources, check_lock
 from operations.plan.engine_plan import EnginePlan
-from operations.plan.engine_probe import Driver, evaluate, parse_probe
 from operations.plan.engine_spec import EngineError, EngineSpec, indexes
 from operations.plan.host_plan import HostReport
-from operations.plan.preflight import NESTING_FIX
 from operations.redact import redact
-from operations.render import units
-from operations.render.host_scripts import script_text
-from operations.runtime.host_call import Commands, HostCall, run
+from operations.runtime.host_call import Commands
+from operations.runtime.on_controller import fail, keep_lock, local_dir, upload_refusal
 from operations.settings import Settings
-from operations.steps.host_files import put_file
+from operations.steps.engine_check import verify_env
+from operations.steps.host_files import new_file, put_planned
 from operations.steps.toolkit import (
     REDIST_DIR,
     host_packages,
@@ -80,62 +73,7 @@ from operations.steps.toolkit import (
 )
 from operations.steps.users import service_user
 
-# The engine check, run on the host by verify_env; engine_probe.py reads and judges its output.
-CHECK_SCRIPT = script_text("engine_check.py")
-CHECK_UNIT = "sglang-deploy-engine-check"
-NAMESPACE_MARKER = "@@sandbox-namespace"
-# The probe unit's ExecStart: the argument and the script come on stdin, so no `$` or `%` of
-# theirs ever meets systemd's own expansion of an ExecStart= line.
-_CHECK_BOOT = (
-    "import sys; spec = sys.stdin.readline(); source = sys.stdin.read(); "
-    "sys.argv = ['engine_check.py', spec]; "
-    "exec(compile(source, 'engine_check.py', 'exec'), {'__name__': '__main__'})"
-)
-
-
-def check_command(
-    python: str, argument: str, user: str | None, properties: list[tuple[str, str]]
-) -> StringCommand:
-    """The engine check as a rank runs: a transient unit (`systemd-run --wait --pipe`) as the
-    service user, with the rank unit's own sandbox (units.check_sandbox), so identity, device
-    access and sandbox are proven with the kernel before `current` moves. user None: as the
-    operation's own user (root), for a host without systemd."""
-    feed = ["{ printf '%s\\n'", _q(argument), "; printf '%s'", _q(CHECK_SCRIPT), "; } |"]
-    if user is None:
-        return StringCommand(*feed, _q(python), "-c", _q(_CHECK_BOOT))
-    words = [
-        *feed,
-        f"systemd-run --wait --pipe --collect --quiet --unit={CHECK_UNIT}-$$",
-        "-p",
-        _q(f"User={user}"),
-        "-p",
-        _q(f"Group={user}"),
-    ]
-    for key, value in properties:
-        words += ["-p", _q(f"{key}={value}")]
-    words += [
-        _q(python),
-        "-c",
-        _q(_CHECK_BOOT),
-        # 226: systemd could not set up the unit's namespaces (systemd.exec(5) EXIT_NAMESPACE).
-        f"; rc=$?; [ $rc -ne 226 ] || echo {NAMESPACE_MARKER}; exit $rc",
-    ]
-    return StringCommand(*words)
-
-
 # -- operations -----------------------------------------------------------------------------
-
-
-def _q(text: str) -> str:
-    return shlex.quote(text)
-
-
-def _env_dir(engine_root: str, name: str) -> str:
-    return EngineTree(engine_root).env(name)
-
-
-def _project_dir(engine_root: str, name: str) -> str:
-    return EngineTree(engine_root).project(name)
 
 
 @operation(is_idempotent=False)
@@ -152,13 +90,8 @@ def require_wheels(wheelhouse: str, missing: list[str], is_dir: bool = True) -> 
         return
     where = f"in {wheelhouse}" if is_dir else f"({wheelhouse} is not a directory)"
     yield FunctionCommand(
-        _fail, (f"wheelhouse: no wheel for {', '.join(missing)} {where}; nothing changed",), {}
+        fail, (f"wheelhouse: no wheel for {', '.join(missing)} {where}; nothing changed",), {}
     )
-
-
-def _fail(state: State, host: Host, message: str) -> bool:
-    logger.error(f"{host.print_prefix}{message}")
-    return False
 
 
 @operation()
@@ -255,19 +188,12 @@ def lock_env(
     project = tree.project(env_name)
     if upload:
         if registries is not None:
-            sources = LockSources.from_args(registries, wheelhouse, wheelhouse_files)
-            with open(controller_lock) as lock:
-                problems = check_lock(lock.read(), sources)
-            if problems:
-                yield FunctionCommand(_fail, (_refused(controller_lock, problems, False),), {})
+            refusal = upload_refusal(controller_lock, registries, wheelhouse, wheelhouse_files)
+            if refusal is not None:
+                yield FunctionCommand(fail, (refusal,), {})
                 return
         # The project directory exists (its pyproject.toml was written just before).
-        yield from put_file._inner(
-            src=Path(controller_lock),
-            dest=tree.project_lock(env_name),
-            mode="600",
-            sha256_now=None,
-        )
+        yield from new_file(Path(controller_lock), tree.project_lock(env_name), mode="600")
         return
     yield (
         f"cd {_q(project)} && rm -f {LOCK_FILE} && {_uv(engine_root)} lock {_cache(engine_root)} "
@@ -325,102 +251,6 @@ def build_env(
         )
     # The lock lives with the environment: every package it holds, versions and hashes.
     yield f"cp {_q(tree.project_lock(env_name))} {_q(tree.env_lock(env_name))}"
-
-
-def _verify(
-    state: State,
-    host: Host,
-    arguments: ConnectorArguments,
-    env: str,
-    wanted: Mapping[str, object],
-    driver: list[str | None],
-    engine_root: str,
-    user: str | None = None,
-    device_nodes: list[str] | None = None,
-) -> bool:
-    spec = EngineSpec.from_json(wanted)
-    tools = spec.toolkit
-    argument = json.dumps(
-        {
-            "packages": spec.modules(),
-            "gpu_count": spec.gpu_count,
-            "cuda_home": tools.home(engine_root) if tools else None,
-            "arch": spec.compile_arch,
-        }
-    )
-    # As the operation's commands run: as root through sudo when the host says `_sudo`.
-    nodes = tuple(device_nodes) if device_nodes is not None else None
-    properties = units.check_sandbox(user, spec.gpu_count, nodes) if user else []
-    status, output = run(
-        host, arguments, check_command(env_python(env), argument, user, properties)
-    )
-    probe = parse_probe(output.stdout + "\n" + output.stderr)
-    problems = evaluate(probe, spec, Driver(*driver))
-    if user is not None and probe.user is not None and probe.user != user and not problems:
-        problems = [f"the engine check ran as {probe.user}, not as the service user {user}"]
-    if NAMESPACE_MARKER in output.stdout:
-        problems = [
-            f"the engine check's unit ({CHECK_UNIT}, a rank unit's sandbox, as {user}) could "
-            "not start: exit status 226/NAMESPACE, systemd cannot set up its mount namespace in "
-            f"this container: {NESTING_FIX}"
-        ]
-    if not status and not problems:
-        problems = [f"the engine check failed: {output.stderr.strip()[-500:]}"]
-    if problems:
-        logger.error(
-            f"{host.print_prefix}engine {spec.name} failed its check on the GPUs; `current` "
-            "and the serving ranks are unchanged:" + "".join(f"\n    {p}" for p in problems)
-        )
-        return False
-    where = f" as {user}, in a rank's sandbox" if user else ""
-    logger.info(
-        f"{host.print_prefix}engine {spec.name} passed its check on {spec.gpu_count} GPU(s)" + where
-    )
-    return True
-
-
-@operation()
-def verify_env(
-    engine_root: str,
-    spec: EngineSpec | Mapping[str, object],
-    driver_version: str | None = None,
-    driver_cuda: str | None = None,
-    complete: bool = False,
-    user: str | None = None,
-    device_nodes: list[str] | None = None,
-) -> Commands:
-    """
-    The engine check, before anything points at the new environment, as a rank runs (the
-    service user, in a transient unit with the rank unit's sandbox, every GPU allowed): the
-    installed builds are the pins; torch is the lane's CUDA build, sees every GPU with the
-    expected capability and runs a small CUDA operation on each; the kernel, flashinfer,
-    torchvision, torchaudio and the launch module import. Then write its marker: from here on
-    it is complete.
-
-    + engine_root: the engine root on the host
-    + spec: what the environment must hold (an EngineSpec or its to_json())
-    + driver_version/driver_cuda: the host's driver as preflight's nvidia-smi read it, for the
-      advice in a failure
-    + complete: the environment passed its check when it was installed (the plan's)
-    + user: the service user the check runs as (it must exist); None runs it as root, bare
-    + device_nodes: the host's NVIDIA nodes (HostResources), for the optional DeviceAllow= lines
-    """
-    if not isinstance(spec, EngineSpec):
-        spec = EngineSpec.from_json(spec)
-    if complete:
-        host.noop(f"{spec.name} passed its check when it was installed")
-        return
-    env = _env_dir(engine_root, spec.name)
-    yield HostCall(
-        _verify,
-        (env, spec.to_json(), [driver_version, driver_cuda], engine_root, user, device_nodes),
-        {},
-    )
-    marker = json.dumps(spec.marker(), sort_keys=True)
-    path = EngineTree(engine_root).env_marker(spec.name)
-    yield (
-        f"printf '%s\\n' {_q(marker)} > {_q(path + '.tmp')} && mv -f {_q(path + '.tmp')} {_q(path)}"
-    )
 
 
 @operation()
@@ -527,12 +357,12 @@ def _compiler(s: Settings, plan: EnginePlan) -> None:
             name="sync nvcc archives",
             src=redist_dir(plan.wheelhouse or ""),
             dest=EngineTree(plan.root).redist(REDIST_DIR),
-            tools=tools,
+            tools=tools.to_json(),
         )
     install_toolkit(
         name=f"nvcc {tools.version}",
         engine_root=plan.root,
-        tools=tools,
+        tools=tools.to_json(),
         installed=[tools.name] if compiler.toolkit_installed else [],
         offline=bool(plan.wheelhouse),
     )
@@ -561,42 +391,10 @@ def fetch_lock(
     """
     # One name per host: the first hosts of an engine may all fetch at once.
     partial = f"{dest}.{re.sub(r'[^A-Za-z0-9_.-]', '_', host.name)}.partial"
-    yield FunctionCommand(_local_dir, (os.path.dirname(dest),), {})
+    yield FunctionCommand(local_dir, (os.path.dirname(dest),), {})
     # A random temp name for the `_sudo` copy pyinfra downloads (not one derived from dest).
     yield FileDownloadCommand(src, partial, remote_temp_filename=host.get_temp_filename())
-    yield FunctionCommand(_keep_lock, (partial, dest, registries, wheelhouse, wheelhouse_files), {})
-
-
-def _refused(lock: str, problems: list[str], deleted: bool) -> str:
-    what = "deleted, not kept" if deleted else "not uploaded"
-    return f"the lock {lock} fails the lock check ({what}):" + "".join(
-        f"\n    {p}" for p in problems
-    )
-
-
-def _keep_lock(
-    state: State,
-    host: Host,
-    partial: str,
-    dest: str,
-    registries: list[str],
-    wheelhouse: str | None,
-    wheelhouse_files: list[str] | None,
-) -> bool:
-    """Keep the downloaded lock as DEST if it passes the lock check, else delete it."""
-    sources = LockSources.from_args(registries, wheelhouse, wheelhouse_files)
-    with open(partial) as lock:
-        problems = check_lock(lock.read(), sources)
-    if problems:
-        os.remove(partial)
-        return _fail(state, host, _refused(dest, problems, True))
-    os.replace(partial, dest)
-    return True
-
-
-def _local_dir(state: State, host: Host, path: str) -> bool:
-    os.makedirs(path or ".", exist_ok=True)
-    return True
+    yield FunctionCommand(keep_lock, (partial, dest, registries, wheelhouse, wheelhouse_files), {})
 
 
 def _fetch_lock(plan: EnginePlan) -> None:
@@ -625,15 +423,7 @@ def _install(s: Settings, plan: EnginePlan) -> None:
         main = redact(s.package_index_url) if s.package_index_url else "the installer's default"
         logger.debug(f"engine indexes: {shown}; main {main}")
     if any(f.path == tree.pip_config for f in plan.files):
-        conf = plan.file(tree.pip_config)
-        put_file(
-            name="pip.conf",
-            src=conf.data,
-            dest=conf.path,
-            mode=conf.mode,
-            dir_mode=conf.dir_mode,
-            secret=True,
-        )
+        put_planned(plan.file(tree.pip_config), name="pip.conf")
     bootstrap_uv(
         name=f"uv {plan.uv_version}",
         engine_root=root,
@@ -641,15 +431,7 @@ def _install(s: Settings, plan: EnginePlan) -> None:
         installed=plan.uv_now,
     )
     # Root-only: index URLs may carry credentials; they never appear on a command line.
-    project = plan.file(tree.project_toml(spec.name))
-    put_file(
-        name="project",
-        src=project.data,
-        dest=project.path,
-        mode=project.mode,
-        dir_mode=project.dir_mode,
-        secret=True,
-    )
+    put_planned(plan.file(tree.project_toml(spec.name)), name="project")
     lock_env(
         name="lock",
         engine_root=root,
@@ -676,7 +458,7 @@ def _install(s: Settings, plan: EnginePlan) -> None:
     verify_env(
         name="check on the GPUs",
         engine_root=root,
-        spec=spec,
+        spec=spec.to_json(),
         driver_version=plan.driver.version,
         driver_cuda=plan.driver.cuda,
         complete=False,

@@ -10,8 +10,7 @@
         dir_mode="750", dir_group="sglang",
         secret=True,                     # see below
     )
-    put_file(name="...", src=unit_text, dest="/etc/systemd/system/x.service",
-             sha256_now=serving.files.get(path))   # a bulk fact read it: no round trip
+    put_planned(plan.unit)   # the plan's file: its facts read the digest, no round trip
 
 What every file gets, whoever connects (root, or a user with `_sudo=True`):
 
@@ -29,14 +28,19 @@ What every file gets, whoever connects (root, or a user with `_sudo=True`):
 - the content is renamed into place only when all of it arrived (its byte count checked):
   a stdin cut short by a dropped connection still decodes, and is never trusted;
 - no change when the host already has it: sha256, mode, owner and group compared (only the
-  sha256 when a bulk fact stands in for the FileAt fact), never the content;
+  sha256 when the plan's facts read it: write_planned), never the content;
 - a destination (or directory) that is a symlink or not a plain file is refused, not followed.
 
 `secret=True` adds what a secret needs: the FileAt fact is always read (so a file made
 world-readable is rewritten), and the directory's mode, owner root and group are enforced on
 every run, not only when it is created. Without it an existing
-directory is never changed (it may be /etc/systemd/system) and a bulk fact may stand in for the
-FileAt fact (`sha256_now=`), which saves a round trip per file on a converged run.
+directory is never changed (it may be /etc/systemd/system).
+
+One mode per operation: put_file always reads the FileAt fact (as pyinfra's files.put reads
+its own); write_planned gets the plan's PlannedFile, whose digest the plan's facts read (a
+bulk fact: a converged run makes no round trip per file), and asks nothing. put_planned picks
+by what the plan holds; an operation that writes a file it knows to be new `yield from`s
+new_file.
 
 + src: the content (str is written as UTF-8), or a pathlib.Path of a file on the controller
 + dest: the absolute path on the target
@@ -44,7 +48,6 @@ FileAt fact (`sha256_now=`), which saves a round trip per file on a converged ru
 + dir_mode: the directory's mode when it is created (or, for a secret, enforced); owner root
 + dir_group: the directory's group (default: root)
 + secret: the content is a secret (see above)
-+ sha256_now: what a bulk fact read of dest (None: absent); False: read the FileAt fact
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from __future__ import annotations
 import base64
 import shlex
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pyinfra import logger
 from pyinfra.api.command import QuoteString, StringCommand
@@ -132,10 +135,16 @@ def _write_script(dest: str, owner: str, group: str, mode: str, size: int) -> st
     )
 
 
-def _show_diff(dest: str, data: bytes, exists: bool, secret: bool) -> None:
+def _old_lines(dest: str) -> list[str]:
+    """dest's lines now, for a diff (the FileContents fact, in the operation that writes it)."""
+    return [line + "\n" for line in host.get_fact(FileContents, path=dest) or []]
+
+
+def _show_diff(dest: str, data: bytes, current: list[str] | None, secret: bool) -> None:
     """Under `--diff`, what a write changes, as pyinfra's files.put shows it: the lines of a
-    unit, a script or a config (none holds a secret). A secret is named, never shown."""
-    verb = "modify" if exists else "create"
+    unit, a script or a config (none holds a secret). A secret is named, never shown.
+    `current`: dest's lines now (None: absent; a secret's are not read)."""
+    verb = "modify" if current is not None else "create"
     if secret:
         logger.info(f"{host.print_prefix}Will {verb} {dest} (a secret: its content is not shown)")
         return
@@ -144,12 +153,8 @@ def _show_diff(dest: str, data: bytes, exists: bool, secret: bool) -> None:
     except UnicodeDecodeError:
         logger.info(f"{host.print_prefix}Will {verb} {dest} (binary content)")
         return
-    current: list[str] = []
-    if exists:
-        found = host.get_fact(FileContents, path=dest) or []
-        current = [line + "\n" for line in found]
     logger.info(f"{host.print_prefix}Will {verb} {dest}")
-    for line in generate_color_diff(current, desired):
+    for line in generate_color_diff(current or [], desired):
         logger.info("  %s", line)
     logger.info("")
 
@@ -164,6 +169,35 @@ def _refuse_links(directory: str, dest: str, found_dir: PathState | None,
             )
 
 
+def _writes(
+    data: bytes,
+    dest: str,
+    owner: str,
+    group: str,
+    mode: str,
+    dir_mode: str,
+    dir_group: str,
+) -> Commands:
+    """The commands that write `data` to dest (its directory made when missing, never
+    changed); for an operation that knows dest changes."""
+    yield _directory_command(dest.rsplit("/", 1)[0] or "/", dir_mode, dir_group, enforce=False)
+    yield _write_command(data, dest, owner, group, mode)
+
+
+def _write_command(data: bytes, dest: str, owner: str, group: str, mode: str) -> StringCommand:
+    return StringCommand(
+        "sh",
+        "-c",
+        QuoteString(_write_script(dest, owner, group, mode, len(data))),
+        _stdin=base64.b64encode(data).decode(),
+    )
+
+
+def _check_dest(dest: str) -> None:
+    if not dest.startswith("/") or dest.endswith("/"):
+        raise OperationError(f"put_file: dest must be an absolute file path, got {dest!r}")
+
+
 @operation()
 def put_file(
     src: str | bytes | Path,
@@ -174,62 +208,86 @@ def put_file(
     dir_mode: str = "755",
     dir_group: str = "root",
     secret: bool = False,
-    sha256_now: str | Literal[False] | None = False,
 ) -> Commands:
     """
     Write a file: final owner and mode before the first byte, content never shown, unique temp
-    name, links refused; no change when it is already there. See the module's docstring.
+    name, links refused; no change when it is already there (the FileAt fact: sha256, mode,
+    owners). See the module's docstring.
 
     + src: the content (str or bytes), or a pathlib.Path of a file on the controller
     + dest: absolute path on the target
     + owner/group/mode: the file's owner, group and octal mode
     + dir_mode: the directory's octal mode (owner root), when created or (secret) every run
     + dir_group: the directory's group
-    + secret: always read the FileAt fact, compare mode and owners, enforce the directory
-    + sha256_now: dest's sha256 as a bulk fact read it (None: absent), instead of the FileAt
-      fact (not for a secret); False (default): read the FileAt fact
+    + secret: compare mode and owners, enforce the directory, never show the content
     """
-    if not dest.startswith("/") or dest.endswith("/"):
-        raise OperationError(f"put_file: dest must be an absolute file path, got {dest!r}")
-    if secret and sha256_now is not False:
-        raise OperationError(f"put_file: {dest} is a secret: its mode and owners must be read")
+    _check_dest(dest)
     data = content_bytes(src)
     digest = sha256(data)
     directory = dest.rsplit("/", 1)[0] or "/"
-
-    if sha256_now is not False:
-        if sha256_now == digest:
-            host.noop(f"{dest} is up to date")
-            return
-        if run_state.config.DIFF:
-            _show_diff(dest, data, sha256_now is not None, secret)
-        yield _directory_command(directory, dir_mode, dir_group, enforce=False)
+    state = host.get_fact(FileAt, path=dest)
+    found_dir, found_file = state["dir"], state["file"]
+    _refuse_links(directory, dest, found_dir, found_file, "a secret" if secret else "a file")
+    if secret:
+        dir_ok = _matches(found_dir, "directory", dir_mode, "root", dir_group)
     else:
-        state = host.get_fact(FileAt, path=dest)
-        found_dir, found_file = state["dir"], state["file"]
-        _refuse_links(directory, dest, found_dir, found_file, "a secret" if secret else "a file")
-        if secret:
-            dir_ok = _matches(found_dir, "directory", dir_mode, "root", dir_group)
-        else:
-            dir_ok = found_dir is not None
-        file_ok = _matches(found_file, "file", mode, owner, group) and (
-            found_file is not None and found_file.get("sha256") == digest
-        )
-        if dir_ok and file_ok:
-            host.noop(f"{dest} is up to date (sha256, mode {mode}, {owner}:{group})")
-            return
-        if not dir_ok:
-            yield _directory_command(directory, dir_mode, dir_group, enforce=secret)
-        if file_ok:
-            return
-        if run_state.config.DIFF and not (found_file and found_file.get("sha256") == digest):
-            _show_diff(dest, data, found_file is not None, secret)
-    yield StringCommand(
-        "sh",
-        "-c",
-        QuoteString(_write_script(dest, owner, group, mode, len(data))),
-        _stdin=base64.b64encode(data).decode(),
+        dir_ok = found_dir is not None
+    same = found_file is not None and found_file.get("sha256") == digest
+    file_ok = same and _matches(found_file, "file", mode, owner, group)
+    if dir_ok and file_ok:
+        host.noop(f"{dest} is up to date (sha256, mode {mode}, {owner}:{group})")
+        return
+    if not dir_ok:
+        yield _directory_command(directory, dir_mode, dir_group, enforce=secret)
+    if file_ok:
+        return
+    if run_state.config.DIFF and not same:
+        shown = [] if secret else _old_lines(dest)
+        _show_diff(dest, data, shown if found_file is not None else None, secret)
+    yield _write_command(data, dest, owner, group, mode)
+
+
+@operation()
+def write_planned(file: PlannedFile) -> Commands:
+    """
+    Write the plan's file when the plan found it differs: the plan's facts read its sha256
+    (`PlannedFile.changes` is known), so this asks nothing of the host. Not for a secret (its
+    mode and owners are read: put_file).
+
+    + file: the plan's file (content, mode, owners, and the digest its facts read)
+    """
+    _check_dest(file.path)
+    if file.secret or file.changes is None:
+        raise OperationError(f"write_planned: the plan did not read {file.path}: put_file")
+    if not file.changes:
+        host.noop(f"{file.path} is up to date")
+        return
+    show_change(file)
+    yield from _writes(
+        content_bytes(file.data),
+        file.path,
+        file.owner,
+        file.group,
+        file.mode,
+        file.dir_mode,
+        file.dir_group,
     )
+
+
+def new_file(
+    src: str | bytes | Path,
+    dest: str,
+    owner: str = "root",
+    group: str = "root",
+    mode: str = "644",
+) -> Commands:
+    """For an operation that writes a file it knows to be new or changed (in an environment it
+    just made, or as its plan says): put_file's commands, asking nothing; `yield from` it."""
+    _check_dest(dest)
+    data = content_bytes(src)
+    if run_state.config.DIFF:
+        _show_diff(dest, data, None, secret=False)
+    yield from _writes(data, dest, owner, group, mode, "755", "root")
 
 
 def line_writer(
@@ -238,36 +296,43 @@ def line_writer(
     owner: str = "root",
     group: str = "root",
     mode: str = "644",
-    diff: bool = False,
 ) -> tuple[str, str]:
-    """For a host command that writes a file among other steps (files/roll_batch.py): the
+    """For a host command that writes a file among other steps (programs/roll_batch.py): the
     shell text that writes dest from its stdin, with put_file's guarantees (final owner and mode
     before the first byte, a unique temp name, a rename, its temp removed on failure, a killed
     write's temp removed, the byte count checked), and that stdin, the content as one base64
-    line. `diff` (the deploy's `--diff`, in an operation's context): the change is shown as
-    put_file shows it. The caller decides that dest changes (the plan's digests); it is not a
-    secret (a command's stdin is not a secret's place)."""
+    line. The caller decides that dest changes (the plan's digests); it is not a secret (a
+    command's stdin is not a secret's place). Under `--diff`, the operation that runs the
+    command shows the change (show_change)."""
     data = content_bytes(src)
-    if diff:
-        _show_diff(dest, data, True, secret=False)
     script = _write_script(dest, owner, group, mode, len(data))
     return script, base64.b64encode(data).decode() + "\n"
 
 
+def show_change(file: PlannedFile) -> None:
+    """Under `--diff`, inside the operation that writes the plan's file in a host command of
+    its own (a roll batch): the change, as put_file shows it. Called when the operation runs,
+    never to decide anything (tests/unit/test_steps_read_no_fact.py names it)."""
+    if run_state.config.DIFF:
+        exists = file.sha256_now is not None
+        current = (_old_lines(file.path) if not file.secret else []) if exists else None
+        _show_diff(file.path, content_bytes(file.data), current, file.secret)
+
+
 def put_planned(file: PlannedFile, name: str | None = None) -> OperationMeta:
-    """put_file of the plan's file: a converged run rewrites nothing (the fact's digest stands
-    in for the FileAt fact, but for a secret, whose mode and owners are read). `name`: the
-    operation's, when the step says why (a rank unit's "(start)")."""
-    checked = file.read and not file.secret
-    return put_file(
-        name=name or file.name,
-        src=file.data,
-        dest=file.path,
-        owner=file.owner,
-        group=file.group,
-        mode=file.mode,
-        dir_mode=file.dir_mode,
-        dir_group=file.dir_group,
-        secret=file.secret,
-        sha256_now=file.sha256_now if checked else False,
-    )
+    """The plan's file written: by write_planned when the plan's facts read its digest (a
+    converged run asks nothing), else (not read, or a secret, whose mode and owners are read)
+    by put_file. `name`: the operation's, when the step says why (a rank unit's "(start)")."""
+    if file.secret or file.changes is None:
+        return put_file(
+            name=name or file.name,
+            src=file.data,
+            dest=file.path,
+            owner=file.owner,
+            group=file.group,
+            mode=file.mode,
+            dir_mode=file.dir_mode,
+            dir_group=file.dir_group,
+            secret=file.secret,
+        )
+    return write_planned(name=name or file.name, file=file)

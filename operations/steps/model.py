@@ -36,9 +36,10 @@ from operations.plan.host_plan import HostReport
 
 # Where they have always been imported from (the plan renders the unit: model_plan.py).
 from operations.plan.model_plan import stage_command
+from operations.plan.preflight import gib
 from operations.runtime.host_call import Commands, HostCall, run
 from operations.settings import Settings
-from operations.steps.host_files import put_file, put_planned
+from operations.steps.host_files import new_file, put_planned
 from operations.steps.users import service_user
 
 SCRIPT_DEST = layout.STAGE_SCRIPT
@@ -46,10 +47,6 @@ UNIT_PATH = layout.unit_path(STAGE_UNIT)
 HUB_REQUIREMENT = "huggingface_hub>=0.34,<2"  # 0.34 introduced the `hf` command
 # Ranks the in-place swap stops; the serve step starts them again (the model changed).
 RANK_UNITS = (layout.TARGET, layout.RANK_UNIT_GLOB)
-
-
-def _gib(n: int | None) -> str:
-    return "unknown" if n is None else f"{n / 2**30:.2f} GiB"
 
 
 # ------------------------------------------------------------------------------ operations
@@ -165,7 +162,7 @@ def hub_cli(cli: str, requirements: str, installed: bool) -> Commands:
         return
     pinned = layout.hub_cli_requirements(cli)
     yield StringCommand("python3", "-m", "venv", QuoteString(layout.hub_cli_venv(cli)))
-    yield from put_file._inner(src=requirements, dest=pinned, sha256_now=None)
+    yield from new_file(requirements, pinned)
     yield StringCommand(
         QuoteString(layout.hub_cli_pip(cli)),
         "install",
@@ -250,7 +247,7 @@ def _stage_model(report: HostReport) -> None:
     if plan.sync is not None:
         sync = plan.sync
         synced_from_controller(
-            name=f"sync from the controller ({_gib(sync.local_bytes)})",
+            name=f"sync from the controller ({gib(sync.local_bytes)})",
             local_dir=sync.local_dir,
             target_dir=sync.target_dir,
             local_digest=sync.local_digest,
@@ -266,14 +263,7 @@ def _stage_model(report: HostReport) -> None:
                 installed=not hub.install_cli,
             )
         if hub.token is not None:
-            put_file(
-                name="hub token (root only)",
-                src=hub.token.data,
-                dest=hub.token.path,
-                mode=hub.token.mode,
-                dir_mode=hub.token.dir_mode,
-                secret=True,
-            )
+            put_planned(hub.token, name="hub token (root only)")
         fetched_from_hub(
             name="hub download (once)",
             cli=hub.cli,

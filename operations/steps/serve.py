@@ -35,18 +35,18 @@ from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.context import host
-from pyinfra.context import state as pyinfra_state
 from pyinfra.operations import server, systemd
 
 from operations import layout
 from operations.layout import ROUTER_UNIT, SECRETS_FILE, TARGET
 from operations.plan.drain import DrainPlan
 from operations.plan.host_plan import HostReport
+from operations.plan.planned_files import PlannedFile
 from operations.plan.resolver import Rank
 from operations.plan.serve_plan import RouterStep, ServePlan, SmokeRequests
 from operations.runtime.host_call import Commands
 from operations.settings import Settings
-from operations.steps.host_files import line_writer, put_file, put_planned
+from operations.steps.host_files import line_writer, new_file, put_planned, show_change
 from operations.steps.smoke import smoke_requests
 
 WAIT_SCRIPT = layout.WAIT_SCRIPT
@@ -122,10 +122,13 @@ def host_argv(op: Any, **arguments: Any) -> list[str]:
 
 @operation(is_idempotent=False)
 def roll_batch(
-    batch: str, steps: list[tuple[str, list[str], list[str]]], writes: list[str]
+    batch: str,
+    steps: list[tuple[str, list[str], list[str]]],
+    writes: list[str],
+    written: list[PlannedFile] | None = None,
 ) -> Commands:
     """
-    One batch of a roll as one host command (files/roll_batch.py): its steps in order, each
+    One batch of a roll as one host command (programs/roll_batch.py): its steps in order, each
     timed, the first that fails stopping the rest.
 
     + batch: the batch's units, for the script's lines
@@ -133,7 +136,10 @@ def roll_batch(
       another interpreter starts with the batch and imports `preload` first; a step named
       `write` gets the next of `writes`
     + writes: each write step's stdin (host_files.line_writer), never on a command line
+    + written: the plan's files the write steps write, shown under `--diff`
     """
+    for file in written or []:
+        show_change(file)
     words = ["python3", layout.ROLL_BATCH_SCRIPT, "--batch", batch, json.dumps(steps)]
     yield StringCommand(shlex.join(words), _stdin="".join(writes))
 
@@ -350,6 +356,7 @@ class ServeStep:
         # (name, argv, modules a waiting interpreter imports first): files/roll_batch.py
         steps: list[tuple[str, list[str], list[str]]] = []
         writes: list[str] = []
+        written: list[PlannedFile] = []
         if drain is not None:
             steps.append(("drain", host_argv(router_workers, **self._workers("out", ranks)), []))
         for rank in batch:
@@ -357,15 +364,11 @@ class ServeStep:
             if unit.changes is False:
                 continue  # a pending restart: its file is already what the plan says
             command, content = line_writer(
-                unit.data,
-                unit.path,
-                owner=unit.owner,
-                group=unit.group,
-                mode=unit.mode,
-                diff=bool(pyinfra_state.config.DIFF),
+                unit.data, unit.path, owner=unit.owner, group=unit.group, mode=unit.mode
             )
             steps.append(("write", ["/bin/sh", "-c", command], []))
             writes.append(content)
+            written.append(unit)
         steps.append(("restart", ["/bin/sh", "-c", restart_command(units)], []))
         checks = [(r.unit_name, layout.rank_health_url(s, r.rank)) for r in batch]
         health = host_argv(
@@ -393,7 +396,7 @@ class ServeStep:
             name = f"{what}: restart {label} (out of the router and drain, back into the router)"
         else:
             name = f"{what}: restart {label}"
-        roll_batch(name=name, batch=names, steps=steps, writes=writes)
+        roll_batch(name=name, batch=names, steps=steps, writes=writes, written=written)
 
     def _prune_models(self) -> None:
         if not self.decided.prune_keep:
@@ -467,7 +470,7 @@ def router_env(
         env,
     )
     pinned = layout.env_requirements(env_dir)
-    yield from put_file._inner(src=requirements, dest=pinned, sha256_now=None)
+    yield from new_file(requirements, pinned)
     yield StringCommand(
         uv,
         "pip",

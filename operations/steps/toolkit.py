@@ -15,20 +15,18 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
-from collections.abc import Mapping
+from shlex import quote as _q
 
 from pyinfra.api.command import FileUploadCommand, FunctionCommand, StringCommand
-from pyinfra.api.host import Host
 from pyinfra.api.operation import operation
-from pyinfra.api.state import State
 from pyinfra.context import host
 
 from operations.facts.engine import HOST_PACKAGES
 from operations.layout import EngineTree
-from operations.plan.engine_spec import Toolkit
+from operations.plan.engine_spec import Toolkit, ToolkitJson
 from operations.render.host_scripts import script_text
 from operations.runtime.host_call import Commands
+from operations.runtime.on_controller import fail
 from operations.steps.host_files import put_file
 
 INSTALL_SCRIPT = script_text("cuda_toolkit.py")
@@ -39,17 +37,6 @@ REDIST_DIR = "cuda-redist"
 def redist_dir(wheelhouse: str) -> str:
     """The controller's directory of compiler archives for offline installs."""
     return os.path.join(os.path.dirname(os.path.abspath(wheelhouse.rstrip("/"))), REDIST_DIR)
-
-
-def _q(text: str) -> str:
-    return shlex.quote(text)
-
-
-def _fail(state: State, host: Host, message: str) -> bool:
-    from pyinfra import logger
-
-    logger.error(f"{host.print_prefix}{message}")
-    return False
 
 
 @operation()
@@ -73,7 +60,7 @@ def host_packages(installed: list[str]) -> Commands:
 
 
 @operation(is_idempotent=False)
-def sync_archives(src: str, dest: str, tools: Toolkit | Mapping[str, object]) -> Commands:
+def sync_archives(src: str, dest: str, tools: ToolkitJson) -> Commands:
     """
     Upload the compiler's archives from the controller's cuda-redist/ directory (offline
     installs), each under a temporary name renamed when complete; refuse, changing nothing,
@@ -81,24 +68,23 @@ def sync_archives(src: str, dest: str, tools: Toolkit | Mapping[str, object]) ->
 
     + src: the controller's cuda-redist/ directory
     + dest: its copy on the host (ENGINE_ROOT/cuda-redist)
-    + tools: the toolkit (engine_spec.Toolkit or its to_json())
+    + tools: the plan's toolkit (engine_spec.Toolkit), as its to_json()
     """
-    if not isinstance(tools, Toolkit):
-        tools = Toolkit.from_json(tools)
+    toolkit = Toolkit.from_json(tools)
     # os.path rather than pathlib: pyinfra-testing fakes local files through os.
-    missing = [a.file_name for a in tools.archives if not os.path.isfile(f"{src}/{a.file_name}")]
+    missing = [a.file_name for a in toolkit.archives if not os.path.isfile(f"{src}/{a.file_name}")]
     if missing:
         yield FunctionCommand(
-            _fail,
+            fail,
             (
-                f"cuda-redist: no {', '.join(missing)} in {src} (nvcc {tools.version}'s "
-                f"archives; download them from {tools.url}); nothing changed",
+                f"cuda-redist: no {', '.join(missing)} in {src} (nvcc {toolkit.version}'s "
+                f"archives; download them from {toolkit.url}); nothing changed",
             ),
             {},
         )
         return
     yield StringCommand("mkdir", "-p", _q(f"{dest}/.partial"))
-    for archive in tools.archives:
+    for archive in toolkit.archives:
         partial = f"{dest}/.partial/{archive.file_name}"
         # A random temp name for pyinfra's `_sudo` upload (its default, /tmp/pyinfra-<sha1 of
         # dest>, is a name a local user could create first).
@@ -124,7 +110,7 @@ def toolkit_arguments(engine_root: str, tools: Toolkit, offline: bool) -> str:
 @operation()
 def install_toolkit(
     engine_root: str,
-    tools: Toolkit | Mapping[str, object],
+    tools: ToolkitJson,
     installed: list[str],
     offline: bool = False,
 ) -> Commands:
@@ -133,20 +119,19 @@ def install_toolkit(
     manifest's sha256 and size first; complete (its marker written, nvcc run) or absent.
 
     + engine_root: the engine root on the host
-    + tools: the toolkit (engine_spec.Toolkit or its to_json())
+    + tools: the plan's toolkit (engine_spec.Toolkit), as its to_json()
     + installed: the complete toolkits under ENGINE_ROOT/cuda (the EngineState fact)
     + offline: take the archives from ENGINE_ROOT/cuda-redist instead of the toolkit's URL
     """
-    if not isinstance(tools, Toolkit):
-        tools = Toolkit.from_json(tools)
-    home = tools.home(engine_root)
-    if tools.name in installed:
-        host.noop(f"nvcc {tools.version} is installed in {home}")
+    toolkit = Toolkit.from_json(tools)
+    home = toolkit.home(engine_root)
+    if toolkit.name in installed:
+        host.noop(f"nvcc {toolkit.version} is installed in {home}")
         return
     # Root-only, never on a command line: a mirror's URL may carry a token.
-    args_file = EngineTree(engine_root).toolkit_args(tools.name)
+    args_file = EngineTree(engine_root).toolkit_args(toolkit.name)
     yield from put_file._inner(
-        src=toolkit_arguments(engine_root, tools, offline),
+        src=toolkit_arguments(engine_root, toolkit, offline),
         dest=args_file,
         mode="600",
         dir_mode="755",

@@ -4,7 +4,7 @@ template, preflight's probe unit and the check's unit (issue 27)."""
 from __future__ import annotations
 
 from operations.render import units
-from operations.steps import engine
+from operations.steps import engine_check as engine
 
 USER = "sglang"
 

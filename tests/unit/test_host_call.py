@@ -31,7 +31,7 @@ from typing_extensions import override
 
 from operations import layout
 from operations.runtime.host_call import HostCall, run
-from operations.steps import engine, model, toolkit
+from operations.steps import engine, engine_check, model, toolkit
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests/operations"
@@ -122,10 +122,10 @@ def test_the_hub_download_and_the_token_removal_go_through_sudo() -> None:
 
 
 def test_the_engine_check_goes_through_sudo() -> None:
-    args, kwargs = case("steps.engine.verify_env/fresh")
+    args, kwargs = case("steps.engine_check.verify_env/fresh")
     # The fake host's answer is no probe: the check fails (and says so), after running as root.
     seen = deploy(
-        lambda s: add_op(s, engine.verify_env, *args, _ignore_errors=True, **kwargs), **SUDO
+        lambda s: add_op(s, engine_check.verify_env, *args, _ignore_errors=True, **kwargs), **SUDO
     )
     check = [a for text, a in seen.commands if "/bin/python -c" in text]
     assert check == [SUDO], seen.commands
@@ -210,7 +210,7 @@ def test_sudo_uploads_use_random_temp_names(tmp_path: Path) -> None:
 
 
 def test_sudo_archive_uploads_use_random_temp_names(tmp_path: Path) -> None:
-    tools = case("steps.engine.verify_env/fresh")[1]["spec"]["toolkit"]
+    tools = case("steps.engine_check.verify_env/fresh")[1]["spec"]["toolkit"]
     for archive in tools["archives"]:
         (tmp_path / Path(archive["path"]).name).write_bytes(b"xz")
     kwargs = {"src": str(tmp_path), "dest": "/opt/sglang/cuda-redist", "tools": tools}

@@ -1,5 +1,5 @@
-"""The Proxmox side's pure plan (operations/steps/pve.py): facts parsed from the node fixtures in
-tests/fixtures/pve (see SOURCE.md there), settings through the real loader."""
+"""The Proxmox side's pure plan (operations/plan/pve_plan.py): facts parsed from the node
+fixtures in tests/fixtures/pve (see SOURCE.md there), settings through the real loader."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from operations.facts.pve import (
     parse_pveversion,
 )
 from operations.plan import preflight
-from operations.steps.pve import MIB, PveFacts, PvePlan, plan, summary
+from operations.plan.pve_plan import MIB, PveFacts, PvePlan, plan, summary
 from tests.unit.builders import make_settings
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "pve"

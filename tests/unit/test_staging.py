@@ -66,7 +66,7 @@ class Case:
     keep_keys: list[str] = field(default_factory=list)
 
 
-FRESH = "staged copy matches the source (manifest d-new, 19 files, 50.00 GiB)"
+FRESH = "staged copy matches the source (manifest d-new, 19 files, 50.0 GiB)"
 CASES = [
     Case("the copy the units name is the source's", fact(), "unchanged", FRESH, "unchanged"),
     Case("a copy a rank unit names is kept, no leftover", fact(), "unchanged", FRESH,

@@ -23,7 +23,7 @@ def ranks(ctx: Resolution, args: list[str]) -> None:
     if s.base_port + s.dp_size - 1 > 65535:
         ctx.error(f"base_port {s.base_port} {ctx.where('base_port')}: ranks run past 65535")
         return
-    env = layout.engine_env(s.engine_root, engine_name(ctx))
+    env = layout.EngineTree(s.engine_root).env(engine_name(ctx))
     python = layout.env_python(env)
     copy = model_path(ctx)
     for rank in range(s.dp_size):
