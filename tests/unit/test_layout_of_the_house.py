@@ -107,11 +107,13 @@ def long_functions(source: str) -> dict[str, int]:
 
 
 def test_the_function_measure_counts_from_def_to_the_last_line() -> None:
-    body = "".join(f"    x = {i}\n" for i in range(MAX_FUNCTION_LINES - 1))
-    assert long_functions(f"def short():\n{body[:-11]}\n") == {}
-    assert long_functions(
-        f"class C:\n    def long(self):\n    {body.replace(chr(10), chr(10) + '    ')}"
-    ) == {"long (line 2)": MAX_FUNCTION_LINES}
+    def lines(n: int, indent: str = "    ") -> str:
+        return "".join(f"{indent}x = {i}\n" for i in range(n))
+
+    limit = MAX_FUNCTION_LINES
+    assert long_functions(f"def short():\n{lines(limit - 2)}") == {}
+    method = f"class C:\n    def long(self):\n{lines(limit - 1, ' ' * 8)}"
+    assert long_functions(method) == {"long (line 2)": limit}
 
 
 def test_no_function_of_120_lines_or_more() -> None:
