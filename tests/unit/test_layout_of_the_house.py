@@ -1,5 +1,5 @@
-"""Issue 36: the folders read as the architecture (docs/architecture.md, "The layout"), and each
-piece fits in a head. Read from the source (nothing imported):
+"""Issue 36: the folders read as the architecture (docs/architecture.md's opening picture, which
+names every one of them), and each piece fits in a head. Read from the source (nothing imported):
 
 - product code (operations/, deploy.py, pve.py, inventory/, group_data/) never imports tests:
   the quick start runs from a checkout without tests/ on the path (the simulated hosts are
@@ -150,3 +150,14 @@ def test_each_folder_of_operations_says_what_it_holds() -> None:
 def test_programs_have_no_package_init() -> None:
     """operations/programs/ is the bundler's: each file there ships to the host."""
     assert not (OPERATIONS / "programs" / "__init__.py").exists()
+
+
+def test_the_architecture_picture_names_every_folder_and_top_module() -> None:
+    """docs/architecture.md opens with one picture of operations/: a folder or a module at its
+    top that the picture does not name is one a reader cannot place."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    picture = doc.split("```", 2)[1]
+    names = [f"{p.name}/" for p in OPERATIONS.iterdir() if p.is_dir() and p.name != "__pycache__"]
+    names += [p.name for p in OPERATIONS.glob("*.py") if p.name != "__init__.py"]
+    missing = sorted(n for n in names if n not in picture)
+    assert missing == [], f"not in docs/architecture.md's picture: {missing}"
