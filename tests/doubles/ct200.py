@@ -1,22 +1,22 @@
-"""TEST DOUBLE: canned answers that make pyinfra's @fake connector look like CT200.
+"""TEST DOUBLE: CT200's nvidia-smi, for the tests, over the simulated CT200 of the product.
 
-nvidia-smi's part is produced by running the deploy's real NvidiaGpus fact command against the
-nvidia-smi double and a fixture of real captured output, so the demo sees byte-for-byte what
-the fact would read on such a host. The rest is in tests/fixtures/ct200 (see its README).
+The simulated host's answers live with the product (operations/simulated/ct200.py); the tests
+vary its GPUs: `fake_responses(scenario)` gives it the NvidiaGpus fact's real command run against
+the nvidia-smi double and a scenario of tests/fixtures/nvidia-smi, byte for byte what the fact
+would read on such a host. `python -m tests.doubles.ct200 SCENARIO` prints that output (the
+simulated CT200's captured/ct200/nvidia-gpus.txt is the one of rtx-pro-6000-x8).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from operations.facts.gpu import NvidiaGpus
-from operations.facts.host import CONFIG_MARKER
-from operations.facts.preflight import SECTION
+from operations.simulated import ct200
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
@@ -51,37 +51,11 @@ def nvidia_smi_output(scenario: str) -> list[str]:
 
 
 def fake_responses(
-    scenario: str = "rtx-pro-6000-x8", model_bytes: int = 53_800_000_000
-) -> dict[str, Any]:
-    """fake_responses host data for pyinfra's @fake connector (substring matchers)."""
-    resources = (FIXTURES / "ct200" / "host-resources.txt").read_text().splitlines()
-    config = (FIXTURES / "ct200" / "model-config.json").read_text().splitlines()
-    shards = [f"model-{i:05d}-of-00015.safetensors" for i in range(1, 16)]
-    never_staged = {
-        "source": {"digest": "52cd26977905ef55", "bytes": model_bytes, "files": len(shards) + 4},
-        "error": None,
-        "staged": None,
-        "leftovers": [],
-        "hub_revision": None,
-        "copy_bytes": model_bytes,
-        "changed_files": ["config.json", "tokenizer.json", *shards],
-        "mismatched": [],
-        "up_to_date": False,
-    }
-    model = ["exists", str(model_bytes), CONFIG_MARKER, *config]
-    gpus = nvidia_smi_output(scenario)
-    return {
-        # PreflightFacts (operations/facts/preflight.py): the three parts, each after its line.
-        SECTION: [
-            *(f"{SECTION}gpu", *gpus),
-            *(f"{SECTION}resources", *resources),
-            *(f"{SECTION}model", *model),
-        ],
-        # The staging script's plan (operations/facts/model.py): nothing staged yet.
-        "Stage a model directory into a tmpfs": [json.dumps(never_staged)],
-        "--query-gpu=": gpus,
-        # pyinfra's own facts that the deploy's built-in operations read.
-        "uname -s": ["Linux"],
-        "GNU_LIBC_VERSION": resources,
-        CONFIG_MARKER: model,
-    }
+    scenario: str = "rtx-pro-6000-x8", model_bytes: int = ct200.MODEL_BYTES
+) -> dict[str, list[str]]:
+    """The simulated CT200's fake_responses, its GPUs showing `scenario`."""
+    return ct200.fake_responses(nvidia_smi_output(scenario), model_bytes)
+
+
+if __name__ == "__main__":
+    print("\n".join(nvidia_smi_output(sys.argv[1] if len(sys.argv) > 1 else "rtx-pro-6000-x8")))

@@ -5,8 +5,9 @@ The node is a double (tests/doubles/pct, tests/doubles/pveversion): /etc/pve/lxc
 that `pct` reads and writes with Proxmox's syntax, a `pct start` that refuses a missing devN path
 as pve-container's prestart hook does, UVM nodes that exist only after the nvidia-modprobe double
 ran, and a pve-guests.service double that starts container 200 (a node boot, played by hand).
-The node's /proc/devices and /proc/driver/nvidia/version are the captured fixtures of
-tests/fixtures/pve, bound over the container's own /proc, so the facts run their real commands.
+The node's /proc/devices (the simulated node's capture, operations/simulated/captured/pve_node)
+and /proc/driver/nvidia/version (tests/fixtures/pve) are bound over the container's own /proc,
+so the facts run their real commands.
 GPU device nodes are /dev/null binds, as in every testbed container. One container serves the
 whole module; each test writes the container configs it starts from.
 """
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from operations.simulated import pve_node
 from tests import testbed as tb
 from tests.e2e.deploying import REPO, Run, run_deploy
 from tests.e2e.https_server import HttpsFiles
@@ -82,11 +84,11 @@ def node(testbed: tb.Testbed) -> Iterator[Container]:
         "/usr/local/bin/pveversion": ((DOUBLES / "pveversion").read_text(), 0o755),
         "/usr/bin/nvidia-modprobe": ((DOUBLES / "nvidia-modprobe").read_text(), 0o755),
         "/etc/systemd/system/pve-guests.service": (DOUBLES / "pve-guests.service").read_text(),
-        "/etc/pve-double/pveversion.txt": (FIXTURES / "pveversion-8.1.txt").read_text(),
+        "/etc/pve-double/pveversion.txt": (pve_node.CAPTURED / "pveversion-8.1.txt").read_text(),
         "/srv/pve-double/driver/nvidia/version": (
             FIXTURES / "nvidia-version-open-565.txt"
         ).read_text(),
-        "/srv/pve-double/devices": (FIXTURES / "proc-devices.txt").read_text(),
+        "/srv/pve-double/devices": (pve_node.CAPTURED / "proc-devices.txt").read_text(),
         "/etc/pve/qemu-server/101.conf": "boot: order=scsi0\nmemory: 4096\n",
         "/var/lib/pct-double/200.running": "",
         f"{MODEL}/config.json": '{"architectures": ["Qwen3_5ForConditionalGeneration"]}',
@@ -224,7 +226,7 @@ def test_before_pve_8_1_raw_lxc_lines_with_the_node_majors(node: Container, tmp_
         assert again.rc == 0, again.output
         assert node.snapshot(SNAPSHOT) == converged
     finally:
-        fixture.write_text((FIXTURES / "pveversion-8.1.txt").read_text())
+        fixture.write_text((pve_node.CAPTURED / "pveversion-8.1.txt").read_text())
 
 
 @pytest.mark.parametrize(

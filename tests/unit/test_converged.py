@@ -24,6 +24,7 @@ import pytest
 from operations import layout
 from operations.facts.model import script_module
 from operations.settings import defaults
+from operations.simulated import ct200 as simulated_ct200
 from operations.steps.serve import SMOKE_PRELOAD, restart_command
 from tests.unit.builders import make_settings
 from tests.unit.simulated_host import RUNNER, asked_paths
@@ -61,9 +62,7 @@ def inventory(tmp_path: Path, names: list[str], data: dict[str, Any]) -> Path:
     key.write_text("sk-converged\n")
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
-    (model / "config.json").write_text(
-        (ROOT / "tests/fixtures/ct200/model-config.json").read_text()
-    )
+    (model / "config.json").write_text((simulated_ct200.CAPTURED / "model-config.json").read_text())
     # The engine's lock on the controller: a converged controller has it (engine_spec.lock_path).
     locks = tmp_path / "locks"
     locks.mkdir(exist_ok=True)

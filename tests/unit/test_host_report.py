@@ -23,6 +23,7 @@ from operations.plan.host_plan import Gathered, HostReport, decide
 from operations.plan.planned_files import sha256
 from operations.plan.resolver import Rank
 from operations.settings import Settings
+from operations.simulated import ct200 as simulated_ct200
 from tests.unit.builders import QWEN36, gpu_facts, make_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,9 +35,7 @@ ROUTER = {"host": "ct200", "port": 8000}
 
 
 def resources() -> Any:
-    return parse_resources(
-        (ROOT / "tests/fixtures/ct200/host-resources.txt").read_text().split("\n")
-    )
+    return parse_resources(simulated_ct200.captured("host-resources.txt"))
 
 
 def staging(staged: str | None, current_key: str | None = None) -> Staging:

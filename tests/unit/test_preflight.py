@@ -14,10 +14,10 @@ from operations.plan import resolver
 from operations.plan.host_plan import HostReport
 from operations.plan.preflight import Failure, check
 from operations.runtime.plan_step import refusal
-from tests.doubles.ct200 import FIXTURES
+from operations.simulated import ct200 as simulated_ct200
 from tests.unit.builders import QWEN36, facts, gpu_facts, make_settings
 
-CT200 = parse_resources((FIXTURES / "ct200" / "host-resources.txt").read_text().splitlines())
+CT200 = parse_resources(simulated_ct200.captured("host-resources.txt"))
 GIB = 1024**3
 
 

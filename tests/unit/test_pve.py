@@ -1,5 +1,6 @@
 """The Proxmox side's pure plan (operations/plan/pve_plan.py): facts parsed from the node
-fixtures in tests/fixtures/pve (see SOURCE.md there), settings through the real loader."""
+fixtures in tests/fixtures/pve and the simulated node's (operations/simulated/captured/pve_node;
+see SOURCE.md and README.md there), settings through the real loader."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from operations.facts.pve import (
 )
 from operations.plan import preflight
 from operations.plan.pve_plan import MIB, PveFacts, PvePlan, plan, summary
+from operations.simulated import pve_node
 from tests.unit.builders import make_settings
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "pve"
@@ -32,7 +34,11 @@ KB = kbmod.load()
 
 
 def fixture(name: str) -> list[str]:
-    return (FIXTURES / name).read_text().splitlines()
+    """A file of tests/fixtures/pve, or of the simulated node's own captures."""
+    path = FIXTURES / name
+    if not path.exists():
+        path = pve_node.CAPTURED / name
+    return path.read_text().splitlines()
 
 
 def node_devices(gpus: int = 8, caps: bool = False, uvm: bool = True) -> NvidiaDevices:
@@ -388,7 +394,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.integration
 def test_pve_demo_previews_a_simulated_node_and_refuses_a_real_run() -> None:
     """`make pve-demo`: pve.py's real facts and plan over pyinfra's @fake connector answering as
-    CT200's node (tests/doubles/pve_node.py); a run without --dry is refused up front."""
+    CT200's node (operations/simulated/pve_node.py); a run without --dry is refused up front."""
     pyinfra = str(REPO / ".venv" / "bin" / "pyinfra")
     dry = subprocess.run(
         [pyinfra, "inventory/pve_demo.py", "pve.py", "--dry"],

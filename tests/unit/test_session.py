@@ -87,7 +87,7 @@ def the_settings_line(inventory: str) -> str:
 @pytest.fixture
 def one_host(tmp_path: Path) -> str:
     """An inventory of the demo's host without its answers: a settings check contacts no host
-    (and loading it starts no process, as the demo's nvidia-smi double would)."""
+    (and loading it starts no process)."""
     path = tmp_path / "one.py"
     path.write_text("hosts = [('@fake/ct200', {'fake_delay': 0, 'fake_delay_jitter': 0})]\n")
     return str(path)
