@@ -19,7 +19,7 @@ from pyinfra.api.facts import FactBase
 from operations import layout
 from operations.facts.engine import MARKER, EngineHost, parse_engine_state, state_script
 from operations.facts.once import gathered
-from operations.render import execstart
+from operations.render import execstart, host_scripts
 from operations.settings import Settings
 
 ROUTER_KEY = "router"
@@ -39,93 +39,10 @@ UNIT_PROPERTIES = (
 GPU_QUERY = "index,name,memory.used,memory.total"
 GPU_TIMEOUT_S = 10  # a wedged driver must not hang the status
 
-# argv: timeout, then KEY=URL pairs; prints "health KEY CODE" (the HTTP status) or
-# "health KEY refused|timeout|error:WHAT". Proxies are ignored: the URLs are the host's own.
-# After "--metrics", KEY=URL pairs of /metrics, read in the same pool: "metrics KEY RUNNING
-# QUEUED", each the sum of that gauge's series ("-" when the page has none), or "metrics KEY !
-# WHY" (an HTTP status, refused, timeout, error:WHAT). The gauges are SGLang's
-# sglang:num_running_reqs and sglang:num_queue_reqs (SchedulerMetricsCollector, 0.5.11:
-# sglang/srt/observability/metrics_collector.py; srt/metrics/collector.py before).
-_PROBE = """\
-import sys, socket, urllib.error, urllib.request
-from concurrent.futures import ThreadPoolExecutor
-timeout = float(sys.argv[1])
-opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
-def get(url):
-    try:
-        with opener.open(url, timeout=timeout) as r:
-            return str(r.status), r.read(1 << 22).decode("utf-8", "replace")
-    except urllib.error.HTTPError as e:
-        return str(e.code), None
-    except urllib.error.URLError as e:
-        reason = e.reason
-        if isinstance(reason, ConnectionRefusedError):
-            return "refused", None
-        if isinstance(reason, (socket.timeout, TimeoutError)):
-            return "timeout", None
-        return "error:" + type(reason).__name__, None
-    except (socket.timeout, TimeoutError):
-        return "timeout", None
-    except Exception as e:
-        return "error:" + type(e).__name__, None
-def probe(pair):
-    key, url = pair.split("=", 1)
-    return key, get(url)[0]
-def gauges(pair):
-    key, url = pair.split("=", 1)
-    code, text = get(url)
-    if code != "200" or text is None:
-        return key, "! " + code
-    found = {}
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in GAUGES:
-            try:
-                found[name] = found.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-            except ValueError:
-                pass
-    return key, " ".join("%g" % found[g] if g in found else "-" for g in GAUGES)
-args = sys.argv[2:]
-cut = args.index("--metrics") if "--metrics" in args else len(args)
-pairs, pages = args[:cut], args[cut + 1 :]
-with ThreadPoolExecutor(max(1, len(pairs) + len(pages))) as pool:
-    scraped = pool.map(gauges, pages)
-    for key, answer in pool.map(probe, pairs):
-        print("health", key, answer)
-    for key, answer in scraped:
-        print("metrics", key, answer)
-"""
-
-# argv: timeout, the router's worker list URL (a GET, the knowledge base's `list_workers` call),
-# the control-plane key file (root only; sent as a bearer token when it exists, as
-# files/router_workers.py does; the key never reaches a command line);
-# prints "router_workers ok" and "worker URL healthy|unhealthy" per worker the router lists, or
-# "router_workers error WHY". Answer shape: sglang-router's {"workers": [{"url", "is_healthy"}]}
-# (files/router_workers.py `listed` reads the same).
-_WORKERS = """\
-import json, sys, urllib.request
-opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-request = urllib.request.Request(sys.argv[2])
-try:
-    with open(sys.argv[3], encoding="utf-8") as handle:
-        key = handle.read().strip()
-except OSError:
-    key = ""
-if key:
-    request.add_header("Authorization", "Bearer " + key)
-try:
-    with opener.open(request, timeout=float(sys.argv[1])) as r:
-        workers = json.loads(r.read(1 << 22)).get("workers", [])
-    lines = ["worker %s %s" % (str(w["url"]).rstrip("/"),
-             "healthy" if w.get("is_healthy") else "unhealthy") for w in workers]
-except Exception as e:
-    print("router_workers error " + type(e).__name__)
-else:
-    print("router_workers ok")
-    for line in lines:
-        print(line)
-"""
+# The programs the fact runs on the host, each one `python3 -c` argument: the status's probe of
+# /health and /metrics, and the router's worker list as the host reads it.
+PROBE_SCRIPT = "serving_probe.py"
+ROUTER_LIST_SCRIPT = "router_list.py"
 
 
 @dataclass(frozen=True)
@@ -609,7 +526,7 @@ class ServingState(FactBase[Serving]):
                 probes += [QuoteString(f"{k}={url}") for k, url in sorted(metrics_urls.items())]
             parts += [
                 "if command -v python3 >/dev/null 2>&1; then python3 -c",
-                QuoteString(_PROBE),
+                QuoteString(host_scripts.script_text(PROBE_SCRIPT)),
                 str(timeout_s),
                 *probes,
                 '; else echo "health_unavailable python3 not found on the host"; fi;',
@@ -626,7 +543,7 @@ class ServingState(FactBase[Serving]):
         if router_list:
             parts += [
                 "if command -v python3 >/dev/null 2>&1; then python3 -c",
-                QuoteString(_WORKERS),
+                QuoteString(host_scripts.script_text(ROUTER_LIST_SCRIPT)),
                 str(timeout_s),
                 QuoteString(router_list),
                 QuoteString(layout.CONTROL_PLANE_KEY_FILE),
