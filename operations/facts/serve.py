@@ -66,24 +66,6 @@ class UnitState:
     # systemd's NeedDaemonReload: the file on disk is not the definition systemd holds.
     need_reload: bool = False
 
-    def pending_restart(self, inputs_changed_at: int | None = None) -> str | None:
-        """Why the running process does not run what its unit file says now, or None: the
-        file changed after the process started (ExecMainStartTimestamp, which systemd sets
-        when it forks the main process: systemd.exec(5), org.freedesktop.systemd1(5)), or
-        systemd was not even reloaded. `inputs_changed_at`: when a file the process reads
-        only at start (the API key file) last changed. A kill between a unit's write and its
-        restart leaves exactly this (issue 31). Seconds: a file written in the second the
-        process started counts as read by it (the roll writes before it restarts)."""
-        if not self.running or self.started_at is None:
-            return None
-        if self.need_reload:
-            return "its unit file changed and systemd was not reloaded"
-        if self.changed_at is not None and self.changed_at > self.started_at:
-            return "its unit file changed after the process started"
-        if inputs_changed_at is not None and inputs_changed_at > self.started_at:
-            return "the API key file changed after the process started"
-        return None
-
     @property
     def exists(self) -> bool:
         return self.unit_sha256 is not None or self.load not in (None, "not-found")
@@ -190,35 +172,6 @@ class Serving:
     # `router_list`; None when not asked or the router did not answer (router_workers_error).
     router_workers: dict[str, bool] | None = None
     router_workers_error: str | None = None
-
-    def pending_restart(self, rank: int) -> str | None:
-        """Why rank's process does not run what its unit file (and the key file) say now."""
-        unit = self.ranks.get(rank)
-        if unit is None:
-            return None
-        return unit.pending_restart(self.changed_at.get(layout.SECRETS_FILE))
-
-    def rank_files(self) -> dict[int, UnitState]:
-        """Ranks that have a unit file: what a crash-restart or a reboot runs."""
-        return {rank: unit for rank, unit in self.ranks.items() if unit.unit_sha256 is not None}
-
-
-def referenced_envs(serving: Serving) -> set[str]:
-    """Engine environment directories named by the host's rank unit files now. The engine's
-    prune keeps these: a rank that was not rolled yet (or a failed roll) still runs one."""
-    return {env for u in serving.rank_files().values() if (env := u.engine_env()) is not None}
-
-
-def referenced_env_names(serving: Serving, engine_root: str) -> set[str]:
-    """The names (ENGINE_ROOT/envs/<name>) of the environments the rank unit files name now:
-    what the engine's prune must keep besides its own choice."""
-    tree = layout.EngineTree(engine_root)
-    return {name for env in referenced_envs(serving) if (name := tree.name_of(env)) is not None}
-
-
-def referenced_models(serving: Serving) -> set[str]:
-    """Staged model copies named by the host's rank unit files now."""
-    return {path for u in serving.rank_files().values() if (path := u.model_path()) is not None}
 
 
 def _int(text: str) -> int | None:

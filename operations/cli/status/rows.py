@@ -11,6 +11,7 @@ from typing import TypedDict
 from operations import layout
 from operations.facts.serve import ROUTER_KEY, RankLoad, Serving, UnitState
 from operations.facts.smoke import Probe, ProbeAnswer
+from operations.plan import rank_state
 from operations.plan.serve_plan import router_workers
 from operations.redact import redact_data
 from operations.settings import Settings
@@ -274,11 +275,11 @@ def describe_health(answer: str | None, probe_error: str | None) -> str:
 
 def describe_unit(unit: UnitState | None, why: str | None = None) -> str:
     """systemd's state; with a running process that does not run what its unit file says
-    (`why`: Serving.pending_restart), "pending restart" and why."""
+    (`why`: rank_state.rank_pending_restart), "pending restart" and why."""
     if unit is None or not unit.exists:
         return "missing"
     state = f"{unit.active or '?'} ({unit.sub or '?'})"
-    why = why or unit.pending_restart()
+    why = why or rank_state.pending_restart(unit)
     return f"{state}, pending restart: {why}" if why else state
 
 
@@ -322,7 +323,7 @@ def rank_rows(settings: Settings, status: Serving) -> list[RankStatus]:
         if rank not in expected and (unit is None or not unit.exists):
             continue
         answer = status.health.get(str(rank))
-        state = describe_unit(unit, status.pending_restart(rank))
+        state = describe_unit(unit, rank_state.rank_pending_restart(status, rank))
         healthy = unit is not None and unit.exists and unit.active == "active" and answer == "200"
         index = _gpu_index(unit, rank)
         gpu = gpus.get(index) if index is not None else None
