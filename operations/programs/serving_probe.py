@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""The status command's probe of the ranks and the router, run on their host by the ServingState
-fact (operations/facts/serve.py) as one `python3 -c` argument, so the URLs are the host's own
-(proxies are ignored).
+"""The status command's probe of the ranks and the router, run on their host by the ServingStatus
+fact (operations/facts/serve_status.py) as one `python3 -c` argument, so the URLs are the host's
+own (proxies are ignored).
 
     serving_probe.py TIMEOUT KEY=HEALTH_URL ... [--metrics KEY=METRICS_URL ...]
 

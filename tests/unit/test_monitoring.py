@@ -18,7 +18,8 @@ import pytest
 
 from operations import layout
 from operations.cli import status as st
-from operations.facts.serve import PROBE_SCRIPT, RankLoad, Serving, parse_serving
+from operations.facts.serve import RankLoad, Serving
+from operations.facts.serve_status import PROBE_SCRIPT, parse_status
 from operations.plan import monitoring, resolver
 from operations.render import host_scripts
 from tests.unit.builders import make_settings
@@ -208,7 +209,7 @@ def test_the_probe_script_reads_the_request_gauges(pages: str) -> None:
     argv += [f"0={pages}/good/metrics", f"1={pages}/off/metrics", f"2={pages}/bare/metrics"]
     argv += [f"3={refused}"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
-    status = parse_serving(out.splitlines())
+    status = parse_status(out.splitlines())
     assert status.health == {"0": "200"}
     assert status.load == {
         "0": RankLoad(running=4.0, queued=5.0),  # series summed (real SGLang labels priority)

@@ -1,4 +1,4 @@
-"""What status shows per host: the rows of ranks and the router built from the ServingState
+"""What status shows per host: the rows of ranks and the router built from the ServingStatus
 fact (and the SmokeProbe fact with --probe), the arguments of those facts, the JSON document and
 the exit status. Pure: no host is asked here."""
 
@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TypedDict
 
 from operations import layout
-from operations.facts.serve import ROUTER_KEY, RankLoad, Serving, UnitState
+from operations.facts.serve import RankLoad, Serving, UnitState
+from operations.facts.serve_status import ROUTER_KEY
 from operations.facts.smoke import Probe, ProbeAnswer
 from operations.plan import rank_state
 from operations.plan.serve_plan import router_workers
@@ -21,7 +22,7 @@ PROBE_TIMEOUT_S = 2.0
 
 
 class ServingArgs(TypedDict):
-    """The ServingState fact's arguments status asks with (operations/facts/serve.py)."""
+    """The ServingStatus fact's arguments (operations/facts/serve_status.py)."""
 
     engine_root: str
     model_link: str
@@ -246,7 +247,7 @@ def _requests(settings: Settings, load: RankLoad | None) -> RequestsRow:
 
 
 def fact_args(settings: Settings, host_name: str) -> ServingArgs:
-    """The ServingState arguments for a host with these settings (probes and GPUs included)."""
+    """The ServingStatus arguments for a host with these settings (probes and GPUs included)."""
     urls = {str(rank): layout.rank_health_url(settings, rank) for rank in range(settings.dp_size)}
     router = router_url(settings, host_name)
     if router is not None:
