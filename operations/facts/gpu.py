@@ -10,6 +10,7 @@ from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.facts import FactBase
 
 from operations import layout
+from operations.render import host_scripts
 
 QUERY_FIELDS = ("index", "name", "compute_cap", "memory.total", "driver_version", "uuid")
 RC_MARKER = "@@nvidia-smi-rc="
@@ -139,17 +140,8 @@ class NvidiaGpus(FactBase[NvidiaSmi]):
 # exit status 226 a sandbox this container cannot set up (systemd.exec(5) EXIT_NAMESPACE).
 
 PROBE_UNIT = "sglang-deploy-gpu-probe"
-# Runs in the probe unit: no `%` or `$` (systemd would expand them in a transient ExecStart).
-_PROBE_SCRIPT = (
-    "import errno, os, sys\n"
-    "for n in sys.argv[1:]:\n"
-    "    try:\n"
-    "        os.close(os.open(n, os.O_RDWR))\n"
-    "        r = 'ok'\n"
-    "    except OSError as e:\n"
-    "        r = errno.errorcode.get(e.errno, str(e.errno))\n"
-    "    print('open=' + n + '|' + r)\n"
-)
+# What the probe unit runs (its text holds no `%` or `$`: systemd would expand them there).
+PROBE_SCRIPT = "gpu_open.py"
 
 
 @dataclass(frozen=True)
@@ -246,7 +238,10 @@ class GpuNodeAccess(FactBase[GpuAccess]):
         ]
         for key, value in properties:
             probe += [" -p ", QuoteString(f"{key}={value}")]
-        probe += [f" {layout.SYSTEM_PYTHON} -c ", QuoteString(_PROBE_SCRIPT)]
+        probe += [
+            f" {layout.SYSTEM_PYTHON} -c ",
+            QuoteString(host_scripts.script_text(PROBE_SCRIPT)),
+        ]
         # What the probe is: a new sandbox or script is a new cache key.
         digest = hashlib.sha256(
             StringCommand(*probe, _separator="").get_raw_value().encode()

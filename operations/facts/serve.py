@@ -1,9 +1,10 @@
-"""What serves now, in one round trip: the serve step's and the status command's one fact.
+"""What serves now, in one round trip: the deploy's fact of its rank units and what they run.
 
 Every rank unit file (its checksum and its ExecStart=, which names the engine environment and
 the staged model copy the rank runs), the state systemd has for it, the router unit, the other
-managed files, the service user, the engine environments and the staged model link; for the
-status command also each /health answer (probed on the host itself) and GPU memory.
+managed files, the service user, the engine environments and the staged model link. The status
+command reads the same with its probes of /health, /metrics and GPU memory added
+(operations/facts/serve_status.py); `Serving` holds both answers.
 """
 
 from __future__ import annotations
@@ -19,10 +20,9 @@ from pyinfra.api.facts import FactBase
 from operations import layout
 from operations.facts.engine import MARKER, EngineHost, parse_engine_state, state_script
 from operations.facts.once import gathered
-from operations.render import execstart
+from operations.render import execstart, host_scripts
 from operations.settings import Settings
 
-ROUTER_KEY = "router"
 UNIT_PROPERTIES = (
     "Id",
     "LoadState",
@@ -36,96 +36,9 @@ UNIT_PROPERTIES = (
     # (org.freedesktop.systemd1(5), Unit properties: NeedDaemonReload).
     "NeedDaemonReload",
 )
-GPU_QUERY = "index,name,memory.used,memory.total"
-GPU_TIMEOUT_S = 10  # a wedged driver must not hang the status
 
-# argv: timeout, then KEY=URL pairs; prints "health KEY CODE" (the HTTP status) or
-# "health KEY refused|timeout|error:WHAT". Proxies are ignored: the URLs are the host's own.
-# After "--metrics", KEY=URL pairs of /metrics, read in the same pool: "metrics KEY RUNNING
-# QUEUED", each the sum of that gauge's series ("-" when the page has none), or "metrics KEY !
-# WHY" (an HTTP status, refused, timeout, error:WHAT). The gauges are SGLang's
-# sglang:num_running_reqs and sglang:num_queue_reqs (SchedulerMetricsCollector, 0.5.11:
-# sglang/srt/observability/metrics_collector.py; srt/metrics/collector.py before).
-_PROBE = """\
-import sys, socket, urllib.error, urllib.request
-from concurrent.futures import ThreadPoolExecutor
-timeout = float(sys.argv[1])
-opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
-def get(url):
-    try:
-        with opener.open(url, timeout=timeout) as r:
-            return str(r.status), r.read(1 << 22).decode("utf-8", "replace")
-    except urllib.error.HTTPError as e:
-        return str(e.code), None
-    except urllib.error.URLError as e:
-        reason = e.reason
-        if isinstance(reason, ConnectionRefusedError):
-            return "refused", None
-        if isinstance(reason, (socket.timeout, TimeoutError)):
-            return "timeout", None
-        return "error:" + type(reason).__name__, None
-    except (socket.timeout, TimeoutError):
-        return "timeout", None
-    except Exception as e:
-        return "error:" + type(e).__name__, None
-def probe(pair):
-    key, url = pair.split("=", 1)
-    return key, get(url)[0]
-def gauges(pair):
-    key, url = pair.split("=", 1)
-    code, text = get(url)
-    if code != "200" or text is None:
-        return key, "! " + code
-    found = {}
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in GAUGES:
-            try:
-                found[name] = found.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-            except ValueError:
-                pass
-    return key, " ".join("%g" % found[g] if g in found else "-" for g in GAUGES)
-args = sys.argv[2:]
-cut = args.index("--metrics") if "--metrics" in args else len(args)
-pairs, pages = args[:cut], args[cut + 1 :]
-with ThreadPoolExecutor(max(1, len(pairs) + len(pages))) as pool:
-    scraped = pool.map(gauges, pages)
-    for key, answer in pool.map(probe, pairs):
-        print("health", key, answer)
-    for key, answer in scraped:
-        print("metrics", key, answer)
-"""
-
-# argv: timeout, the router's worker list URL (a GET, the knowledge base's `list_workers` call),
-# the control-plane key file (root only; sent as a bearer token when it exists, as
-# files/router_workers.py does; the key never reaches a command line);
-# prints "router_workers ok" and "worker URL healthy|unhealthy" per worker the router lists, or
-# "router_workers error WHY". Answer shape: sglang-router's {"workers": [{"url", "is_healthy"}]}
-# (files/router_workers.py `listed` reads the same).
-_WORKERS = """\
-import json, sys, urllib.request
-opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-request = urllib.request.Request(sys.argv[2])
-try:
-    with open(sys.argv[3], encoding="utf-8") as handle:
-        key = handle.read().strip()
-except OSError:
-    key = ""
-if key:
-    request.add_header("Authorization", "Bearer " + key)
-try:
-    with opener.open(request, timeout=float(sys.argv[1])) as r:
-        workers = json.loads(r.read(1 << 22)).get("workers", [])
-    lines = ["worker %s %s" % (str(w["url"]).rstrip("/"),
-             "healthy" if w.get("is_healthy") else "unhealthy") for w in workers]
-except Exception as e:
-    print("router_workers error " + type(e).__name__)
-else:
-    print("router_workers ok")
-    for line in lines:
-        print(line)
-"""
+# The program that reads the router's worker list on the host (one `python3 -c` argument).
+ROUTER_LIST_SCRIPT = "router_list.py"
 
 
 @dataclass(frozen=True)
@@ -148,24 +61,6 @@ class UnitState:
     changed_at: int | None = None
     # systemd's NeedDaemonReload: the file on disk is not the definition systemd holds.
     need_reload: bool = False
-
-    def pending_restart(self, inputs_changed_at: int | None = None) -> str | None:
-        """Why the running process does not run what its unit file says now, or None: the
-        file changed after the process started (ExecMainStartTimestamp, which systemd sets
-        when it forks the main process: systemd.exec(5), org.freedesktop.systemd1(5)), or
-        systemd was not even reloaded. `inputs_changed_at`: when a file the process reads
-        only at start (the API key file) last changed. A kill between a unit's write and its
-        restart leaves exactly this (issue 31). Seconds: a file written in the second the
-        process started counts as read by it (the roll writes before it restarts)."""
-        if not self.running or self.started_at is None:
-            return None
-        if self.need_reload:
-            return "its unit file changed and systemd was not reloaded"
-        if self.changed_at is not None and self.changed_at > self.started_at:
-            return "its unit file changed after the process started"
-        if inputs_changed_at is not None and inputs_changed_at > self.started_at:
-            return "the API key file changed after the process started"
-        return None
 
     @property
     def exists(self) -> bool:
@@ -216,20 +111,6 @@ class RankLoad:
     error: str | None = None
 
 
-def _load(answer: str) -> RankLoad:
-    if answer.startswith("!"):
-        why = answer[1:].strip()
-        return RankLoad(error=f"http {why}" if why.isdigit() else why.replace("error:", "error "))
-    cells = answer.split()
-    values: list[float | None] = []
-    for cell in [*cells, "-", "-"][:2]:
-        try:
-            values.append(None if cell == "-" else float(cell))
-        except ValueError:
-            values.append(None)
-    return RankLoad(values[0], values[1])
-
-
 @dataclass(frozen=True)
 class EngineEnv:
     """A complete engine environment under ENGINE_ROOT/envs, as its marker file records it."""
@@ -255,6 +136,7 @@ class Serving:
     engine_current: str | None = None
     # The copy the model link points at (".SLUG@KEY").
     model_target: str | None = None
+    # The status's probes (the ServingStatus fact, serve_status.py; empty in the deploy's):
     # rank (or "router") -> "200", "503", "refused", "timeout", "error:WHAT"; absent: not probed.
     health: dict[str, str] = field(default_factory=dict)
     # Why nothing was probed (no python3); None when the probes ran or none were asked.
@@ -273,35 +155,6 @@ class Serving:
     # `router_list`; None when not asked or the router did not answer (router_workers_error).
     router_workers: dict[str, bool] | None = None
     router_workers_error: str | None = None
-
-    def pending_restart(self, rank: int) -> str | None:
-        """Why rank's process does not run what its unit file (and the key file) say now."""
-        unit = self.ranks.get(rank)
-        if unit is None:
-            return None
-        return unit.pending_restart(self.changed_at.get(layout.SECRETS_FILE))
-
-    def rank_files(self) -> dict[int, UnitState]:
-        """Ranks that have a unit file: what a crash-restart or a reboot runs."""
-        return {rank: unit for rank, unit in self.ranks.items() if unit.unit_sha256 is not None}
-
-
-def referenced_envs(serving: Serving) -> set[str]:
-    """Engine environment directories named by the host's rank unit files now. The engine's
-    prune keeps these: a rank that was not rolled yet (or a failed roll) still runs one."""
-    return {env for u in serving.rank_files().values() if (env := u.engine_env()) is not None}
-
-
-def referenced_env_names(serving: Serving, engine_root: str) -> set[str]:
-    """The names (ENGINE_ROOT/envs/<name>) of the environments the rank unit files name now:
-    what the engine's prune must keep besides its own choice."""
-    tree = layout.EngineTree(engine_root)
-    return {name for env in referenced_envs(serving) if (name := tree.name_of(env)) is not None}
-
-
-def referenced_models(serving: Serving) -> set[str]:
-    """Staged model copies named by the host's rank unit files now."""
-    return {path for u in serving.rank_files().values() if (path := u.model_path()) is not None}
 
 
 def _int(text: str) -> int | None:
@@ -330,19 +183,6 @@ def _unit_props(props: dict[str, str]) -> dict[str, object]:
     }
 
 
-def _gpu(line: str) -> GpuUsage | None:
-    cells = [c.strip() for c in line.split(",")]
-    if len(cells) != 4 or not cells[0].isdigit():
-        return None
-    index, name, used, total = cells
-    return GpuUsage(
-        index=int(index),
-        name=name,
-        memory_used_mib=int(used) if used.isdigit() else 0,
-        memory_total_mib=int(total) if total.isdigit() else 0,
-    )
-
-
 def _marker(text: str) -> EngineEnv:
     try:
         data = json.loads(text)
@@ -354,24 +194,6 @@ def _marker(text: str) -> EngineEnv:
     return EngineEnv(
         release if isinstance(release, str) else None, lane if isinstance(lane, str) else None
     )
-
-
-def _gpus(rc: str | None, lines: list[str]) -> tuple[list[GpuUsage], str | None]:
-    if rc is None:
-        return [], None
-    if rc == "127":
-        return [], "nvidia-smi not found"
-    if rc == "124":
-        return [], f"nvidia-smi did not answer within {GPU_TIMEOUT_S}s"
-    if rc != "0":
-        return [], " ".join(lines) or f"nvidia-smi exit status {rc or '?'}"
-    gpus = []
-    for line in lines:
-        gpu = _gpu(line)
-        if gpu is None:
-            return [], f"unexpected nvidia-smi output: {line!r}"
-        gpus.append(gpu)
-    return gpus, None
 
 
 _SHA256SUM_ESCAPE = re.compile(r"\\(.)")
@@ -399,9 +221,6 @@ def parse_serving(lines: list[str]) -> Serving:
     files: dict[str, str] = {}
     changed_at: dict[str, int] = {}
     envs: dict[str, EngineEnv] = {}
-    health: dict[str, str] = {}
-    load: dict[str, RankLoad] = {}
-    gpu_lines: list[str] = []
     enabled: dict[str, str] = {}
     engine_lines: list[str] = []
     workers: dict[str, bool] | None = None
@@ -434,14 +253,6 @@ def parse_serving(lines: list[str]) -> Serving:
         elif word == "env":
             name, _, marker = rest.partition(" ")
             envs[name] = _marker(marker)
-        elif word == "health":
-            probe, _, answer = rest.strip().partition(" ")
-            health[probe] = answer.strip()
-        elif word == "metrics":
-            probe, _, answer = rest.strip().partition(" ")
-            load[probe] = _load(answer.strip())
-        elif word == "gpu":
-            gpu_lines.append(rest.strip())
         elif word == "enabled":
             unit, _, answer = rest.partition(" ")
             enabled[unit] = answer.strip()
@@ -473,7 +284,6 @@ def parse_serving(lines: list[str]) -> Serving:
             ranks[rank] = UnitState(**props)  # type: ignore[arg-type]
         elif name == layout.ROUTER_UNIT:
             router = UnitState(**props)  # type: ignore[arg-type]
-    gpus, gpu_error = _gpus(values.get("gpu_rc"), gpu_lines)
     current = values.get("engine_current", "").rstrip("/").rsplit("/", 1)[-1] or None
     target = values.get("model_target", "").rstrip("/").rsplit("/", 1)[-1] or None
     return Serving(
@@ -486,11 +296,6 @@ def parse_serving(lines: list[str]) -> Serving:
         envs=envs,
         engine_current=current,
         model_target=target,
-        health=health,
-        health_error=values.get("health_unavailable") or None,
-        load=load,
-        gpus=gpus,
-        gpu_error=gpu_error,
         enabled=enabled,
         # The engine lines end with dpkg's, which the deploy's host always prints (or nothing:
         # then the engine was not asked).
@@ -500,13 +305,115 @@ def parse_serving(lines: list[str]) -> Serving:
     )
 
 
+Words = list[str | QuoteString]
+
+
+def units_words(ranks: list[int] | None, router: bool) -> Words:
+    """The rank unit files, each read by one sha256sum, one grep and one `systemctl show` for
+    them all (a process per tool, not per rank), with `ranks` and the router asked even
+    without a file: "unit", "exec" and "mtime" lines, then systemd's KEY=VALUE blocks."""
+    wanted: Words = [layout.unit_name(r) for r in ranks or []]
+    if router:
+        wanted.append(layout.ROUTER_UNIT)
+    return [
+        f'echo "now $(date +%s)"; set --; cd {layout.UNIT_DIR} 2>/dev/null &&',
+        f'for u in {layout.RANK_UNIT_GLOB}; do [ -f "$u" ] && set -- "$@" "$u"; done;',
+        "[ $# -eq 0 ] || { sha256sum -- \"$@\" | sed 's/^/unit /';",
+        "grep -H '^ExecStart=' -- \"$@\" | sed 's/^\\([^:]*\\):ExecStart=/exec \\1 /'; };",
+        # When each unit file, the router's and the API key file last changed: against
+        # ExecMainStartTimestamp, whether the process runs what the files say now.
+        f"stat -c 'mtime %Y %n' -- \"$@\" {layout.ROUTER_UNIT} {layout.SECRETS_FILE}",
+        "2>/dev/null;",
+        'set -- "$@"',
+        *wanted,
+        ';[ $# -eq 0 ] || systemctl show "$@" --timestamp=unix',
+        *(f"-p {p}" for p in UNIT_PROPERTIES),
+        "2>/dev/null; echo;",
+    ]
+
+
+def checksum_words(paths: list[str] | None) -> Words:
+    """One sha256sum for every file: "file DIGEST  PATH", nothing for a missing one."""
+    if not paths:
+        return []
+    return ["sha256sum --", *map(QuoteString, paths), "2>/dev/null | sed 's/^/file /';"]
+
+
+def user_words(user: str | None) -> Words:
+    if not user:
+        return []
+    return ['echo "user $(id -u', QuoteString(user), '>/dev/null 2>&1 && echo yes)";']
+
+
+def links_words(engine_root: str, model_link: str) -> Words:
+    """Each engine environment's marker ("env NAME MARKER"), `current` and the model link."""
+    tree = layout.EngineTree(engine_root)
+    return [
+        # One word: the quoted root and its glob must not be split by the join's spaces.
+        f"for m in {shlex.quote(tree.envs)}/*/{MARKER};",
+        'do [ -f "$m" ] || continue; d=${m%/*};',
+        'echo "env ${d##*/} $(head -c 4096 "$m" | tr -d \'\\n\')"; done;',
+        'echo "engine_current $(readlink',
+        QuoteString(tree.current),
+        '2>/dev/null)";',
+        'echo "model_target $(readlink',
+        QuoteString(model_link),
+        '2>/dev/null)";',
+    ]
+
+
+def serving_words(
+    engine_root: str,
+    model_link: str,
+    paths: list[str] | None = None,
+    user: str | None = None,
+    ranks: list[int] | None = None,
+    router: bool = True,
+) -> Words:
+    """What both the deploy's and the status's facts read first (their arguments alike)."""
+    return [
+        *units_words(ranks, router),
+        *checksum_words(paths),
+        *user_words(user),
+        *links_words(engine_root, model_link),
+    ]
+
+
+def enabled_words(units: list[str] | None) -> Words:
+    words: Words = []
+    for unit in units or []:
+        words += ['echo "enabled', QuoteString(unit), "$(systemctl is-enabled"]
+        words += [QuoteString(unit), '2>/dev/null)";']
+    return words
+
+
+def router_list_words(url: str | None, timeout_s: float) -> Words:
+    """The router's worker list as this host reads it (programs/router_list.py)."""
+    if not url:
+        return []
+    return [
+        "if command -v python3 >/dev/null 2>&1; then python3 -c",
+        QuoteString(host_scripts.script_text(ROUTER_LIST_SCRIPT)),
+        str(timeout_s),
+        QuoteString(url),
+        QuoteString(layout.CONTROL_PLANE_KEY_FILE),
+        '; else echo "router_workers error python3 not found"; fi;',
+    ]
+
+
+def engine_words(engine_root: str, engine: bool) -> Words:
+    """The EngineState fact's own script, its lines prefixed: one round trip for both."""
+    if not engine:
+        return []
+    return ["(", state_script(engine_root), ") | sed 's/^/engine /';"]
+
+
 class ServingState(FactBase[Serving]):
     """
     Returns the rank unit files in /etc/systemd/system (checksum, ExecStart=) with systemd's
     state of each, the router unit, the checksums of other managed files, whether the service
-    user exists, the engine environments and `current`, the staged model link; with
-    `health_urls` each /health answer probed from the host, with `gpus` nvidia-smi's memory
-    use. One round trip whatever the number of ranks.
+    user exists, the engine environments and `current`, the staged model link. One round trip
+    whatever the number of ranks.
 
     .. code:: python
 
@@ -521,26 +428,21 @@ class ServingState(FactBase[Serving]):
             envs={"0.5.11-cu128-1a2b3c4d": EngineEnv("0.5.11", "cu128")},
             engine_current="0.5.11-cu128-1a2b3c4d",
             model_target=".Qwen--Qwen3.6-27B@52cd26977905ef55",
-            health={"0": "200"}, health_error=None, load={"0": RankLoad(2.0, 0.0)},
-            gpus=[], gpu_error=None,
         )
 
     + engine_root: ENGINE_ROOT (its environments and `current` are read)
     + model_link: the staged model link (STAGE_DIR/models/SLUG)
     + paths: other managed files to checksum
     + user: the service user
-    + ranks: ranks to show even without a unit file (status: the configured ones)
+    + ranks: ranks to show even without a unit file
     + router: whether to read sglang-router.service
-    + health_urls: rank number (or "router") -> its /health URL, as the host reaches it
-    + metrics_urls: rank number -> its /metrics URL, read in the same script (running, queued)
-    + gpus: whether to ask nvidia-smi for memory use
-    + timeout_s: each /health probe's timeout
     + enabled: units whose `systemctl is-enabled` answer to read
     + engine: also read what the EngineState fact reads (`Serving.engine`): the engine step's
       environments, uv, compilers and host packages, in the same round trip
     + router_list: the router's worker list URL as this host reaches it (a GET): which of this
       host's ranks the router lists (`Serving.router_workers`), so a rank an interrupted run
       left out of the router is put back
+    + timeout_s: the router list's timeout
     """
 
     def command(
@@ -551,92 +453,18 @@ class ServingState(FactBase[Serving]):
         user: str | None = None,
         ranks: list[int] | None = None,
         router: bool = True,
-        health_urls: dict[str, str] | None = None,
-        metrics_urls: dict[str, str] | None = None,
-        gpus: bool = False,
-        timeout_s: float = 2.0,
         enabled: list[str] | None = None,
         engine: bool = False,
         router_list: str | None = None,
+        timeout_s: float = 2.0,
     ) -> StringCommand:
-        wanted: list[str | QuoteString] = [layout.unit_name(r) for r in ranks or []]
-        if router:
-            wanted.append(layout.ROUTER_UNIT)
-        checksums: list[str | QuoteString] = []
-        if paths:
-            # One sha256sum for every file: "file DIGEST  PATH", nothing for a missing one.
-            checksums = ["sha256sum --", *map(QuoteString, paths)]
-            checksums += ["2>/dev/null | sed 's/^/file /';"]
-        parts: list[str | QuoteString] = [
-            # The rank unit files, each read by one sha256sum, one grep and one `systemctl
-            # show` for them all: a process per tool, not per rank.
-            f'echo "now $(date +%s)"; set --; cd {layout.UNIT_DIR} 2>/dev/null &&',
-            f'for u in {layout.RANK_UNIT_GLOB}; do [ -f "$u" ] && set -- "$@" "$u"; done;',
-            "[ $# -eq 0 ] || { sha256sum -- \"$@\" | sed 's/^/unit /';",
-            "grep -H '^ExecStart=' -- \"$@\" | sed 's/^\\([^:]*\\):ExecStart=/exec \\1 /'; };",
-            # When each unit file, the router's and the API key file last changed: against
-            # ExecMainStartTimestamp, whether the process runs what the files say now.
-            f"stat -c 'mtime %Y %n' -- \"$@\" {layout.ROUTER_UNIT} {layout.SECRETS_FILE}",
-            "2>/dev/null;",
-            'set -- "$@"',
-            *wanted,
-            ';[ $# -eq 0 ] || systemctl show "$@" --timestamp=unix',
-            *(f"-p {p}" for p in UNIT_PROPERTIES),
-            "2>/dev/null; echo;",
-            *checksums,
-        ]
-        if user:
-            parts += ['echo "user $(id -u', QuoteString(user), '>/dev/null 2>&1 && echo yes)";']
-        tree = layout.EngineTree(engine_root)
-        parts += [
-            # One word: the quoted root and its glob must not be split by the join's spaces.
-            f"for m in {shlex.quote(tree.envs)}/*/{MARKER};",
-            'do [ -f "$m" ] || continue; d=${m%/*};',
-            'echo "env ${d##*/} $(head -c 4096 "$m" | tr -d \'\\n\')"; done;',
-            'echo "engine_current $(readlink',
-            QuoteString(tree.current),
-            '2>/dev/null)";',
-            'echo "model_target $(readlink',
-            QuoteString(model_link),
-            '2>/dev/null)";',
-        ]
-        if health_urls:
-            probes: list[str | QuoteString] = [
-                QuoteString(f"{k}={url}") for k, url in sorted(health_urls.items())
-            ]
-            if metrics_urls:
-                probes.append("--metrics")
-                probes += [QuoteString(f"{k}={url}") for k, url in sorted(metrics_urls.items())]
-            parts += [
-                "if command -v python3 >/dev/null 2>&1; then python3 -c",
-                QuoteString(_PROBE),
-                str(timeout_s),
-                *probes,
-                '; else echo "health_unavailable python3 not found on the host"; fi;',
-            ]
-        if gpus:
-            parts += [
-                f"out=$(timeout {GPU_TIMEOUT_S} nvidia-smi --query-gpu={GPU_QUERY}",
-                '--format=csv,noheader,nounits 2>&1); rc=$?; [ -n "$out" ] &&',
-                "printf '%s\\n' \"$out\" | sed 's/^/gpu /'; echo \"gpu_rc $rc\";",
-            ]
-        for unit in enabled or []:
-            parts += ['echo "enabled', QuoteString(unit), "$(systemctl is-enabled"]
-            parts += [QuoteString(unit), '2>/dev/null)";']
-        if router_list:
-            parts += [
-                "if command -v python3 >/dev/null 2>&1; then python3 -c",
-                QuoteString(_WORKERS),
-                str(timeout_s),
-                QuoteString(router_list),
-                QuoteString(layout.CONTROL_PLANE_KEY_FILE),
-                '; else echo "router_workers error python3 not found"; fi;',
-            ]
-        if engine:
-            # The EngineState fact's own script, its lines prefixed: one round trip for both.
-            parts += ["(", state_script(engine_root), ") | sed 's/^/engine /';"]
-        parts.append("true")
-        return StringCommand(*parts)
+        return StringCommand(
+            *serving_words(engine_root, model_link, paths, user, ranks, router),
+            *enabled_words(enabled),
+            *router_list_words(router_list, timeout_s),
+            *engine_words(engine_root, engine),
+            "true",
+        )
 
     @staticmethod
     def default() -> Serving:

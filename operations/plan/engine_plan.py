@@ -153,7 +153,7 @@ def envs_to_prune(
     complete = [n for n, e in state["envs"].items() if e["complete"] and n != target]
     complete.sort(key=lambda n: (state["envs"][n]["activated_at"] or 0, n), reverse=True)
     kept = {target, *complete[: max(keep - 1, 0)]}
-    # Every environment a rank unit names (facts.serve.referenced_env_names) is kept too.
+    # Every environment a rank unit names (rank_state.referenced_env_names) is kept too.
     kept.update([serving] if isinstance(serving, str) else serving or ())
     return sorted(n for n in state["envs"] if n not in kept)
 

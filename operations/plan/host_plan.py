@@ -25,14 +25,17 @@ from operations.facts.host import Model, Resources
 from operations.facts.model import Staging, local_model
 from operations.facts.once import gathered, together
 from operations.facts.preflight import HostFacts, PreflightFacts
-from operations.facts.serve import (
-    Serving,
-    referenced_env_names,
-    referenced_models,
-    serving_state,
-)
+from operations.facts.serve import Serving, serving_state
 from operations.plan import drain as drainmod
-from operations.plan import engine_plan, model_plan, monitoring, preflight, resolver, serve_plan
+from operations.plan import (
+    engine_plan,
+    model_plan,
+    monitoring,
+    preflight,
+    rank_state,
+    resolver,
+    serve_plan,
+)
 from operations.plan.engine_probe import Driver
 from operations.plan.resolver.router import open_binds
 from operations.plan.staging import (
@@ -182,7 +185,7 @@ def gather(host: Host, settings: Settings, router_list: str | None = None) -> Ga
     answers = together(*calls)
     found, serving, staging = cast(tuple[HostFacts, Serving, "Staging | None"], answers[:3])
     remote = cast(dict[str, int], answers[3]) if wheelhouse is not None else {}
-    keep = keep_keys(settings, referenced_models(serving), key)
+    keep = keep_keys(settings, rank_state.referenced_models(serving), key)
     if staging is not None and any(layout.copy_key(settings, p) in keep for p in staging.leftovers):
         staging = model_staging(settings, key, keep)
     if key is None:
@@ -240,7 +243,7 @@ def engine_facts(
         locks=locks,
         wheels=wheels,
         wheels_now=wheels_now,
-        referenced=frozenset(referenced_env_names(serving, settings.engine_root)),
+        referenced=frozenset(rank_state.referenced_env_names(serving, settings.engine_root)),
         user_exists=serving.user_exists,
     )
 
@@ -309,7 +312,7 @@ def decide(
     serve = None
     engine_step, model_step = None, None
     if not failures:
-        kept = referenced_models(facts.serving)
+        kept = rank_state.referenced_models(facts.serving)
         decision = decide_stage(
             settings, resources, facts.model_key, facts.staging, kept, facts.controller
         )

@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from operations import layout
-from operations.facts.serve import Serving, referenced_models
+from operations.facts.serve import Serving
 from operations.kb.pins import PinError, router_requirements
+from operations.plan import rank_state
 from operations.plan.drain import DrainPlan
 from operations.plan.engine_spec import tools_uv_config
 from operations.plan.monitoring import DASHBOARD_SOURCE, MonitoringPlan
@@ -84,9 +85,9 @@ def roll_plan(
     `secret_changed`: the API key file the ranks read with --config changed: all restart.
     A file on disk is what *will* run; a rank whose process started before its unit file (or
     the key file) last changed, or whose unit systemd has not reloaded, is "pending restart"
-    (`Serving.pending_restart`) and rolls in the same drained, health-gated batches.
+    (`rank_state.rank_pending_restart`) and rolls in the same drained, health-gated batches.
     """
-    plan = RollPlan(remove=sorted(set(serving.rank_files()) - {r.rank for r in ranks}))
+    plan = RollPlan(remove=sorted(set(rank_state.rank_files(serving)) - {r.rank for r in ranks}))
     restart: list[Rank] = []
     for rank in ranks:
         now = serving.ranks.get(rank.rank)
@@ -94,7 +95,7 @@ def roll_plan(
             plan.start.append(rank)
         elif now.unit_sha256 != sha256(rank.unit) or secret_changed:
             restart.append(rank)
-        elif (why := serving.pending_restart(rank.rank)) is not None:
+        elif (why := rank_state.rank_pending_restart(serving, rank.rank)) is not None:
             plan.pending[rank.rank] = why
             restart.append(rank)
         else:
@@ -122,7 +123,7 @@ def router_restarts(serving: Serving, plan: RouterPlan, key_changes: bool = Fals
     stale = unit != sha256(plan.unit) or key_changes
     if stale or router is None or router.active != "active" or not installed:
         return True
-    return router.pending_restart() is not None
+    return rank_state.pending_restart(router) is not None
 
 
 def smoke_targets(
@@ -345,7 +346,7 @@ def serve_plan(
     keys = sorted(k for p in keep if (k := layout.copy_key(s, p)) is not None)
     doomed: list[str] = []
     if keys:  # the ranks read the link (copy not known): nothing is named, nothing goes
-        present = referenced_models(serving)
+        present = rank_state.referenced_models(serving)
         if serving.model_target:
             present.add(layout.stage_tree(s).entry(serving.model_target))
         doomed = sorted(p for p in present - keep if layout.copy_key(s, p) is not None)

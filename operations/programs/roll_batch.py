@@ -19,8 +19,9 @@ one's output going to this script's own (pyinfra shows it with -vvv, and always 
   in this process, as `python3` would run it (runpy, `__main__`, sys.argv): no interpreter
   starts, which on a busy host was a third of a second a step;
 - ARGV `/ABS/bin/python /ABS/SCRIPT.py ...` (another interpreter: the smoke's, an engine
-  environment's) starts when the batch starts, imports PRELOAD (module names: what the script
-  imports late, httpx for smoke.py), compiles the script and waits; its step only lets it go,
+  environment's) starts when the batch starts, as this script with --wait (roll_waiting.py),
+  imports PRELOAD (module names: what the script imports late, httpx for smoke.py), compiles
+  the script and waits; its step only lets it go,
   so its start, imports and compile overlap the steps before it, and it exits without an
   interpreter's teardown once the script is done. A batch that stops first ends it (by its
   PID);
@@ -48,48 +49,11 @@ import sys
 import time
 import traceback
 
+from operations.programs.roll_waiting import GO, wait_for_go
+
 WRITE = "write"
-GO = b"go\n"
-# What a waiting interpreter runs: PRELOAD imported, then, once told GO, the script as
-# `python SCRIPT ARGS` would run it. Told anything else (its stdin closed), it ends.
-WAITING = """\
-import importlib, os, sys, traceback, types
-script, preload = sys.argv[1], [m for m in sys.argv[2].split(",") if m]
-for module in preload:
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        pass  # the script says what is missing, when it runs
-try:
-    with open(script, "rb") as source:
-        code = compile(source.read(), script, "exec")
-except (OSError, SyntaxError, ValueError) as error:
-    code = error  # said when its step comes, as python would say it
-if sys.stdin.buffer.readline() != b"go\\n":
-    sys.exit(125)
-if isinstance(code, BaseException):
-    print(f"{sys.executable}: can't run {script!r}: {code}", file=sys.stderr)
-    os._exit(2)
-sys.argv = [script, *sys.argv[3:]]
-main = types.ModuleType("__main__")
-main.__file__ = script
-sys.modules["__main__"] = main
-status = 0
-try:
-    exec(code, main.__dict__)
-except SystemExit as done:
-    if done.code is None or isinstance(done.code, int):
-        status = int(done.code or 0)
-    else:
-        print(done.code, file=sys.stderr)
-        status = 1
-except BaseException:
-    traceback.print_exc()
-    status = 1
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(status)  # its work is done: no interpreter teardown on the batch's time
-"""
+# A step's other interpreter runs this script as its waiting interpreter (roll_waiting.py).
+WAIT = "--wait"
 
 
 def _own_script(argv: list[str]) -> bool:
@@ -133,8 +97,9 @@ def in_process(argv: list[str]) -> int:
 
 def start_waiting(argv: list[str], preload: list[str]) -> subprocess.Popen[bytes]:
     python, script, *rest = argv
+    this = os.path.abspath(__file__)
     return subprocess.Popen(
-        [python, "-c", WAITING, script, ",".join(preload), *rest], stdin=subprocess.PIPE
+        [python, this, WAIT, script, ",".join(preload), *rest], stdin=subprocess.PIPE
     )
 
 
@@ -180,6 +145,8 @@ def run(batch: str, steps: list[tuple[str, list[str], list[str]]], writes: list[
 
 
 def main() -> int:
+    if sys.argv[1:2] == [WAIT]:
+        wait_for_go(sys.argv[2:])
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch", required=True)
     parser.add_argument("steps")

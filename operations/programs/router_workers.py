@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 import urllib.error
@@ -36,6 +35,7 @@ import urllib.request
 from typing import Any, TypedDict
 
 from operations.programs.polling import backoff
+from operations.programs.rank_metrics import requests_in_flight
 
 # Polls back off (files/polling.py): a removal the router makes at once, a rank whose last
 # request ends in a few ms, a worker listed healthy soon after it is added: each seen within
@@ -47,7 +47,6 @@ REQUEST_TIMEOUT_S = 10
 # The router answers a removal with 202 and a queued job; its removal job gives up after 30 s
 # (sglang-router 0.3.2, src/core/job_queue.rs: RemoveWorker's timeout_duration).
 REMOVAL_TIMEOUT_S = 40
-_GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
 
 # The router and the ranks are this deployment's own: no proxy may see or answer them.
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -120,18 +119,14 @@ def listed(args: argparse.Namespace) -> dict[str, Worker]:
 
 
 def in_flight(metrics_url: str) -> float | None:
-    """Running plus queued requests from the rank's /metrics; None when it cannot be read."""
+    """Running plus queued requests from the rank's /metrics (rank_metrics.py); None
+    when it cannot be read."""
     try:
         with _DIRECT.open(metrics_url, timeout=REQUEST_TIMEOUT_S) as response:
             text = response.read().decode(errors="replace")
     except (urllib.error.URLError, OSError, ValueError):
         return None
-    total, seen = 0.0, False
-    for gauge in _GAUGES:
-        for match in re.finditer(rf"^{re.escape(gauge)}(?:\{{[^}}]*\}})? (\S+)$", text, re.M):
-            total += float(match.group(1))
-            seen = True
-    return total if seen else None
+    return requests_in_flight(text)
 
 
 def take_out(args: argparse.Namespace, targets: list[tuple[str, str, str]]) -> int:

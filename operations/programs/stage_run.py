@@ -10,7 +10,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from typing import Required, TypedDict
+from typing import NamedTuple, Required, TypedDict
 
 from operations.programs.stage_copy import (
     Progress,
@@ -25,7 +25,10 @@ from operations.programs.stage_manifest import (
     EXIT_REFUSED,
     HUB_MARKER,
     MANIFEST,
+    FileEntry,
+    Key,
     Manifest,
+    Scan,
     StageError,
     _key,
     _read_text,
@@ -35,6 +38,7 @@ from operations.programs.stage_manifest import (
 )
 from operations.programs.stage_tree import (
     Layout,
+    Survey,
     _install,
     _lock,
     _switch,
@@ -186,25 +190,10 @@ def _stage_locked(
     remove_path: Callable[[str], None],
     headroom: float = 1.0,
 ) -> Staged:
-    changed = False
-    if os.path.islink(layout.final) and layout.current() is None:
-        os.unlink(layout.final)  # points at nothing complete: no model beats a partial one
-        changed = True
+    """The run, under the lock: tidy up, keep a fresh copy, or copy what changed and switch."""
     src = scan(source)
-    seen = survey(layout, key, src)
-    # We hold the lock: any temp dir is from a run that died. Superseded versions go too.
-    for path in seen.leftovers:
-        print(f"stage: removing leftover {path}", flush=True)
-        remove_path(path)
-        changed = True
-
+    seen, changed = _tidy(layout, key, src, remove_path)
     current, staged = seen.current, seen.staged
-    if seen.named is not None and current != seen.wanted:
-        # The copy the units name (a rank may still serve it) is this source: switch to it.
-        _switch(layout, seen.wanted)
-        changed = True
-        current, staged = seen.wanted, seen.named
-        seen = seen._replace(current=current, staged=staged)
     if seen.fresh and current is not None:
         bad = verify_full(source, current, src["files"]) if verify == "full" else []
         if not bad:
@@ -217,18 +206,9 @@ def _stage_locked(
     copy_bytes = sum(e["size"] for e in copy)
     free = measure_free(layout.models)
     if free < int(copy_bytes * headroom) and mode in ("inplace", "auto") and current:
-        print(
-            f"stage: {copy_bytes / 2**30:.2f} GiB to copy, {free / 2**30:.2f} GiB free beside "
-            f"the current copy: replacing it in place",
-            flush=True,
-        )
-        os.unlink(layout.final)
-        remove_path(current)
-        for kept in sorted(layout.keep):  # every rank is stopped: no unit needs them now
-            remove_path(kept)
+        _replace_in_place(layout, current, copy_bytes, free, remove_path)
         current, reuse = None, set()
-        copy = src["files"]
-        copy_bytes = src["bytes"]
+        copy, copy_bytes = src["files"], src["bytes"]
         free = measure_free(layout.models)
     need = int(copy_bytes * headroom)
     if free < need:
@@ -237,7 +217,83 @@ def _stage_locked(
             f"{layout.models}, {free} bytes ({free / 2**30:.2f} GiB) free; nothing was copied",
             EXIT_REFUSED,
         )
+    new = _Copy(source, src, current, reuse, copy, copy_bytes)
+    _build(layout, new, verify, progress_interval, bwlimit, seen.wanted, remove_path)
+    _switch(layout, seen.wanted)
+    for path in layout.leftovers():
+        remove_path(path)
+    return {
+        "changed": True,
+        "digest": src["digest"],
+        "bytes": src["bytes"],
+        "copied_bytes": copy_bytes,
+        "copied_files": len(copy),
+    }
 
+
+def _tidy(
+    layout: Layout, key: str | None, src: Scan, remove_path: Callable[[str], None]
+) -> tuple[Survey, bool]:
+    """A link to nothing complete unlinked, leftovers removed, and SLUG switched to the copy
+    the units name when it is this source's: what is there then, and whether anything changed."""
+    changed = False
+    if os.path.islink(layout.final) and layout.current() is None:
+        os.unlink(layout.final)  # points at nothing complete: no model beats a partial one
+        changed = True
+    seen = survey(layout, key, src)
+    # We hold the lock: any temp dir is from a run that died. Superseded versions go too.
+    for path in seen.leftovers:
+        print(f"stage: removing leftover {path}", flush=True)
+        remove_path(path)
+        changed = True
+    if seen.named is not None and seen.current != seen.wanted:
+        # The copy the units name (a rank may still serve it) is this source: switch to it.
+        _switch(layout, seen.wanted)
+        changed = True
+        seen = seen._replace(current=seen.wanted, staged=seen.named)
+    return seen, changed
+
+
+def _replace_in_place(
+    layout: Layout, current: str, copy_bytes: int, free: int, remove_path: Callable[[str], None]
+) -> None:
+    """Too little room beside the current copy (--mode inplace or auto: every rank is
+    stopped): it goes, with the copies kept for the units, before the whole source is copied."""
+    print(
+        f"stage: {copy_bytes / 2**30:.2f} GiB to copy, {free / 2**30:.2f} GiB free beside "
+        f"the current copy: replacing it in place",
+        flush=True,
+    )
+    os.unlink(layout.final)
+    remove_path(current)
+    for kept in sorted(layout.keep):  # every rank is stopped: no unit needs them now
+        remove_path(kept)
+
+
+class _Copy(NamedTuple):
+    """What a new copy is made of: the source and its scan, the current copy whose unchanged
+    files (`reuse`) are linked, and the files to copy."""
+
+    source: str
+    src: Scan
+    current: str | None
+    reuse: set[Key]
+    files: list[FileEntry]
+    bytes: int
+
+
+def _build(
+    layout: Layout,
+    new: _Copy,
+    verify: str,
+    progress_interval: float,
+    bwlimit: float | None,
+    version: str,
+    remove_path: Callable[[str], None],
+) -> None:
+    """The new copy, complete and verified, installed as `version`: unchanged files linked
+    from the current copy, the others copied; a failure removes what was made."""
+    source, src, current, reuse, copy, copy_bytes = new
     temp = layout.temp()
     os.mkdir(temp, 0o755)
     try:
@@ -282,18 +338,7 @@ def _stage_locked(
         manifest: Manifest = {"source": source, "staged_at": time.time(), **src}
         with open(os.path.join(temp, MANIFEST), "w") as fh:
             json.dump(manifest, fh)
-        final_version = seen.wanted
-        _install(temp, final_version, remove_path)
+        _install(temp, version, remove_path)
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise
-    _switch(layout, final_version)
-    for path in layout.leftovers():
-        remove_path(path)
-    return {
-        "changed": True,
-        "digest": src["digest"],
-        "bytes": src["bytes"],
-        "copied_bytes": copy_bytes,
-        "copied_files": len(copy),
-    }

@@ -33,6 +33,7 @@ import pytest
 from operations import layout
 from operations.facts.serve import Serving, ServingState, parse_serving
 from operations.plan.planned_files import sha256
+from operations.plan.rank_state import rank_pending_restart
 from operations.plan.serve_plan import ServePlan, roll_plan
 from operations.runtime import deploy_lock
 from tests import testbed as tb
@@ -103,7 +104,7 @@ def test_a_unit_rewritten_after_its_process_started_is_pending_restart(
     run(f"{written(unit_text('0.5.11'))} && systemctl daemon-reload && systemctl start {unit}")
     started = read(host)
     assert started.ranks[0].running and started.ranks[0].started_at is not None
-    assert started.pending_restart(0) is None, started.ranks[0]
+    assert rank_pending_restart(started, 0) is None, started.ranks[0]
 
     # The kill: the new unit is on disk, its process still the old one. The host's clock must
     # have passed the start's second (the fact compares seconds): wait for it, not a sleep.
@@ -111,12 +112,14 @@ def test_a_unit_rewritten_after_its_process_started_is_pending_restart(
     run(written(unit_text("0.5.19")))
     unreloaded = read(host)
     assert unreloaded.ranks[0].need_reload, unreloaded.ranks[0]
-    assert unreloaded.pending_restart(0) == "its unit file changed and systemd was not reloaded"
+    assert (
+        rank_pending_restart(unreloaded, 0) == "its unit file changed and systemd was not reloaded"
+    )
 
     run("systemctl daemon-reload")
     reloaded = read(host)
     assert not reloaded.ranks[0].need_reload
-    assert reloaded.pending_restart(0) == "its unit file changed after the process started"
+    assert rank_pending_restart(reloaded, 0) == "its unit file changed after the process started"
     assert reloaded.ranks[0].main_pid == started.ranks[0].main_pid
 
     # The plan: the file is what the plan wants, yet the rank restarts (before: "nothing to
@@ -133,7 +136,7 @@ def test_a_unit_rewritten_after_its_process_started_is_pending_restart(
     run(f"systemctl restart {unit}")
     restarted = read(host)
     assert restarted.ranks[0].main_pid != started.ranks[0].main_pid
-    assert restarted.pending_restart(0) is None, restarted.ranks[0]
+    assert rank_pending_restart(restarted, 0) is None, restarted.ranks[0]
 
 
 NEW_RELEASE = "0.5.19"

@@ -18,7 +18,7 @@ import pytest
 
 from operations import layout
 from operations.cli.status import fact_args
-from operations.facts.serve import ServingState, parse_serving
+from operations.facts.serve_status import ServingStatus, parse_status
 from operations.plan import monitoring
 from operations.settings import Layer, load
 from tests import testbed as tb
@@ -125,10 +125,10 @@ def test_the_fact_reads_every_rank_in_one_command(
     """The fact's one command, run over SSH as pyinfra runs it, answers for all ranks."""
     c, data = served
     settings = load(c.name, [Layer("test", data)])
-    command = ServingState().command(**fact_args(settings, c.name))
+    command = ServingStatus().command(**fact_args(settings, c.name))
     rc, out, err = c.ssh_run(command.get_raw_value())
     assert rc == 0, err
-    parsed = parse_serving(out.splitlines())
+    parsed = parse_status(out.splitlines())
     assert sorted(parsed.ranks) == list(range(8))
     assert parsed.health == {**{str(r): "200" for r in range(8)}, "router": "200"}
     assert {m.release for m in parsed.envs.values()} == {RELEASE} and parsed.gpu_error is None

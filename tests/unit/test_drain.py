@@ -408,3 +408,34 @@ def test_a_bad_control_plane_key_file_is_one_line_naming_the_setting(tmp_path: P
         found = problems(text)
         assert len(found) == 1 and "router.control_plane_key_file" in found[0], found
         assert why in found[0] and "\n" not in found[0]
+
+
+def read_listing(plane: ControlPlane, key_file: Path) -> list[str]:
+    """The ServingState fact's reading of the router's list, run as the fact runs it."""
+    text = host_scripts.script_text("router_list.py")
+    argv = [sys.executable, "-I", "-c", text, "5", f"{plane.url}/workers", str(key_file)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
+    return proc.stdout.splitlines()
+
+
+@pytest.mark.integration
+def test_the_facts_list_reading_sends_the_key_and_says_a_refusal(tmp_path: Path) -> None:
+    key_file = tmp_path / "key"
+    key_file.write_text(KEY + "\n")
+    plane = ControlPlane(KEY)
+    try:
+        plane.workers["id-0"] = {"url": "http://127.0.0.1:9/", "is_healthy": True}
+        plane.workers["id-1"] = {"url": "http://127.0.0.1:7", "is_healthy": False}
+        assert read_listing(plane, key_file) == [
+            "router_workers ok",
+            "worker http://127.0.0.1:9 healthy",
+            "worker http://127.0.0.1:7 unhealthy",
+        ]
+        assert plane.calls[-1] == ("GET", "/workers", f"Bearer {KEY}")
+        key_file.write_text("n0t-the-r1ght-key-at-all-123456\n")
+        refused = read_listing(plane, key_file)
+        assert refused == ["router_workers error HTTPError"]
+        assert read_listing(plane, tmp_path / "absent") == refused  # no key: none sent
+        assert plane.calls[-1][2] is None
+    finally:
+        plane.stop()

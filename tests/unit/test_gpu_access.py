@@ -7,8 +7,16 @@ start (226/NAMESPACE, as without `features: nesting=1`)."""
 
 from __future__ import annotations
 
-from operations.facts.gpu import parse_gpu_access
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from operations.facts.gpu import PROBE_SCRIPT, GpuNodeAccess, parse_gpu_access
 from operations.plan import preflight
+from operations.render import host_scripts
 from tests.unit.builders import make_settings
 
 NODES = ["/dev/nvidiactl", "/dev/nvidia-uvm", *(f"/dev/nvidia{i}" for i in range(8))]
@@ -80,3 +88,35 @@ def test_not_asked_is_no_check() -> None:
     s = make_settings()
     assert preflight.access_failures(s, None) == []
     assert preflight.access_failures(s, parse_gpu_access([])) == []
+
+
+def test_the_probe_units_program_holds_nothing_systemd_would_expand() -> None:
+    """The probe runs as one argument of a transient unit's ExecStart, where systemd expands
+    `%` specifiers and `$` variables (systemd.service(5), "Command lines")."""
+    text = host_scripts.script_text(PROBE_SCRIPT)
+    assert "%" not in text and "$" not in text
+    command = GpuNodeAccess().command("sglang", ["/dev/nvidia0"], []).get_raw_value()
+    assert "def opened(node: str)" in command  # the bundled program, as the unit runs it
+
+
+@pytest.mark.integration
+def test_the_probe_units_program_opens_each_node_read_write(tmp_path: Path) -> None:
+    readonly = tmp_path / "readonly"
+    readonly.write_text("")
+    readonly.chmod(0o444)
+    nodes = ["/dev/null", str(tmp_path / "absent"), str(readonly)]
+    proc = subprocess.run(
+        [sys.executable, "-I", "-c", host_scripts.script_text(PROBE_SCRIPT), *nodes],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    access = parse_gpu_access(proc.stdout.splitlines())
+    assert access.probe_error is None
+    denied = "ok" if os.geteuid() == 0 else "EACCES"  # root opens a 0444 file read-write
+    assert proc.stdout.splitlines() == [
+        "open=/dev/null|ok",
+        f"open={tmp_path / 'absent'}|ENOENT",
+        f"open={readonly}|{denied}",
+    ]

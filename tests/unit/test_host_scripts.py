@@ -31,12 +31,17 @@ SHIPPED = {
     "router_launch.py": None,
     "engine_check.py": None,
     "cuda_toolkit.py": None,
+    "serving_probe.py": None,  # the ServingState fact's, inline; argv is the URLs only
+    "router_list.py": None,  # the ServingState fact's, inline
+    "gpu_open.py": None,  # the GpuNodeAccess fact's, inline in its probe unit
 }
 # The scripts made of modules beside them, and those modules.
 PARTS = {
     "smoke.py": ["hostsafe"],
     "wait_healthy.py": ["hostsafe", "polling"],
-    "router_workers.py": ["polling"],
+    "router_workers.py": ["polling", "rank_metrics"],
+    "serving_probe.py": ["rank_metrics"],
+    "roll_batch.py": ["roll_waiting"],
     "stage_model.py": ["stage_manifest", "stage_tree", "stage_copy", "stage_run"],
     "stage_source.py": ["stage_manifest"],
 }

@@ -18,8 +18,10 @@ import pytest
 
 from operations import layout
 from operations.cli import status as st
-from operations.facts.serve import _PROBE, RankLoad, Serving, parse_serving
+from operations.facts.serve import RankLoad, Serving
+from operations.facts.serve_status import PROBE_SCRIPT, parse_status
 from operations.plan import monitoring, resolver
+from operations.render import host_scripts
 from tests.unit.builders import make_settings
 from tests.unit.test_plan_cli import plan_json
 
@@ -202,11 +204,12 @@ def _free_port() -> int:
 def test_the_probe_script_reads_the_request_gauges(pages: str) -> None:
     """The fact's own script, run as the host runs it, against a real HTTP server."""
     refused = f"http://127.0.0.1:{_free_port()}/metrics"
-    argv = [sys.executable, "-c", _PROBE, "2.0", f"0={pages}/health", "--metrics"]
+    probe = host_scripts.script_text(PROBE_SCRIPT)  # what the fact sends
+    argv = [sys.executable, "-c", probe, "2.0", f"0={pages}/health", "--metrics"]
     argv += [f"0={pages}/good/metrics", f"1={pages}/off/metrics", f"2={pages}/bare/metrics"]
     argv += [f"3={refused}"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
-    status = parse_serving(out.splitlines())
+    status = parse_status(out.splitlines())
     assert status.health == {"0": "200"}
     assert status.load == {
         "0": RankLoad(running=4.0, queued=5.0),  # series summed (real SGLang labels priority)

@@ -7,15 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from operations.facts.serve import (
-    Serving,
-    UnitState,
-    referenced_env_names,
-    referenced_envs,
-    referenced_models,
-)
+from operations.facts.serve import Serving, UnitState
 from operations.plan import resolver
 from operations.plan.planned_files import sha256
+from operations.plan.rank_state import referenced_env_names, referenced_envs, referenced_models
 from operations.plan.resolver import Rank
 from operations.plan.serve_plan import roll_plan
 from tests.unit.builders import facts, make_settings

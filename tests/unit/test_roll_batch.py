@@ -211,3 +211,18 @@ def test_a_batchs_restart_reloads_systemd_while_it_stops(
     assert log.read_text().splitlines() == calls
     if fails == "daemon-reload":
         assert "systemctl daemon-reload failed (exit 1)" in proc.stdout, proc
+
+
+def test_a_waiting_interpreter_runs_its_script_as_python_would(tmp_path: Path) -> None:
+    """Its own module's flags do not leak into the script (an annotation is evaluated, as in
+    `python SCRIPT`), and the script's directory is first on its path."""
+    script = tmp_path / "step.py"
+    script.write_text(
+        "import sys\nprint('path0', sys.path[0], flush=True)\n"
+        "def late(x: NotDefinedAnywhere) -> None:\n    pass\n"
+    )
+    steps: list[list[object]] = [["smoke", [sys.executable, str(script)], []]]
+    rc, out = run_batch(tmp_path, steps)
+    assert rc == 1, out
+    assert f"path0 {tmp_path}" in out, out
+    assert "NameError: name 'NotDefinedAnywhere' is not defined" in out, out

@@ -1,6 +1,7 @@
 """The status command's pure parts: the fact's answer (captured on testbed containers, see
-tests/facts/serve.ServingState) and the settings in, rows, summaries, exit status and JSON out;
-then the whole command against pyinfra's @fake connector and a port where nothing listens."""
+tests/facts/serve_status.ServingStatus) and the settings in, rows, summaries, exit status and
+JSON out; then the whole command against pyinfra's @fake connector and a port where nothing
+listens."""
 
 from __future__ import annotations
 
@@ -15,24 +16,30 @@ from rich.console import Console
 
 from operations import layout
 from operations.cli import status as st
-from operations.facts.serve import Serving, ServingState, parse_serving
+from operations.facts.serve import Serving
+from operations.facts.serve_status import ServingStatus, parse_status
 from operations.facts.smoke import Probe, ProbeAnswer
 from tests.unit.builders import make_settings
 
 ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = ROOT / "tests" / "facts" / "serve.ServingState"
+FIXTURES = ROOT / "tests" / "facts" / "serve_status.ServingStatus"
+# The deploy's reading alone (no probes), which status reads the same way.
+DEPLOY_FIXTURES = ROOT / "tests" / "facts" / "serve.ServingState"
 GPU = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 ROUTER = {"host": "ct200", "port": 8000, "bind": "127.0.0.10"}
 
 
 def output(case: str) -> list[str]:
-    lines: list[str] = json.loads((FIXTURES / f"{case}.json").read_text())["output"]
+    path = FIXTURES / f"{case}.json"
+    if not path.exists():
+        path = DEPLOY_FIXTURES / f"{case}.json"
+    lines: list[str] = json.loads(path.read_text())["output"]
     return lines
 
 
 def fact(case: str, *extra: str, drop: str | None = None) -> Serving:
     lines = [line for line in output(case) if drop is None or not line.startswith(drop)]
-    return parse_serving([*lines, *extra])
+    return parse_status([*lines, *extra])
 
 
 def result(status: Serving, **settings: Any) -> st.HostResult:
@@ -104,7 +111,7 @@ def test_no_python3_means_not_probed_and_not_healthy() -> None:
     lines = [line for line in output("eight-ranks-and-the-router-healthy")]
     lines = [line for line in lines if not line.startswith("health ")]
     lines.append("health_unavailable python3 not found on the host")
-    r = result(parse_serving(lines))
+    r = result(parse_status(lines))
     assert not r.healthy
     assert r.ranks[0].health == "not probed (python3 not found on the host)"
 
@@ -141,7 +148,7 @@ def test_in_the_middle_of_a_roll_each_rank_shows_what_its_own_unit_runs() -> Non
             )
         lines.append(line)
     lines.append(f'env {new_env} {{"release": "0.5.19", "lane": "cu129"}}')
-    r = result(parse_serving(lines))
+    r = result(parse_status(lines))
     rolled, old = r.ranks[0], r.ranks[1]
     assert (rolled.engine, rolled.sglang_version, rolled.lane) == (new_env, "0.5.19", "cu129")
     assert rolled.model_revision == new_key
@@ -167,7 +174,7 @@ def test_a_crash_looping_rank_ends_failed_and_is_shown() -> None:
     }
     lines = [*lines[:block_start], *(f"{k}={v}" for k, v in block.items()), *lines[at + 1 :]]
     lines = [("health 4 refused" if line == "health 4 200" else line) for line in lines]
-    r = result(parse_serving(lines))
+    r = result(parse_status(lines))
     four = r.ranks[4]
     assert (four.state, four.healthy, four.restarts, four.pid) == (
         "failed (failed)",
@@ -180,9 +187,9 @@ def test_a_crash_looping_rank_ends_failed_and_is_shown() -> None:
 
 def test_nvidia_smi_failures_are_kept_not_raised() -> None:
     assert fact("no-nvidia-smi").gpu_error == "nvidia-smi not found"
-    hung = parse_serving(["gpu_rc 124"])
+    hung = parse_status(["gpu_rc 124"])
     assert hung.gpu_error == "nvidia-smi did not answer within 10s" and hung.gpus == []
-    odd = parse_serving(["gpu what is this", "gpu_rc 0"])
+    odd = parse_status(["gpu what is this", "gpu_rc 0"])
     assert odd.gpus == [] and odd.gpu_error is not None and "unexpected" in odd.gpu_error
 
 
@@ -196,7 +203,7 @@ def test_the_fact_asks_for_every_configured_rank_and_the_router_in_one_command()
         "2": "http://127.0.0.1:30002/health",
         "router": "http://127.0.0.10:8000/health",
     }
-    command = ServingState().command(**args).get_raw_value()
+    command = ServingStatus().command(**args).get_raw_value()
     for unit in ("sglang@0.service", "sglang@2.service", "sglang-router.service"):
         assert unit in command
     # Another host's router is not this host's business.

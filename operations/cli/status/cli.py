@@ -3,8 +3,8 @@
     python -m operations.status INVENTORY [--data KEY=VALUE ...] [--json] [--probe]
 
 Loads the inventory as pyinfra does (operations/runtime/inventory.py), reads one fact per host
-(operations/facts/serve.py, the deploy's own serving fact: one SSH round trip whatever the
-number of ranks; with it each rank's /health and its running and queued requests from /metrics)
+(operations/facts/serve_status.py: the deploy's own serving reading, one SSH round trip whatever
+the number of ranks; with it each rank's /health and its running and queued requests from /metrics)
 and prints a table
 per host, or one JSON document with --json. Exit status: 0 when every configured rank of every
 host (and each host's router) is healthy, 1 when any is not or a host could not be read, 2 when

@@ -1,12 +1,12 @@
 """Reading the hosts: the inventory session (operations/runtime/inventory.py: loaded as pyinfra
 does,
-settings checked, hosts connected), then one ServingState fact per host (and one SmokeProbe
+settings checked, hosts connected), then one ServingStatus fact per host (and one SmokeProbe
 with --probe); a host that cannot be read is its own result, never a traceback."""
 
 from __future__ import annotations
 
 from operations.cli.status.rows import HostResult, fact_args, host_result, probe_args, with_probe
-from operations.facts.serve import ServingState
+from operations.facts.serve_status import ServingStatus
 from operations.facts.smoke import Probe, SmokeProbe
 from operations.runtime.inventory import Session, one_line, open_session, quiet_pyinfra
 
@@ -35,7 +35,7 @@ def read_hosts(session: Session, probe: bool = False) -> list[HostResult]:
             results.append(HostResult(visit.name, reachable=False, error=error))
             continue
         try:
-            status = host.get_fact(ServingState, **fact_args(settings, host.name))
+            status = host.get_fact(ServingStatus, **fact_args(settings, host.name))
         except Exception as exc:  # a failed read is this host's result, never a traceback
             error = f"status: {one_line(exc)}"
             results.append(HostResult(host.name, reachable=True, error=error))

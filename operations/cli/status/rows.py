@@ -1,4 +1,4 @@
-"""What status shows per host: the rows of ranks and the router built from the ServingState
+"""What status shows per host: the rows of ranks and the router built from the ServingStatus
 fact (and the SmokeProbe fact with --probe), the arguments of those facts, the JSON document and
 the exit status. Pure: no host is asked here."""
 
@@ -9,8 +9,10 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TypedDict
 
 from operations import layout
-from operations.facts.serve import ROUTER_KEY, RankLoad, Serving, UnitState
+from operations.facts.serve import RankLoad, Serving, UnitState
+from operations.facts.serve_status import ROUTER_KEY
 from operations.facts.smoke import Probe, ProbeAnswer
+from operations.plan import rank_state
 from operations.plan.serve_plan import router_workers
 from operations.redact import redact_data
 from operations.settings import Settings
@@ -20,7 +22,7 @@ PROBE_TIMEOUT_S = 2.0
 
 
 class ServingArgs(TypedDict):
-    """The ServingState fact's arguments status asks with (operations/facts/serve.py)."""
+    """The ServingStatus fact's arguments (operations/facts/serve_status.py)."""
 
     engine_root: str
     model_link: str
@@ -245,7 +247,7 @@ def _requests(settings: Settings, load: RankLoad | None) -> RequestsRow:
 
 
 def fact_args(settings: Settings, host_name: str) -> ServingArgs:
-    """The ServingState arguments for a host with these settings (probes and GPUs included)."""
+    """The ServingStatus arguments for a host with these settings (probes and GPUs included)."""
     urls = {str(rank): layout.rank_health_url(settings, rank) for rank in range(settings.dp_size)}
     router = router_url(settings, host_name)
     if router is not None:
@@ -274,11 +276,11 @@ def describe_health(answer: str | None, probe_error: str | None) -> str:
 
 def describe_unit(unit: UnitState | None, why: str | None = None) -> str:
     """systemd's state; with a running process that does not run what its unit file says
-    (`why`: Serving.pending_restart), "pending restart" and why."""
+    (`why`: rank_state.rank_pending_restart), "pending restart" and why."""
     if unit is None or not unit.exists:
         return "missing"
     state = f"{unit.active or '?'} ({unit.sub or '?'})"
-    why = why or unit.pending_restart()
+    why = why or rank_state.pending_restart(unit)
     return f"{state}, pending restart: {why}" if why else state
 
 
@@ -322,7 +324,7 @@ def rank_rows(settings: Settings, status: Serving) -> list[RankStatus]:
         if rank not in expected and (unit is None or not unit.exists):
             continue
         answer = status.health.get(str(rank))
-        state = describe_unit(unit, status.pending_restart(rank))
+        state = describe_unit(unit, rank_state.rank_pending_restart(status, rank))
         healthy = unit is not None and unit.exists and unit.active == "active" and answer == "200"
         index = _gpu_index(unit, rank)
         gpu = gpus.get(index) if index is not None else None

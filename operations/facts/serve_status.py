@@ -1,0 +1,175 @@
+"""What serves now and how it answers: the status command's one fact, one round trip per host.
+
+The deploy's reading of the rank units (operations/facts/serve.py), and, probed on the host
+itself, each /health answer, each rank's running and queued requests from its /metrics
+(operations/programs/serving_probe.py) and the GPUs' memory use from nvidia-smi.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pyinfra.api.command import QuoteString, StringCommand
+from pyinfra.api.facts import FactBase
+
+from operations.facts.serve import GpuUsage, RankLoad, Serving, Words, parse_serving, serving_words
+from operations.render import host_scripts
+
+ROUTER_KEY = "router"  # the router's key among the ranks' in health_urls and Serving.health
+PROBE_SCRIPT = "serving_probe.py"
+GPU_QUERY = "index,name,memory.used,memory.total"
+GPU_TIMEOUT_S = 10  # a wedged driver must not hang the status
+# The first word of each line the probes print (the rest is parse_serving's).
+_PROBE_WORDS = frozenset({"health", "health_unavailable", "metrics", "gpu", "gpu_rc"})
+
+
+def probe_words(
+    health_urls: dict[str, str] | None, metrics_urls: dict[str, str] | None, timeout_s: float
+) -> Words:
+    """The probe of each /health and /metrics URL (programs/serving_probe.py)."""
+    if not health_urls:
+        return []
+    probes: Words = [QuoteString(f"{k}={url}") for k, url in sorted(health_urls.items())]
+    if metrics_urls:
+        probes.append("--metrics")
+        probes += [QuoteString(f"{k}={url}") for k, url in sorted(metrics_urls.items())]
+    return [
+        "if command -v python3 >/dev/null 2>&1; then python3 -c",
+        QuoteString(host_scripts.script_text(PROBE_SCRIPT)),
+        str(timeout_s),
+        *probes,
+        '; else echo "health_unavailable python3 not found on the host"; fi;',
+    ]
+
+
+def gpu_words(gpus: bool) -> Words:
+    """nvidia-smi's memory use ("gpu CSV" lines), then its exit status ("gpu_rc N")."""
+    if not gpus:
+        return []
+    return [
+        f"out=$(timeout {GPU_TIMEOUT_S} nvidia-smi --query-gpu={GPU_QUERY}",
+        '--format=csv,noheader,nounits 2>&1); rc=$?; [ -n "$out" ] &&',
+        "printf '%s\\n' \"$out\" | sed 's/^/gpu /'; echo \"gpu_rc $rc\";",
+    ]
+
+
+def _load(answer: str) -> RankLoad:
+    if answer.startswith("!"):
+        why = answer[1:].strip()
+        return RankLoad(error=f"http {why}" if why.isdigit() else why.replace("error:", "error "))
+    cells = answer.split()
+    values: list[float | None] = []
+    for cell in [*cells, "-", "-"][:2]:
+        try:
+            values.append(None if cell == "-" else float(cell))
+        except ValueError:
+            values.append(None)
+    return RankLoad(values[0], values[1])
+
+
+def _gpu(line: str) -> GpuUsage | None:
+    cells = [c.strip() for c in line.split(",")]
+    if len(cells) != 4 or not cells[0].isdigit():
+        return None
+    index, name, used, total = cells
+    return GpuUsage(
+        index=int(index),
+        name=name,
+        memory_used_mib=int(used) if used.isdigit() else 0,
+        memory_total_mib=int(total) if total.isdigit() else 0,
+    )
+
+
+def _gpus(rc: str | None, lines: list[str]) -> tuple[list[GpuUsage], str | None]:
+    if rc is None:
+        return [], None
+    if rc == "127":
+        return [], "nvidia-smi not found"
+    if rc == "124":
+        return [], f"nvidia-smi did not answer within {GPU_TIMEOUT_S}s"
+    if rc != "0":
+        return [], " ".join(lines) or f"nvidia-smi exit status {rc or '?'}"
+    gpus = []
+    for line in lines:
+        gpu = _gpu(line)
+        if gpu is None:
+            return [], f"unexpected nvidia-smi output: {line!r}"
+        gpus.append(gpu)
+    return gpus, None
+
+
+def parse_status(lines: list[str]) -> Serving:
+    """parse_serving's reading, with the probes' lines read into health, load and gpus."""
+    health: dict[str, str] = {}
+    load: dict[str, RankLoad] = {}
+    gpu_lines: list[str] = []
+    values: dict[str, str] = {}
+    rest_lines: list[str] = []
+    for line in lines:
+        word, _, rest = line.partition(" ")
+        if word not in _PROBE_WORDS:
+            rest_lines.append(line)
+        elif word == "health":
+            probe, _, answer = rest.strip().partition(" ")
+            health[probe] = answer.strip()
+        elif word == "metrics":
+            probe, _, answer = rest.strip().partition(" ")
+            load[probe] = _load(answer.strip())
+        elif word == "gpu":
+            gpu_lines.append(rest.strip())
+        else:
+            values[word] = rest.strip()
+    gpus, gpu_error = _gpus(values.get("gpu_rc"), gpu_lines)
+    return dataclasses.replace(
+        parse_serving(rest_lines),
+        health=health,
+        health_error=values.get("health_unavailable") or None,
+        load=load,
+        gpus=gpus,
+        gpu_error=gpu_error,
+    )
+
+
+class ServingStatus(FactBase[Serving]):
+    """
+    Returns what the ServingState fact returns (operations/facts/serve.py) and, probed from
+    the host, each /health answer, each rank's running and queued requests, and nvidia-smi's
+    memory use. One round trip whatever the number of ranks.
+
+    .. code:: python
+
+        Serving(now=1767225600, ranks={0: UnitState(...)}, ...,
+                health={"0": "200"}, health_error=None, load={"0": RankLoad(2.0, 0.0)},
+                gpus=[GpuUsage(0, "NVIDIA H200", 81000, 143771)], gpu_error=None)
+
+    + engine_root, model_link, ranks, router: as ServingState's
+    + health_urls: rank number (or "router") -> its /health URL, as the host reaches it
+    + metrics_urls: rank number -> its /metrics URL, read in the same script (running, queued)
+    + gpus: whether to ask nvidia-smi for memory use
+    + timeout_s: each probe's timeout
+    """
+
+    def command(
+        self,
+        engine_root: str,
+        model_link: str,
+        ranks: list[int] | None = None,
+        router: bool = True,
+        health_urls: dict[str, str] | None = None,
+        metrics_urls: dict[str, str] | None = None,
+        gpus: bool = False,
+        timeout_s: float = 2.0,
+    ) -> StringCommand:
+        return StringCommand(
+            *serving_words(engine_root, model_link, ranks=ranks, router=router),
+            *probe_words(health_urls, metrics_urls, timeout_s),
+            *gpu_words(gpus),
+            "true",
+        )
+
+    @staticmethod
+    def default() -> Serving:
+        return Serving()
+
+    def process(self, output: list[str]) -> Serving:
+        return parse_status(output)

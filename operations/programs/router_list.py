@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""The router's worker list as a rank's host reads it, for the deploy's ServingState fact
+(operations/facts/serve.py), run as one `python3 -c` argument: which of this host's ranks the
+router lists, so a rank an interrupted run left out of the router is put back.
+
+    router_list.py TIMEOUT LIST_URL KEY_FILE
+
+LIST_URL: the router's worker list (a GET, the knowledge base's `list_workers` call). KEY_FILE:
+the control-plane key (root only), sent as a bearer token when it exists, as router_workers.py
+does; the key never reaches a command line. Prints "router_workers ok" and then
+"worker URL healthy|unhealthy" per worker the router lists, or "router_workers error WHY".
+The answer's shape is sglang-router's {"workers": [{"url", "is_healthy"}]} (router_workers.py
+`listed` reads the same).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.request
+
+ANSWER_LIMIT = 1 << 22  # bytes of the router's answer read
+
+# The router is this deployment's own: no proxy may see or answer it.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def read_key(path: str) -> str:
+    """The control-plane key; "" when the file is absent or unreadable (none is sent)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+def worker_lines(url: str, key: str, timeout: float) -> list[str]:
+    """One "worker URL healthy|unhealthy" line per worker the router lists."""
+    request = urllib.request.Request(url)
+    if key:
+        request.add_header("Authorization", "Bearer " + key)
+    with _DIRECT.open(request, timeout=timeout) as response:
+        workers = json.loads(response.read(ANSWER_LIMIT)).get("workers", [])
+    return [
+        "worker {} {}".format(
+            str(w["url"]).rstrip("/"), "healthy" if w.get("is_healthy") else "unhealthy"
+        )
+        for w in workers
+    ]
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print("usage: router_list.py TIMEOUT LIST_URL KEY_FILE")
+        return 2
+    timeout, url, key_file = argv
+    try:
+        lines = worker_lines(url, read_key(key_file), float(timeout))
+    except Exception as error:  # any failure is the answer: the fact reports it, by its type
+        print("router_workers error " + type(error).__name__)
+    else:
+        print("router_workers ok")
+        for line in lines:
+            print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
