@@ -1,6 +1,6 @@
 """The model step's plan: everything operations/steps/model.py carries out, decided once from the
 settings, the staging decision (operations/plan/staging.py) and the facts the plan gathered
-(host_plan.gather): the ServingState fact's digests and unit state, the ModelStaging fact,
+(runtime/gather.py): the ServingState fact's digests and unit state, the ModelStaging fact,
 the controller's scan of a controller source (once per run), whether the hub CLI is installed
 (asked only while a hub download is to do) and the controller's HF_TOKEN.
 
@@ -11,7 +11,6 @@ it) so the plan shows it.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from operations import layout
@@ -213,8 +212,3 @@ def decide(
         key=key,
         files=tuple(files),
     )
-
-
-def hub_token() -> str | None:
-    """The controller's hub token (its environment), read once by the plan's gather."""
-    return os.environ.get(TOKEN_ENV) or None

@@ -24,23 +24,22 @@ operations/steps/smoke.py carry it out without deciding again:
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from operations import layout
 from operations.facts.serve import Serving, referenced_models
 from operations.kb.pins import PinError, router_requirements
 from operations.plan.drain import DrainPlan
 from operations.plan.engine_spec import tools_uv_config
-from operations.plan.monitoring import DASHBOARD_SOURCE, MonitoringPlan
-from operations.plan.planned_files import PlannedFile, planned, sha256
+from operations.plan.monitoring import MonitoringPlan
+from operations.plan.planned_files import PlannedFile, generated_key, planned, sha256
 from operations.plan.resolver import Rank, RouterPlan
 from operations.plan.resolver.router import control_key_text
 from operations.plan.resolver.router import key_changes as router_key_changes
 from operations.plan.vocabulary import FileJson, RouterStepJson, ServeJson, SmokeJson
 from operations.render import units
+from operations.render.dashboard import dashboard_text
 from operations.render.host_scripts import script_text
 from operations.settings import Settings
 
@@ -104,12 +103,30 @@ def roll_plan(
 
 
 def secrets_text(settings: Settings) -> str | None:
-    """The options file that carries the API key; None when no key is configured."""
-    if not settings.api_key_file:
+    """The options file that carries the API key, from the key the settings loader read; None
+    when no key is configured or it could not be read (settings.controller_problems refuses
+    that before any plan)."""
+    read = settings.controller_files.api_key
+    key = read.key if settings.api_key_file and read is not None else None
+    if not key:
         return None
-    key = Path(settings.api_key_file).expanduser().read_text().strip()
     # JSON string syntax is valid YAML and escapes whatever the key holds.
     return f"api-key: {json.dumps(key)}\n"
+
+
+def _unread_keys(settings: Settings) -> list[str]:
+    """A key file the settings name whose text the loader does not hold: nothing about it is
+    decided (settings.controller_problems names the reason)."""
+    errors = []
+    if settings.api_key_file and secrets_text(settings) is None:
+        errors.append(f"api_key_file {settings.api_key_file!r}: no key was read from it")
+    router = settings.router
+    if router is not None and router.control_plane_key_file and control_key_text(settings) is None:
+        errors.append(
+            f"router.control_plane_key_file {router.control_plane_key_file!r}: no key was read "
+            "from it"
+        )
+    return errors
 
 
 def router_restarts(serving: Serving, plan: RouterPlan, key_changes: bool = False) -> bool:
@@ -349,7 +366,7 @@ def serve_plan(
         if serving.model_target:
             present.add(layout.stage_tree(s).entry(serving.model_target))
         doomed = sorted(p for p in present - keep if layout.copy_key(s, p) is not None)
-    errors: list[str] = []
+    errors = _unread_keys(s)
     router_step = None
     if router is not None:
         try:
@@ -373,7 +390,7 @@ def serve_plan(
         readmit=left_out(roll, serving, drain),
         secret=secret,
         secret_changed=secret_changed,
-        remove_secret=secret is None and layout.SECRETS_FILE in serving.files,
+        remove_secret=not s.api_key_file and layout.SECRETS_FILE in serving.files,
         router_restart=router_restart,
         batch_smoke=batch_smoke,
         smoke=smoke,
@@ -410,7 +427,7 @@ def _serve_files(
     the smoke step (shipped either way, for `status --probe`)."""
     now = serving.files
 
-    def file(name: str, path: str, src: str | bytes | Path, shown: bool = False) -> PlannedFile:
+    def file(name: str, path: str, src: str | bytes, shown: bool = False) -> PlannedFile:
         return planned(name, layout.managed_file(s, path), src, now, shown=shown)
 
     files = [file("health-wait script", layout.WAIT_SCRIPT, script_text("wait_healthy.py"))]
@@ -437,7 +454,7 @@ def _serve_files(
     files.append(file(layout.TARGET, target, units.target_unit(), shown=True))
     if watched is not None:
         files.append(file("Prometheus targets file", watched.targets_file, watched.targets_text()))
-        files.append(file("Grafana dashboard", watched.dashboard_file, DASHBOARD_SOURCE))
+        files.append(file("Grafana dashboard", watched.dashboard_file, dashboard_text()))
     return files, smoke_files
 
 
@@ -461,19 +478,17 @@ def _rank_units(s: Settings, ranks: Sequence[Rank], serving: Serving) -> dict[in
 
 def _control_plane_key(s: Settings, serving: Serving, runs_router: bool) -> PlannedFile | None:
     """The router's control-plane key on every host behind it, when this run writes it: the
-    controller's router.control_plane_key_file, or, unset, one generated here once with the
-    CSPRNG (`secrets`) and kept. Root only: systemd hands the router unit a copy
-    (LoadCredential=)."""
+    controller's router.control_plane_key_file, or, unset, one the step that writes it
+    generates once (steps/host_files.put_planned, with the CSPRNG) and that is kept. Root only:
+    systemd hands the router unit a copy (LoadCredential=)."""
     if not router_key_changes(s, serving.files, runs_router=runs_router):
         return None
+    entry = layout.managed_file(s, layout.CONTROL_PLANE_KEY_FILE)
+    name = "Router: control-plane key (root only)"
     text = control_key_text(s)
-    return planned(
-        "Router: control-plane key (root only)",
-        layout.managed_file(s, layout.CONTROL_PLANE_KEY_FILE),
-        text if text is not None else secrets.token_urlsafe(32) + "\n",
-        serving.files,
-        generated=text is None,
-    )
+    if text is None:
+        return generated_key(name, entry)
+    return planned(name, entry, text, serving.files)
 
 
 def _router_step(

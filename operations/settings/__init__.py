@@ -25,14 +25,12 @@ from operations.settings.checks import (
     control_characters,
     control_problems,
     path_escape,
-    pin_problems,
     value_problems,
-    wheelhouse_problems,
 )
 from operations.settings.controller_files import (
     ControllerFiles,
-    api_key_problems,
-    control_plane_key_problems,
+    api_key_problem,
+    control_plane_key_problem,
     read_all,
 )
 from operations.settings.schema_json import (
@@ -307,12 +305,56 @@ def load(host_name: str, layers: list[Layer]) -> Settings:
     return Settings(**typed, origins={k: origins[k] for k in ours}, controller_files=files)
 
 
+def _wheelhouse_problems(host_name: str, settings: Settings) -> list[str]:
+    """The wheelhouse is a directory on the controller, read before any change: a missing one
+    is a settings problem of the plan, not a failure in the middle of the deploy."""
+    if not settings.wheelhouse or Path(settings.wheelhouse).expanduser().is_dir():
+        return []
+    found = Path(settings.wheelhouse).expanduser().absolute()
+    why = "is a file, not a directory" if found.exists() else "does not exist"
+    return [
+        f"{host_name}: wheelhouse = {settings.wheelhouse!r} (set in "
+        f"{settings.origin('wheelhouse')}); {found} {why} on the controller; create it with "
+        "scripts/fill_wheelhouse.py (docs/engine.md, 'A first air-gapped deploy'), or set "
+        "wheelhouse: null to install from the package indexes"
+    ]
+
+
+def _pin_problems(host_name: str, settings: Settings) -> list[str]:
+    """uv is installed only as a wheel whose sha256 operations/kb/pins/uv.txt pins."""
+    from operations.kb.pins import uv_requirement
+
+    if uv_requirement(settings.uv_version) is not None:
+        return []
+    return [
+        f"{host_name}: uv_version = {settings.uv_version!r} (set in "
+        f"{settings.origin('uv_version')}) has no pinned wheel hash in operations/kb/pins/uv.txt; "
+        "add it with `python scripts/pin_installs.py --uv VERSION` (every pinned version "
+        "again), or use a pinned one"
+    ]
+
+
 def controller_problems(host_name: str, settings: Settings) -> list[str]:
     """Checks of files on the controller (the wheelhouse, uv's pin, the keys `load` read): part
     of every inventory load."""
-    problems = wheelhouse_problems(host_name, settings) + pin_problems(host_name, settings)
-    problems += control_plane_key_problems(host_name, settings)
-    return problems + api_key_problems(host_name, settings)
+    problems = _wheelhouse_problems(host_name, settings) + _pin_problems(host_name, settings)
+    router = settings.router
+    read = settings.controller_files
+    if router is not None and router.control_plane_key_file and read.control_plane_key:
+        why = control_plane_key_problem(read.control_plane_key)
+        if why is not None:
+            problems.append(
+                f"{host_name}: router.control_plane_key_file = "
+                f"{router.control_plane_key_file!r} (set in {settings.origin('router')}); {why}"
+            )
+    if settings.api_key_file and read.api_key:
+        why = api_key_problem(read.api_key)
+        if why is not None:
+            problems.append(
+                f"{host_name}: api_key_file = {settings.api_key_file!r} (set in "
+                f"{settings.origin('api_key_file')}); {why}"
+            )
+    return problems
 
 
 def _same(value: Any) -> Any:

@@ -1,20 +1,15 @@
 """The checks beyond the schema's reach: control characters in any value, paths that could mean
 another directory than they read as or lie where another user writes, a hub CLI that would take
-over a system directory, a root service user; and, once the values are typed, the controller's
-wheelhouse and uv's pinned wheel. Each answers (key, why) or a refusal's line."""
+over a system directory, a root service user. Each answers (key, why)."""
 
 from __future__ import annotations
 
 import posixpath
 import unicodedata
 from collections.abc import Iterable, Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from operations.settings.schema_json import schema
-
-if TYPE_CHECKING:
-    from operations.settings import Settings
 
 # Unicode categories no setting may contain: controls (newline, NUL, ESC, DEL, C1) and the line
 # and paragraph separators. A newline in a value would start a new line in a unit file.
@@ -180,32 +175,3 @@ def value_problems(values: Mapping[str, Any]) -> list[tuple[str, str]]:
             )
         )
     return problems
-
-
-def wheelhouse_problems(host_name: str, settings: Settings) -> list[str]:
-    """The wheelhouse is a directory on the controller, read before any change: a missing one
-    is a settings problem of the plan, not a failure in the middle of the deploy."""
-    if not settings.wheelhouse or Path(settings.wheelhouse).expanduser().is_dir():
-        return []
-    found = Path(settings.wheelhouse).expanduser().absolute()
-    why = "is a file, not a directory" if found.exists() else "does not exist"
-    return [
-        f"{host_name}: wheelhouse = {settings.wheelhouse!r} (set in "
-        f"{settings.origin('wheelhouse')}); {found} {why} on the controller; create it with "
-        "scripts/fill_wheelhouse.py (docs/engine.md, 'A first air-gapped deploy'), or set "
-        "wheelhouse: null to install from the package indexes"
-    ]
-
-
-def pin_problems(host_name: str, settings: Settings) -> list[str]:
-    """uv is installed only as a wheel whose sha256 operations/kb/pins/uv.txt pins."""
-    from operations.kb.pins import uv_requirement
-
-    if uv_requirement(settings.uv_version) is not None:
-        return []
-    return [
-        f"{host_name}: uv_version = {settings.uv_version!r} (set in "
-        f"{settings.origin('uv_version')}) has no pinned wheel hash in operations/kb/pins/uv.txt; "
-        "add it with `python scripts/pin_installs.py --uv VERSION` (every pinned version "
-        "again), or use a pinned one"
-    ]

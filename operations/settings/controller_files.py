@@ -4,19 +4,15 @@ NVIDIA's redistrib manifest (cuda_redist_manifest).
 
 What was read travels with the settings (`Settings.controller_files`) into the plan, which reads
 no file itself (tests/unit/test_plan_is_pure.py). A key's text is in no repr, no `plan --json`,
-no log and no error; `key_problems` judges what was read, before any host is asked.
+no log and no error; the `*_problem`s judge what was read, before any host is asked.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from operations.settings.checks import control_characters
-
-if TYPE_CHECKING:
-    from operations.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -77,13 +73,8 @@ def _unreadable(file: ControllerFile) -> str:
     return f"cannot be read on the controller ({file.reason})"
 
 
-def api_key_problems(host_name: str, settings: Settings) -> list[str]:
-    """api_key_file: a readable file of one non-empty key."""
-    file = settings.controller_files.api_key
-    if not settings.api_key_file or file is None:
-        return []
-    where = f"{host_name}: api_key_file = {settings.api_key_file!r} (set in "
-    where += f"{settings.origin('api_key_file')})"
+def api_key_problem(file: ControllerFile) -> str | None:
+    """What is wrong with the API key file as read (None: one non-empty key)."""
     key = file.key
     if key is None:
         why = _unreadable(file)
@@ -95,18 +86,13 @@ def api_key_problems(host_name: str, settings: Settings) -> list[str]:
     elif control_characters(key):
         why = "the key holds control characters (more than one line?)"
     else:
-        return []
-    return [f"{where}; {why}; accepted: a readable file holding one non-empty API key"]
+        return None
+    return f"{why}; accepted: a readable file holding one non-empty API key"
 
 
-def control_plane_key_problems(host_name: str, settings: Settings) -> list[str]:
-    """router.control_plane_key_file: a readable file of one key the router's parser takes."""
-    name = settings.router.control_plane_key_file if settings.router is not None else None
-    file = settings.controller_files.control_plane_key
-    if not name or file is None:
-        return []
-    where = f"{host_name}: router.control_plane_key_file = {name!r} (set in "
-    where += f"{settings.origin('router')})"
+def control_plane_key_problem(file: ControllerFile) -> str | None:
+    """What is wrong with the control-plane key file as read (None: one key the router's
+    parser takes)."""
     key = file.key
     if key is None:
         why = _unreadable(file)
@@ -115,6 +101,5 @@ def control_plane_key_problems(host_name: str, settings: Settings) -> list[str]:
     elif control_characters(key) or any(c.isspace() for c in key):
         why = "the key holds whitespace or control characters (more than one line?)"
     else:
-        return []
-    accepted = "accepted: a readable file holding one key of 16 or more characters, no spaces"
-    return [f"{where}; {why}; {accepted}"]
+        return None
+    return f"{why}; accepted: a readable file holding one key of 16 or more characters, no spaces"

@@ -50,6 +50,7 @@ FileAt fact (`sha256_now=`), which saves a round trip per file on a converged ru
 from __future__ import annotations
 
 import base64
+import secrets
 import shlex
 from pathlib import Path
 from typing import Any, Literal
@@ -64,7 +65,7 @@ from pyinfra.facts.files import FileContents
 from pyinfra.operations.util.files import generate_color_diff
 
 from operations.facts.files import FileAt, PathState
-from operations.plan.planned_files import PlannedFile, content_bytes, sha256
+from operations.plan.planned_files import PlannedFile, sha256
 from operations.runtime.host_call import Commands
 
 
@@ -164,6 +165,13 @@ def _refuse_links(directory: str, dest: str, found_dir: PathState | None,
             )
 
 
+def content_bytes(src: str | bytes | Path) -> bytes:
+    """The bytes to write: src's own, or a controller file's (a pathlib.Path)."""
+    if isinstance(src, Path):
+        return src.expanduser().read_bytes()
+    return src.encode() if isinstance(src, str) else src
+
+
 @operation()
 def put_file(
     src: str | bytes | Path,
@@ -259,9 +267,12 @@ def put_planned(file: PlannedFile, name: str | None = None) -> OperationMeta:
     in for the FileAt fact, but for a secret, whose mode and owners are read). `name`: the
     operation's, when the step says why (a rank unit's "(start)")."""
     checked = file.read and not file.secret
+    # A key the plan leaves to the write (the plan draws no random number): made here, once,
+    # with the CSPRNG; put_file gives it its final mode before its first byte.
+    src = secrets.token_urlsafe(32) + "\n" if file.generated else file.data
     return put_file(
         name=name or file.name,
-        src=file.data,
+        src=src,
         dest=file.path,
         owner=file.owner,
         group=file.group,
