@@ -17,8 +17,8 @@ from operations import layout
 from operations.facts.model import script_text
 from operations.kb.pins import hub_requirements
 from operations.layout import HUB_TOKEN_FILE, STAGE_UNIT
+from operations.plan.capacity import STAGE_HEADROOM
 from operations.plan.planned_files import PlannedFile, planned
-from operations.plan.preflight import STAGE_HEADROOM
 from operations.plan.staging import ControllerScan, StageDecision
 from operations.plan.vocabulary import ModelStepJson
 from operations.render import units
@@ -45,7 +45,7 @@ def stage_command(
 ) -> list[str]:
     """The one command line of a staging run: the deploy and the boot unit both use it.
     key: the copy's name the rank units use; keep: copies units still name (not removed);
-    headroom: the capacity rule's (preflight.STAGE_HEADROOM), which the script applies."""
+    headroom: the capacity rule's (capacity.STAGE_HEADROOM), which the script applies."""
     argv = [python, script, "stage", source_dir, stage_dir, slug, "--mode", mode]
     argv += ["--verify", verify]
     if key is not None:

@@ -8,7 +8,7 @@ by the model step (operations/steps/model.py), which decides nothing again.
               so its leftovers and up_to_date are already the stage run's
   pending  -> a source that changes in this run (rsync from the controller, a hub download)
               makes what the fact saw stale: stage beside after it
-  capacity -> preflight.stage_room: beside the current copy, in place with the servers
+  capacity -> capacity.stage_room: beside the current copy, in place with the servers
               stopped (the plan says so: that is an outage), or refused with the numbers
               before a byte is copied
 """
@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from operations import layout
 from operations.facts.host import Resources
 from operations.facts.model import Staging
-from operations.plan.preflight import stage_room
+from operations.plan.capacity import stage_room
 from operations.settings import Settings
 
 
