@@ -156,7 +156,11 @@ def decide(
     knowledge: kbmod.Knowledge,
     inventory_settings: list[tuple[str, Settings]] | None = None,
 ) -> HostReport:
-    """The host's report from its settings and facts: pure (tests/unit/test_host_report.py)."""
+    """The host's report from its settings and facts: pure (tests/unit/test_host_report.py,
+    tests/unit/test_plan_is_pure.py). One way down, each part decided once, from the settings
+    and the facts' values and what the parts before it decided: preflight, the resolution, the
+    router, the drain, the warnings, the monitoring; then, for a host preflight passes, the
+    staging, the serve plan and the engine and model steps' plans."""
     gpu, resources, model = facts.host.gpu, facts.host.resources, facts.model
     failures = preflight.check(settings, knowledge, gpu, resources, model, facts.host.access)
     resolver_facts = resolver.Facts(

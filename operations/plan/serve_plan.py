@@ -333,12 +333,15 @@ def serve_plan(
     """The serve and smoke steps' decisions for this host (router: set on the router's host;
     watched: the monitoring files; python_minor: the host's python3, "3.11", the router's)."""
     s = settings
+    # What the fact read of every file these steps write, handed to planned_files once.
+    write = _Writer(s, file_digests(serving))
     secret = secrets_text(s)
     secret_changed = secret is not None and serving.files.get(layout.SECRETS_FILE) != sha256(secret)
     roll = roll_plan(ranks, serving, s.restart_batch_size, secret_changed)
-    router_restart = router is not None and router_restarts(
-        serving, router, router_key_changes(s, serving.files, runs_router=True)
-    )
+    # Whether this run writes the control-plane key here: decided once, for the key and the
+    # router's restart.
+    key_due = router_key_changes(s, serving.files, runs_router=router is not None)
+    router_restart = router is not None and router_restarts(serving, router, key_due)
 
     batch_smoke: list[SmokeRequests | None] = []
     for batch in roll.batches:
@@ -370,11 +373,11 @@ def serve_plan(
     router_step = None
     if router is not None:
         try:
-            router_step = _router_step(s, router, serving, router_restart, python_minor)
+            router_step = _router_step(write, router, router_restart, python_minor)
         except PinError as e:
             errors.append(f"router version {router.version!r}: {e}")
     serve_files, smoke_files = _serve_files(
-        s, serving, secret, drain, batch_smoke, watched, rolls=bool(roll.batches)
+        write, secret, drain, batch_smoke, watched, rolls=bool(roll.batches)
     )
     return ServePlan(
         roll=roll,
@@ -382,9 +385,9 @@ def serve_plan(
         target_changes=any(
             f.changes is not False for f in serve_files if f.path == layout.unit_path(layout.TARGET)
         ),
-        rank_units=_rank_units(s, [*roll.start, *roll.rolled], serving),
+        rank_units=_rank_units(write, [*roll.start, *roll.rolled]),
         smoke_files=smoke_files,
-        control_plane_key=_control_plane_key(s, serving, runs_router=router is not None),
+        control_plane_key=_control_plane_key(write) if key_due else None,
         router=router_step,
         errors=errors,
         readmit=left_out(roll, serving, drain),
@@ -413,9 +416,30 @@ def _asked_in_roll(rank: Rank, roll: RollPlan, drain: DrainPlan | None, s: Setti
     return drain is not None and s.smoke_requests and rank in roll.rolled
 
 
+def file_digests(serving: Serving) -> dict[str, str]:
+    """The sha256 the ServingState fact read of each file the serve and smoke steps write, by
+    path: the managed files', and each rank unit's (read by glob)."""
+    digests = dict(serving.files)
+    for rank, unit in serving.ranks.items():
+        if unit.unit_sha256 is not None:
+            digests[layout.rank_unit_path(rank)] = unit.unit_sha256
+    return digests
+
+
+@dataclass(frozen=True)
+class _Writer:
+    """The plan's write of a registry entry with what the fact read of it (planned_files)."""
+
+    settings: Settings
+    digests: Mapping[str, str]
+
+    def file(self, name: str, path: str, src: str | bytes, shown: bool = False) -> PlannedFile:
+        entry = layout.managed_file(self.settings, path)
+        return planned(name, entry, src, self.digests, shown=shown)
+
+
 def _serve_files(
-    s: Settings,
-    serving: Serving,
+    write: _Writer,
     secret: str | None,
     drain: DrainPlan | None,
     batch_smoke: Sequence[SmokeRequests | None],
@@ -425,11 +449,7 @@ def _serve_files(
     """The serve step's files in the order it writes them, and the smoke step's: the request
     script goes with the serve step when a drained batch is asked before it rejoins, else with
     the smoke step (shipped either way, for `status --probe`)."""
-    now = serving.files
-
-    def file(name: str, path: str, src: str | bytes, shown: bool = False) -> PlannedFile:
-        return planned(name, layout.managed_file(s, path), src, now, shown=shown)
-
+    file = write.file
     files = [file("health-wait script", layout.WAIT_SCRIPT, script_text("wait_healthy.py"))]
     if rolls:
         # Only a roll runs it (each batch is one host command): a converged run has no
@@ -458,83 +478,54 @@ def _serve_files(
     return files, smoke_files
 
 
-def _rank_units(s: Settings, ranks: Sequence[Rank], serving: Serving) -> dict[int, PlannedFile]:
+def _rank_units(write: _Writer, ranks: Sequence[Rank]) -> dict[int, PlannedFile]:
     """The unit file of each rank the step writes, with the digest the fact read (by glob)."""
-    now: dict[str, str] = {}
-    for rank, unit in serving.ranks.items():
-        if unit.unit_sha256 is not None:
-            now[layout.rank_unit_path(rank)] = unit.unit_sha256
     return {
-        r.rank: planned(
-            r.unit_name,
-            layout.managed_file(s, layout.rank_unit_path(r.rank)),
-            r.unit,
-            now,
-            shown=True,
-        )
+        r.rank: write.file(r.unit_name, layout.rank_unit_path(r.rank), r.unit, shown=True)
         for r in ranks
     }
 
 
-def _control_plane_key(s: Settings, serving: Serving, runs_router: bool) -> PlannedFile | None:
-    """The router's control-plane key on every host behind it, when this run writes it: the
-    controller's router.control_plane_key_file, or, unset, one the step that writes it
-    generates once (steps/host_files.put_planned, with the CSPRNG) and that is kept. Root only:
-    systemd hands the router unit a copy (LoadCredential=)."""
-    if not router_key_changes(s, serving.files, runs_router=runs_router):
-        return None
-    entry = layout.managed_file(s, layout.CONTROL_PLANE_KEY_FILE)
+def _control_plane_key(write: _Writer) -> PlannedFile:
+    """The router's control-plane key on every host behind it, when this run writes it
+    (resolver/router.key_changes): the controller's router.control_plane_key_file, or, unset,
+    one the step that writes it generates once (steps/host_files.put_planned, with the CSPRNG)
+    and that is kept. Root only: systemd hands the router unit a copy (LoadCredential=)."""
+    s = write.settings
     name = "Router: control-plane key (root only)"
     text = control_key_text(s)
     if text is None:
-        return generated_key(name, entry)
-    return planned(name, entry, text, serving.files)
+        return generated_key(name, layout.managed_file(s, layout.CONTROL_PLANE_KEY_FILE))
+    return write.file(name, layout.CONTROL_PLANE_KEY_FILE, text)
 
 
-def _router_step(
-    s: Settings, plan: RouterPlan, serving: Serving, restart: bool, python: str | None
-) -> RouterStep:
+def _router_step(write: _Writer, plan: RouterPlan, restart: bool, python: str | None) -> RouterStep:
     """The router's part of the serve step (raises PinError: no pinned requirements)."""
     if python is None:
         raise PinError("the host's python3 is not known")
-    now: Mapping[str, str] = serving.files
+    s, file = write.settings, write.file
     tree = layout.engine_tree(s)
-    install = layout.router_marker(plan.env_dir) not in now
+    install = layout.router_marker(plan.env_dir) not in write.digests
     uv_config = None
     if install:
         # Root-only: the main index URL may carry credentials.
         wheelhouse_dir = tree.wheelhouse if s.wheelhouse else None
-        uv_config = planned(
-            "Router: uv.toml",
-            layout.managed_file(s, tree.uv_config),
-            tools_uv_config(s, wheelhouse_dir),
-            now,
-        )
+        uv_config = file("Router: uv.toml", tree.uv_config, tools_uv_config(s, wheelhouse_dir))
     return RouterStep(
         version=plan.version,
         env_dir=plan.env_dir,
         engine_root=s.engine_root,
         install=install,
-        requirements=planned(
+        requirements=file(
             "Router: requirements",
-            layout.managed_file(s, layout.env_requirements(plan.env_dir)),
+            layout.env_requirements(plan.env_dir),
             router_requirements(plan.version, python),
-            now,
         ),
         uv_config=uv_config,
-        launcher=planned(
-            "Router: launcher",
-            layout.managed_file(s, layout.ROUTER_LAUNCH_SCRIPT),
-            script_text("router_launch.py"),
-            now,
+        launcher=file(
+            "Router: launcher", layout.ROUTER_LAUNCH_SCRIPT, script_text("router_launch.py")
         ),
-        unit=planned(
-            "Router: unit",
-            layout.managed_file(s, layout.unit_path(layout.ROUTER_UNIT)),
-            plan.unit,
-            now,
-            shown=True,
-        ),
+        unit=file("Router: unit", layout.unit_path(layout.ROUTER_UNIT), plan.unit, shown=True),
         restart=restart,
         health_url=plan.health_url,
     )

@@ -145,8 +145,7 @@ def plan_for_host(
     """`inventory_settings`: every host's settings, by name, for the router's worker list."""
     knowledge = kbmod.load()
     everyone = inventory_settings or [(host.name, settings)]
-    drain, _, _ = drainmod.decide(host.name, settings, everyone, knowledge)
-    listing = drain.list_url() if drain is not None else None
+    listing = drainmod.router_list_url(host.name, settings, everyone, knowledge)
     return host_plan.decide(
         host.name, settings, gather(host, settings, listing), knowledge, inventory_settings
     )
