@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from operations.facts.host import Resources
+from operations.plan.vocabulary import RoomMode
 from operations.settings import Settings
 
 GIB = 1024**3
@@ -29,7 +30,7 @@ class StageRoom:
     does not fit either way (why says so, with the numbers).
     """
 
-    mode: str | None
+    mode: RoomMode | None
     copy_bytes: int
     why: str
 

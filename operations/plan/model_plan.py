@@ -20,7 +20,7 @@ from operations.layout import HUB_TOKEN_FILE, STAGE_UNIT
 from operations.plan.capacity import STAGE_HEADROOM
 from operations.plan.planned_files import PlannedFile, planned
 from operations.plan.staging import ControllerScan, StageDecision
-from operations.plan.vocabulary import ModelStepJson
+from operations.plan.vocabulary import ModelStepJson, StageScriptMode
 from operations.render import units
 from operations.settings import Settings
 
@@ -33,7 +33,7 @@ def stage_command(
     source_dir: str,
     stage_dir: str,
     slug: str,
-    mode: str,
+    mode: StageScriptMode,
     verify: str,
     bwlimit_mbps: float | None,
     python: str = "python3",

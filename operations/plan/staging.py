@@ -22,6 +22,7 @@ from operations import layout
 from operations.facts.host import Resources
 from operations.facts.model import Staging
 from operations.plan.capacity import stage_room
+from operations.plan.vocabulary import StageMode
 from operations.settings import Settings
 
 
@@ -33,7 +34,7 @@ def _gib(n: int | None) -> str:
 class StagePlan:
     """What the stage operation does: "unchanged", "beside", "inplace" or "refuse"."""
 
-    mode: str
+    mode: StageMode
     why: str
 
 

@@ -65,6 +65,7 @@ from operations.plan.engine_probe import Driver, evaluate, parse_probe
 from operations.plan.engine_spec import EngineError, EngineSpec, indexes
 from operations.plan.host_plan import HostReport
 from operations.plan.preflight import NESTING_FIX
+from operations.plan.vocabulary import EnvNow
 from operations.redact import redact
 from operations.render import units
 from operations.render.host_scripts import script_text
@@ -281,7 +282,7 @@ def build_env(
     env_name: str,
     python: str,
     offline: bool,
-    now: str = "absent",
+    now: EnvNow = "absent",
 ) -> Commands:
     """
     Create ENGINE_ROOT/envs/ENV_NAME and install exactly the project's lock into it; a partial

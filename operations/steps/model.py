@@ -36,6 +36,7 @@ from operations.plan.host_plan import HostReport
 
 # Where they have always been imported from (the plan renders the unit: model_plan.py).
 from operations.plan.model_plan import stage_command
+from operations.plan.vocabulary import StageMode
 from operations.runtime.host_call import Commands, HostCall, run
 from operations.settings import Settings
 from operations.steps.host_files import put_file, put_planned
@@ -72,7 +73,7 @@ def staged(
     source_dir: str,
     stage_dir: str,
     slug: str,
-    mode: str,
+    mode: StageMode,
     why: str,
     verify: str = "manifest",
     bwlimit_mbps: float | None = None,
