@@ -1,6 +1,6 @@
 """What an engine environment holds, decided from the settings and the knowledge base: the pins
 with their builds and indexes, the overrides, the project uv locks, and its name. Pure: the
-resolver computes it once per host (HostPlan.engine) and the engine step carries it out.
+resolver computes it once per host (ResolvedHost.engine) and the engine step carries it out.
 """
 
 from __future__ import annotations

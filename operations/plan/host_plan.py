@@ -38,7 +38,7 @@ from operations.settings import Settings
 @dataclass
 class HostReport:
     settings: Settings
-    plan: resolver.HostPlan
+    plan: resolver.ResolvedHost
     failures: list[preflight.Failure] = field(default_factory=list)
     gpu: NvidiaSmi | None = None
     resources: Resources | None = None
@@ -218,7 +218,7 @@ def decide(
 
 
 def _step_plans(
-    settings: Settings, plan: resolver.HostPlan, facts: Gathered, decision: StageDecision
+    settings: Settings, plan: resolver.ResolvedHost, facts: Gathered, decision: StageDecision
 ) -> tuple[engine_plan.EnginePlan | None, model_plan.ModelPlan | None]:
     """The engine and model steps' plans; none while the resolver or the staging refuses."""
     spec = plan.engine

@@ -155,7 +155,7 @@ def smoke_targets(
     return targets
 
 
-def router_workers(settings: Settings) -> list[str]:
+def ranks_behind_router(settings: Settings) -> list[str]:
     """The script's --router-worker UNIT=URL arguments: every rank of this host, as the host
     reaches it. A request through the router carries the key on to a rank, so each one that
     listens is checked as the router is (files/smoke.py)."""
@@ -173,14 +173,15 @@ class SmokeRequests:
 
     python: str = ""
     targets: list[str] = field(default_factory=list)
-    router_workers: list[str] = field(default_factory=list)
+    # This host's ranks the router forwards a request (and its key) to: UNIT=URL each.
+    ranks_behind_router: list[str] = field(default_factory=list)
 
 
 def _smoke_json(smoke: SmokeRequests) -> SmokeJson:
     return {
         "python": smoke.python,
         "targets": smoke.targets,
-        "router_workers": smoke.router_workers,
+        "router_workers": smoke.ranks_behind_router,
     }
 
 
@@ -192,7 +193,7 @@ class RouterStep:
     version: str
     env_dir: str
     engine_root: str
-    # The marker is missing: the environment is built afresh (router_env).
+    # The marker is missing: the environment is built afresh (steps/serve.py's install).
     install: bool
     # The pinned requirements the install writes into the environment and installs from.
     requirements: PlannedFile
@@ -240,7 +241,7 @@ class ServePlan:
     # How a batch leaves and rejoins the router (None: not drain-protected).
     drain: DrainPlan | None = None
     # Serving, unchanged ranks the router does not list: an interrupted run took them out (a
-    # drain) and never put them back. They rejoin (router_workers in) with no restart.
+    # drain) and never put them back. They rejoin (the drain script's `in`) with no restart.
     readmit: list[int] = field(default_factory=list)
     # The serve step's files, in the order it writes them (scripts, the API key file, the
     # target unit, the monitoring files), and whether the target unit is new.
@@ -359,7 +360,7 @@ def serve_plan(
         if targets:
             python = layout.env_python((asked or list(ranks))[0].engine_env)
             through = any(t.startswith(f"{ROUTER_TARGET}=") for t in targets)
-            smoke = SmokeRequests(python, targets, router_workers(s) if through else [])
+            smoke = SmokeRequests(python, targets, ranks_behind_router(s) if through else [])
 
     keep = {r.model_path for r in ranks}
     keys = sorted(k for p in keep if (k := layout.copy_key(s, p)) is not None)

@@ -123,7 +123,7 @@ def resolve_router(
     """The router's command line and unit, for the host that runs it."""
     router = settings.router
     assert router is not None and router.host == host_name
-    env_dir = layout.router_env(settings)
+    env_dir = layout.router_env_dir(settings)
     workers = worker_urls(all_settings)
     argv = [
         layout.env_python(env_dir),
