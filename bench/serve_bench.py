@@ -95,7 +95,7 @@ def _marked(owner, name, before, after, then=None):
 
 def _imported():
     # deploy.py has imported the toolkit by now: the plan's own calls are wrapped in place.
-    import operations.runtime.plan_step as gate, operations.plan.host_plan as plan
+    import operations.runtime.plan_step as gate, operations.runtime.gather as plan
 
     _marked(plan, "gather", "knowledge loaded", "facts answered")
     _marked(gate, "plan_for_host", "", "plan decided")

@@ -219,7 +219,7 @@ class EngineTree:
     def redist(self, directory: str) -> str:
         return f"{self.root}/{directory}"
 
-    def router_env(self, version: str) -> str:
+    def router_env_dir(self, version: str) -> str:
         return f"{self.root}/router/sglang-router-{version}"
 
 
@@ -256,9 +256,9 @@ def hub_cli_pip(cli: str) -> str:
     return f"{hub_cli_venv(cli)}/bin/pip"
 
 
-def router_env(settings: Settings) -> str:
+def router_env_dir(settings: Settings) -> str:
     version = settings.router.version if settings.router else "none"
-    return engine_tree(settings).router_env(version)
+    return engine_tree(settings).router_env_dir(version)
 
 
 # -- the registry of managed files -----------------------------------------------------------
@@ -322,7 +322,7 @@ def managed_files(settings: Settings) -> tuple[ManagedFile, ...]:
     )
     if settings.router is None:
         return files
-    router = router_env(settings)
+    router = router_env_dir(settings)
     return (
         *files,
         # Touched last by the router's install: its environment is complete.

@@ -14,8 +14,9 @@ import sys
 from collections.abc import Mapping
 from typing import TypedDict, cast
 
-from operations.plan.host_plan import HostReport, plan_for_host
+from operations.plan.host_plan import HostReport
 from operations.plan.vocabulary import PlanJson
+from operations.runtime.gather import plan_for_host
 
 # What each host came to: its report, why it was not reached, or its settings' problems.
 Outcome = HostReport | str | list[str]

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, TypedDict
 
 from operations import kb as kbmod
 from operations import settings as settings_mod
-from operations.plan.host_plan import HostReport, decide, gather
+from operations.plan.host_plan import HostReport, decide
+from operations.runtime.gather import gather
 
 if TYPE_CHECKING:
     from pyinfra.api.host import Host

@@ -49,8 +49,7 @@ class DrainPlan:
     def list_url(self) -> str | None:
         """The router's worker list as a GET URL (what the ServingState fact reads to find
         this host's ranks an interrupted run left out); None when the call is not a GET."""
-        method, _, path = self.api.list_workers.partition(" ")
-        return self.router_url.rstrip("/") + path if method == "GET" and "{" not in path else None
+        return _list_url(self.router_url, self.api)
 
     def metrics(self, rank: int) -> str:
         """The rank's own /metrics, as its host reaches it."""
@@ -64,6 +63,35 @@ def router_address(host_name: str, router_host: Settings, router_bind: str) -> s
         return router_bind
     name = router_host.router.host if router_host.router is not None else ""
     return "127.0.0.1" if host_name == name else router_host.server_host
+
+
+def _list_url(router_url: str, api: RouterRelease) -> str | None:
+    method, _, path = api.list_workers.partition(" ")
+    return router_url.rstrip("/") + path if method == "GET" and "{" not in path else None
+
+
+def _router_url(
+    host_name: str, settings: Settings, inventory_settings: list[tuple[str, Settings]]
+) -> str:
+    router = settings.router
+    assert router is not None
+    router_host = dict(inventory_settings).get(router.host, settings)
+    return layout.worker_url(router_address(host_name, router_host, router.bind), router.port)
+
+
+def router_list_url(
+    host_name: str,
+    settings: Settings,
+    inventory_settings: list[tuple[str, Settings]],
+    kb: Knowledge,
+) -> str | None:
+    """The router's worker list as this host reaches it, for the ServingState fact (the same
+    URL as the DrainPlan's list_url; None: no router, or no listing by GET)."""
+    router = settings.router
+    api = kb.routers.get(router.version) if router is not None else None
+    if api is None:
+        return None
+    return _list_url(_router_url(host_name, settings, inventory_settings), api)
 
 
 def decide(
@@ -95,11 +123,8 @@ def decide(
             f"(known: {known}): rolls restart ranks the router still sends requests to"
         )
         return None, Decision("roll drain", "none: rolls are not drain-protected", why), [why]
-    by_name = dict(inventory_settings)
-    router_host = by_name.get(router.host, settings)
-    address = router_address(host_name, router_host, router.bind)
     plan = DrainPlan(
-        router_url=layout.worker_url(address, router.port),
+        router_url=_router_url(host_name, settings, inventory_settings),
         server_host=settings.server_host,
         base_port=settings.base_port,
         api=api,

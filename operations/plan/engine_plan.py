@@ -1,5 +1,5 @@
 """The engine step's plan: everything operations/steps/engine.py carries out, decided once from the
-settings, the resolved EngineSpec and the facts the plan gathered (host_plan.gather): the
+settings, the resolved EngineSpec and the facts the plan gathered (runtime/gather.py): the
 EngineState lines of the ServingState fact, the host's wheelhouse (WheelhouseFiles, asked with
 it when the settings name a wheelhouse), and the controller's wheelhouse and locks.
 
@@ -40,7 +40,7 @@ def no_engine() -> EngineHost:
 
 @dataclass(frozen=True)
 class EngineFacts:
-    """What the engine plan reads, gathered with the plan's other facts (host_plan.gather)."""
+    """What the engine plan reads, gathered with the plan's other facts (runtime/gather.py)."""
 
     # The EngineState lines of the ServingState fact (no_engine(): the connector did not answer,
     # as pyinfra's @fake one in `make demo`: plan as for a host with no engine yet).

@@ -1,6 +1,6 @@
 """What an engine environment holds, decided from the settings and the knowledge base: the pins
 with their builds and indexes, the overrides, the project uv locks, and its name. Pure: the
-resolver computes it once per host (HostPlan.engine) and the engine step carries it out.
+resolver computes it once per host (ResolvedHost.engine) and the engine step carries it out.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from packaging.version import Version
 
 from operations.kb import PLACEHOLDER, Compiler, CompilerArchive, Knowledge, cite
 from operations.layout import EngineTree
-from operations.settings import Settings
+from operations.settings import Settings, controller_files
+from operations.settings.controller_files import ControllerFile
 
 HASH_LENGTH = 8
 # The Python module each CUDA-bearing project installs: what the engine check imports.
@@ -137,16 +138,26 @@ class Toolkit:
         )
 
 
-def read_redist_manifest(path: str) -> Mapping[str, object]:
-    """A redistrib_<release>.json on the controller (setting cuda_redist_manifest)."""
+def redist_manifest(file: ControllerFile) -> Mapping[str, object]:
+    """A redistrib_<release>.json on the controller (setting cuda_redist_manifest), from its
+    text as the settings loader read it (settings/controller_files.py)."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, ValueError) as exc:
-        raise EngineError(f"cuda_redist_manifest {path}: cannot be read as JSON: {exc}") from exc
+        if file.text is None:
+            raise ValueError(file.error)
+        data = json.loads(file.text)
+    except ValueError as exc:
+        raise EngineError(
+            f"cuda_redist_manifest {file.path}: cannot be read as JSON: {exc}"
+        ) from exc
     if not isinstance(data, dict):
-        raise EngineError(f"cuda_redist_manifest {path}: not a JSON object")
+        raise EngineError(f"cuda_redist_manifest {file.path}: not a JSON object")
     return data
+
+
+def read_redist_manifest(path: str) -> Mapping[str, object]:
+    """The manifest at `path`, read now (scripts/fill_wheelhouse.py; a deploy's plan takes the
+    one the settings loader read)."""
+    return redist_manifest(controller_files.read(path, expand=False))
 
 
 def toolkit(

@@ -1,31 +1,24 @@
-"""One host, from settings to plan: gather the facts, run preflight, resolve, and decide
-everything the deploy's steps act on (the staging, the roll, the smoke requests).
+"""One host, from settings and facts to plan: run preflight, resolve, and decide everything the
+deploy's steps act on (the staging, the roll, the smoke requests).
 
-`plan_for_host` gathers the facts (PreflightFacts, ServingState and ModelStaging, asked at
-the same time) and calls `decide`, a pure function of settings and facts. The plan command and
-deploy.py both call `plan_for_host`, so the plan shown is the deploy run; the steps read the
-HostReport and decide nothing again.
+`decide` is a pure function of the settings (with the controller files their loader read), the
+gathered facts (`Gathered`, from operations/runtime/gather.py) and the knowledge base: it reads
+no file, draws no random number and asks nothing (tests/unit/test_plan_is_pure.py). The plan
+command and deploy.py both call runtime/gather.plan_for_host, so the plan shown is the deploy
+run; the steps read the HostReport and decide nothing again.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 from dataclasses import dataclass, field
-from typing import cast
-
-from pyinfra.api.host import Host
-from pyinfra.facts.files import File
 
 from operations import kb as kbmod
 from operations import layout
-from operations.facts.engine import WheelhouseFiles
 from operations.facts.gpu import NvidiaSmi
 from operations.facts.host import Model, Resources
-from operations.facts.model import Staging, local_model
-from operations.facts.once import gathered, together
-from operations.facts.preflight import HostFacts, PreflightFacts
-from operations.facts.serve import Serving, serving_state
+from operations.facts.model import Staging
+from operations.facts.preflight import HostFacts
+from operations.facts.serve import Serving
 from operations.plan import drain as drainmod
 from operations.plan import (
     engine_plan,
@@ -41,10 +34,7 @@ from operations.plan.resolver.router import open_binds
 from operations.plan.staging import (
     ControllerScan,
     StageDecision,
-    controller_scan,
     decide_stage,
-    keep_keys,
-    model_staging,
 )
 from operations.plan.vocabulary import Decision, PlanJson
 from operations.settings import Settings
@@ -53,7 +43,7 @@ from operations.settings import Settings
 @dataclass
 class HostReport:
     settings: Settings
-    plan: resolver.HostPlan
+    plan: resolver.ResolvedHost
     failures: list[preflight.Failure] = field(default_factory=list)
     gpu: NvidiaSmi | None = None
     resources: Resources | None = None
@@ -148,106 +138,6 @@ class Gathered:
     hub_token: str | None = field(default=None, repr=False)
 
 
-def gather(host: Host, settings: Settings, router_list: str | None = None) -> Gathered:
-    """The facts of one host, each asked once per run (once.gathered), all at the same time:
-    the preflight facts, what serves and the staging plan.
-
-    The staging plan must be the one the stage run gets with the kept copies (--keep: the
-    copies the rank units name, known from ServingState). It is asked without them first:
-    keeping a copy only takes it out of the plan's leftovers, so when no leftover is a kept
-    copy the two answers are the same (tests/unit/test_staging_rule.py). Otherwise, as while a
-    roll onto a new copy is unfinished, it is asked again with them."""
-    source = settings.source
-    on_target = not (source.kind == "controller" and source.controller_dir is not None)
-    controller = None if on_target else controller_scan(str(source.controller_dir))
-    key = model_key(settings, None, controller)
-    wheelhouse = layout.engine_tree(settings).wheelhouse if settings.wheelhouse else None
-
-    def preflight_facts() -> HostFacts:
-        found: HostFacts = gathered(
-            PreflightFacts,
-            stage_dir=settings.model_stage_dir,
-            engine_root=settings.engine_root,
-            roots=[path for _, path in preflight.root_paths(settings)],
-            model_path=source.target_dir if on_target else None,
-            access=preflight.access_probe(settings),
-        )
-        return found
-
-    calls = [
-        preflight_facts,
-        lambda: serving_state(settings, router_list),
-        lambda: model_staging(settings, key, []),
-    ]
-    if wheelhouse is not None:
-        # The host's copy of the wheelhouse, for the engine plan's sync: with the others.
-        calls.append(lambda: gathered(WheelhouseFiles, path=wheelhouse) or {})
-    answers = together(*calls)
-    found, serving, staging = cast(tuple[HostFacts, Serving, "Staging | None"], answers[:3])
-    remote = cast(dict[str, int], answers[3]) if wheelhouse is not None else {}
-    keep = keep_keys(settings, rank_state.referenced_models(serving), key)
-    if staging is not None and any(layout.copy_key(settings, p) in keep for p in staging.leftovers):
-        staging = model_staging(settings, key, keep)
-    if key is None:
-        key = model_key(settings, staging, controller)
-    if on_target:
-        model = found.model if found.model is not None else Model(exists=False)
-    else:
-        assert source.controller_dir is not None
-        model = local_model(source.controller_dir)
-    cli = None
-    if source.kind == "hf" and (staging.hub_revision if staging else None) != source.revision:
-        # Only while the download is to do: a converged host never asks.
-        cli = bool(gathered(File, path=settings.model_hub_cli))
-    return Gathered(
-        host=found,
-        serving=serving,
-        staging=staging,
-        model=model,
-        model_key=key,
-        engine=engine_facts(host, settings, serving, remote),
-        controller=controller,
-        hub_cli_installed=cli,
-        hub_token=model_plan.hub_token(),
-    )
-
-
-def engine_facts(
-    host: Host, settings: Settings, serving: Serving, wheels_now: dict[str, int]
-) -> engine_plan.EngineFacts:
-    """The engine plan's facts: the host's from the ServingState fact (and WheelhouseFiles),
-    the controller's read here (its locks, relative to the deploy's directory as pyinfra
-    resolves local paths, and its wheelhouse)."""
-    run = getattr(host, "state", None)
-    cwd = run.cwd if run is not None and run.cwd else os.getcwd()
-    locks: dict[str, str] = {}
-    lock_dir = os.path.join(cwd, settings.engine_lock_dir)
-    for entry in (
-        sorted(os.scandir(lock_dir), key=lambda e: e.name) if os.path.isdir(lock_dir) else ()
-    ):
-        if entry.name.endswith(".lock") and entry.is_file():
-            with open(entry.path, "rb") as lock:
-                locks[entry.name] = hashlib.sha256(lock.read()).hexdigest()
-    wheels = None
-    if settings.wheelhouse and os.path.isdir(settings.wheelhouse):
-        # os.walk and os.path: pyinfra-testing fakes local files through those.
-        _, _, names = next(os.walk(settings.wheelhouse), ("", [], []))
-        wheels = {
-            n: os.path.getsize(os.path.join(settings.wheelhouse, n))
-            for n in sorted(names)
-            if n.endswith(".whl")
-        }
-    return engine_plan.EngineFacts(
-        state=serving.engine if serving.engine is not None else engine_plan.no_engine(),
-        cwd=cwd,
-        locks=locks,
-        wheels=wheels,
-        wheels_now=wheels_now,
-        referenced=frozenset(rank_state.referenced_env_names(serving, settings.engine_root)),
-        user_exists=serving.user_exists,
-    )
-
-
 def model_key(
     settings: Settings, staging: Staging | None, controller: ControllerScan | None = None
 ) -> str | None:
@@ -264,19 +154,6 @@ def model_key(
     return staging.source.digest if staging is not None and staging.source else None
 
 
-def plan_for_host(
-    host: Host, settings: Settings, inventory_settings: list[tuple[str, Settings]] | None = None
-) -> HostReport:
-    """`inventory_settings`: every host's settings, by name, for the router's worker list."""
-    knowledge = kbmod.load()
-    everyone = inventory_settings or [(host.name, settings)]
-    drain, _, _ = drainmod.decide(host.name, settings, everyone, knowledge)
-    listing = drain.list_url() if drain is not None else None
-    return decide(
-        host.name, settings, gather(host, settings, listing), knowledge, inventory_settings
-    )
-
-
 def decide(
     host_name: str,
     settings: Settings,
@@ -284,7 +161,11 @@ def decide(
     knowledge: kbmod.Knowledge,
     inventory_settings: list[tuple[str, Settings]] | None = None,
 ) -> HostReport:
-    """The host's report from its settings and facts: pure (tests/unit/test_host_report.py)."""
+    """The host's report from its settings and facts: pure (tests/unit/test_host_report.py,
+    tests/unit/test_plan_is_pure.py). One way down, each part decided once, from the settings
+    and the facts' values and what the parts before it decided: preflight, the resolution, the
+    router, the drain, the warnings, the monitoring; then, for a host preflight passes, the
+    staging, the serve plan and the engine and model steps' plans."""
     gpu, resources, model = facts.host.gpu, facts.host.resources, facts.model
     failures = preflight.check(settings, knowledge, gpu, resources, model, facts.host.access)
     resolver_facts = resolver.Facts(
@@ -342,7 +223,7 @@ def decide(
 
 
 def _step_plans(
-    settings: Settings, plan: resolver.HostPlan, facts: Gathered, decision: StageDecision
+    settings: Settings, plan: resolver.ResolvedHost, facts: Gathered, decision: StageDecision
 ) -> tuple[engine_plan.EnginePlan | None, model_plan.ModelPlan | None]:
     """The engine and model steps' plans; none while the resolver or the staging refuses."""
     spec = plan.engine

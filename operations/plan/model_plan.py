@@ -1,6 +1,6 @@
 """The model step's plan: everything operations/steps/model.py carries out, decided once from the
 settings, the staging decision (operations/plan/staging.py) and the facts the plan gathered
-(host_plan.gather): the ServingState fact's digests and unit state, the ModelStaging fact,
+(runtime/gather.py): the ServingState fact's digests and unit state, the ModelStaging fact,
 the controller's scan of a controller source (once per run), whether the hub CLI is installed
 (asked only while a hub download is to do) and the controller's HF_TOKEN.
 
@@ -11,17 +11,16 @@ it) so the plan shows it.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from operations import layout
 from operations.facts.model import script_text
 from operations.kb.pins import hub_requirements
 from operations.layout import HUB_TOKEN_FILE, STAGE_UNIT
+from operations.plan.capacity import STAGE_HEADROOM
 from operations.plan.planned_files import PlannedFile, planned
-from operations.plan.preflight import STAGE_HEADROOM
 from operations.plan.staging import ControllerScan, StageDecision
-from operations.plan.vocabulary import ModelStepJson
+from operations.plan.vocabulary import ModelStepJson, StageScriptMode
 from operations.render import units
 from operations.settings import Settings
 
@@ -34,7 +33,7 @@ def stage_command(
     source_dir: str,
     stage_dir: str,
     slug: str,
-    mode: str,
+    mode: StageScriptMode,
     verify: str,
     bwlimit_mbps: float | None,
     python: str = "python3",
@@ -46,7 +45,7 @@ def stage_command(
 ) -> list[str]:
     """The one command line of a staging run: the deploy and the boot unit both use it.
     key: the copy's name the rank units use; keep: copies units still name (not removed);
-    headroom: the capacity rule's (preflight.STAGE_HEADROOM), which the script applies."""
+    headroom: the capacity rule's (capacity.STAGE_HEADROOM), which the script applies."""
     argv = [python, script, "stage", source_dir, stage_dir, slug, "--mode", mode]
     argv += ["--verify", verify]
     if key is not None:
@@ -213,8 +212,3 @@ def decide(
         key=key,
         files=tuple(files),
     )
-
-
-def hub_token() -> str | None:
-    """The controller's hub token (its environment), read once by the plan's gather."""
-    return os.environ.get(TOKEN_ENV) or None

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 from operations import layout
 from operations.plan.vocabulary import Decision, MonitoringJson, TargetGroupJson
+from operations.render.dashboard import DASHBOARD_SOURCE as DASHBOARD_SOURCE
 from operations.settings import Settings
 
-DASHBOARD_SOURCE = Path(__file__).parent.parent / "render" / "grafana-dashboard.json"
 ROUTER_RANK = "router"
 
 

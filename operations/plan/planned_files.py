@@ -10,15 +10,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from operations.layout import ManagedFile
 from operations.plan.vocabulary import FileJson
 
 
-def content_bytes(src: str | bytes | Path) -> bytes:
-    if isinstance(src, Path):
-        return src.expanduser().read_bytes()
+def content_bytes(src: str | bytes) -> bytes:
     return src.encode() if isinstance(src, str) else src
 
 
@@ -50,7 +47,8 @@ class PlannedFile:
     name: str = ""
     # Its text is shown by the plan (units).
     shown: bool = False
-    # A key generated for this run.
+    # A key the step that writes it generates (no content here: the plan draws no random
+    # number, and shows nothing of it).
     generated: bool = False
 
     @property
@@ -73,6 +71,8 @@ class PlannedFile:
     def changes(self) -> bool | None:
         """Whether writing it changes the host's content; None: not known before the write
         (the facts do not read it; its write reads the FileAt fact and may find it current)."""
+        if self.generated:
+            return True  # planned only where there is none yet
         return self.sha256 != self.sha256_now if self.read else None
 
     def to_json(self) -> FileJson:
@@ -99,11 +99,10 @@ class PlannedFile:
 def planned(
     name: str,
     entry: ManagedFile,
-    src: str | bytes | Path,
+    src: str | bytes,
     digests: Mapping[str, str],
     *,
     shown: bool = False,
-    generated: bool = False,
 ) -> PlannedFile:
     """The plan's write of a registry entry (layout.managed_files): `digests`, the ServingState
     fact's sha256s by path (Serving.files, or the rank units' by their path); the entry's
@@ -121,5 +120,22 @@ def planned(
         dir_group=entry.dir_group,
         name=name,
         shown=shown,
-        generated=generated,
+    )
+
+
+def generated_key(name: str, entry: ManagedFile) -> PlannedFile:
+    """A key file the plan names and the step that writes it generates (a secret entry: its
+    write reads the file's mode and owners, and the key is made with its final mode before its
+    first byte)."""
+    return PlannedFile(
+        path=entry.path,
+        mode=entry.mode,
+        owner=entry.owner,
+        group=entry.group,
+        secret=entry.secret,
+        read=entry.checksummed,
+        dir_mode=entry.dir_mode,
+        dir_group=entry.dir_group,
+        name=name,
+        generated=True,
     )

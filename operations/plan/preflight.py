@@ -12,12 +12,14 @@ from operations import layout
 from operations.facts.gpu import PROBE_UNIT, GpuAccess, NodeAccess, NvidiaSmi
 from operations.facts.host import Model, PathStat, Resources
 from operations.kb import Knowledge, version
+from operations.plan.capacity import GIB, STAGE_HEADROOM, gib, ram_per_rank
+
+# The container's memory rule, as pve.py and preflight's checks both use it.
+from operations.plan.capacity import memory_high as memory_high
+from operations.plan.capacity import memory_needed as memory_needed
 from operations.render import units
 from operations.settings import Settings
 
-GIB = 1024**3
-# tmpfs bookkeeping and small files beside the weights: a copy needs 2% more than its size.
-STAGE_HEADROOM = 1.02
 # A fresh engine environment (torch + CUDA libraries + kernels) takes about 12 GB.
 ENGINE_ENV_BYTES = 15 * GIB
 
@@ -47,24 +49,6 @@ class Failure:
     fix: str
 
 
-@dataclass(frozen=True)
-class StageRoom:
-    """How a model copy fits the tmpfs: the plan prints it, the model step follows it.
-
-    mode "beside": the new copy goes next to the current one, servers keep running until the
-    switch; "inplace": the current copy is removed first, with the servers stopped; None: it
-    does not fit either way (why says so, with the numbers).
-    """
-
-    mode: str | None
-    copy_bytes: int
-    why: str
-
-
-def ram_per_rank(settings: Settings) -> int:
-    return int(settings.ram_per_rank_gb * GIB)
-
-
 def model_bytes(settings: Settings, kb: Knowledge, measured: int | None) -> int | None:
     """The model's size: as measured on the host, else the knowledge base's size_gb for
     model_name, else unknown."""
@@ -72,24 +56,6 @@ def model_bytes(settings: Settings, kb: Knowledge, measured: int | None) -> int 
     if measured is None and known is not None and known.size_gb is not None:
         return int(known.size_gb * 1e9)
     return measured
-
-
-# pve-container sets memory.high below the configured memory (memory.max): 128 MiB below it from
-# 16 GiB up, 1016/1024 of it below 16 GiB (proxmox/pve-container src/PVE/LXC/Config.pm,
-# calculate_memory_constraints). Above memory.high the container is throttled and reclaimed hard.
-HIGH_MARGIN = 128 * 1024**2
-HIGH_MARGIN_FROM = 16 * GIB
-
-
-def memory_high(limit: int) -> int:
-    """The memory.high pve-container derives from a container memory (memory.max) of limit bytes."""
-    return limit - HIGH_MARGIN if limit >= HIGH_MARGIN_FROM else limit * 1016 // 1024
-
-
-def memory_in_use(settings: Settings, size: int) -> int:
-    """What the deploy keeps in the container's memory: the model staged in tmpfs (its pages count
-    against the limit) plus dp_size ranks of ram_per_rank_gb."""
-    return size + settings.dp_size * ram_per_rank(settings)
 
 
 # SGLang's host memory per server beside the weights, as docs/model.md ("Host memory per rank")
@@ -107,47 +73,6 @@ def ram_per_rank_warning(settings: Settings) -> str | None:
         f"{settings.origin('ram_per_rank_gb')}) is below {RAM_PER_RANK_FLOOR_GB:g} GiB, SGLang's "
         "host memory per server beside the weights (docs/model.md): ranks may be throttled at "
         "memory.high or OOM-killed"
-    )
-
-
-def memory_needed(settings: Settings, size: int) -> int:
-    """The smallest container memory limit (memory.max) whose memory.high still holds
-    memory_in_use: pve.py sizes the container by it, preflight judges the container by it."""
-    use = memory_in_use(settings, size)
-    if use + HIGH_MARGIN >= HIGH_MARGIN_FROM:
-        return use + HIGH_MARGIN
-    return -(-use * 1024 // 1016)
-
-
-def stage_room(
-    settings: Settings, resources: Resources, size: int, copy_bytes: int, current_bytes: int
-) -> StageRoom:
-    """The one capacity rule for staging: free tmpfs space and the memory limit, with headroom.
-
-    size: the whole model; copy_bytes: what must be copied (unchanged files are hard links to
-    the current copy); current_bytes: the current copy, freed by an in-place swap.
-    """
-    free = resources.stage_free_bytes
-    limit = resources.memory_limit_bytes
-    ranks = settings.dp_size * ram_per_rank(settings)
-    need = int(copy_bytes * STAGE_HEADROOM)
-    # Both copies and the ranks must fit under memory.high, as memory_needed's rule does.
-    in_memory = current_bytes + copy_bytes + ranks
-    if (free is None or free >= need) and (limit is None or memory_high(limit) >= in_memory):
-        return StageRoom("beside", copy_bytes, f"{gib(copy_bytes)} to copy, {gib(free)} free")
-    beside_why = (
-        f"{gib(need)} needed beside the current copy ({gib(current_bytes)}), "
-        f"{gib(free)} free in {settings.model_stage_dir}, memory limit {gib(limit)}"
-    )
-    whole = int(size * STAGE_HEADROOM)
-    if current_bytes and (free is None or free + current_bytes >= whole):
-        return StageRoom("inplace", size, f"{beside_why}: replacing it with the servers stopped")
-    return StageRoom(
-        None,
-        copy_bytes,
-        f"the model needs {gib(need)} = {need} bytes in {settings.model_stage_dir}; "
-        f"{gib(free)} = {free} bytes free (current copy {gib(current_bytes)}); "
-        "nothing was copied",
     )
 
 
@@ -333,11 +258,6 @@ def unsafe_roots(settings: Settings, resources: Resources) -> list[tuple[str, st
     return found
 
 
-def gib(n: int | None) -> str:
-    """A size in bytes as every message shows it: GiB, one decimal ("unknown": None)."""
-    return "unknown" if n is None else f"{n / GIB:.1f} GiB"
-
-
 def check(
     settings: Settings,
     kb: Knowledge,
@@ -346,12 +266,23 @@ def check(
     model: Model,
     access: GpuAccess | None = None,
 ) -> list[Failure]:
+    """Every reason this host cannot run the plan, in the order a user fixes them: the GPUs,
+    the root-only paths, the device nodes and their access, the model and its room, the
+    release's needs of the host, the host itself."""
     s = settings
-    failures: list[Failure] = []
+    return [
+        *gpu_failures(s, kb, gpu),
+        *root_failures(s, resources),
+        *node_failures(s, resources),
+        *access_failures(s, access),
+        *model_failures(s, kb, model, resources),
+        *release_failures(s, kb, resources),
+        *host_failures(s, resources),
+    ]
 
-    def fail(check: str, expected: str, found: str, fix: str) -> None:
-        failures.append(Failure(check, expected, found, fix))
 
+def gpu_failures(s: Settings, kb: Knowledge, gpu: NvidiaSmi) -> list[Failure]:
+    """nvidia-smi answers, with gpu_count GPUs of gpu_compute_cap and a CUDA user space."""
     if not gpu.ok:
         error = gpu.error or "no output"
         if "mismatch" in error.lower():
@@ -360,38 +291,48 @@ def check(
             fix = "install the NVIDIA driver user space (nvidia-smi) in the container"
         else:
             fix = NO_DRIVER_FIX
-        fail("nvidia-smi answers", "a list of GPUs", error, fix)
-    else:
-        if len(gpu.gpus) != s.gpu_count:
-            fail(
+        return [Failure("nvidia-smi answers", "a list of GPUs", error, fix)]
+    failures = []
+    if len(gpu.gpus) != s.gpu_count:
+        failures.append(
+            Failure(
                 "GPU count",
                 f"{s.gpu_count} GPUs (gpu_count)",
                 f"{len(gpu.gpus)}: {', '.join(sorted({g.name for g in gpu.gpus})) or 'none'}",
                 "pass every GPU into the container, or set gpu_count (and dp_size) to match",
             )
-        if gpu.cuda_version is None:
-            fail(
+        )
+    if gpu.cuda_version is None:
+        failures.append(
+            Failure(
                 "CUDA user space",
                 "nvidia-smi's banner naming the CUDA version the driver supports",
                 "CUDA Version: N/A (libcuda is not visible in the container)",
                 "install the driver's user-space libraries in the container (libcuda.so.1, the "
                 "same version as the node's driver; the NVIDIA .run with --no-kernel-module)",
             )
-        wrong = [g for g in gpu.gpus if g.compute_cap != s.gpu_compute_cap]
-        if wrong:
-            caps = ", ".join(sorted({f"{g.name} ({g.compute_cap})" for g in wrong}))
-            chip = kb.gpus.get(s.gpu_compute_cap)
-            arch = chip.arch if chip else s.gpu_compute_cap
-            fail(
+        )
+    wrong = [g for g in gpu.gpus if g.compute_cap != s.gpu_compute_cap]
+    if wrong:
+        caps = ", ".join(sorted({f"{g.name} ({g.compute_cap})" for g in wrong}))
+        chip = kb.gpus.get(s.gpu_compute_cap)
+        arch = chip.arch if chip else s.gpu_compute_cap
+        failures.append(
+            Failure(
                 "compute capability",
                 f"{s.gpu_compute_cap} ({arch}) on every GPU (gpu_compute_cap)",
                 caps,
                 "this deploy is planned for another GPU: set gpu_compute_cap for this host, "
                 "after checking the knowledge base supports it",
             )
+        )
+    return failures
 
-    for key, path, component, why in unsafe_roots(s, resources):
-        fail(
+
+def root_failures(s: Settings, resources: Resources) -> list[Failure]:
+    """Every directory root writes or runs under, and each one above it, root-only."""
+    return [
+        Failure(
             "root-only paths",
             f"{key} {path} and every directory above it owned by root and writable by root "
             "only (root writes or runs what is under it)",
@@ -399,11 +340,18 @@ def check(
             f"chown root:root {component} && chmod go-w {component}"
             + (f", or set {key} to a directory only root writes to" if "_" in key else ""),
         )
+        for key, path, component, why in unsafe_roots(s, resources)
+    ]
 
+
+def node_failures(s: Settings, resources: Resources) -> list[Failure]:
+    """The CUDA device nodes and one per GPU, in the container."""
     expected_nodes = [*layout.CUDA_NODES, *(layout.gpu_node(i) for i in range(s.gpu_count))]
     missing = [n for n in expected_nodes if n not in resources.device_nodes]
-    if missing:
-        fail(
+    if not missing:
+        return []
+    return [
+        Failure(
             "GPU device nodes",
             ", ".join(expected_nodes),
             f"missing {', '.join(missing)}",
@@ -411,34 +359,48 @@ def check(
             "... bind), "
             "nvidia-uvm included: CUDA needs it",
         )
+    ]
 
-    failures += access_failures(s, access)
 
-    size = model_bytes(s, kb, model.size_bytes)
+def model_failures(s: Settings, kb: Knowledge, model: Model, resources: Resources) -> list[Failure]:
+    """The model's source is a model directory, and its size fits the tmpfs and the memory."""
+    failures = []
     source = s.source
     where = source.controller_dir if source.kind == "controller" else source.target_dir
     on = "the controller" if source.kind == "controller" else "the target"
     if source.kind == "hf" and not model.exists:
         pass  # downloaded by the model step; its size comes from the knowledge base until then
     elif not model.exists:
-        fail(
-            "model source",
-            f"a model directory at {where} on {on} (model_source {s.model_source})",
-            "no such directory",
-            "mount the weights into the container at model_source, or set model_source",
+        failures.append(
+            Failure(
+                "model source",
+                f"a model directory at {where} on {on} (model_source {s.model_source})",
+                "no such directory",
+                "mount the weights into the container at model_source, or set model_source",
+            )
         )
     elif model.architecture is None:
-        fail(
-            "model config",
-            f"{where}/config.json naming the architecture",
-            model.config_error or "unreadable",
-            "point model_source at a Hugging Face model directory (config.json + shards)",
+        failures.append(
+            Failure(
+                "model config",
+                f"{where}/config.json naming the architecture",
+                model.config_error or "unreadable",
+                "point model_source at a Hugging Face model directory (config.json + shards)",
+            )
         )
-
+    size = model_bytes(s, kb, model.size_bytes)
     if size is not None:
-        need = int(size * STAGE_HEADROOM)
-        if resources.stage_total_bytes is not None and resources.stage_total_bytes < need:
-            fail(
+        failures += room_failures(s, resources, size)
+    return failures
+
+
+def room_failures(s: Settings, resources: Resources, size: int) -> list[Failure]:
+    """A model of `size` bytes fits the stage tmpfs, and beside the ranks the memory limit."""
+    failures = []
+    need = int(size * STAGE_HEADROOM)
+    if resources.stage_total_bytes is not None and resources.stage_total_bytes < need:
+        failures.append(
+            Failure(
                 f"{s.model_stage_dir} size",
                 f">= {gib(need)} = {need} bytes (the model, {gib(size)}, plus 2%); "
                 "nothing was copied",
@@ -446,10 +408,12 @@ def check(
                 f"enlarge the tmpfs (mount -o remount,size=... {s.model_stage_dir}, or the "
                 "container's /dev/shm size) or set model_stage_dir",
             )
-        limit = resources.memory_limit_bytes
-        needed = memory_needed(s, size)
-        if limit is not None and limit < needed:
-            fail(
+        )
+    limit = resources.memory_limit_bytes
+    needed = memory_needed(s, size)
+    if limit is not None and limit < needed:
+        failures.append(
+            Failure(
                 "container memory",
                 f">= {gib(needed)} (model {gib(size)} in tmpfs + {s.dp_size} ranks x "
                 f"{gib(ram_per_rank(s))}, ram_per_rank_gb, + Proxmox's 128 MiB memory.high "
@@ -458,21 +422,31 @@ def check(
                 "raise the container's memory limit (pct set CTID --memory MiB): /dev/shm "
                 "pages count against it",
             )
+        )
+    return failures
 
+
+def release_failures(s: Settings, kb: Knowledge, resources: Resources) -> list[Failure]:
+    """What the pinned release needs of the host: its glibc, a Python it is built for."""
     release = kb.releases.get(s.sglang_version)
-    if release is not None:
-        floor = release.glibc
-        if resources.glibc is None or version(resources.glibc) < version(floor):
-            fail(
+    if release is None:
+        return []
+    failures = []
+    floor = release.glibc
+    if resources.glibc is None or version(resources.glibc) < version(floor):
+        failures.append(
+            Failure(
                 "glibc",
                 f">= {floor} (the wheels of sglang {s.sglang_version} need it)",
                 resources.glibc or "unknown",
                 "use a newer distribution in the container (Debian 12 has 2.36)",
             )
-        # The engine is locked and built for the host's own Python (uv never downloads one).
-        if resources.python is not None and release.python.minor_of(resources.python) is None:
-            supported = ", ".join(release.python.versions)
-            fail(
+        )
+    # The engine is locked and built for the host's own Python (uv never downloads one).
+    if resources.python is not None and release.python.minor_of(resources.python) is None:
+        supported = ", ".join(release.python.versions)
+        failures.append(
+            Failure(
                 "Python",
                 f"python3 {supported} (sglang {s.sglang_version} is built for these only: "
                 f"{release.python.why})",
@@ -480,22 +454,35 @@ def check(
                 f"install python3 {supported} (with python3-venv) in the container (Debian 12 "
                 "has 3.11, Ubuntu 24.04 3.12), or pin a release built for this one",
             )
+        )
+    return failures
+
+
+def host_failures(s: Settings, resources: Resources) -> list[Failure]:
+    """systemd as init, no ROCm tree, disk for an engine."""
+    failures = []
     if resources.systemd is None:
-        fail("systemd", "systemd as init", "not found", "run a systemd-based container")
+        failures.append(
+            Failure("systemd", "systemd as init", "not found", "run a systemd-based container")
+        )
     if resources.rocm:
-        fail(
-            "rocm",
-            "no /opt/rocm in the container",
-            "/opt/rocm exists",
-            "remove it (or run the engine where it is absent): apache-tvm-ffi, which compiles "
-            "SGLang's own kernels at run time, takes /opt/rocm as a ROCm host and runs hipcc "
-            "instead of the engine's nvcc (https://github.com/sgl-project/sglang/issues/30120)",
+        failures.append(
+            Failure(
+                "rocm",
+                "no /opt/rocm in the container",
+                "/opt/rocm exists",
+                "remove it (or run the engine where it is absent): apache-tvm-ffi, which compiles "
+                "SGLang's own kernels at run time, takes /opt/rocm as a ROCm host and runs hipcc "
+                "instead of the engine's nvcc (https://github.com/sgl-project/sglang/issues/30120)",
+            )
         )
     if resources.engine_free_bytes is not None and resources.engine_free_bytes < ENGINE_ENV_BYTES:
-        fail(
-            "disk for engines",
-            f">= {gib(ENGINE_ENV_BYTES)} free under {s.engine_root}",
-            gib(resources.engine_free_bytes),
-            "free disk space or grow the container's root disk (pct resize)",
+        failures.append(
+            Failure(
+                "disk for engines",
+                f">= {gib(ENGINE_ENV_BYTES)} free under {s.engine_root}",
+                gib(resources.engine_free_bytes),
+                "free disk space or grow the container's root disk (pct resize)",
+            )
         )
     return failures

@@ -37,7 +37,7 @@ from operations.facts.pve import (
     PveVersions,
 )
 from operations.kb import Knowledge, version
-from operations.plan import preflight
+from operations.plan import capacity, preflight
 from operations.redact import redact
 from operations.render import units
 from operations.settings import Settings
@@ -401,8 +401,8 @@ def _memory(host_name: str, s: Settings, kb: Knowledge, facts: PveFacts, result:
     if size is not None and caps and size > min(caps):
         size = min(caps)
     sources = (
-        f"measured by the node {preflight.gib(measured)} (real blocks), knowledge base "
-        f"{preflight.gib(known_bytes)}, node MemTotal {preflight.gib(node_mem)}"
+        f"measured by the node {capacity.gib(measured)} (real blocks), knowledge base "
+        f"{capacity.gib(known_bytes)}, node MemTotal {capacity.gib(node_mem)}"
     )
     if size is None:
         err(

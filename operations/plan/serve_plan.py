@@ -24,10 +24,8 @@ operations/steps/smoke.py carry it out without deciding again:
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from operations import layout
 from operations.facts.serve import Serving
@@ -35,13 +33,14 @@ from operations.kb.pins import PinError, router_requirements
 from operations.plan import rank_state
 from operations.plan.drain import DrainPlan
 from operations.plan.engine_spec import tools_uv_config
-from operations.plan.monitoring import DASHBOARD_SOURCE, MonitoringPlan
-from operations.plan.planned_files import PlannedFile, planned, sha256
+from operations.plan.monitoring import MonitoringPlan
+from operations.plan.planned_files import PlannedFile, generated_key, planned, sha256
 from operations.plan.resolver import Rank, RouterPlan
 from operations.plan.resolver.router import control_key_text
 from operations.plan.resolver.router import key_changes as router_key_changes
 from operations.plan.vocabulary import FileJson, RouterStepJson, ServeJson, SmokeJson
 from operations.render import units
+from operations.render.dashboard import dashboard_text
 from operations.render.host_scripts import script_text
 from operations.settings import Settings
 
@@ -105,12 +104,30 @@ def roll_plan(
 
 
 def secrets_text(settings: Settings) -> str | None:
-    """The options file that carries the API key; None when no key is configured."""
-    if not settings.api_key_file:
+    """The options file that carries the API key, from the key the settings loader read; None
+    when no key is configured or it could not be read (settings.controller_problems refuses
+    that before any plan)."""
+    read = settings.controller_files.api_key
+    key = read.key if settings.api_key_file and read is not None else None
+    if not key:
         return None
-    key = Path(settings.api_key_file).expanduser().read_text().strip()
     # JSON string syntax is valid YAML and escapes whatever the key holds.
     return f"api-key: {json.dumps(key)}\n"
+
+
+def _unread_keys(settings: Settings) -> list[str]:
+    """A key file the settings name whose text the loader does not hold: nothing about it is
+    decided (settings.controller_problems names the reason)."""
+    errors = []
+    if settings.api_key_file and secrets_text(settings) is None:
+        errors.append(f"api_key_file {settings.api_key_file!r}: no key was read from it")
+    router = settings.router
+    if router is not None and router.control_plane_key_file and control_key_text(settings) is None:
+        errors.append(
+            f"router.control_plane_key_file {router.control_plane_key_file!r}: no key was read "
+            "from it"
+        )
+    return errors
 
 
 def router_restarts(serving: Serving, plan: RouterPlan, key_changes: bool = False) -> bool:
@@ -139,7 +156,7 @@ def smoke_targets(
     return targets
 
 
-def router_workers(settings: Settings) -> list[str]:
+def ranks_behind_router(settings: Settings) -> list[str]:
     """The script's --router-worker UNIT=URL arguments: every rank of this host, as the host
     reaches it. A request through the router carries the key on to a rank, so each one that
     listens is checked as the router is (files/smoke.py)."""
@@ -157,14 +174,15 @@ class SmokeRequests:
 
     python: str = ""
     targets: list[str] = field(default_factory=list)
-    router_workers: list[str] = field(default_factory=list)
+    # This host's ranks the router forwards a request (and its key) to: UNIT=URL each.
+    ranks_behind_router: list[str] = field(default_factory=list)
 
 
 def _smoke_json(smoke: SmokeRequests) -> SmokeJson:
     return {
         "python": smoke.python,
         "targets": smoke.targets,
-        "router_workers": smoke.router_workers,
+        "router_workers": smoke.ranks_behind_router,
     }
 
 
@@ -176,7 +194,7 @@ class RouterStep:
     version: str
     env_dir: str
     engine_root: str
-    # The marker is missing: the environment is built afresh (router_env).
+    # The marker is missing: the environment is built afresh (steps/serve.py's install).
     install: bool
     # The pinned requirements the install writes into the environment and installs from.
     requirements: PlannedFile
@@ -224,7 +242,7 @@ class ServePlan:
     # How a batch leaves and rejoins the router (None: not drain-protected).
     drain: DrainPlan | None = None
     # Serving, unchanged ranks the router does not list: an interrupted run took them out (a
-    # drain) and never put them back. They rejoin (router_workers in) with no restart.
+    # drain) and never put them back. They rejoin (the drain script's `in`) with no restart.
     readmit: list[int] = field(default_factory=list)
     # The serve step's files, in the order it writes them (scripts, the API key file, the
     # target unit, the monitoring files), and whether the target unit is new.
@@ -317,12 +335,15 @@ def serve_plan(
     """The serve and smoke steps' decisions for this host (router: set on the router's host;
     watched: the monitoring files; python_minor: the host's python3, "3.11", the router's)."""
     s = settings
+    # What the fact read of every file these steps write, handed to planned_files once.
+    write = _Writer(s, file_digests(serving))
     secret = secrets_text(s)
     secret_changed = secret is not None and serving.files.get(layout.SECRETS_FILE) != sha256(secret)
     roll = roll_plan(ranks, serving, s.restart_batch_size, secret_changed)
-    router_restart = router is not None and router_restarts(
-        serving, router, router_key_changes(s, serving.files, runs_router=True)
-    )
+    # Whether this run writes the control-plane key here: decided once, for the key and the
+    # router's restart.
+    key_due = router_key_changes(s, serving.files, runs_router=router is not None)
+    router_restart = router is not None and router_restarts(serving, router, key_due)
 
     batch_smoke: list[SmokeRequests | None] = []
     for batch in roll.batches:
@@ -340,7 +361,7 @@ def serve_plan(
         if targets:
             python = layout.env_python((asked or list(ranks))[0].engine_env)
             through = any(t.startswith(f"{ROUTER_TARGET}=") for t in targets)
-            smoke = SmokeRequests(python, targets, router_workers(s) if through else [])
+            smoke = SmokeRequests(python, targets, ranks_behind_router(s) if through else [])
 
     keep = {r.model_path for r in ranks}
     keys = sorted(k for p in keep if (k := layout.copy_key(s, p)) is not None)
@@ -350,15 +371,15 @@ def serve_plan(
         if serving.model_target:
             present.add(layout.stage_tree(s).entry(serving.model_target))
         doomed = sorted(p for p in present - keep if layout.copy_key(s, p) is not None)
-    errors: list[str] = []
+    errors = _unread_keys(s)
     router_step = None
     if router is not None:
         try:
-            router_step = _router_step(s, router, serving, router_restart, python_minor)
+            router_step = _router_step(write, router, router_restart, python_minor)
         except PinError as e:
             errors.append(f"router version {router.version!r}: {e}")
     serve_files, smoke_files = _serve_files(
-        s, serving, secret, drain, batch_smoke, watched, rolls=bool(roll.batches)
+        write, secret, drain, batch_smoke, watched, rolls=bool(roll.batches)
     )
     return ServePlan(
         roll=roll,
@@ -366,15 +387,15 @@ def serve_plan(
         target_changes=any(
             f.changes is not False for f in serve_files if f.path == layout.unit_path(layout.TARGET)
         ),
-        rank_units=_rank_units(s, [*roll.start, *roll.rolled], serving),
+        rank_units=_rank_units(write, [*roll.start, *roll.rolled]),
         smoke_files=smoke_files,
-        control_plane_key=_control_plane_key(s, serving, runs_router=router is not None),
+        control_plane_key=_control_plane_key(write) if key_due else None,
         router=router_step,
         errors=errors,
         readmit=left_out(roll, serving, drain),
         secret=secret,
         secret_changed=secret_changed,
-        remove_secret=secret is None and layout.SECRETS_FILE in serving.files,
+        remove_secret=not s.api_key_file and layout.SECRETS_FILE in serving.files,
         router_restart=router_restart,
         batch_smoke=batch_smoke,
         smoke=smoke,
@@ -397,9 +418,30 @@ def _asked_in_roll(rank: Rank, roll: RollPlan, drain: DrainPlan | None, s: Setti
     return drain is not None and s.smoke_requests and rank in roll.rolled
 
 
+def file_digests(serving: Serving) -> dict[str, str]:
+    """The sha256 the ServingState fact read of each file the serve and smoke steps write, by
+    path: the managed files', and each rank unit's (read by glob)."""
+    digests = dict(serving.files)
+    for rank, unit in serving.ranks.items():
+        if unit.unit_sha256 is not None:
+            digests[layout.rank_unit_path(rank)] = unit.unit_sha256
+    return digests
+
+
+@dataclass(frozen=True)
+class _Writer:
+    """The plan's write of a registry entry with what the fact read of it (planned_files)."""
+
+    settings: Settings
+    digests: Mapping[str, str]
+
+    def file(self, name: str, path: str, src: str | bytes, shown: bool = False) -> PlannedFile:
+        entry = layout.managed_file(self.settings, path)
+        return planned(name, entry, src, self.digests, shown=shown)
+
+
 def _serve_files(
-    s: Settings,
-    serving: Serving,
+    write: _Writer,
     secret: str | None,
     drain: DrainPlan | None,
     batch_smoke: Sequence[SmokeRequests | None],
@@ -409,11 +451,7 @@ def _serve_files(
     """The serve step's files in the order it writes them, and the smoke step's: the request
     script goes with the serve step when a drained batch is asked before it rejoins, else with
     the smoke step (shipped either way, for `status --probe`)."""
-    now = serving.files
-
-    def file(name: str, path: str, src: str | bytes | Path, shown: bool = False) -> PlannedFile:
-        return planned(name, layout.managed_file(s, path), src, now, shown=shown)
-
+    file = write.file
     files = [file("health-wait script", layout.WAIT_SCRIPT, script_text("wait_healthy.py"))]
     if rolls:
         # Only a roll runs it (each batch is one host command): a converged run has no
@@ -438,89 +476,58 @@ def _serve_files(
     files.append(file(layout.TARGET, target, units.target_unit(), shown=True))
     if watched is not None:
         files.append(file("Prometheus targets file", watched.targets_file, watched.targets_text()))
-        files.append(file("Grafana dashboard", watched.dashboard_file, DASHBOARD_SOURCE))
+        files.append(file("Grafana dashboard", watched.dashboard_file, dashboard_text()))
     return files, smoke_files
 
 
-def _rank_units(s: Settings, ranks: Sequence[Rank], serving: Serving) -> dict[int, PlannedFile]:
+def _rank_units(write: _Writer, ranks: Sequence[Rank]) -> dict[int, PlannedFile]:
     """The unit file of each rank the step writes, with the digest the fact read (by glob)."""
-    now: dict[str, str] = {}
-    for rank, unit in serving.ranks.items():
-        if unit.unit_sha256 is not None:
-            now[layout.rank_unit_path(rank)] = unit.unit_sha256
     return {
-        r.rank: planned(
-            r.unit_name,
-            layout.managed_file(s, layout.rank_unit_path(r.rank)),
-            r.unit,
-            now,
-            shown=True,
-        )
+        r.rank: write.file(r.unit_name, layout.rank_unit_path(r.rank), r.unit, shown=True)
         for r in ranks
     }
 
 
-def _control_plane_key(s: Settings, serving: Serving, runs_router: bool) -> PlannedFile | None:
-    """The router's control-plane key on every host behind it, when this run writes it: the
-    controller's router.control_plane_key_file, or, unset, one generated here once with the
-    CSPRNG (`secrets`) and kept. Root only: systemd hands the router unit a copy
-    (LoadCredential=)."""
-    if not router_key_changes(s, serving.files, runs_router=runs_router):
-        return None
+def _control_plane_key(write: _Writer) -> PlannedFile:
+    """The router's control-plane key on every host behind it, when this run writes it
+    (resolver/router.key_changes): the controller's router.control_plane_key_file, or, unset,
+    one the step that writes it generates once (steps/host_files.put_planned, with the CSPRNG)
+    and that is kept. Root only: systemd hands the router unit a copy (LoadCredential=)."""
+    s = write.settings
+    name = "Router: control-plane key (root only)"
     text = control_key_text(s)
-    return planned(
-        "Router: control-plane key (root only)",
-        layout.managed_file(s, layout.CONTROL_PLANE_KEY_FILE),
-        text if text is not None else secrets.token_urlsafe(32) + "\n",
-        serving.files,
-        generated=text is None,
-    )
+    if text is None:
+        return generated_key(name, layout.managed_file(s, layout.CONTROL_PLANE_KEY_FILE))
+    return write.file(name, layout.CONTROL_PLANE_KEY_FILE, text)
 
 
-def _router_step(
-    s: Settings, plan: RouterPlan, serving: Serving, restart: bool, python: str | None
-) -> RouterStep:
+def _router_step(write: _Writer, plan: RouterPlan, restart: bool, python: str | None) -> RouterStep:
     """The router's part of the serve step (raises PinError: no pinned requirements)."""
     if python is None:
         raise PinError("the host's python3 is not known")
-    now: Mapping[str, str] = serving.files
+    s, file = write.settings, write.file
     tree = layout.engine_tree(s)
-    install = layout.router_marker(plan.env_dir) not in now
+    install = layout.router_marker(plan.env_dir) not in write.digests
     uv_config = None
     if install:
         # Root-only: the main index URL may carry credentials.
         wheelhouse_dir = tree.wheelhouse if s.wheelhouse else None
-        uv_config = planned(
-            "Router: uv.toml",
-            layout.managed_file(s, tree.uv_config),
-            tools_uv_config(s, wheelhouse_dir),
-            now,
-        )
+        uv_config = file("Router: uv.toml", tree.uv_config, tools_uv_config(s, wheelhouse_dir))
     return RouterStep(
         version=plan.version,
         env_dir=plan.env_dir,
         engine_root=s.engine_root,
         install=install,
-        requirements=planned(
+        requirements=file(
             "Router: requirements",
-            layout.managed_file(s, layout.env_requirements(plan.env_dir)),
+            layout.env_requirements(plan.env_dir),
             router_requirements(plan.version, python),
-            now,
         ),
         uv_config=uv_config,
-        launcher=planned(
-            "Router: launcher",
-            layout.managed_file(s, layout.ROUTER_LAUNCH_SCRIPT),
-            script_text("router_launch.py"),
-            now,
+        launcher=file(
+            "Router: launcher", layout.ROUTER_LAUNCH_SCRIPT, script_text("router_launch.py")
         ),
-        unit=planned(
-            "Router: unit",
-            layout.managed_file(s, layout.unit_path(layout.ROUTER_UNIT)),
-            plan.unit,
-            now,
-            shown=True,
-        ),
+        unit=file("Router: unit", layout.unit_path(layout.ROUTER_UNIT), plan.unit, shown=True),
         restart=restart,
         health_url=plan.health_url,
     )

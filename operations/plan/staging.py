@@ -8,7 +8,7 @@ by the model step (operations/steps/model.py), which decides nothing again.
               so its leftovers and up_to_date are already the stage run's
   pending  -> a source that changes in this run (rsync from the controller, a hub download)
               makes what the fact saw stale: stage beside after it
-  capacity -> preflight.stage_room: beside the current copy, in place with the servers
+  capacity -> capacity.stage_room: beside the current copy, in place with the servers
               stopped (the plan says so: that is an outage), or refused with the numbers
               before a byte is copied
 """
@@ -20,9 +20,9 @@ from dataclasses import dataclass, replace
 
 from operations import layout
 from operations.facts.host import Resources
-from operations.facts.model import ModelStaging, Staging, script_module
-from operations.facts.once import gathered
-from operations.plan.preflight import gib, stage_room
+from operations.facts.model import Staging
+from operations.plan.capacity import gib, stage_room
+from operations.plan.vocabulary import StageMode
 from operations.settings import Settings
 
 
@@ -30,7 +30,7 @@ from operations.settings import Settings
 class StagePlan:
     """What the stage operation does: "unchanged", "beside", "inplace" or "refuse"."""
 
-    mode: str
+    mode: StageMode
     why: str
 
 
@@ -115,40 +115,15 @@ def keep_keys(settings: Settings, kept: set[str], key: str | None) -> list[str]:
     return sorted(keys)
 
 
-def model_staging(settings: Settings, key: str | None, keep: list[str]) -> Staging | None:
-    """The ModelStaging fact of this host's source (gathered once): `key`, the copy's key when
-    known before the fact (a hub revision's, the controller's digest; None: the target
-    directory's digest, the script's default), and `keep`, the kept copies' keys."""
-    staging: Staging | None = gathered(
-        ModelStaging,
-        source=settings.source.target_dir,
-        stage_dir=settings.model_stage_dir,
-        slug=layout.model_slug(settings),
-        verify=settings.model_verify,
-        key=key,
-        keep=keep,
-    )
-    return staging
-
-
 @dataclass(frozen=True)
 class ControllerScan:
     """A controller source's directory as the staging script's scan reads it on the controller,
-    once per run (host_plan.gather): its manifest digest and bytes, or why the scan refuses it
+    once per run (runtime/gather.py): its manifest digest and bytes, or why the scan refuses it
     (a link the rule refuses, an unreadable file)."""
 
     digest: str | None = None
     bytes: int | None = None
     error: str | None = None
-
-
-def controller_scan(path: str) -> ControllerScan:
-    module = script_module()
-    try:
-        found = module.scan(path)
-    except (OSError, module.StageError) as exc:
-        return ControllerScan(error=str(exc))
-    return ControllerScan(str(found["digest"]), int(found["bytes"]))
 
 
 def decide_stage(

@@ -13,7 +13,22 @@ module re-exports them (tests/unit/test_vocabulary_imports.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NotRequired, TypedDict
+from typing import Literal, NotRequired, TypedDict
+
+# The words of the plan's modes, shared by the plan and the steps that carry it out.
+# What the stage operation does with the model copy (staging.StagePlan).
+StageMode = Literal["unchanged", "beside", "inplace", "refuse"]
+# How a copy fits the tmpfs (capacity.StageRoom; None there: it does not).
+RoomMode = Literal["beside", "inplace"]
+# What the staging script is told: a mode the plan decided, or "auto" (the boot unit's: no rank
+# runs yet, so in place is safe where beside does not fit).
+StageScriptMode = Literal["unchanged", "beside", "inplace", "refuse", "auto"]
+# An engine environment on the host as the plan read it (steps/engine.build_env's `now`).
+EnvNow = Literal["complete", "partial", "absent"]
+# The drain script's action: take ranks out of the router, or put them back.
+DrainAction = Literal["out", "in"]
+# A roll batch's steps, in the order programs/roll_batch.py runs them.
+RollStep = Literal["drain", "write", "restart", "health", "smoke", "readmit"]
 
 
 @dataclass(frozen=True)
@@ -94,7 +109,7 @@ class PlanJson(TypedDict):
 
 
 class StagingJson(TypedDict):
-    mode: str
+    mode: StageMode
     what: str
     why: str
     key: str | None

@@ -152,7 +152,7 @@ def stage(
     """Make SLUG point at a complete, verified copy of source, named .SLUG@KEY (key: what the
     rank units name; the digest when None). Copies named by `keep` are not removed.
     headroom: the free bytes a copied byte needs, the deploy's capacity rule
-    (operations/plan/preflight.py STAGE_HEADROOM, passed as --headroom): this script applies it,
+    (operations/plan/capacity.py STAGE_HEADROOM, passed as --headroom): this script applies it,
     it does not decide its own.
     measure_free (the models directory's free bytes) and remove_path (every removal) are the
     filesystem's: a test passes its own to play a full tmpfs or watch each removal."""

@@ -10,7 +10,8 @@ from pyinfra.api.state import State
 from rich.console import Console
 
 from operations.cli.report import host_panel
-from operations.plan.host_plan import HostReport, plan_for_host
+from operations.plan.host_plan import HostReport
+from operations.runtime.gather import plan_for_host
 from operations.runtime.inventory import inventory_settings, refuse
 
 

@@ -2,67 +2,76 @@
 
 Every problem names the key, the value, where it was set and what is accepted, one line each,
 all of them at once. Keys that belong to pyinfra or its connectors (ssh_*, _sudo, ...) pass.
+
+One module per job: schema_json.py reads the schema and its defaults; checks.py holds the checks
+beyond the schema's reach; controller_files.py reads the files on the controller the settings
+name (the keys, the CUDA manifest), once; this module merges the layers, checks and types them.
 """
 
 from __future__ import annotations
 
 import difflib
 import hashlib
-import json
-import posixpath
-import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import Any, Literal
 
 from pyinfra.api.host import Host
 
 from operations.redact import redact_text
 from operations.settings import verdicts
-
-if TYPE_CHECKING:
-    import jsonschema
-
-SCHEMA_PATH = Path(__file__).parent / "settings.schema.json"
-
-
-# One setting's entry in settings.schema.json, the keys read here (jsonschema reads them all).
-PropertySchema = TypedDict(
-    "PropertySchema",
-    {"type": str | list[str], "default": Any, "description": str, "x-accepts": str},
-    total=False,
+from operations.settings.checks import (
+    control_characters,
+    control_problems,
+    path_escape,
+    value_problems,
+)
+from operations.settings.controller_files import (
+    ControllerFiles,
+    api_key_problem,
+    control_plane_key_problem,
+    read_all,
+)
+from operations.settings.schema_json import (
+    SCHEMA_PATH,
+    PropertySchema,
+    SettingsSchema,
+    defaults,
+    describe,
+    pyinfra_keys,
+    schema,
 )
 
+__all__ = [
+    "COMMAND_LINE",
+    "SCHEMA_PATH",
+    "ControllerFiles",
+    "Layer",
+    "PropertySchema",
+    "Router",
+    "Settings",
+    "SettingsError",
+    "SettingsSchema",
+    "SourceKind",
+    "SourceSpec",
+    "Speculative",
+    "control_characters",
+    "controller_problems",
+    "defaults",
+    "layers_for_host",
+    "load",
+    "load_for_host",
+    "load_inventory",
+    "parse_source",
+    "path_escape",
+    "schema",
+    "verdicts",
+]
 
-class SettingsSchema(TypedDict):
-    """settings.schema.json, as this module and its tests read it."""
-
-    required: list[str]
-    properties: dict[str, PropertySchema]
-
-
-@cache
-def schema() -> SettingsSchema:
-    loaded: SettingsSchema = json.loads(SCHEMA_PATH.read_text())
-    return loaded
-
-
-def defaults() -> dict[str, object]:
-    """Each setting's default, as settings.schema.json spells it (JSON: converted by load)."""
-    return {k: p["default"] for k, p in schema()["properties"].items() if "default" in p}
-
-
-@cache
-def _pyinfra_keys() -> frozenset[str]:
-    """Host data keys that pyinfra's connectors read: these are not ours to judge."""
-    from pyinfra.api.connectors import get_all_connectors
-
-    keys: set[str] = set()
-    for connector in get_all_connectors().values():
-        keys.update(getattr(connector, "data_meta", {}) or {})
-    return frozenset(keys)
+# Where the weights come from (docs/model.md): a directory on the target, one on the
+# controller, or a Hugging Face hub repository.
+SourceKind = Literal["target", "controller", "hf"]
 
 
 @dataclass(frozen=True)
@@ -78,7 +87,7 @@ class SourceSpec:
     """What `model_source` names (docs/model.md): where the weights come from, and the
     persistent directory on the target they are staged from (the boot unit reads it too)."""
 
-    kind: str  # "target", "controller" or "hf"
+    kind: SourceKind
     target_dir: str
     controller_dir: str | None = None
     repo: str | None = None
@@ -192,6 +201,9 @@ class Settings:
     pve_driver_hashes: Mapping[str, str]
     # Where each key's value came from, for messages that point at the right file.
     origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    # The files on the controller the settings name, as `load` read them (controller_files.py):
+    # the plan takes their text from here and reads no file. Never shown.
+    controller_files: ControllerFiles = field(default_factory=ControllerFiles, repr=False)
 
     @property
     def source(self) -> SourceSpec:
@@ -237,20 +249,6 @@ def _merge(layers: Iterable[Layer]) -> tuple[dict[str, object], dict[str, str]]:
     return merged, origins
 
 
-def _describe(
-    error: jsonschema.ValidationError, props: Mapping[str, PropertySchema]
-) -> tuple[str, str]:
-    """(key, what is accepted) for one schema error."""
-    if error.validator == "required":
-        missing = str(error.message).split("'")[1]
-        return missing, props[missing].get("x-accepts", "a value")
-    key = str(error.absolute_path[0]) if error.absolute_path else "?"
-    accepts = props.get(key, {}).get("x-accepts", error.message)
-    if len(error.absolute_path) > 1:
-        accepts = f"{accepts} ({'.'.join(map(str, error.absolute_path))}: {error.message})"
-    return key, accepts
-
-
 def load(host_name: str, layers: list[Layer]) -> Settings:
     """Merge the layers, validate, apply defaults; raise SettingsError listing every problem."""
     merged, origins = _merge(layers)
@@ -259,7 +257,7 @@ def load(host_name: str, layers: list[Layer]) -> Settings:
     problems: list[str] = []
 
     for key in sorted(merged):
-        if key in props or key in _pyinfra_keys() or key.startswith("_"):
+        if key in props or key in pyinfra_keys() or key.startswith("_"):
             continue
         close = difflib.get_close_matches(key, list(props), n=1, cutoff=0.6)
         hint = (
@@ -273,12 +271,12 @@ def load(host_name: str, layers: list[Layer]) -> Settings:
         )
 
     # Control characters first: for such a value that is the one thing to say.
-    control = _control_problems(ours)
+    control = control_problems(ours)
     problems += [
         f"{host_name}: {key} = {ours[key]!r} (set in {origins[key]}); {why}" for key, why in control
     ]
     for error in verdicts.errors(schema(), ours):
-        key, accepts = _describe(error, props)
+        key, accepts = describe(error, props)
         if any(key == k for k, _ in control):
             continue
         if key in ours:
@@ -290,7 +288,7 @@ def load(host_name: str, layers: list[Layer]) -> Settings:
     if not problems:
         problems += [
             f"{host_name}: {key} = {ours[key]!r} (set in {origins[key]}); {why}"
-            for key, why in _value_problems(ours)
+            for key, why in value_problems(ours)
         ]
     if problems:
         # Index URLs may carry tokens: an error line is shown, so it never holds one.
@@ -298,175 +296,13 @@ def load(host_name: str, layers: list[Layer]) -> Settings:
 
     values = {**defaults(), **ours}
     typed = {key: _CONVERT.get(key, _same)(values[key]) for key in props}
-    return Settings(**typed, origins={k: origins[k] for k in ours})
-
-
-# ------------------------------------------------------------------ beyond the schema's reach
-
-# Unicode categories no setting may contain: controls (newline, NUL, ESC, DEL, C1) and the line
-# and paragraph separators. A newline in a value would start a new line in a unit file.
-_FORBIDDEN_CATEGORIES = ("Cc", "Zl", "Zp")
-# Target paths the deploy writes into or installs under: never a system directory itself.
-_SYSTEM_DIRS = frozenset(
-    {
-        *("/", "/bin", "/boot", "/dev", "/dev/shm", "/etc", "/home", "/lib", "/lib32", "/lib64"),
-        *("/media", "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp"),
-        *("/usr", "/usr/local", "/usr/local/bin", "/usr/local/lib", "/usr/local/sbin"),
-        *("/var", "/var/cache", "/var/lib", "/var/log", "/var/tmp"),
-    }
-)
-# Trees owned by the distribution or the kernel: no environment of ours goes under them.
-# /usr/local/ is the administrator's and allowed (/usr/local/hf/bin/hf).
-_SYSTEM_TREES: tuple[str, ...] = ("/bin/", "/boot/", "/dev/", "/etc/", "/lib/", "/proc/")
-_SYSTEM_TREES += ("/run/", "/sbin/", "/sys/", "/tmp/", "/var/tmp/")
-_PATH_KEYS = ("model_stage_dir", "model_cache_dir", "engine_root", "model_hub_cli")
-# Trees every local user may write in: root never writes or runs anything under them. The one
-# exception is the stage tree the staging script makes and checks itself (/dev/shm/models).
-_SHARED_TREES = ("/tmp", "/var/tmp", "/dev/shm")
-_STAGE_TMPFS = "/dev/shm"
-
-
-def _strings(value: Any, where: str) -> Iterable[tuple[str, str]]:
-    """(where, text) for every string in a setting's value, nested ones included."""
-    if isinstance(value, str):
-        yield where, value
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            yield from _strings(v, f"{where}.{k}")
-    elif isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            yield from _strings(v, f"{where}[{i}]")
-
-
-def control_characters(text: str) -> list[str]:
-    """The control characters in text, as Python escapes ('\\n', '\\x00'); [] when clean."""
-    found = {c for c in text if unicodedata.category(c) in _FORBIDDEN_CATEGORIES}
-    return sorted(repr(c)[1:-1] for c in found)
-
-
-def path_escape(path: str) -> str | None:
-    """Why an absolute path could mean another directory than it reads as, or None."""
-    if not path.startswith("/"):
-        return "it is not absolute"
-    parts = path.rstrip("/").split("/")[1:] if path != "/" else []
-    if any(p in ("", ".", "..") for p in parts):
-        return "it has an empty, '.' or '..' component"
-    return None
-
-
-def _hub_cli_problem(cli: str) -> str | None:
-    """model_hub_cli is installed as VENV/bin/hf: VENV must be a directory of its own."""
-    venv = posixpath.dirname(posixpath.dirname(cli))
-    in_system_tree = (venv + "/").startswith(_SYSTEM_TREES) or (
-        venv.startswith("/usr/") and not venv.startswith("/usr/local/")
+    router = typed["router"]
+    files = read_all(
+        typed["api_key_file"],
+        router.control_plane_key_file if router is not None else None,
+        typed["cuda_redist_manifest"],
     )
-    if not cli.endswith("/bin/hf"):
-        return "the CLI is installed as DIR/bin/hf; accepted: such as /opt/sglang-hub/bin/hf"
-    if venv in _SYSTEM_DIRS or in_system_tree:
-        return (
-            f"its environment would be {venv}, a system directory that the Hugging Face CLI's "
-            "install would take over; accepted: DIR/bin/hf with DIR a directory of its own, "
-            "such as /opt/sglang-hub/bin/hf"
-        )
-    return None
-
-
-def _shared_tree_problem(key: str, path: str) -> str | None:
-    """A root path under a tree every local user writes in (/tmp, /var/tmp, /dev/shm): another
-    user could make the directory first, or plant a file root then runs or serves."""
-    where = posixpath.dirname(posixpath.dirname(path)) if key == "model_hub_cli" else path
-    where = where.rstrip("/") or "/"
-    if key == "model_stage_dir" and where == _STAGE_TMPFS:
-        return None  # the staging script makes and checks STAGE_DIR/models itself
-    if key == "model_stage_dir":
-        accepted = f"{_STAGE_TMPFS} itself (the staging script makes and checks its models tree)"
-        accepted += " or a tmpfs mounted where only root writes"
-    else:
-        accepted = "a directory that only root writes to, such as "
-        accepted += schema()["properties"][key]["default"]
-    for tree in _SHARED_TREES:
-        if where == tree or where.startswith(tree + "/"):
-            return (
-                f"it lies in {tree}, which every local user can write in: another user could "
-                f"make {where} first or plant a file there that root then runs or serves; "
-                f"accepted: {accepted}"
-            )
-    return None
-
-
-def _source_problem(source: str) -> str | None:
-    if source.startswith("hf://"):
-        repo, _, revision = source.removeprefix("hf://").rpartition("@")
-        if ".." in repo or "--" in repo or ".." in revision:
-            return (
-                "a hub repository or revision holding '..' or '--' (the hub forbids them in "
-                "names; a revision with '..' would leave the cache directory); accepted: "
-                "hf://org/name@revision"
-            )
-        return None
-    path = source.removeprefix("controller:")
-    why = path_escape(path)
-    if why is None and path.rstrip("/") in ("", "/"):
-        why = "it is the root directory"
-    return f"{why}; accepted: a model directory as a plain absolute path" if why else None
-
-
-def _control_problems(values: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(key, why) for values holding control characters, nested strings included."""
-    problems: list[tuple[str, str]] = []
-    for key, value in values.items():
-        for where, text in _strings(value, key):
-            bad = control_characters(text)
-            if bad:
-                problems.append(
-                    (
-                        key,
-                        f"{where} holds control characters ({', '.join(bad)}); accepted: "
-                        "text without control characters (no newline, tab, NUL or escape)",
-                    )
-                )
-    return problems
-
-
-def _value_problems(values: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(key, why) for values of the right shape that are still unsafe to use."""
-    problems: list[tuple[str, str]] = []
-    for key in _PATH_KEYS:
-        if key in values:
-            why = path_escape(values[key])
-            if why:
-                problems.append((key, f"{why}; accepted: a plain absolute path"))
-    for key in _PATH_KEYS:
-        if key in values and not any(k == key for k, _ in problems):
-            why = _shared_tree_problem(key, values[key])
-            if why:
-                problems.append((key, why))
-    if "model_hub_cli" in values and not any(k == "model_hub_cli" for k, _ in problems):
-        why = _hub_cli_problem(values["model_hub_cli"])
-        if why:
-            problems.append(("model_hub_cli", why))
-    if "model_source" in values:
-        why = _source_problem(values["model_source"])
-        if why:
-            problems.append(("model_source", why))
-    name = values.get("model_name")
-    if isinstance(name, str) and any(p in (".", "..") for p in name.split("/")):
-        problems.append(
-            (
-                "model_name",
-                "a '.' or '..' part would name a directory outside the stage dir; "
-                'accepted: a model name such as "Qwen/Qwen3.6-27B"',
-            )
-        )
-    if values.get("service_user") == "root":
-        problems.append(
-            (
-                "service_user",
-                "the servers would run as root; accepted: an unprivileged system "
-                'user such as "sglang" (created by the deploy)',
-            )
-        )
-    return problems
+    return Settings(**typed, origins={k: origins[k] for k in ours}, controller_files=files)
 
 
 def _wheelhouse_problems(host_name: str, settings: Settings) -> list[str]:
@@ -499,56 +335,26 @@ def _pin_problems(host_name: str, settings: Settings) -> list[str]:
 
 
 def controller_problems(host_name: str, settings: Settings) -> list[str]:
-    """Checks of files on the controller (the API key, the wheelhouse): part of every
-    inventory load."""
+    """Checks of files on the controller (the wheelhouse, uv's pin, the keys `load` read): part
+    of every inventory load."""
     problems = _wheelhouse_problems(host_name, settings) + _pin_problems(host_name, settings)
-    problems += _control_plane_key_problems(host_name, settings)
-    if not settings.api_key_file:
-        return problems
-    path = Path(settings.api_key_file).expanduser()
-    where = f"{host_name}: api_key_file = {settings.api_key_file!r} (set in "
-    where += f"{settings.origin('api_key_file')})"
-    try:
-        key = path.read_text()
-    except FileNotFoundError:
-        why = "no such file on the controller"
-    except (OSError, UnicodeDecodeError) as exc:
-        why = f"cannot be read on the controller ({getattr(exc, 'strerror', None) or exc})"
-    else:
-        if not key.strip():
-            why = (
-                "the file is empty: SGLang turns authentication off for an empty key; put the "
-                "key in it, or set api_key_file: null to serve without one"
+    router = settings.router
+    read = settings.controller_files
+    if router is not None and router.control_plane_key_file and read.control_plane_key:
+        why = control_plane_key_problem(read.control_plane_key)
+        if why is not None:
+            problems.append(
+                f"{host_name}: router.control_plane_key_file = "
+                f"{router.control_plane_key_file!r} (set in {settings.origin('router')}); {why}"
             )
-        elif control_characters(key.strip()):
-            why = "the key holds control characters (more than one line?)"
-        else:
-            return problems
-    return [*problems, f"{where}; {why}; accepted: a readable file holding one non-empty API key"]
-
-
-def _control_plane_key_problems(host_name: str, settings: Settings) -> list[str]:
-    """router.control_plane_key_file: a readable file of one key the router's parser takes."""
-    name = settings.router.control_plane_key_file if settings.router is not None else None
-    if not name:
-        return []
-    where = f"{host_name}: router.control_plane_key_file = {name!r} (set in "
-    where += f"{settings.origin('router')})"
-    try:
-        key = Path(name).expanduser().read_text().strip()
-    except FileNotFoundError:
-        why = "no such file on the controller"
-    except (OSError, UnicodeDecodeError) as exc:
-        why = f"cannot be read on the controller ({getattr(exc, 'strerror', None) or exc})"
-    else:
-        if len(key) < 16:
-            why = "the key is empty or shorter than 16 characters"
-        elif control_characters(key) or any(c.isspace() for c in key):
-            why = "the key holds whitespace or control characters (more than one line?)"
-        else:
-            return []
-    accepted = "accepted: a readable file holding one key of 16 or more characters, no spaces"
-    return [f"{where}; {why}; {accepted}"]
+    if settings.api_key_file and read.api_key:
+        why = api_key_problem(read.api_key)
+        if why is not None:
+            problems.append(
+                f"{host_name}: api_key_file = {settings.api_key_file!r} (set in "
+                f"{settings.origin('api_key_file')}); {why}"
+            )
+    return problems
 
 
 def _same(value: Any) -> Any:

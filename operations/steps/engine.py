@@ -58,6 +58,7 @@ from operations.layout import LOCK_FILE, EngineTree, env_python
 from operations.plan.engine_plan import EnginePlan
 from operations.plan.engine_spec import EngineError, EngineSpec, indexes
 from operations.plan.host_plan import HostReport
+from operations.plan.vocabulary import EnvNow
 from operations.redact import redact
 from operations.runtime.host_call import Commands
 from operations.runtime.on_controller import fail, keep_lock, local_dir, upload_refusal
@@ -207,7 +208,7 @@ def build_env(
     env_name: str,
     python: str,
     offline: bool,
-    now: str = "absent",
+    now: EnvNow = "absent",
 ) -> Commands:
     """
     Create ENGINE_ROOT/envs/ENV_NAME and install exactly the project's lock into it; a partial

@@ -53,6 +53,7 @@ new_file.
 from __future__ import annotations
 
 import base64
+import secrets
 import shlex
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,7 @@ from pyinfra.facts.files import FileContents
 from pyinfra.operations.util.files import generate_color_diff
 
 from operations.facts.files import FileAt, PathState
-from operations.plan.planned_files import PlannedFile, content_bytes, sha256
+from operations.plan.planned_files import PlannedFile, sha256
 from operations.runtime.host_call import Commands
 
 
@@ -198,6 +199,13 @@ def _check_dest(dest: str) -> None:
         raise OperationError(f"put_file: dest must be an absolute file path, got {dest!r}")
 
 
+def content_bytes(src: str | bytes | Path) -> bytes:
+    """The bytes to write: src's own, or a controller file's (a pathlib.Path)."""
+    if isinstance(src, Path):
+        return src.expanduser().read_bytes()
+    return src.encode() if isinstance(src, str) else src
+
+
 @operation()
 def put_file(
     src: str | bytes | Path,
@@ -324,9 +332,12 @@ def put_planned(file: PlannedFile, name: str | None = None) -> OperationMeta:
     converged run asks nothing), else (not read, or a secret, whose mode and owners are read)
     by put_file. `name`: the operation's, when the step says why (a rank unit's "(start)")."""
     if file.secret or file.changes is None:
+        # A key the plan leaves to the write (the plan draws no random number): made here, once,
+        # with the CSPRNG; put_file gives it its final mode before its first byte.
+        src = secrets.token_urlsafe(32) + "\n" if file.generated else file.data
         return put_file(
             name=name or file.name,
-            src=file.data,
+            src=src,
             dest=file.path,
             owner=file.owner,
             group=file.group,

@@ -32,11 +32,12 @@ from pyinfra.operations import files, systemd
 
 from operations import layout
 from operations.layout import STAGE_UNIT
+from operations.plan.capacity import gib
 from operations.plan.host_plan import HostReport
 
 # Where they have always been imported from (the plan renders the unit: model_plan.py).
 from operations.plan.model_plan import stage_command
-from operations.plan.preflight import gib
+from operations.plan.vocabulary import StageMode
 from operations.runtime.host_call import Commands, HostCall, run
 from operations.settings import Settings
 from operations.steps.host_files import new_file, put_planned
@@ -69,7 +70,7 @@ def staged(
     source_dir: str,
     stage_dir: str,
     slug: str,
-    mode: str,
+    mode: StageMode,
     why: str,
     verify: str = "manifest",
     bwlimit_mbps: float | None = None,

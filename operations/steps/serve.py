@@ -44,6 +44,7 @@ from operations.plan.host_plan import HostReport
 from operations.plan.planned_files import PlannedFile
 from operations.plan.resolver import Rank
 from operations.plan.serve_plan import RouterStep, ServePlan, SmokeRequests
+from operations.plan.vocabulary import DrainAction, RollStep
 from operations.runtime.host_call import Commands
 from operations.settings import Settings
 from operations.steps.host_files import line_writer, new_file, put_planned, show_change
@@ -79,7 +80,7 @@ def wait_healthy(
 class WorkersArgs(TypedDict):
     """router_workers' arguments for a batch (ServeStep._workers)."""
 
-    action: str
+    action: DrainAction
     router: str
     api: tuple[str, str, str]
     timeout_s: int
@@ -89,7 +90,7 @@ class WorkersArgs(TypedDict):
 
 @operation(is_idempotent=False)
 def router_workers(
-    action: str,
+    action: DrainAction,
     router: str,
     api: tuple[str, str, str],
     timeout_s: int,
@@ -123,7 +124,7 @@ def host_argv(op: Any, **arguments: Any) -> list[str]:
 @operation(is_idempotent=False)
 def roll_batch(
     batch: str,
-    steps: list[tuple[str, list[str], list[str]]],
+    steps: list[tuple[RollStep, list[str], list[str]]],
     writes: list[str],
     written: list[PlannedFile] | None = None,
 ) -> Commands:
@@ -266,7 +267,7 @@ class ServeStep:
             **self._workers("in", ranks),
         )
 
-    def _workers(self, action: str, ranks: Sequence[int]) -> WorkersArgs:
+    def _workers(self, action: DrainAction, ranks: Sequence[int]) -> WorkersArgs:
         """router_workers' arguments: out (drain; UNIT=WORKER=METRICS) or in (readmit)."""
         drain = self.drain
         if drain is None:
@@ -354,7 +355,7 @@ class ServeStep:
         drain = self.drain
         ranks = [r.rank for r in batch]
         # (name, argv, modules a waiting interpreter imports first): files/roll_batch.py
-        steps: list[tuple[str, list[str], list[str]]] = []
+        steps: list[tuple[RollStep, list[str], list[str]]] = []
         writes: list[str] = []
         written: list[PlannedFile] = []
         if drain is not None:

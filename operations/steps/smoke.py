@@ -88,5 +88,5 @@ def smoke(report: HostReport) -> None:
         timeout_s=s.smoke_timeout_s,
         targets=asked.targets,
         service_user=s.service_user,
-        router_workers=asked.router_workers,
+        router_workers=asked.ranks_behind_router,
     )

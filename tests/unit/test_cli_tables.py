@@ -20,7 +20,7 @@ import pytest
 from operations import kb
 from operations.kb import CliTable
 from operations.kb.argv import cli_problems
-from operations.plan.resolver import HostPlan, managed_options, resolve, resolve_router
+from operations.plan.resolver import ResolvedHost, managed_options, resolve, resolve_router
 from tests.unit.builders import facts, make_settings
 
 KNOWLEDGE = kb.load()
@@ -64,12 +64,12 @@ def table(release: str, package: str = "sglang") -> CliTable:
     return found
 
 
-def plan(release: str, **settings: Any) -> HostPlan:
+def plan(release: str, **settings: Any) -> ResolvedHost:
     scenario, needed = RELEASE_SETTINGS[release]
     return resolve(make_settings(sglang_version=release, **needed, **settings), facts(scenario))
 
 
-def written_options(p: HostPlan) -> list[str]:
+def written_options(p: ResolvedHost) -> list[str]:
     assert p.ranks, p.errors
     return [word for word in p.ranks[0].argv[3:] if word.startswith("--")]
 

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.integration  # runs pyinfra and the plan command
 ROOT = Path(__file__).resolve().parents[2]
 SLUG = "Qwen--Qwen3.6-27B"
 FAKE = '{"fake_delay": 0, "fake_delay_jitter": 0}'
-# The facts a deploy's plan asks (operations/plan/host_plan.gather), and FileAt for a secret, whose
+# The facts a deploy's plan asks (operations/runtime/gather.py), and FileAt for a secret, whose
 # mode and owners are read on every run (operations/steps/host_files.py).
 PLAN_FACTS = {"PreflightFacts", "ServingState", "ModelStaging"}
 

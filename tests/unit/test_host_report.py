@@ -339,7 +339,7 @@ def test_the_plan_shows_every_file_the_serve_and_smoke_steps_write(tmp_path: Pat
     tree = layout.engine_tree(s)
     assert [f["path"] for f in router["files"]] == [
         tree.uv_config,
-        layout.env_requirements(layout.router_env(s)),
+        layout.env_requirements(layout.router_env_dir(s)),
         layout.ROUTER_LAUNCH_SCRIPT,
         layout.unit_path(layout.ROUTER_UNIT),
     ]

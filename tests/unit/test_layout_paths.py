@@ -25,7 +25,7 @@ MANAGED = {
     "the current link (EngineTree.current)": r"/current($|/)|\.current\.",
     "a CUDA compiler (EngineTree.toolkit)": r"/cuda/",
     "an engine project (EngineTree.project)": r"/projects/",
-    "the router's environment (EngineTree.router_env)": r"/router/",
+    "the router's environment (EngineTree.router_env_dir)": r"/router/",
     "the package sources (EngineTree.uv_config, pip_config)": r"/uv\.toml|/pip\.conf",
     "the target unit (layout.TARGET)": r"\bsglang\.target\b",
     "a rank unit (layout.unit_name)": r"\bsglang@",

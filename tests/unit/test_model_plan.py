@@ -153,17 +153,17 @@ def test_the_plan_carries_the_one_staging_decision_and_a_refusal_stops_the_host(
     a decision, and a copy that cannot fit is a host error at the gate (nothing touched), not a
     refusal half-way through the deploy."""
     from operations.plan.host_plan import HostReport
-    from operations.plan.resolver import HostPlan
+    from operations.plan.resolver import ResolvedHost
     from operations.plan.staging import StageDecision, StagePlan
 
     settings = make_settings()
     refused = StageDecision(StagePlan("refuse", "/dev/shm size 10 GiB < 54 GiB"), None,
                             frozenset(), source_pending=False)  # fmt: skip
-    report = HostReport(settings, HostPlan(), staging=refused)
+    report = HostReport(settings, ResolvedHost(), staging=refused)
     assert (
         report.errors == ["model staging: /dev/shm size 10 GiB < 54 GiB (nothing was copied)"]
         and not report.ok
     )
     inplace = StageDecision(StagePlan("inplace", "replacing it"), None, frozenset(), False)
     assert "outage" in inplace.what
-    assert HostReport(settings, HostPlan(), staging=inplace).ok
+    assert HostReport(settings, ResolvedHost(), staging=inplace).ok

@@ -9,23 +9,23 @@ import pytest
 
 from operations import kb as kbmod
 from operations.facts.host import Model
-from operations.plan.resolver import HostPlan, resolve
+from operations.plan.resolver import ResolvedHost, resolve
 from operations.render.units import exec_word as systemd_quote
 from tests.unit.builders import facts, make_settings
 
 RELEASES = kbmod.load().supported_releases()
 
 
-def plan(scenario: str = "rtx-pro-6000-x8", **settings: Any) -> HostPlan:
+def plan(scenario: str = "rtx-pro-6000-x8", **settings: Any) -> ResolvedHost:
     return resolve(make_settings(**settings), facts(scenario))
 
 
-def options(p: HostPlan) -> list[str]:
+def options(p: ResolvedHost) -> list[str]:
     assert p.ranks, p.errors
     return p.ranks[0].argv[3:]
 
 
-def value_of(p: HostPlan, option: str) -> str:
+def value_of(p: ResolvedHost, option: str) -> str:
     argv = options(p)
     return argv[argv.index(option) + 1]
 

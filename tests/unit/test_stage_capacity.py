@@ -1,4 +1,4 @@
-"""One capacity rule: preflight.stage_room decides in the plan, and the staging script, given the
+"""One capacity rule: capacity.stage_room decides in the plan, and the staging script, given the
 rule's headroom on its command line (--headroom, from stage_command), refuses exactly where the
 plan refuses, on the same numbers (a first copy into a tmpfs with `free` bytes)."""
 
@@ -12,8 +12,8 @@ import pytest
 
 from operations.facts.host import Resources
 from operations.facts.model import script_module
+from operations.plan.capacity import STAGE_HEADROOM, stage_room
 from operations.plan.model_plan import stage_command
-from operations.plan.preflight import STAGE_HEADROOM, stage_room
 from tests.unit.builders import make_settings
 
 sm = script_module()

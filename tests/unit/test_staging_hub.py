@@ -379,7 +379,8 @@ def test_the_controller_directory_refused_by_the_rule_is_refused_in_the_plan(
 ) -> None:
     """A controller source is scanned there by the same rule: a link it refuses is the
     plan's refusal, before anything is sent (rsync --copy-links would follow it)."""
-    from operations.plan.staging import controller_scan, decide_stage
+    from operations.plan.staging import decide_stage
+    from operations.runtime.gather import controller_scan
     from tests.unit.builders import make_settings
 
     (src / "tokenizer.json").symlink_to(secret)

@@ -3,7 +3,7 @@
 kept keys (--key, --keep). Played on real stage trees: what the plan calls leftovers is exactly
 what the stage run removes first, and the plan is up to date exactly when the run changes
 nothing. The deploy's plan is the fact's answer for the key and keep the stage run gets
-(host_plan.gather, which asks without the keep first)."""
+(runtime/gather.py, which asks without the keep first)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from operations.facts.host import Resources
 from operations.facts.model import ModelStaging, Staging, parse_staging, script_module
 from operations.facts.preflight import HostFacts
 from operations.facts.serve import Serving, UnitState
-from operations.plan import host_plan, staging
+from operations.runtime import gather
 from tests.unit.builders import gpu_facts, make_settings
 from tests.unit.test_model_stage import make_model
 
@@ -145,9 +145,10 @@ def test_the_fact_passes_key_and_keep_to_the_script(tmp_path: Path) -> None:
 def test_asked_without_the_kept_keys_the_plan_is_the_same_unless_a_leftover_is_kept(
     case: Case, tmp_path: Path
 ) -> None:
-    """host_plan.gather asks the plan without --keep, at the same time as ServingState, and
-    asks again with the kept keys only when one of them is a leftover of that first answer:
-    its premise, on every tree of CASES (keep only takes copies out of the leftovers)."""
+    """gather (runtime/gather.py) asks the plan without --keep, at the same time as
+    ServingState, and asks again with the kept keys only when one of them is a leftover of that
+    first answer: its premise, on every tree of CASES (keep only takes copies out of the
+    leftovers)."""
     src, shm, _ = build(tmp_path, case.tree)
     keep = tuple(case.keep)
     unkept = sm.plan(str(src), str(shm), SLUG, "manifest", case.key, ())
@@ -198,12 +199,11 @@ def test_gather_asks_every_fact_at_once_and_the_plan_again_only_for_a_kept_lefto
         together_calls.append(len(calls))
         return tuple(call() for call in calls)  # once.together without a host: in turn
 
-    monkeypatch.setattr(host_plan, "gathered", fake_gathered)
-    monkeypatch.setattr(host_plan, "serving_state", lambda s, router_list=None: serving)
-    monkeypatch.setattr(host_plan, "together", in_turn)
-    monkeypatch.setattr(staging, "gathered", fake_gathered)
+    monkeypatch.setattr(gather, "gathered", fake_gathered)
+    monkeypatch.setattr(gather, "serving_state", lambda s, router_list=None: serving)
+    monkeypatch.setattr(gather, "together", in_turn)
 
-    found = host_plan.gather(None, settings)  # type: ignore[arg-type]
+    found = gather.gather(None, settings)  # type: ignore[arg-type]
 
     assert together_calls == [3]
     assert [kwargs["keep"] for kwargs in staged] == asked_keep

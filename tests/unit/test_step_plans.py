@@ -45,7 +45,7 @@ REVISION = "a" * 40
 
 @pytest.mark.parametrize("path", STEPS, ids=lambda p: p.name)
 def test_no_operation_of_the_engine_or_model_step_asks_a_fact(path: Path) -> None:
-    """Every fact is the plan's (host_plan.gather): a `host.get_fact` or `gathered(...)` here
+    """Every fact is the plan's (runtime/gather.py): a `host.get_fact` or `gathered(...)` here
     would be a second place deciding from the host's state (and a round trip of its own)."""
     tree = ast.parse(path.read_text())
     asked = [

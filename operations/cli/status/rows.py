@@ -13,7 +13,7 @@ from operations.facts.serve import RankLoad, Serving, UnitState
 from operations.facts.serve_status import ROUTER_KEY
 from operations.facts.smoke import Probe, ProbeAnswer
 from operations.plan import rank_state
-from operations.plan.serve_plan import router_workers
+from operations.plan.serve_plan import ranks_behind_router
 from operations.redact import redact_data
 from operations.settings import Settings
 
@@ -406,7 +406,7 @@ def probe_args(settings: Settings, host_name: str, status: Serving) -> ProbeArgs
         # The script sends nothing to a listener of another user, or of a unit not active.
         "service_user": settings.service_user,
         "units": units,
-        "router_workers": router_workers(settings) if router is not None else [],
+        "router_workers": ranks_behind_router(settings) if router is not None else [],
     }
 
 

@@ -6,6 +6,7 @@ scripts/pin_installs.py (SOURCE.md says when); the deploy only reads them.
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 
 PINS_DIR = Path(__file__).resolve().parent
@@ -27,13 +28,20 @@ def hub_file(python: str) -> Path:
 
 def uv_requirement(version: str) -> str | None:
     """`uv==V --hash=sha256:H` (a requirements line) for a pinned uv release; None if none."""
-    for line in (PINS_DIR / "uv.txt").read_text().splitlines():
+    for line in _lines(PINS_DIR / "uv.txt"):
         if line.split(" ", 1)[0] == f"uv=={version}":
             return line.strip()
     return None
 
 
+@cache
+def _lines(path: Path) -> tuple[str, ...]:
+    return tuple(path.read_text().splitlines())
+
+
+@cache
 def _read(path: Path, what: str) -> str:
+    """A pin file's text, read once per process (a plan reads none: host_plan.decide is pure)."""
     if not path.is_file():
         raise PinError(
             f"no pinned requirements for {what} ({path.relative_to(PINS_DIR.parents[2])} "

@@ -6,7 +6,7 @@ gathered by pyinfra, and so what the plan shows is exactly what a deploy writes.
 
 One module per job:
 
-- types.py: what it reads and writes: `Facts`, `HostPlan` (its `Rank`s, and its `Decision`s and
+- types.py: what it reads and writes: `Facts`, `ResolvedHost` (its `Rank`s, and its `Decision`s and
   --json shapes, the plan's words, which operations/plan/vocabulary.py holds: import them from
   there);
 - context.py: one host's resolution under way (`Resolution`: settings, facts, kb, the plan);
@@ -33,13 +33,13 @@ from operations.plan.resolver.router import (
     resolve_router,
     worker_urls,
 )
-from operations.plan.resolver.types import Facts, HostPlan, Rank
+from operations.plan.resolver.types import Facts, Rank, ResolvedHost
 
 __all__ = [
     "MANAGED_OPTIONS",
     "Facts",
-    "HostPlan",
     "Rank",
+    "ResolvedHost",
     "RouterPlan",
     "managed_options",
     "resolve",

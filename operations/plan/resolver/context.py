@@ -4,7 +4,7 @@ writes, and the errors it collects instead of stopping at the first. Every check
 from __future__ import annotations
 
 from operations.kb import Cites, Knowledge, cite
-from operations.plan.resolver.types import Facts, HostPlan
+from operations.plan.resolver.types import Facts, ResolvedHost
 from operations.settings import Settings
 
 
@@ -19,7 +19,7 @@ class Resolution:
         self.s = settings
         self.facts = facts
         self.kb = kb
-        self.plan = HostPlan()
+        self.plan = ResolvedHost()
         self.release_known = settings.sglang_version in kb.releases
         self.table = kb.cli_table("sglang", settings.sglang_version)
 

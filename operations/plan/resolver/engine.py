@@ -10,7 +10,7 @@ from operations.plan.engine_spec import (
     EngineSpec,
     engine_spec,
     indexes,
-    read_redist_manifest,
+    redist_manifest,
 )
 from operations.plan.resolver.context import Resolution, src
 from operations.plan.vocabulary import Decision
@@ -132,9 +132,9 @@ def plan_engine(ctx: Resolution) -> None:
     # is preflight's failure (the host is refused), so the plan shows the release's first.
     host_python = ctx.facts.python
     minor = release.python.minor_of(host_python) if host_python else None
-    manifest_path = ctx.s.cuda_redist_manifest
+    read = ctx.s.controller_files.redist_manifest
     try:
-        manifest = read_redist_manifest(manifest_path) if manifest_path else None
+        manifest = redist_manifest(read) if ctx.s.cuda_redist_manifest and read else None
         spec = engine_spec(ctx.s, ctx.kb, minor, manifest)
     except EngineError as exc:
         ctx.error(f"{exc} {ctx.where('cuda_redist_manifest')}")

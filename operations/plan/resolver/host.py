@@ -16,11 +16,11 @@ from operations.plan.resolver.context import Resolution
 from operations.plan.resolver.engine import check_lane, check_release
 from operations.plan.resolver.model import check_weights, gpu_entry, model_architecture
 from operations.plan.resolver.ranks import explain_environment, ranks
-from operations.plan.resolver.types import Facts, HostPlan
+from operations.plan.resolver.types import Facts, ResolvedHost
 from operations.settings import Settings
 
 
-def run(ctx: Resolution) -> HostPlan:
+def run(ctx: Resolution) -> ResolvedHost:
     check_release(ctx)
     check_lane(ctx)
     gpu_entry(ctx)
@@ -48,5 +48,5 @@ def run(ctx: Resolution) -> HostPlan:
 
 def resolve(
     settings: Settings, facts: Facts | None = None, kb: Knowledge | None = None
-) -> HostPlan:
+) -> ResolvedHost:
     return run(Resolution(settings, facts or Facts(), kb or kbmod.load()))

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from operations import kb as kbmod
 from operations import layout
@@ -58,22 +58,28 @@ ROUTER_MODULE = "sglang_router.launch_router"
 
 
 def control_key_text(settings: Settings) -> str | None:
-    """The control-plane key file's text from the controller (router.control_plane_key_file;
-    checked by settings.controller_problems); None: generated on the router's host."""
+    """The control-plane key file's text, as the settings loader read it on the controller
+    (router.control_plane_key_file; checked by settings.controller_problems); None: none is
+    configured (generated on the router's host), or it could not be read."""
     router = settings.router
-    if router is None or not router.control_plane_key_file:
+    read = settings.controller_files.control_plane_key
+    if router is None or not router.control_plane_key_file or read is None or not read.key:
         return None
-    return Path(router.control_plane_key_file).expanduser().read_text().strip() + "\n"
+    return read.key + "\n"
 
 
-def key_changes(settings: Settings, files: dict[str, str], runs_router: bool) -> bool:
+def key_changes(settings: Settings, files: Mapping[str, str], runs_router: bool) -> bool:
     """Whether this run writes the control-plane key on this host: the controller's key is not
     the one there, or (generated, on the router's own host only) there is none yet. `files`:
-    the ServingState fact's sha256s."""
-    if settings.router is None:
+    the ServingState fact's sha256s. A configured key the loader could not read is not
+    written (the settings refuse it)."""
+    router = settings.router
+    if router is None:
         return False
     text = control_key_text(settings)
     if text is None:
+        if router.control_plane_key_file:
+            return False
         return runs_router and layout.CONTROL_PLANE_KEY_FILE not in files
     return files.get(layout.CONTROL_PLANE_KEY_FILE) != hashlib.sha256(text.encode()).hexdigest()
 
@@ -117,7 +123,7 @@ def resolve_router(
     """The router's command line and unit, for the host that runs it."""
     router = settings.router
     assert router is not None and router.host == host_name
-    env_dir = layout.router_env(settings)
+    env_dir = layout.router_env_dir(settings)
     workers = worker_urls(all_settings)
     argv = [
         layout.env_python(env_dir),

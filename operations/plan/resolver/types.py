@@ -1,4 +1,4 @@
-"""What a resolution reads and writes: the host's facts (Facts), the plan (HostPlan: its
+"""What a resolution reads and writes: the host's facts (Facts), what it decided (ResolvedHost: its
 Decisions, Ranks and engine) and the shapes `python -m operations.plan --json` prints them in."""
 
 from __future__ import annotations
@@ -41,7 +41,11 @@ class Rank:
 
 
 @dataclass
-class HostPlan:
+class ResolvedHost:
+    """What the resolver decided for one host (one part of host_plan's HostReport): its
+    decisions with their reasons, each rank's command line and unit, the engine it installs,
+    and why it cannot (errors) or should not (warnings)."""
+
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)

@@ -1,0 +1,66 @@
+"""settings.schema.json: its reading, each setting's default, and one schema error in the words
+a refusal uses (the key, and what is accepted)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    import jsonschema
+
+SCHEMA_PATH = Path(__file__).parent / "settings.schema.json"
+
+
+# One setting's entry in settings.schema.json, the keys read here (jsonschema reads them all).
+PropertySchema = TypedDict(
+    "PropertySchema",
+    {"type": str | list[str], "default": Any, "description": str, "x-accepts": str},
+    total=False,
+)
+
+
+class SettingsSchema(TypedDict):
+    """settings.schema.json, as this package and its tests read it."""
+
+    required: list[str]
+    properties: dict[str, PropertySchema]
+
+
+@cache
+def schema() -> SettingsSchema:
+    loaded: SettingsSchema = json.loads(SCHEMA_PATH.read_text())
+    return loaded
+
+
+def defaults() -> dict[str, object]:
+    """Each setting's default, as settings.schema.json spells it (JSON: converted by load)."""
+    return {k: p["default"] for k, p in schema()["properties"].items() if "default" in p}
+
+
+@cache
+def pyinfra_keys() -> frozenset[str]:
+    """Host data keys that pyinfra's connectors read: these are not ours to judge."""
+    from pyinfra.api.connectors import get_all_connectors
+
+    keys: set[str] = set()
+    for connector in get_all_connectors().values():
+        keys.update(getattr(connector, "data_meta", {}) or {})
+    return frozenset(keys)
+
+
+def describe(
+    error: jsonschema.ValidationError, props: Mapping[str, PropertySchema]
+) -> tuple[str, str]:
+    """(key, what is accepted) for one schema error."""
+    if error.validator == "required":
+        missing = str(error.message).split("'")[1]
+        return missing, props[missing].get("x-accepts", "a value")
+    key = str(error.absolute_path[0]) if error.absolute_path else "?"
+    accepts = props.get(key, {}).get("x-accepts", error.message)
+    if len(error.absolute_path) > 1:
+        accepts = f"{accepts} ({'.'.join(map(str, error.absolute_path))}: {error.message})"
+    return key, accepts
