@@ -118,3 +118,18 @@ def test_the_moved_sections_live_where_the_readme_points() -> None:
     assert "## Troubleshooting: hostile inputs" in (ROOT / "docs" / "security.md").read_text()
     assert "| `bench/serve_bench.py` |" in (ROOT / "bench" / "README.md").read_text()
     assert "](bench/README.md)" in README
+
+
+def test_make_help_lists_every_target_and_is_the_default() -> None:
+    """`make` alone prints the targets (the first rule is make's default goal), one line each."""
+    makefile = (ROOT / "Makefile").read_text()
+    phony = {
+        name
+        for line in makefile.splitlines()
+        if line.startswith(".PHONY:")
+        for name in line.split(":", 1)[1].split()
+    }
+    rules = [m.group(1) for m in re.finditer(r"^([\w$(][\w$().\/-]*):(?!=)", makefile, re.M)]
+    assert rules[0] == "help", rules[:3]
+    helped = set(re.findall(r'^\t@echo "make (\S+)', makefile, re.M))
+    assert phony - {"help"} == helped, (phony - helped, helped - phony)

@@ -11,6 +11,7 @@ from operations.settings import Settings
 def src(sources: Cites) -> str:
     return f"source: {cite(sources)}"
 
+
 # The origin of a value a command tried in place of the host's own (`releases` asks the plan
 # for every release and lane): said as tried, never credited to the inventory.
 TRIED = "tried by the releases command"
