@@ -218,7 +218,11 @@ def run_intake(release: str, write: bool, kernel_index: str | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m operations.kb", description=__doc__)
+    ap = argparse.ArgumentParser(
+        prog="python -m operations.kb",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("command", nargs="?", choices=["intake"], help="draft a release")
     ap.add_argument("version", nargs="?", help="exact release, e.g. 0.5.24")
     ap.add_argument("--check", metavar="VERSION", help="compare the committed entry")
