@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from operations import kb as kbmod
+from operations import layout
 from operations.plan.engine_lock_check import check_lock, lock_sources
 from operations.plan.engine_spec import (
     EngineError,
@@ -187,7 +188,7 @@ def refusals(settings: Settings, knowledge: kbmod.Knowledge) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m operations.lock",
+        prog=layout.command("lock"),
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -23,6 +23,7 @@ import textwrap
 from typing import TYPE_CHECKING, NamedTuple, TypedDict
 
 from operations import kb as kbmod
+from operations import layout
 from operations import settings as settings_mod
 from operations.plan.host_plan import HostReport, decide, gather
 from operations.plan.resolver.context import TRIED
@@ -56,8 +57,8 @@ def unlock_hints(errors: list[str], knowledge: kbmod.Knowledge, lane: str) -> li
         hints.append(
             f"driver >= {needs} on the Proxmox node (the node's NVIDIA module, installed there: "
             "docs/engine.md, 'Off driver 570'); then the container's user space to match: "
-            "`pyinfra inventory/pve.py pve.py --data pve_install_driver=true` (preview with "
-            f"--dry); then `cuda_lane={lane}`"
+            "`.venv/bin/pyinfra inventory/pve.py pve.py --data pve_install_driver=true` (preview "
+            f"with --dry); then `cuda_lane={lane}`"
         )
     if any("python3 is" in e or "Python" in e for e in errors):
         hints.append("a host python3 among the release's python.versions")
@@ -216,8 +217,8 @@ def render(
     for name, entry in result.items():
         lines.append(f"{name}:")
         if isinstance(entry, str):
-            for why in entry.splitlines():
-                lines += _wrap(why, width, "      ", "  not asked: ")
+            # One line a problem, as every command says it (the terminal wraps it).
+            lines += [f"  not asked: {why}" for why in entry.splitlines()]
             continue
         lines += render_host(entry, (pins or {}).get(name), width)
     return "\n".join(lines) + "\n"
@@ -226,7 +227,7 @@ def render(
 def main(argv: list[str] | None = None) -> int:
     from operations.runtime.inventory import InventoryError, inventory_arguments, parse_data, said
 
-    args = inventory_arguments("python -m operations.releases", __doc__).parse_args(argv)
+    args = inventory_arguments(layout.command("releases"), __doc__).parse_args(argv)
     try:
         pins: dict[str, Pin] = {}
         result = run(args.inventory, parse_data(args.data), pins)
