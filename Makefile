@@ -6,7 +6,22 @@ UV_VERSION := 0.13.9
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo pve-demo test lint typecheck unit e2e bench clean
+.PHONY: help demo pve-demo test lint typecheck unit e2e bench clean
+
+# `make` alone lists the targets: the first rule is the default one.
+help:
+	@echo "make demo         preview a deploy on a simulated CT200 (pyinfra --dry; nothing is contacted)"
+	@echo "make pve-demo     preview pve.py on a simulated Proxmox node (what it would change)"
+	@echo "make test         what CI runs: lint, typecheck and every test layer (about 30 min)"
+	@echo "make lint         ruff check and ruff format --check"
+	@echo "make typecheck    mypy (strict)"
+	@echo "make fast         the tests that start no process (about 30 s)"
+	@echo "make integration  the unit tests that start pyinfra, uv, systemd-analyze or a host program"
+	@echo "make unit         fast and integration together"
+	@echo "make e2e          end-to-end runs in systemd containers over SSH (root, systemd-nspawn)"
+	@echo "make bench        the paired benchmarks in bench/ (docs: bench/README.md)"
+	@echo "make clean        remove .venv and the tools' caches"
+	@echo "Each target builds .venv from uv.lock on first use."
 
 # Bytecode at install: every pyinfra run imports ~500 modules, and where .pyc files are never
 # written (PYTHONDONTWRITEBYTECODE, a read-only checkout) compiling them costs ~0.7 s a run.

@@ -13,6 +13,18 @@ from dataclasses import dataclass
 
 from operations.settings import Settings
 
+# -- on the controller -------------------------------------------------------------------------
+
+# How the toolkit's own commands are spelled to a user (help, errors): the checkout's virtualenv,
+# as the README's commands are (`make` builds it).
+CONTROLLER_PYTHON = ".venv/bin/python"
+
+
+def command(module: str) -> str:
+    """A toolkit command as a user types it: `.venv/bin/python -m operations.plan`."""
+    return f"{CONTROLLER_PYTHON} -m operations.{module}"
+
+
 # -- systemd ---------------------------------------------------------------------------------
 
 UNIT_DIR = "/etc/systemd/system"

@@ -13,7 +13,7 @@ for another Python is never used by a host (the plan shows the name it looks for
 uv resolves for that Python with an interpreter of it on this controller and never downloads
 one (`--no-python-downloads`): locking for 3.12 needs a python3.12 on PATH (`apt-get install
 python3.12`, or `uv python install 3.12` once, by hand). uv's own lines are shown as they come,
-with a line every HEARTBEAT_S seconds while it resolves. Every problem (an unknown release, a
+with a line every 15 seconds while it resolves. Every problem (an unknown release, a
 lane the release lacks, an index that cannot be reached, named by its setting) is one line,
 exit status 1, and no lock is written.
 """
@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from operations import kb as kbmod
+from operations import layout
 from operations.plan.engine_lock_check import check_lock, lock_sources
 from operations.plan.engine_spec import (
     EngineError,
@@ -41,7 +42,13 @@ from operations.plan.engine_spec import (
     project_toml,
 )
 from operations.redact import redact
-from operations.runtime.inventory import InventoryError, open_session, parse_data, said
+from operations.runtime.inventory import (
+    DATA_HELP,
+    InventoryError,
+    open_session,
+    parse_data,
+    said,
+)
 from operations.settings import Settings
 
 LOCK_TIMEOUT_S = 1800
@@ -180,10 +187,14 @@ def refusals(settings: Settings, knowledge: kbmod.Knowledge) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m operations.lock", description=__doc__)
-    parser.add_argument("inventory")
+    parser = argparse.ArgumentParser(
+        prog=layout.command("lock"),
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("inventory", help="an inventory file, as pyinfra takes it")
     parser.add_argument("--python", required=True, help="the hosts' python3 minor, e.g. 3.11")
-    parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE", help=DATA_HELP)
     parser.add_argument("--force", action="store_true", help="lock again over an existing lock")
     args = parser.parse_args(argv)
     try:

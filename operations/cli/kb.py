@@ -24,6 +24,7 @@ from typing import cast
 
 import yaml
 
+from operations import layout
 from operations.kb import intake
 from operations.kb.cli_tables import load_cli_table
 from operations.kb.loader import load
@@ -62,7 +63,7 @@ def check(release: str) -> int:
     if not path.exists():
         raise intake.IntakeError(
             f"sglang {release}: no captured METADATA {path.relative_to(intake.REPO)}; run "
-            f"'python -m operations.kb intake {release}' first"
+            f"'{layout.command('kb')} intake {release}' first"
         )
     entry = committed_entry(release)
     if entry is None:
@@ -218,7 +219,11 @@ def run_intake(release: str, write: bool, kernel_index: str | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m operations.kb", description=__doc__)
+    ap = argparse.ArgumentParser(
+        prog=layout.command("kb"),
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("command", nargs="?", choices=["intake"], help="draft a release")
     ap.add_argument("version", nargs="?", help="exact release, e.g. 0.5.24")
     ap.add_argument("--check", metavar="VERSION", help="compare the committed entry")

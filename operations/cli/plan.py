@@ -14,6 +14,7 @@ import sys
 from collections.abc import Mapping
 from typing import TypedDict, cast
 
+from operations import layout
 from operations.plan.host_plan import HostReport
 from operations.plan.vocabulary import PlanJson
 from operations.runtime.gather import plan_for_host
@@ -105,7 +106,7 @@ def to_json(reports: Mapping[str, Outcome]) -> PlanDocument:
 def main(argv: list[str] | None = None) -> int:
     from operations.runtime.inventory import InventoryError, inventory_arguments, parse_data, said
 
-    parser = inventory_arguments("python -m operations.plan", __doc__)
+    parser = inventory_arguments(layout.command("plan"), __doc__)
     parser.add_argument(
         "--why", action="store_true", help="also every decision's reason and sources"
     )

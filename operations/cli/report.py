@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import textwrap
 from collections.abc import Mapping
 
 from rich.console import Console, Group, RenderableType
@@ -218,36 +219,48 @@ def _grid(rows: list[tuple[str, str]]) -> Table:
     return grid
 
 
-def why_lines(report: HostReport) -> list[RenderableType]:
-    """Every decision with its reason and sources (--why): "what: value", then the reason
-    indented below it over the whole width (a column of its own squeezes it, and breaks its
-    URLs, at 80 columns)."""
-    from rich.padding import Padding
-
-    lines: list[RenderableType] = [Text("decisions", style="bold underline")]
+def why_lines(report: HostReport, width: int) -> list[Text]:
+    """Every decision with its reason and sources (--why), then the compiler's archives with
+    the URL each is fetched from: printed below the host's box, wrapped at spaces only, so no URL
+    is ever broken across lines or a border (a URL longer than the terminal runs on and the
+    terminal wraps it: it stays one line to click or copy)."""
+    lines: list[Text] = []
+    router_warnings = report.router.warnings if report.router is not None else []
+    said = [f"error: {e}" for e in report.errors[len(report.failures) :]]
+    said += [f"warning: {w}" for w in [*report.plan.warnings, *router_warnings]]
+    said = [s for s in said if s != without_sources(s)]
+    if said:
+        lines.append(Text("sources of the errors and warnings", style="bold underline"))
+        for s in said:
+            lines += [Text(line) for line in _unbroken(s, width, "")]
+        lines.append(Text(""))
+    lines.append(Text("decisions", style="bold underline"))
     for d in report.plan.decisions:
         head = Text()
         head.append(d.what, style="bold")
         head.append(": ")
         head.append(d.value, style="cyan")
         lines.append(head)
-        lines.append(Padding(Text(d.why), (0, 0, 0, 4)))
-    return lines
-
-
-def archives_lines(report: HostReport) -> list[RenderableType]:
-    """The compiler's archives, each with the URL it is fetched from (--why)."""
-    from rich.padding import Padding
-
+        lines += [Text(line) for line in _unbroken(d.why, width, "    ")]
     spec = report.plan.engine
     tools = spec.toolkit if spec is not None else None
-    if tools is None:
-        return []
-    lines: list[RenderableType] = [Text("compiler archives", style="bold underline")]
-    for a in tools.archives:
-        lines.append(Text(a.file_name, style="bold"))
-        lines.append(Padding(Text(redact(f"{tools.url}/{a.path}")), (0, 0, 0, 4)))
+    if tools is not None:
+        lines += [Text(""), Text("compiler archives", style="bold underline")]
+        for a in tools.archives:
+            lines.append(Text(a.file_name, style="bold"))
+            lines.append(Text("    " + redact(f"{tools.url}/{a.path}")))
     return lines
+
+
+def _unbroken(text: str, width: int, indent: str) -> list[str]:
+    return textwrap.wrap(
+        text,
+        width=max(width, 40),
+        initial_indent=indent,
+        subsequent_indent=indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
 
 
 def host_panel(name: str, report: HostReport, why: bool = False, changes: bool = True) -> Panel:
@@ -255,7 +268,8 @@ def host_panel(name: str, report: HostReport, why: bool = False, changes: bool =
     leaves it out: the serve step says it in its own line, beside pyinfra's table)."""
     s = report.settings
     parts: list[RenderableType] = []
-    shown = (lambda text: text) if why else without_sources
+    # Sources stay out of the box: under --why they follow it, where no URL is broken.
+    shown = without_sources
     # Errors and warnings first: what a user must read before anything else.
     if report.failures:
         parts.append(failures_table(name, report.failures))
@@ -277,19 +291,12 @@ def host_panel(name: str, report: HostReport, why: bool = False, changes: bool =
         parts.append(Text(_common_options(first.argv)))
     if report.router is not None and not report.router.errors:
         parts.append(router_text(report.router, s.router))
-    if why and report.plan.decisions:
-        parts.append(Text(""))
-        parts.extend(why_lines(report))
-        archives = archives_lines(report)
-        if archives:
-            parts.append(Text(""))
-            parts.extend(archives)
     style = "green" if report.ok else "red"
     status = "ready" if report.ok else "refused"
     return Panel(
         Group(*parts),
         title=f"{escape(name)}: {status}",
-        subtitle=None if why else "reasons and sources: plan --why",
+        subtitle="reasons and sources: below" if why else "reasons and sources: plan --why",
         border_style=style,
         expand=False,
     )
@@ -306,3 +313,6 @@ def print_reports(
             console.print(Panel(Text(report, style="red"), title=f"{escape(name)}: unreachable"))
         else:
             console.print(host_panel(name, report, why=why))
+            if why and report.plan.decisions:
+                for line in why_lines(report, console.width):
+                    console.print(line, soft_wrap=True, highlight=False)

@@ -2,6 +2,7 @@
 
 import sys
 
+from operations.cli.closed_pipe import quiet
 from operations.cli.kb import main
 
-sys.exit(main())
+sys.exit(quiet(main))

@@ -113,9 +113,9 @@ def _node_fix(nodes: list[NodeAccess]) -> str:
     lines = "; ".join(f"pct set CTID --devN {n.path},mode=0666" for n in nodes)
     return (
         f"on the Proxmox node give each node mode 0666 in the container's config ({lines}: N "
-        "is the entry that passes that node; `pyinfra inventory/pve.py pve.py` writes them "
-        "so), then restart the container; a chmod inside the container is lost at its next "
-        "start (pve-container makes the nodes 0660 root:root when a devN names no mode)"
+        "is the entry that passes that node; `.venv/bin/pyinfra inventory/pve.py pve.py` "
+        "writes them so), then restart the container; a chmod inside the container is lost at "
+        "its next start (pve-container makes the nodes 0660 root:root when a devN names no mode)"
     )
 
 

@@ -109,11 +109,20 @@ class InventoryError(Exception):
 
 def inventory_arguments(prog: str, doc: str | None) -> argparse.ArgumentParser:
     """The command line shared by the commands that read an inventory as pyinfra does."""
-    parser = argparse.ArgumentParser(prog=prog, description=doc)
-    parser.add_argument("inventory")
-    parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE")
+    parser = argparse.ArgumentParser(
+        prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("inventory", help="an inventory file, as pyinfra takes it")
+    parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE", help=DATA_HELP)
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     return parser
+
+
+# What `--data` means in every command that reads an inventory, said once.
+DATA_HELP = (
+    "override a setting for every host, as pyinfra's own --data does (repeatable; the value is "
+    "read as JSON where it parses, else as text: --data sglang_version=0.5.19)"
+)
 
 
 def parse_data(items: list[str]) -> dict[str, object]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -175,12 +176,20 @@ def test_a_mirrors_credentials_never_reach_the_plan() -> None:
 
 def test_panel_wraps_values_instead_of_cutting_them() -> None:
     """An 80-column log (a pipe): every value whole, over as many lines as it needs; under
-    --why each reason has the whole width below its decision, so a URL shorter than a line is
-    never broken."""
+    --why the reasons and sources follow the box, wrapped at spaces only: no URL is broken, and
+    the only lines over 80 columns are a URL that is longer on its own."""
     result = plan("--why")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert max(len(line) for line in lines) <= 80
+    long = [ln for ln in lines if len(ln) > 80]
+    assert all(ln.strip().startswith("https://") and " " not in ln.strip() for ln in long), long
+    _, doc = plan_json()
+    (host,) = doc["hosts"].values()
+    reasons = " ".join(d["why"] for d in host["decisions"]) + " ".join(host["warnings"])
+    urls = {u.rstrip(").;,") for u in re.findall(r"https://\S+", reasons)}
+    assert urls
+    for url in urls:
+        assert any(url in ln for ln in lines), f"{url} broken or missing"
     assert "…" not in result.stdout
     assert any("rank environment: FLASHINFER_CUDA_ARCH_LIST=12.0a" in ln for ln in lines)
     (at,) = [i for i, ln in enumerate(lines) if "engine pin: torch==2.11.0+cu128" in ln]

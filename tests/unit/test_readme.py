@@ -123,3 +123,46 @@ def test_the_moved_sections_live_where_the_readme_points() -> None:
     assert "## Troubleshooting: hostile inputs" in (ROOT / "docs" / "security.md").read_text()
     assert "| `bench/serve_bench.py` |" in (ROOT / "bench" / "README.md").read_text()
     assert "](bench/README.md)" in README
+
+
+def test_make_help_lists_every_target_and_is_the_default() -> None:
+    """`make` alone prints the targets (the first rule is make's default goal), one line each."""
+    makefile = (ROOT / "Makefile").read_text()
+    phony = {
+        name
+        for line in makefile.splitlines()
+        if line.startswith(".PHONY:")
+        for name in line.split(":", 1)[1].split()
+    }
+    rules = [m.group(1) for m in re.finditer(r"^([\w$(][\w$().\/-]*):(?!=)", makefile, re.M)]
+    assert rules[0] == "help", rules[:3]
+    helped = set(re.findall(r'^\t@echo "make (\S+)', makefile, re.M))
+    assert phony - {"help"} == helped, (phony - helped, helped - phony)
+
+
+def test_the_docs_name_the_releases_and_pythons_the_knowledge_base_holds() -> None:
+    """The supported releases and the Pythons are read off the knowledge base, not kept by hand:
+    a new release or Python fails here until the docs say it."""
+    from operations import kb
+
+    knowledge = kb.load()
+    releases = knowledge.supported_releases()
+    (row,) = [ln for ln in CONFIGURATION.splitlines() if ln.startswith("| `sglang_version` |")]
+    assert f"{releases[0]} to {releases[-1]}" in row, row
+    pythons = sorted({v for r in releases for v in knowledge.releases[r].python.versions})
+    (python_row,) = [ln for ln in TROUBLESHOOTING.splitlines() if ln.startswith("| Python |")]
+    assert f"{' and '.join(pythons)} for every release today" in python_row, python_row
+    for r in releases:
+        assert list(knowledge.releases[r].python.versions) == pythons, r
+
+
+def test_no_doc_names_an_internal_issue_number() -> None:
+    """A reader cannot look up the team's issue numbers: the docs say what, not which issue."""
+    found = [
+        f"{path.relative_to(ROOT)}: {m.group(0)}"
+        for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+        for m in re.finditer(
+            r"\(issue \d+|issue \d+'s|of issue \d+|\bissue \d+, point", path.read_text()
+        )
+    ]
+    assert not found, found

@@ -211,3 +211,33 @@ def test_no_buffer_never_plans_a_rank_its_release_asserts_on(
                 assert argv[argv.index("--page-size") + 1] == "1", argv
             backend = argv[argv.index("--attention-backend") + 1]
             assert backend != "trtllm_mha", argv
+
+
+def test_the_table_fits_80_columns_says_each_reason_once_and_marks_the_pin(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One row a release, a column a lane; the driver's reason for the 13 cu130 builds is one
+    note; the host's own pin is marked; nothing is wider than the terminal."""
+    monkeypatch.setenv("COLUMNS", "80")
+    assert releases_mod.main([str(REPO / "inventory" / "demo.py")]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80, [line for line in lines if len(line) > 80]
+    rows = {line.split()[0]: line for line in lines if line.startswith("  0.5.")}
+    assert set(rows) == set(KNOWLEDGE.supported_releases())
+    assert out.count("cannot run CUDA 13.0") == 1
+    # group_data pins 0.5.11 on cu128 for the demo CT200: that cell, and only it, is marked.
+    assert [r for r, line in rows.items() if "<" in line] == ["0.5.11"]
+    assert "this host's pin (sglang_version 0.5.11, cuda_lane cu128)" in out
+
+
+def test_a_value_the_command_tried_is_said_to_be_tried(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The inventory sets 0.5.11/cu128: a reason about 0.5.9 or cu130 never says the inventory
+    set them."""
+    found = _run(REPO / "inventory" / "demo.py", capsys)
+    refused = [w for v in found.values() for w in v["why"]]
+    assert refused
+    assert not [w for w in refused if "set in the inventory" in w], refused
+    assert any("sglang_version '0.5.9' (tried by the releases command)" in w for w in refused)

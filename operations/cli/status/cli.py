@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import sys
 
+from operations import layout
 from operations.cli.status.read import run
 from operations.cli.status.rows import EXIT_ERROR, exit_status, to_json
 from operations.cli.status.view import print_results
@@ -32,7 +33,7 @@ from operations.cli.status.view import print_results
 def main(argv: list[str] | None = None) -> int:
     from operations.runtime.inventory import InventoryError, inventory_arguments, parse_data, said
 
-    parser = inventory_arguments("python -m operations.status", __doc__)
+    parser = inventory_arguments(layout.command("status"), __doc__)
     parser.add_argument(
         "--probe",
         action="store_true",

@@ -12,6 +12,11 @@ def src(sources: Cites) -> str:
     return f"source: {cite(sources)}"
 
 
+# The origin of a value a command tried in place of the host's own (`releases` asks the plan
+# for every release and lane): said as tried, never credited to the inventory.
+TRIED = "tried by the releases command"
+
+
 class Resolution:
     """One host's resolution: collects errors instead of stopping at the first."""
 
@@ -27,7 +32,8 @@ class Resolution:
         self.plan.errors.append(message)
 
     def where(self, key: str) -> str:
-        return f"(set in {self.s.origin(key)})"
+        origin = self.s.origin(key)
+        return f"({origin})" if origin == TRIED else f"(set in {origin})"
 
     def driver(self) -> str | None:
         gpu = self.facts.gpu

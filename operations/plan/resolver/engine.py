@@ -4,6 +4,7 @@ overrides and compiler), each shown as a decision."""
 
 from __future__ import annotations
 
+from operations import layout
 from operations.kb import Lane, cite, in_range, version
 from operations.plan.engine_spec import (
     EngineError,
@@ -26,8 +27,8 @@ def check_release(ctx: Resolution) -> None:
     ctx.error(
         f"sglang_version {release!r} {ctx.where('sglang_version')} is not in the knowledge "
         f"base (known: {len(known)} releases, {known[0]} to {known[-1]}; which fit this host: "
-        "'python -m operations.releases INVENTORY'); to add it, run "
-        f"'python -m operations.kb intake {release}' (see docs/engine.md)"
+        f"'{layout.command('releases')} INVENTORY'); to add it, run "
+        f"'{layout.command('kb')} intake {release}' (see docs/engine.md)"
     )
 
 
