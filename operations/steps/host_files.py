@@ -330,13 +330,26 @@ def show_change(file: PlannedFile) -> None:
 def put_planned(file: PlannedFile, name: str | None = None) -> OperationMeta:
     """The plan's file written: by write_planned when the plan's facts read its digest (a
     converged run asks nothing), else (not read, or a secret, whose mode and owners are read)
-    by put_file. `name`: the operation's, when the step says why (a rank unit's "(start)")."""
+    by put_file. `name`: the operation's, when the step says why (a rank unit's "(start)").
+
+    One operation whichever way it writes: pyinfra orders operations by where they are called,
+    so two hosts that took different ways for the same files would call two operations in
+    opposite orders (pyinfra: "Cycle detected in operation ordering DAG")."""
+    return planned_file(name=name or file.name, file=file)
+
+
+@operation()
+def planned_file(file: PlannedFile) -> Commands:
+    """
+    put_planned's one operation: write_planned's commands, or put_file's.
+
+    + file: the plan's file
+    """
     if file.secret or file.changes is None:
         # A key the plan leaves to the write (the plan draws no random number): made here, once,
         # with the CSPRNG; put_file gives it its final mode before its first byte.
         src = secrets.token_urlsafe(32) + "\n" if file.generated else file.data
-        return put_file(
-            name=name or file.name,
+        yield from put_file._inner(
             src=src,
             dest=file.path,
             owner=file.owner,
@@ -346,4 +359,5 @@ def put_planned(file: PlannedFile, name: str | None = None) -> OperationMeta:
             dir_group=file.dir_group,
             secret=file.secret,
         )
-    return write_planned(name=name or file.name, file=file)
+        return
+    yield from write_planned._inner(file=file)
