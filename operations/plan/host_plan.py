@@ -136,6 +136,8 @@ class Gathered:
     hub_cli_installed: bool | None = None
     # The controller's hub token (HF_TOKEN); never shown.
     hub_token: str | None = field(default=None, repr=False)
+    # The commands the deploy runs on the controller (rsync, ssh); None: not asked.
+    tools: preflight.ControllerTools | None = None
 
 
 def model_key(
@@ -167,7 +169,9 @@ def decide(
     router, the drain, the warnings, the monitoring; then, for a host preflight passes, the
     staging, the serve plan and the engine and model steps' plans."""
     gpu, resources, model = facts.host.gpu, facts.host.resources, facts.model
-    failures = preflight.check(settings, knowledge, gpu, resources, model, facts.host.access)
+    failures = preflight.check(
+        settings, knowledge, gpu, resources, model, facts.host.access, facts.tools
+    )
     resolver_facts = resolver.Facts(
         gpu=gpu,
         model=model,

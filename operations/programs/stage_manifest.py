@@ -68,6 +68,8 @@ HUB_SNAPSHOTS = "snapshots"
 MAX_LINKS = 40
 # The ModelSource fact's answer (stage_source.py): the config.json lines follow it.
 CONFIG_MARKER = "@@config.json"
+# describe's line before the scan's refusal (a link it will not follow, an unreadable file).
+SCAN_ERROR_MARKER = "@@scan-error"
 EXIT_REFUSED = 3  # does not fit, source missing: the message says why; nothing was copied
 EXIT_CHANGED = 4  # a source file changed during the copy: staged nothing, re-run later
 
@@ -305,15 +307,18 @@ def open_source(root: str, rel: str) -> int:
 
 def describe(source: str) -> list[str]:
     """The ModelSource fact's answer (operations/facts/host.py parse_model): "exists", the
-    bytes a stage run would take (blank when the scan refuses: the staging plan says why), and
+    bytes a stage run would take (blank when the scan refuses, and then SCAN_ERROR_MARKER and
+    why: preflight names it), and
     config.json by the link rule; "missing" when source is no directory."""
     if not os.path.isdir(source):
         return ["missing"]
+    refused: list[str] = []
     try:
         size = str(sum(e["size"] for e in entries(source)))
-    except (StageError, OSError):
+    except (StageError, OSError) as exc:
         size = ""
-    lines = ["exists", size]
+        refused = [SCAN_ERROR_MARKER, " ".join(str(exc).split())]
+    lines = ["exists", size, *refused]
     config = _read_text(source, "config.json")
     if config is not None:
         lines += [CONFIG_MARKER, *config.splitlines()]
