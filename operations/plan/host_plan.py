@@ -191,6 +191,10 @@ def decide(
         plan.warnings.append(low_ram)
     plan.warnings.extend(open_binds(settings, host_name))
     plan.warnings.extend(preflight.access_warnings(settings, facts.host.access))
+    if settings.source.kind == "hf" and settings.source.revision:
+        revision, revision_warning = model_plan.hub_revision(settings, facts.staging)
+        plan.decisions.append(revision)
+        plan.warnings.extend([revision_warning] if revision_warning else [])
     watched, watched_decision = monitoring.decide(host_name, settings)
     plan.decisions.append(watched_decision)
     decision = None

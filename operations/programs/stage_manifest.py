@@ -101,6 +101,18 @@ def _hub_sha256(root: str, rel: str, mtime_ns: int) -> str | None:
     return None
 
 
+def hub_commit(root: str) -> str | None:
+    """The commit the hub CLI resolved the revision to, as its --local-dir metadata of
+    config.json records it (huggingface_hub's `.cache/huggingface/download/F.metadata`: the
+    commit, the etag, the time); None when absent or not a 40-hex commit."""
+    text = _read_text(
+        root, os.path.join(".cache", "huggingface", "download", "config.json.metadata")
+    )
+    commit = text.splitlines()[0].strip() if text else ""
+    hexdigits = "0123456789abcdef"
+    return commit if len(commit) == 40 and all(c in hexdigits for c in commit) else None
+
+
 def entries(root: str) -> list[FileEntry]:
     """Every served file under root with size and mtime (stat only: never reads contents); a
     link by the link rule (what it resolves to), or refused (StageError)."""
