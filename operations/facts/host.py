@@ -12,6 +12,7 @@ from pyinfra.api.facts import FactBase
 
 from operations import layout
 from operations.programs.stage_manifest import CONFIG_MARKER as CONFIG_MARKER  # the fact's marker
+from operations.programs.stage_manifest import SCAN_ERROR_MARKER
 from operations.render import host_scripts
 
 
@@ -55,6 +56,9 @@ class Resources:
     device_nodes: list[str] = field(default_factory=list)
     # /opt/rocm exists: tvm-ffi then compiles SGLang's kernels with hipcc (sglang#30120).
     rocm: bool = False
+    # rsync on the target's PATH (the receiving end of a controller source's sync); None:
+    # not asked (an older capture).
+    rsync: bool | None = None
     # lstat of every existing component of the root paths asked for (and of the paths they
     # resolve to): path -> its owner, group, mode and kind. Read by preflight.unsafe_roots.
     components: dict[str, PathStat] = field(default_factory=dict)
@@ -110,6 +114,7 @@ def parse_resources(lines: list[str]) -> Resources:
         cgroup_limit_bytes=_limit(values.get("cgroup_max", "")),
         engine_free_bytes=_int(values.get("engine_free", "")),
         rocm=values.get("rocm") == "1",
+        rsync={"1": True, "0": False}.get(values.get("rsync", "")),
         glibc=glibc[-1] if glibc else None,
         python=values.get("python", "").removeprefix("Python ").strip() or None,
         systemd=_int(systemd[1]) if len(systemd) > 1 else None,
@@ -171,6 +176,7 @@ _RESOURCES_SCRIPT = " ".join(
         'echo "python=$(python3 -V 2>/dev/null)";',
         'echo "systemd=$(systemctl --version 2>/dev/null | head -n1)";',
         '[ -e /opt/rocm ] && echo "rocm=1";',
+        "if command -v rsync >/dev/null 2>&1; then echo rsync=1; else echo rsync=0; fi;",
         f'for n in {layout.GPU_NODE_GLOB}; do [ -e "$n" ] && echo "dev=$n"; done; true',
     )
 )
@@ -202,6 +208,9 @@ class Model:
     # config.json's quantization_config.quant_method ("fp8", ...); None: unquantized weights
     # (or no readable config.json).
     quantization: str | None = None
+    # Why the staging copy's scan refuses the source (a link that leaves it, dangles or loops,
+    # an unreadable file); its size is then unknown. None: the scan read it.
+    scan_error: str | None = None
 
 
 # Printed instead of the model's lines when the target has no python3 (the staging copy, and
@@ -218,15 +227,19 @@ def parse_model(lines: list[str]) -> Model:
             exists=True,
             config_error="python3 is missing on the target (the source is read with it)",
         )
+    refused = None
+    if len(lines) > 3 and lines[2] == SCAN_ERROR_MARKER:
+        refused = lines[3].strip() or "the scan refused the source"
     try:
         start = lines.index(CONFIG_MARKER) + 1
     except ValueError:
-        return Model(exists=True, size_bytes=size, config_error="no readable config.json")
+        return Model(True, size, config_error="no readable config.json", scan_error=refused)
     try:
         config = json.loads("\n".join(lines[start:]))
         arch = config["architectures"][0]
     except (ValueError, KeyError, IndexError, TypeError):
-        return Model(exists=True, size_bytes=size, config_error="config.json has no architectures")
+        why = "config.json has no architectures"
+        return Model(True, size, config_error=why, scan_error=refused)
     quant = config.get("quantization_config")
     method = quant.get("quant_method") if isinstance(quant, dict) else None
     return Model(
@@ -234,6 +247,7 @@ def parse_model(lines: list[str]) -> Model:
         size_bytes=size,
         architecture=str(arch),
         quantization=str(method) if method is not None else None,
+        scan_error=refused,
     )
 
 

@@ -56,6 +56,8 @@ class Staging:
     leftover_bytes: int = 0
     # The revision our hub download marker records (hf:// sources), else None.
     hub_revision: str | None = None
+    # The commit the hub resolved that revision to (its download metadata), else None.
+    hub_commit: str | None = None
     # Bytes a stage run would copy: files the current copy does not already hold.
     copy_bytes: int | None = None
     changed_files: list[str] = field(default_factory=list)
@@ -110,6 +112,7 @@ def parse_staging(lines: list[str]) -> Staging:
             leftovers=_strings(data.get("leftovers")),
             leftover_bytes=_optional_int(data.get("leftover_bytes")) or 0,
             hub_revision=_optional_str(data.get("hub_revision")),
+            hub_commit=_optional_str(data.get("hub_commit")),
             copy_bytes=_optional_int(data.get("copy_bytes")),
             changed_files=_strings(data.get("changed_files")),
             mismatched=_strings(data.get("mismatched")),

@@ -136,6 +136,8 @@ class Gathered:
     hub_cli_installed: bool | None = None
     # The controller's hub token (HF_TOKEN); never shown.
     hub_token: str | None = field(default=None, repr=False)
+    # The commands the deploy runs on the controller (rsync, ssh); None: not asked.
+    tools: preflight.ControllerTools | None = None
 
 
 def model_key(
@@ -167,7 +169,9 @@ def decide(
     router, the drain, the warnings, the monitoring; then, for a host preflight passes, the
     staging, the serve plan and the engine and model steps' plans."""
     gpu, resources, model = facts.host.gpu, facts.host.resources, facts.model
-    failures = preflight.check(settings, knowledge, gpu, resources, model, facts.host.access)
+    failures = preflight.check(
+        settings, knowledge, gpu, resources, model, facts.host.access, facts.tools
+    )
     resolver_facts = resolver.Facts(
         gpu=gpu,
         model=model,
@@ -187,6 +191,10 @@ def decide(
         plan.warnings.append(low_ram)
     plan.warnings.extend(open_binds(settings, host_name))
     plan.warnings.extend(preflight.access_warnings(settings, facts.host.access))
+    if settings.source.kind == "hf" and settings.source.revision:
+        revision, revision_warning = model_plan.hub_revision(settings, facts.staging)
+        plan.decisions.append(revision)
+        plan.warnings.extend([revision_warning] if revision_warning else [])
     watched, watched_decision = monitoring.decide(host_name, settings)
     plan.decisions.append(watched_decision)
     decision = None

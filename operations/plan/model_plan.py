@@ -14,19 +14,48 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from operations import layout
-from operations.facts.model import script_text
+from operations.facts.model import Staging, script_text
 from operations.kb.pins import hub_requirements
 from operations.layout import HUB_TOKEN_FILE, STAGE_UNIT
 from operations.plan.capacity import STAGE_HEADROOM
 from operations.plan.planned_files import PlannedFile, planned
 from operations.plan.staging import ControllerScan, StageDecision
-from operations.plan.vocabulary import ModelStepJson, StageScriptMode
+from operations.plan.vocabulary import Decision, ModelStepJson, StageScriptMode
 from operations.render import units
 from operations.settings import Settings
 
 # The controller's environment variable holding a hub token (never a setting: settings are
 # shown; the token is written root-only for the one download, then removed).
 TOKEN_ENV = "HF_TOKEN"
+
+
+def is_commit(revision: str) -> bool:
+    """A hub revision that names one commit: 40 lowercase hex digits."""
+    return len(revision) == 40 and all(c in "0123456789abcdef" for c in revision)
+
+
+def hub_revision(settings: Settings, staging: Staging | None) -> tuple[Decision, str | None]:
+    """The plan's line for a hub source's revision, and its warning when the revision is a
+    branch or tag: the commit it was resolved to by the download (the hub's metadata), once
+    downloaded; resolved once and never followed."""
+    s, source = settings, settings.source
+    assert source.repo and source.revision
+    if is_commit(source.revision):
+        return Decision("hub revision", source.revision, "a commit: every host stages it"), None
+    downloaded = staging is not None and staging.hub_revision == source.revision
+    commit = staging.hub_commit if staging is not None and downloaded else None
+    if commit is not None:
+        value, when = f"{source.revision} -> commit {commit}", "at this host's download"
+    else:
+        value, when = f"{source.revision} -> the commit it names at the download", "at download"
+    warning = (
+        f"model_source {s.model_source} (set in {s.origin('model_source')}): "
+        f"{source.revision!r} is a branch or tag, not a 40-hex commit: it is resolved once "
+        f"{when} and never followed, and each host may get another commit; pin "
+        f"hf://{source.repo}@{commit or 'COMMIT'}"
+    )
+    why = "a branch or tag is resolved once, at the download, and never followed"
+    return Decision("hub revision", value, why), warning
 
 
 def stage_command(

@@ -6,8 +6,6 @@ failure gets no change at all (deploy.py stops it before the first change).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from operations import layout
 from operations.facts.gpu import PROBE_UNIT, GpuAccess, NodeAccess, NvidiaSmi
 from operations.facts.host import Model, PathStat, Resources
@@ -17,6 +15,9 @@ from operations.plan.capacity import GIB, STAGE_HEADROOM, gib, ram_per_rank
 # The container's memory rule, as pve.py and preflight's checks both use it.
 from operations.plan.capacity import memory_high as memory_high
 from operations.plan.capacity import memory_needed as memory_needed
+from operations.plan.preflight_source import ControllerTools as ControllerTools
+from operations.plan.preflight_source import Failure as Failure
+from operations.plan.preflight_source import controller_failures, source_failures
 from operations.render import units
 from operations.settings import Settings
 
@@ -29,8 +30,9 @@ MISMATCH_FIX = (
     "driver version inside the container (user space only, --no-kernel-module)"
 )
 NO_DRIVER_FIX = (
-    "pass the GPUs into the container (lxc.cgroup2.devices.allow c 195:* rwm and bind-mount "
-    f"{layout.GPU_NODE_GLOB}) and check that the node's driver is loaded (nvidia-smi on the node)"
+    "on the Proxmox node: pass the GPUs into the container (lxc.cgroup2.devices.allow c 195:* "
+    f"rwm and bind-mount {layout.GPU_NODE_GLOB}) and check that the node's driver is loaded "
+    "(nvidia-smi on the node)"
 )
 
 
@@ -39,14 +41,6 @@ NESTING_FIX = (
     "or pve.py with pve_nesting: true) and restart it: without it the AppArmor profile denies "
     "the mounts a sandboxed unit needs (pve-container make_apparmor_config)"
 )
-
-
-@dataclass(frozen=True)
-class Failure:
-    check: str
-    expected: str
-    found: str
-    fix: str
 
 
 def model_bytes(settings: Settings, kb: Knowledge, measured: int | None) -> int | None:
@@ -208,8 +202,8 @@ def access_failures(settings: Settings, access: GpuAccess | None) -> list[Failur
                 f"a transient unit ({PROBE_UNIT}) with a rank unit's sandbox runs as "
                 f"{s.service_user} and opens the GPU nodes",
                 f"exit status {access.probe_rc}: {access.probe_error or 'no message'}",
-                "run the deploy on a systemd host whose systemd-run works (journalctl -u "
-                f"'{PROBE_UNIT}-*' says why it failed); a sandbox that cannot start here "
+                "in the container: journalctl -u "
+                f"'{PROBE_UNIT}-*' says why systemd-run failed; a sandbox that cannot start here "
                 f"cannot start a rank either: {NESTING_FIX}",
             )
         )
@@ -265,12 +259,17 @@ def check(
     resources: Resources,
     model: Model,
     access: GpuAccess | None = None,
+    tools: ControllerTools | None = None,
 ) -> list[Failure]:
-    """Every reason this host cannot run the plan, in the order a user fixes them: the GPUs,
-    the root-only paths, the device nodes and their access, the model and its room, the
-    release's needs of the host, the host itself."""
+    """Every reason this host cannot run the plan, in the order a user fixes them: the model
+    source (missing, or a link its scan refuses: nothing else is judged on a guessed size),
+    what the controller must have (`tools`: None, not asked), the GPUs, the root-only paths,
+    the device nodes and their access, the model and its room, the release's needs of the
+    host, the host itself."""
     s = settings
     return [
+        *source_failures(s, model),
+        *controller_failures(s, tools, resources),
         *gpu_failures(s, kb, gpu),
         *root_failures(s, resources),
         *node_failures(s, resources),
@@ -288,7 +287,10 @@ def gpu_failures(s: Settings, kb: Knowledge, gpu: NvidiaSmi) -> list[Failure]:
         if "mismatch" in error.lower():
             fix = MISMATCH_FIX
         elif "not found" in error.lower():
-            fix = "install the NVIDIA driver user space (nvidia-smi) in the container"
+            fix = (
+                "in the container: install the NVIDIA driver user space (nvidia-smi), the "
+                "node's driver version (the NVIDIA .run with --no-kernel-module)"
+            )
         else:
             fix = NO_DRIVER_FIX
         return [Failure("nvidia-smi answers", "a list of GPUs", error, fix)]
@@ -299,7 +301,8 @@ def gpu_failures(s: Settings, kb: Knowledge, gpu: NvidiaSmi) -> list[Failure]:
                 "GPU count",
                 f"{s.gpu_count} GPUs (gpu_count)",
                 f"{len(gpu.gpus)}: {', '.join(sorted({g.name for g in gpu.gpus})) or 'none'}",
-                "pass every GPU into the container, or set gpu_count (and dp_size) to match",
+                "on the Proxmox node: pass every GPU into the container (pve.py), or on the "
+                "controller set gpu_count (and dp_size) to match in the inventory",
             )
         )
     if gpu.cuda_version is None:
@@ -308,7 +311,7 @@ def gpu_failures(s: Settings, kb: Knowledge, gpu: NvidiaSmi) -> list[Failure]:
                 "CUDA user space",
                 "nvidia-smi's banner naming the CUDA version the driver supports",
                 "CUDA Version: N/A (libcuda is not visible in the container)",
-                "install the driver's user-space libraries in the container (libcuda.so.1, the "
+                "in the container: install the driver's user-space libraries (libcuda.so.1, the "
                 "same version as the node's driver; the NVIDIA .run with --no-kernel-module)",
             )
         )
@@ -322,8 +325,8 @@ def gpu_failures(s: Settings, kb: Knowledge, gpu: NvidiaSmi) -> list[Failure]:
                 "compute capability",
                 f"{s.gpu_compute_cap} ({arch}) on every GPU (gpu_compute_cap)",
                 caps,
-                "this deploy is planned for another GPU: set gpu_compute_cap for this host, "
-                "after checking the knowledge base supports it",
+                "this deploy is planned for another GPU: on the controller set gpu_compute_cap "
+                "for this host in the inventory, after checking the knowledge base supports it",
             )
         )
     return failures
@@ -337,8 +340,12 @@ def root_failures(s: Settings, resources: Resources) -> list[Failure]:
             f"{key} {path} and every directory above it owned by root and writable by root "
             "only (root writes or runs what is under it)",
             f"{component}: {why}",
-            f"chown root:root {component} && chmod go-w {component}"
-            + (f", or set {key} to a directory only root writes to" if "_" in key else ""),
+            f"in the container: chown root:root {component} && chmod go-w {component}"
+            + (
+                f", or on the controller set {key} to a directory only root writes to"
+                if "_" in key
+                else ""
+            ),
         )
         for key, path, component, why in unsafe_roots(s, resources)
     ]
@@ -355,39 +362,33 @@ def node_failures(s: Settings, resources: Resources) -> list[Failure]:
             "GPU device nodes",
             ", ".join(expected_nodes),
             f"missing {', '.join(missing)}",
-            f"add the nodes to the container's config (lxc.mount.entry: {layout.GPU_NODE_PREFIX}N "
-            "... bind), "
-            "nvidia-uvm included: CUDA needs it",
+            "on the Proxmox node: add the nodes to the container's config (lxc.mount.entry: "
+            f"{layout.GPU_NODE_PREFIX}N ... bind; pve.py writes them), nvidia-uvm included: CUDA "
+            "needs it",
         )
     ]
 
 
 def model_failures(s: Settings, kb: Knowledge, model: Model, resources: Resources) -> list[Failure]:
-    """The model's source is a model directory, and its size fits the tmpfs and the memory."""
+    """The model's config names its architecture, and its size fits the tmpfs and the memory
+    (no size while the scan refuses the source: source_failures names why)."""
     failures = []
     source = s.source
     where = source.controller_dir if source.kind == "controller" else source.target_dir
     on = "the controller" if source.kind == "controller" else "the target"
-    if source.kind == "hf" and not model.exists:
-        pass  # downloaded by the model step; its size comes from the knowledge base until then
-    elif not model.exists:
-        failures.append(
-            Failure(
-                "model source",
-                f"a model directory at {where} on {on} (model_source {s.model_source})",
-                "no such directory",
-                "mount the weights into the container at model_source, or set model_source",
-            )
-        )
-    elif model.architecture is None:
+    if model.exists and model.architecture is None:
         failures.append(
             Failure(
                 "model config",
                 f"{where}/config.json naming the architecture",
                 model.config_error or "unreadable",
-                "point model_source at a Hugging Face model directory (config.json + shards)",
+                f"on {on}: put the model's config.json in {where}, or point model_source "
+                "(inventory or group_data) at a Hugging Face model directory (config.json "
+                "and shards)",
             )
         )
+    if model.scan_error is not None:
+        return failures
     size = model_bytes(s, kb, model.size_bytes)
     if size is not None:
         failures += room_failures(s, resources, size)
@@ -405,8 +406,9 @@ def room_failures(s: Settings, resources: Resources, size: int) -> list[Failure]
                 f">= {gib(need)} = {need} bytes (the model, {gib(size)}, plus 2%); "
                 "nothing was copied",
                 gib(resources.stage_total_bytes),
-                f"enlarge the tmpfs (mount -o remount,size=... {s.model_stage_dir}, or the "
-                "container's /dev/shm size) or set model_stage_dir",
+                f"in the container: enlarge the tmpfs (mount -o remount,size=... "
+                f"{s.model_stage_dir}; on the Proxmox node: the container's /dev/shm size), or "
+                "on the controller set model_stage_dir",
             )
         )
     limit = resources.memory_limit_bytes
@@ -419,8 +421,8 @@ def room_failures(s: Settings, resources: Resources, size: int) -> list[Failure]
                 f"{gib(ram_per_rank(s))}, ram_per_rank_gb, + Proxmox's 128 MiB memory.high "
                 "margin)",
                 gib(limit),
-                "raise the container's memory limit (pct set CTID --memory MiB): /dev/shm "
-                "pages count against it",
+                "on the Proxmox node: raise the container's memory limit (pct set CTID "
+                "--memory MiB; pve.py sets it): /dev/shm pages count against it",
             )
         )
     return failures
@@ -439,7 +441,8 @@ def release_failures(s: Settings, kb: Knowledge, resources: Resources) -> list[F
                 "glibc",
                 f">= {floor} (the wheels of sglang {s.sglang_version} need it)",
                 resources.glibc or "unknown",
-                "use a newer distribution in the container (Debian 12 has 2.36)",
+                "in the container: a newer distribution (Debian 12 has 2.36), or on the "
+                "controller pin an older release",
             )
         )
     # The engine is locked and built for the host's own Python (uv never downloads one).
@@ -451,8 +454,9 @@ def release_failures(s: Settings, kb: Knowledge, resources: Resources) -> list[F
                 f"python3 {supported} (sglang {s.sglang_version} is built for these only: "
                 f"{release.python.why})",
                 resources.python,
-                f"install python3 {supported} (with python3-venv) in the container (Debian 12 "
-                "has 3.11, Ubuntu 24.04 3.12), or pin a release built for this one",
+                f"in the container: install python3 {supported} (with python3-venv; Debian 12 "
+                "has 3.11, Ubuntu 24.04 3.12), or on the controller pin a release built for "
+                "this one",
             )
         )
     return failures
@@ -463,7 +467,12 @@ def host_failures(s: Settings, resources: Resources) -> list[Failure]:
     failures = []
     if resources.systemd is None:
         failures.append(
-            Failure("systemd", "systemd as init", "not found", "run a systemd-based container")
+            Failure(
+                "systemd",
+                "systemd as init",
+                "not found",
+                "on the Proxmox node: make the container from a systemd-based template",
+            )
         )
     if resources.rocm:
         failures.append(
@@ -471,7 +480,8 @@ def host_failures(s: Settings, resources: Resources) -> list[Failure]:
                 "rocm",
                 "no /opt/rocm in the container",
                 "/opt/rocm exists",
-                "remove it (or run the engine where it is absent): apache-tvm-ffi, which compiles "
+                "in the container: remove /opt/rocm (or run the engine where it is absent): "
+                "apache-tvm-ffi, which compiles "
                 "SGLang's own kernels at run time, takes /opt/rocm as a ROCm host and runs hipcc "
                 "instead of the engine's nvcc (https://github.com/sgl-project/sglang/issues/30120)",
             )
@@ -482,7 +492,8 @@ def host_failures(s: Settings, resources: Resources) -> list[Failure]:
                 "disk for engines",
                 f">= {gib(ENGINE_ENV_BYTES)} free under {s.engine_root}",
                 gib(resources.engine_free_bytes),
-                "free disk space or grow the container's root disk (pct resize)",
+                f"in the container: free disk space under {s.engine_root}, or on the Proxmox "
+                "node grow the container's root disk (pct resize CTID rootfs +20G)",
             )
         )
     return failures

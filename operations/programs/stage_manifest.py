@@ -68,6 +68,8 @@ HUB_SNAPSHOTS = "snapshots"
 MAX_LINKS = 40
 # The ModelSource fact's answer (stage_source.py): the config.json lines follow it.
 CONFIG_MARKER = "@@config.json"
+# describe's line before the scan's refusal (a link it will not follow, an unreadable file).
+SCAN_ERROR_MARKER = "@@scan-error"
 EXIT_REFUSED = 3  # does not fit, source missing: the message says why; nothing was copied
 EXIT_CHANGED = 4  # a source file changed during the copy: staged nothing, re-run later
 
@@ -97,6 +99,18 @@ def _hub_sha256(root: str, rel: str, mtime_ns: int) -> str | None:
     if len(etag) == 64 and all(c in "0123456789abcdef" for c in etag):
         return etag
     return None
+
+
+def hub_commit(root: str) -> str | None:
+    """The commit the hub CLI resolved the revision to, as its --local-dir metadata of
+    config.json records it (huggingface_hub's `.cache/huggingface/download/F.metadata`: the
+    commit, the etag, the time); None when absent or not a 40-hex commit."""
+    text = _read_text(
+        root, os.path.join(".cache", "huggingface", "download", "config.json.metadata")
+    )
+    commit = text.splitlines()[0].strip() if text else ""
+    hexdigits = "0123456789abcdef"
+    return commit if len(commit) == 40 and all(c in hexdigits for c in commit) else None
 
 
 def entries(root: str) -> list[FileEntry]:
@@ -305,15 +319,18 @@ def open_source(root: str, rel: str) -> int:
 
 def describe(source: str) -> list[str]:
     """The ModelSource fact's answer (operations/facts/host.py parse_model): "exists", the
-    bytes a stage run would take (blank when the scan refuses: the staging plan says why), and
+    bytes a stage run would take (blank when the scan refuses, and then SCAN_ERROR_MARKER and
+    why: preflight names it), and
     config.json by the link rule; "missing" when source is no directory."""
     if not os.path.isdir(source):
         return ["missing"]
+    refused: list[str] = []
     try:
         size = str(sum(e["size"] for e in entries(source)))
-    except (StageError, OSError):
+    except (StageError, OSError) as exc:
         size = ""
-    lines = ["exists", size]
+        refused = [SCAN_ERROR_MARKER, " ".join(str(exc).split())]
+    lines = ["exists", size, *refused]
     config = _read_text(source, "config.json")
     if config is not None:
         lines += [CONFIG_MARKER, *config.splitlines()]

@@ -33,6 +33,7 @@ from operations.programs.stage_manifest import (
     _key,
     _read_text,
     _reusable,
+    hub_commit,
     read_manifest,
     scan,
 )
@@ -68,6 +69,7 @@ class Plan(TypedDict, total=False):
     leftovers: list[str]  # what a stage run removes first
     current: str | None  # the copy SLUG points at
     hub_revision: str | None  # the hub download marker's revision (hf:// sources)
+    hub_commit: str | None  # the commit the hub resolved it to (its metadata of config.json)
     leftover_bytes: int  # what removing the leftovers frees
     copy_bytes: int  # what a stage run would copy
     changed_files: list[str]
@@ -112,6 +114,7 @@ def plan(
     )
     result["current"] = current
     result["hub_revision"] = _read_text(source, HUB_MARKER)
+    result["hub_commit"] = hub_commit(source)
     try:
         src = scan(source)
     except (StageError, OSError) as exc:

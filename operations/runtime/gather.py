@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from typing import cast
 
 from pyinfra.api.host import Host
+from pyinfra.connectors.local import LocalConnector
+from pyinfra.connectors.ssh import SSHConnector
 from pyinfra.facts.files import File
 
 from operations import kb as kbmod
@@ -30,6 +33,7 @@ from operations.plan.engine_plan import EngineFacts, no_engine
 from operations.plan.host_plan import Gathered, HostReport
 from operations.plan.model_plan import TOKEN_ENV
 from operations.plan.preflight import access_probe, root_paths
+from operations.plan.preflight_source import Connector, ControllerTools
 from operations.plan.rank_state import referenced_env_names, referenced_models
 from operations.plan.staging import ControllerScan, keep_keys
 from operations.settings import Settings
@@ -96,6 +100,7 @@ def gather(host: Host, settings: Settings, router_list: str | None = None) -> Ga
         controller=controller,
         hub_cli_installed=cli,
         hub_token=hub_token(),
+        tools=controller_tools(host),
     )
 
 
@@ -171,6 +176,20 @@ def controller_scan(path: str) -> ControllerScan:
     except (OSError, module.StageError) as exc:
         return ControllerScan(error=str(exc))
     return ControllerScan(str(found["digest"]), int(found["bytes"]))
+
+
+def controller_tools(host: Host) -> ControllerTools:
+    """The commands the deploy runs on the controller, as its PATH finds them, and how the
+    host is reached (pyinfra's SSH connector runs rsync over `ssh`; @local runs it here)."""
+    reach = getattr(host, "connector", None)
+    connector: Connector = (
+        "ssh"
+        if isinstance(reach, SSHConnector)
+        else "local"
+        if isinstance(reach, LocalConnector)
+        else "other"
+    )
+    return ControllerTools(shutil.which("rsync"), shutil.which("ssh"), connector)
 
 
 def hub_token() -> str | None:

@@ -12,6 +12,7 @@ plays every GPU scenario) and `no_uvm` (device nodes are fixed at boot).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from collections.abc import Iterator
@@ -33,6 +34,8 @@ SNAPSHOT_PATHS = ("/etc/systemd/system", "/opt", "/dev/shm")
 
 MODEL = "/srv/models/tiny"
 BIG_MODEL = "/srv/models/big"
+# A controller source, written on the controller by the test (a Bad's data names it so).
+CONTROLLER_MODEL = "@controller-model"
 MODEL_FILES: dict[str, str | bytes] = {
     f"{MODEL}/config.json": json.dumps({"architectures": ["Qwen3_5ForConditionalGeneration"]}),
     f"{MODEL}/model-00001-of-00001.safetensors": bytes(range(256)) * 16,
@@ -129,6 +132,22 @@ def deploy(tmp_path: Path, hosts_data: dict[Container, dict[str, Any]], *args: s
     return run_deploy(tmp_path, hosts_data, *args, timeout=RUN_TIMEOUT_S)
 
 
+def path_without(tmp_path: Path, hidden: tuple[str, ...]) -> str:
+    """A PATH of one directory linking every command of the controller's PATH but `hidden`."""
+    bin_dir = tmp_path / "controller-bin"
+    bin_dir.mkdir()
+    for directory in reversed(os.environ.get("PATH", "").split(os.pathsep)):
+        if not os.path.isdir(directory):
+            continue
+        for entry in os.scandir(directory):
+            if entry.name not in hidden and not entry.is_dir():
+                link = bin_dir / entry.name
+                link.unlink(missing_ok=True)
+                link.symlink_to(entry.path)
+    assert not any((bin_dir / name).exists() for name in hidden)
+    return str(bin_dir)
+
+
 def snapshot(c: Container) -> dict[str, str]:
     return c.snapshot(SNAPSHOT_PATHS)
 
@@ -164,6 +183,8 @@ class Bad:
     texts: tuple[str, ...]
     scenario: str = "rtx-pro-6000-x8"
     data: tuple[tuple[str, Any], ...] = ()
+    # Commands taken off the controller's PATH for the run (every other one stays).
+    hide: tuple[str, ...] = ()
 
 
 BAD = {
@@ -213,6 +234,26 @@ BAD = {
         ("model source", "a model directory at /srv/models/absent", "no such directory"),
         data=(("model_source", "/srv/models/absent"),),
     ),
+    "controller-dir-missing": Bad(
+        "bad",
+        (
+            "model source",
+            "a model directory at /nonexistent/dir on the controller",
+            "no such directory on the controller",
+            "on the controller: copy the model directory to /nonexistent/dir",
+        ),
+        data=(("model_source", "controller:/nonexistent/dir"),),
+    ),
+    "controller-without-rsync": Bad(
+        "bad",
+        (
+            "controller tools",
+            "no rsync command on the controller",
+            "on the controller: apt-get install rsync",
+        ),
+        data=(("model_source", f"controller:{CONTROLLER_MODEL}"),),
+        hide=("rsync",),
+    ),
     "shm-too-small": Bad(
         "bad",
         ("/dev/shm size", "nothing was copied", "enlarge the tmpfs"),
@@ -238,7 +279,17 @@ def test_bad_host_is_refused_and_left_unchanged(hosts: Hosts, tmp_path: Path, ca
         use_scenario(c, bad.scenario)
     before = snapshot(c)
 
-    run = deploy(tmp_path, {c: {**GOOD_DATA, **dict(bad.data)}})
+    local = tmp_path / "controller-model"
+    for path, content in MODEL_FILES.items():
+        (local / Path(path).name).parent.mkdir(exist_ok=True)
+        written = local / Path(path).name
+        if isinstance(content, str):
+            written.write_text(content)
+        else:
+            written.write_bytes(content)
+    data = {k: v.replace(CONTROLLER_MODEL, str(local)) for k, v in bad.data}
+    env = {"PATH": path_without(tmp_path, bad.hide)} if bad.hide else None
+    run = run_deploy(tmp_path, {c: {**GOOD_DATA, **data}}, timeout=RUN_TIMEOUT_S, env=env)
 
     assert run.rc != 0, run.output
     shown = panel(run, c)

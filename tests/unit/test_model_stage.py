@@ -317,3 +317,39 @@ def test_sigterm_removes_the_copy_in_progress(tmp_path: Path) -> None:
         proc.kill()
         proc.wait()
     assert sorted(p.name for p in (shm / "models").iterdir()) == [".m.lock"]
+
+
+@pytest.mark.integration
+def test_a_branch_is_warned_about_and_the_plan_shows_the_commit_it_resolved_to(
+    tmp_path: Path,
+) -> None:
+    """hf://REPO@main: the download resolves the branch (the hub CLI double records the commit
+    in its --local-dir metadata as the real one does); the staging plan reads that commit and
+    the host's plan shows it beside its warning. A 40-hex commit gets no warning."""
+    import hashlib
+
+    from operations.facts.model import parse_staging
+    from operations.plan.model_plan import hub_revision
+    from tests.unit.builders import make_settings
+
+    dest = tmp_path / "d"
+    env = {**os.environ, "HF_DOUBLE_LOG": str(tmp_path / "log")}
+    argv = [sys.executable, str(SCRIPT), "fetch-hub", "--cli", str(HF_DOUBLE)]
+    argv += ["--repo", "Qwen/Qwen3.6-27B", "--revision", "main", "--dest", str(dest)]
+    subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    commit = hashlib.sha1(b"Qwen/Qwen3.6-27B@main").hexdigest()
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    answer = json.dumps(sm.plan(str(dest), str(shm), "m"))
+    staging = parse_staging([answer])
+    assert staging.hub_revision == "main" and staging.hub_commit == commit
+
+    settings = make_settings(model_source="hf://Qwen/Qwen3.6-27B@main")
+    decision, warning = hub_revision(settings, staging)
+    assert decision.value == f"main -> commit {commit}"
+    assert warning is not None and "'main' is a branch or tag, not a 40-hex commit" in warning
+    assert f"pin hf://Qwen/Qwen3.6-27B@{commit}" in warning
+    before, warned = hub_revision(settings, None)  # not downloaded yet: no commit to show
+    assert "at the download" in before.value and warned and "@COMMIT" in warned
+    pinned = make_settings(model_source=f"hf://Qwen/Qwen3.6-27B@{commit}")
+    assert hub_revision(pinned, None)[1] is None
