@@ -36,6 +36,7 @@ from operations.kb.raw import (
     RawLimits,
     RawOverride,
     RawRelease,
+    RawRouter,
 )
 from operations.kb.types import (
     Architecture,
@@ -60,7 +61,12 @@ from operations.kb.types import (
     PackageBuild,
     PythonSupport,
     RankEnvironment,
+    RankMetrics,
     Release,
+    RouterControlPlane,
+    RouterDrain,
+    RouterEngines,
+    RouterHealth,
     RouterPolicy,
     RouterRelease,
     Source,
@@ -217,17 +223,7 @@ class _Reader:
             )
             for i, e in enumerate(raw["rank_environment"])
         )
-        routers = {
-            number: RouterRelease(
-                number,
-                r["list_workers"],
-                r["remove_worker"],
-                r["add_worker"],
-                r["why"],
-                self.cites(f"routers.{number}", r["source"]),
-            )
-            for number, r in raw.get("routers", {}).items()
-        }
+        routers = {number: self.router(number, r) for number, r in raw.get("routers", {}).items()}
         start_asserts = tuple(
             StartAssert(
                 a["function"],
@@ -267,6 +263,71 @@ class _Reader:
             routers=MappingProxyType(routers),
             start_asserts=start_asserts,
             router_policies=router_policies,
+        )
+
+    def router(self, number: str, r: RawRouter) -> RouterRelease:
+        where = f"routers.{number}"
+        drain = r.get("drain")
+        plane = r.get("control_plane")
+        health = r.get("health")
+        metrics = r.get("rank_metrics")
+        engines = r.get("engines")
+        return RouterRelease(
+            number,
+            r["list_workers"],
+            r["remove_worker"],
+            r["add_worker"],
+            r["why"],
+            self.cites(where, r["source"]),
+            package=r["package"],
+            commands=tuple(r["commands"]),
+            launcher=r["launcher"],
+            update_worker=r.get("update_worker"),
+            worker_states=tuple(r.get("worker_states", [])),
+            duplicate_add_status=r.get("duplicate_add_status"),
+            drain=None
+            if drain is None
+            else RouterDrain(
+                drain["state"],
+                drain["settle_secs"],
+                drain["settle_update"],
+                drain["waits_for_in_flight"],
+                drain["why"],
+                self.cites(f"{where}.drain", drain["source"]),
+            ),
+            control_plane=None
+            if plane is None
+            else RouterControlPlane(
+                plane["key_format"],
+                plane["missing_key_status"],
+                plane["from_option"],
+                plane["no_environment"],
+                plane["why"],
+                self.cites(f"{where}.control_plane", plane["source"]),
+            ),
+            health=None
+            if health is None
+            else RouterHealth(
+                MappingProxyType(dict(health["options"])),
+                health["rules"],
+                self.cites(f"{where}.health", health["source"]),
+            ),
+            rank_metrics=None
+            if metrics is None
+            else RankMetrics(
+                metrics["prefix"],
+                tuple(metrics["gauges"]),
+                metrics["why"],
+                self.cites(f"{where}.rank_metrics", metrics["source"]),
+            ),
+            engines=None
+            if engines is None
+            else RouterEngines(
+                tuple(engines["tested"]),
+                self.releases(f"{where}.engines", engines["unproven"], "unproven"),
+                engines["why"],
+                self.cites(f"{where}.engines", engines["source"]),
+            ),
         )
 
     def release(self, number: str, raw: RawRelease, lanes: Mapping[str, Lane]) -> Release:
@@ -368,6 +429,31 @@ def _limits(raw: RawLimits) -> NoBufferLimits:
     )
 
 
+def _router_problems(kb: Knowledge) -> Iterator[str]:
+    """Each router release against its own option table (the options its health rules name,
+    the control-plane option) and the releases it names; a worker state it drains into must be
+    one it lists."""
+    for number, router in kb.routers.items():
+        where = f"routers.{number}"
+        table = load_cli_table(router.package, number)
+        if table is None:
+            yield f"{where}: no CLI table {cli_table_path(router.package, number)}"
+        named = [*(router.health.options if router.health else ())]
+        named += [router.control_plane.from_option] if router.control_plane else []
+        for option in named:
+            entry = table.get(option) if table is not None else None
+            if table is not None and (entry is None or entry.deprecated):
+                yield f"{where}: {router.package} {number} has no option {option}"
+        if router.drain is not None and router.drain.state not in router.worker_states:
+            yield (
+                f"{where}.drain.state: {router.drain.state!r} is not one of its worker_states "
+                f"({', '.join(router.worker_states) or 'none listed'})"
+            )
+        for tested in router.engines.tested if router.engines else ():
+            if tested not in kb.releases:
+                yield f"{where}.engines.tested: {tested!r} is not a release of `releases`"
+
+
 def _cross_problems(kb: Knowledge) -> Iterator[str]:
     """Cross-references a schema cannot express: names that must exist, ranges that must
     cover every release once, spellings and backends the release's own parser must accept."""
@@ -377,6 +463,7 @@ def _cross_problems(kb: Knowledge) -> Iterator[str]:
     for number, table in tables.items():
         if table is None:
             yield f"releases.{number}: no CLI table {cli_table_path('sglang', number)}"
+    yield from _router_problems(kb)
 
     def caps(where: str, listed: tuple[str, ...] | None) -> Iterator[str]:
         for cap in listed or ():
