@@ -70,6 +70,15 @@ from operations.kb.types import (
     version,
 )
 
+
+def router_package(release: str) -> RouterPackage:
+    """The package a router release ships as (its `routers` entry in the knowledge base); a
+    release the knowledge base does not name: smg, the name every release after
+    sglang-router 0.3.2 ships under (the plan refuses it: no option table, no pins)."""
+    known = load().routers.get(release)
+    return known.package if known is not None else "smg"
+
+
 __all__ = [
     "CLI_DIR",
     "KNOWLEDGE_DIR",
@@ -120,5 +129,6 @@ __all__ = [
     "in_range",
     "load",
     "load_cli_table",
+    "router_package",
     "version",
 ]

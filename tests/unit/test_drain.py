@@ -47,7 +47,7 @@ def test_behind_the_router_each_rank_is_named_as_the_router_names_it() -> None:
         assert all(plan.worker(r) in router.workers for r in range(s.dp_size))
         assert plan.timeout_s == s.drain_timeout_s == 120
         assert "DELETE /workers/{id}" in decision.why and "POST /workers" in decision.why
-        assert "pypi.org/project/sglang-router/0.3.2" in decision.why
+        assert "pypi.org/project/smg/1.13.0" in decision.why
     # On its own host the router is reached on loopback; from another, at its host's address.
     own, _, _ = drain.decide("ct200", a, everyone, kb.load())
     assert own is not None and own.router_url == "http://127.0.0.1:8000"
@@ -62,7 +62,7 @@ def test_a_router_release_without_a_known_worker_api_is_a_warning_not_a_drain() 
     knowledge = dataclasses.replace(kb.load(), routers={})
     plan, decision, warnings = drain.decide("ct200", s, [("ct200", s)], knowledge)
     assert plan is None and "not drain-protected" in decision.value
-    assert warnings and "0.3.2" in warnings[0]
+    assert warnings and "1.13.0" in warnings[0]
 
 
 def test_the_router_command_line_carries_its_reliability_settings() -> None:
@@ -315,15 +315,26 @@ def test_the_launcher_hands_the_key_to_the_parser_never_to_a_command_line(tmp_pa
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
-def test_the_router_unit_loads_the_key_as_a_credential_and_no_key_is_in_it() -> None:
-    s = with_router()
+@pytest.mark.parametrize(
+    ("version", "module", "env"),
+    [
+        ("1.13.0", "smg.launch_router", "/opt/sglang/router/smg-1.13.0/bin/python"),
+        (
+            "0.3.2",
+            "sglang_router.launch_router",
+            "/opt/sglang/router/sglang-router-0.3.2/bin/python",
+        ),
+    ],
+)
+def test_the_router_unit_loads_the_key_as_a_credential_and_no_key_is_in_it(
+    version: str, module: str, env: str
+) -> None:
+    s = with_router(version=version)
     router = resolver.resolve_router(s, "ct200", [("ct200", s)])
     assert router.errors == []
     assert "LoadCredential=control-plane-key:/etc/sglang/router-control-plane.key" in router.unit
-    assert router.argv[1:3] == [
-        "/usr/local/lib/sglang-deploy/router_launch.py",
-        "sglang_router.launch_router",
-    ]
+    # Each release from its own environment (both install an `smg` command), its own launcher.
+    assert router.argv[:3] == [env, "/usr/local/lib/sglang-deploy/router_launch.py", module]
     assert "--control-plane-api-keys" not in router.argv  # the launcher adds it, in-process
 
 

@@ -394,12 +394,12 @@ def test_a_release_with_no_pinned_router_requirements_is_refused_before_any_chan
     kept = tmp_path / "operations" / "kb" / "pins"
     kept.mkdir(parents=True)
     for f in pins.PINS_DIR.iterdir():
-        if f.is_file() and not f.name.startswith("router-"):
+        if f.is_file() and not f.name.startswith("smg-"):
             shutil.copy(f, kept / f.name)
     monkeypatch.setattr(pins, "PINS_DIR", kept)
     result = report(make_settings(router=ROUTER), gathered(Serving(), staging(None)))
-    assert [e for e in result.errors if "sglang-router" in e] == [
-        "router version '0.3.2': no pinned requirements for sglang-router 0.3.2 on Python 3.11 "
-        "(operations/kb/pins/router-0.3.2-py3.11.txt is missing): run scripts/pin_installs.py"
+    assert [e for e in result.errors if "pinned" in e] == [
+        "router version '1.13.0': no pinned requirements for smg 1.13.0 on Python 3.11 "
+        "(operations/kb/pins/smg-1.13.0-py3.11.txt is missing): run scripts/pin_installs.py"
     ]
     assert not result.ok
