@@ -233,7 +233,7 @@ class RouterStep:
 # How long clients of the router's port are refused while the router restarts (its old
 # process stops, the new one starts and lists the ranks ready): measured under steady client
 # load by tests/e2e/test_router_move.py (the move from sglang-router 0.3.2 to smg 1.13.0 on the
-# 2-core testbed, 8 ranks: 0.26 s and 0.36 s), with room for a loaded host.
+# 2-core testbed, 8 ranks: 0.26, 0.36 and 0.82 s), with room for a loaded host.
 ROUTER_RESTART_WINDOW_S = 2
 
 
