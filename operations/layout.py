@@ -11,6 +11,7 @@ import posixpath
 import re
 from dataclasses import dataclass
 
+from operations.kb import router_package
 from operations.settings import Settings
 
 # -- on the controller -------------------------------------------------------------------------
@@ -124,7 +125,7 @@ class EngineTree:
       tools/bin/uv, cache/    uv and its cache; uv.toml and pip.conf: the package sources
       wheelhouse/             the controller's wheels (setting wheelhouse)
       cuda/<name>/            a lane's CUDA compiler; cuda-redist/ its archives, offline
-      router/sglang-router-V/ the router's environment
+      router/PACKAGE-V/       the router's environment (sglang-router-0.3.2, smg-1.13.0)
     """
 
     root: str
@@ -231,8 +232,13 @@ class EngineTree:
     def redist(self, directory: str) -> str:
         return f"{self.root}/{directory}"
 
-    def router_env_dir(self, version: str) -> str:
-        return f"{self.root}/router/sglang-router-{version}"
+    @property
+    def routers(self) -> str:
+        """Every router environment, one per package and release (router_env_dir)."""
+        return f"{self.root}/router"
+
+    def router_env_dir(self, package: str, version: str) -> str:
+        return f"{self.routers}/{package}-{version}"
 
 
 def env_python(env: str) -> str:
@@ -269,8 +275,12 @@ def hub_cli_pip(cli: str) -> str:
 
 
 def router_env_dir(settings: Settings) -> str:
-    version = settings.router.version if settings.router else "none"
-    return engine_tree(settings).router_env_dir(version)
+    """The router's environment: named by its package and release (sglang-router-0.3.2,
+    smg-1.13.0), so one release's never holds another's `smg` command."""
+    if settings.router is None:
+        return engine_tree(settings).router_env_dir("sglang-router", "none")
+    version = settings.router.version
+    return engine_tree(settings).router_env_dir(router_package(version), version)
 
 
 # -- the registry of managed files -----------------------------------------------------------

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Generate the table of real command-line options of one SGLang (or sglang-router) release.
+"""Generate the table of real command-line options of one SGLang, sglang-router or smg release.
 
 Usage::
 
     python scripts/gen_cli_table.py sglang 0.5.11
     python scripts/gen_cli_table.py sglang-router 0.3.2
+    python scripts/gen_cli_table.py smg 1.13.0
 
 The script never touches the project's own virtualenv.  It creates (or reuses) a throwaway
 virtualenv outside the repository, under ``~/.cache/sglang-deploy/cli-tables/<pkg>-<ver>``
@@ -44,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-TABLE_DIR = REPO_ROOT / "operations" / "knowledge" / "cli"
+TABLE_DIR = REPO_ROOT / "operations" / "kb" / "knowledge" / "cli"
 
 # torch: always the CPU build.  Releases pin CUDA builds of torch (e.g. sglang 0.5.11 pins
 # torch==2.11.0, which on PyPI is a multi-GB CUDA 13 build); the option table does not depend on
@@ -114,6 +115,18 @@ TARGETS: dict[str, Target] = {
     "sglang-router": Target(
         dist="sglang-router",
         module="sglang_router.router_args",
+        args_class="RouterArgs",
+        needs=(),
+    ),
+    # smg (Shepherd Model Gateway), sglang-router's successor: `smg.launch_router`'s
+    # parse_router_args builds its parser with RouterArgs.add_cli_args(parser,
+    # use_router_prefix=False), the defaults `actions` calls it with. router_args imports the
+    # wheel's own Rust extension (smg.smg_rs, cp38-abi3 manylinux) for the parser choices of
+    # --reasoning-parser and --tool-call-parser: the stubbed method loads the real one (it runs
+    # on any x86_64 glibc Linux) and stands in for nothing.
+    "smg": Target(
+        dist="smg",
+        module="smg.router_args",
         args_class="RouterArgs",
         needs=(),
     ),
@@ -368,7 +381,7 @@ def generate_stubbed(package: str, version: str, cache_dir: Path) -> str:
     raise SystemExit("gave up after 60 stand-ins")
 
 
-ASSERT_DIR = REPO_ROOT / "operations" / "knowledge" / "asserts"
+ASSERT_DIR = REPO_ROOT / "operations" / "kb" / "knowledge" / "asserts"
 ASSERT_FILES = ("sglang/srt/server_args.py", "sglang/srt/arg_groups/*.py")
 
 

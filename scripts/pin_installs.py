@@ -3,22 +3,26 @@
     python scripts/pin_installs.py [--uv 0.13.9 ...]
 
 Every install outside the engine's lock is root's and reads an index: uv itself (bootstrapped
-with the system Python's pip), the Hugging Face CLI and sglang-router. Each is installed from a
-requirements file of this directory with `--require-hashes --only-binary :all:`, so an index
-(or a mirror, or a wheelhouse) can serve nothing but these exact wheels:
+with the system Python's pip), the Hugging Face CLI and the router (sglang-router, or smg).
+Each is installed from a requirements file of this directory with `--require-hashes
+--only-binary :all:`, so an index (or a mirror, or a wheelhouse) can serve nothing but these
+exact wheels:
 
   uv.txt                     `uv==V --hash=sha256:H`, one line per uv release: H is the sha256
                              of the manylinux x86_64 wheel, as PyPI's JSON simple API lists it
                              (https://pypi.org/simple/uv/, PEP 691)
   router-V-pyX.Y.txt         sglang-router==V and every dependency, one file per router release
                              of the knowledge base and per Python minor it lists for a release
+  smg-V-pyX.Y.txt            the same for smg==V (the knowledge base's routers of package smg)
   hub-pyX.Y.txt              the Hugging Face CLI (operations/steps/model.py HUB_REQUIREMENT), the
   same
 
-The last two are `uv pip compile --generate-hashes --only-binary :all: --python-version X.Y
+The last three are `uv pip compile --generate-hashes --only-binary :all: --python-version X.Y
 --python-platform x86_64-manylinux_2_28` against PyPI: every hash of every file of each pinned
 version. Run it with network access to PyPI, then review and commit the diff
-(operations/kb/pins/SOURCE.md says when and with which uv).
+(operations/kb/pins/SOURCE.md says when and with which uv). `--only smg` (or uv, hub,
+sglang-router) regenerates one kind and leaves the others and SOURCE.md as they are: add its
+line to SOURCE.md by hand.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from operations.kb.pins import PINS_DIR, UV_PLATFORM, hub_file, router_file  # n
 from operations.steps.model import HUB_REQUIREMENT  # noqa: E402
 
 SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
+KINDS = ("uv", "hub", "sglang-router", "smg")
 PLATFORM = "x86_64-manylinux_2_28"
 
 
@@ -80,18 +85,30 @@ def compile_pins(requirement: str, python: str, dest: Path, uv: str) -> None:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--uv", action="append", default=[], help="uv releases to pin")
+    parser.add_argument(
+        "--only",
+        choices=KINDS,
+        help="regenerate only this kind (SOURCE.md is then left to edit by hand)",
+    )
     args = parser.parse_args(argv)
+    wanted = {args.only} if args.only else set(KINDS)
     uv = str(Path(sys.executable).with_name("uv"))
     knowledge = kbmod.load()
     pythons = sorted({p for r in knowledge.releases.values() for p in r.python.versions})
     uv_versions = sorted(set(args.uv) or {"0.13.9"}, key=lambda v: [int(x) for x in v.split(".")])
-    lines = ["# uv's manylinux x86_64 wheel per release: scripts/pin_installs.py"]
-    lines += [f"uv=={v} --hash=sha256:{uv_hash(v)}" for v in uv_versions]
-    (PINS_DIR / "uv.txt").write_text("\n".join(lines) + "\n")
+    if "uv" in wanted:
+        lines = ["# uv's manylinux x86_64 wheel per release: scripts/pin_installs.py"]
+        lines += [f"uv=={v} --hash=sha256:{uv_hash(v)}" for v in uv_versions]
+        (PINS_DIR / "uv.txt").write_text("\n".join(lines) + "\n")
     for python in pythons:
-        for version in sorted(knowledge.routers):
-            compile_pins(f"sglang-router=={version}", python, router_file(version, python), uv)
-        compile_pins(HUB_REQUIREMENT, python, hub_file(python), uv)
+        for version, router in sorted(knowledge.routers.items()):
+            if router.package in wanted:
+                dest = router_file(version, python, router.package)
+                compile_pins(f"{router.package}=={version}", python, dest, uv)
+        if "hub" in wanted:
+            compile_pins(HUB_REQUIREMENT, python, hub_file(python), uv)
+    if args.only:
+        return 0
     used = subprocess.run([uv, "--version"], capture_output=True, text=True, check=True)
     (PINS_DIR / "SOURCE.md").write_text(
         "# Where these pins come from\n\n"
@@ -99,10 +116,10 @@ def main(argv: list[str]) -> int:
         f"{used.stdout.strip()}, from PyPI:\n\n"
         "- `uv.txt`: the sha256 of each uv release's manylinux x86_64 wheel, as PyPI's JSON "
         "simple API lists it (https://pypi.org/simple/uv/, `Accept: " + SIMPLE_JSON + "`).\n"
-        "- `router-V-pyX.Y.txt`, `hub-pyX.Y.txt`: `uv pip compile --generate-hashes "
-        f"--only-binary :all: --python-version X.Y --python-platform {PLATFORM}` of "
-        f"`sglang-router==V` and `{HUB_REQUIREMENT}`, one file per Python minor the knowledge "
-        "base lists for a release (" + ", ".join(pythons) + ").\n\n"
+        "- `router-V-pyX.Y.txt`, `smg-V-pyX.Y.txt`, `hub-pyX.Y.txt`: `uv pip compile "
+        f"--generate-hashes --only-binary :all: --python-version X.Y --python-platform {PLATFORM}`"
+        f" of `sglang-router==V`, `smg==V` and `{HUB_REQUIREMENT}`, one file per Python minor the "
+        "knowledge base lists for a release (" + ", ".join(pythons) + ").\n\n"
         "The deploy installs each with `--require-hashes --only-binary :all:` "
         "(docs/security.md, 'Installs: hashes, wheels only'). Regenerate, review the diff, "
         "commit.\n"

@@ -113,7 +113,7 @@ def router_text(router: RouterPlan, settings: Router | None) -> Text:
     text = Text()
     where = f" on {settings.bind}:{settings.port}, policy {settings.policy}" if settings else ""
     text.append(
-        f"router: sglang-router {router.version}{where}, {len(router.workers)} worker(s); "
+        f"router: {router.package} {router.version}{where}, {len(router.workers)} worker(s); "
         f"health {router.health_url}\n",
         style="bold",
     )

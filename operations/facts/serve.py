@@ -155,6 +155,11 @@ class Serving:
     # `router_list`; None when not asked or the router did not answer (router_workers_error).
     router_workers: dict[str, bool] | None = None
     router_workers_error: str | None = None
+    # Each worker's state as the router lists it: smg's status (pending, ready, not_ready,
+    # failed, draining), sglang-router 0.3.2's is_healthy as healthy/unhealthy.
+    router_states: dict[str, str] = field(default_factory=dict)
+    # The router environments under ENGINE_ROOT/router (sglang-router-0.3.2, smg-1.13.0), by path.
+    router_envs: list[str] = field(default_factory=list)
 
 
 def _int(text: str) -> int | None:
@@ -224,6 +229,8 @@ def parse_serving(lines: list[str]) -> Serving:
     enabled: dict[str, str] = {}
     engine_lines: list[str] = []
     workers: dict[str, bool] | None = None
+    states: dict[str, str] = {}
+    router_envs: list[str] = []
     for line in lines:
         key, eq, value = line.partition("=")
         if eq and " " not in key and key[:1].isupper():
@@ -264,9 +271,15 @@ def parse_serving(lines: list[str]) -> Serving:
             else:
                 values["router_workers_error"] = rest.removeprefix("error").strip() or "?"
         elif word == "worker" and workers is not None:
-            url, _, healthy = rest.strip().rpartition(" ")
+            url, _, state = rest.strip().rpartition(" ")
             if url:
-                workers[url] = healthy == "healthy"
+                states[url] = state
+                # A draining worker is on its way out (smg removes it after its settle time):
+                # as good as not listed.
+                if state != "draining":
+                    workers[url] = state in ("healthy", "ready")
+        elif word == "router_env":
+            router_envs.append(rest.strip())
         elif word:
             values[word] = rest.strip()
     if block:
@@ -302,6 +315,8 @@ def parse_serving(lines: list[str]) -> Serving:
         engine=parse_engine_state(engine_lines) if engine_lines else None,
         router_workers=workers,
         router_workers_error=values.get("router_workers_error") or None,
+        router_states=states,
+        router_envs=router_envs,
     )
 
 
@@ -353,6 +368,8 @@ def links_words(engine_root: str, model_link: str) -> Words:
         f"for m in {shlex.quote(tree.envs)}/*/{MARKER};",
         'do [ -f "$m" ] || continue; d=${m%/*};',
         'echo "env ${d##*/} $(head -c 4096 "$m" | tr -d \'\\n\')"; done;',
+        f"for d in {shlex.quote(tree.routers)}/*/;",
+        'do [ -d "$d" ] && echo "router_env ${d%/}"; done;',
         'echo "engine_current $(readlink',
         QuoteString(tree.current),
         '2>/dev/null)";',

@@ -51,7 +51,13 @@ from operations.kb.types import (
     PackageBuild,
     PythonSupport,
     RankEnvironment,
+    RankMetrics,
     Release,
+    RouterControlPlane,
+    RouterDrain,
+    RouterEngines,
+    RouterHealth,
+    RouterPackage,
     RouterPolicy,
     RouterRelease,
     Source,
@@ -63,6 +69,15 @@ from operations.kb.types import (
     in_range,
     version,
 )
+
+
+def router_package(release: str) -> RouterPackage:
+    """The package a router release ships as (its `routers` entry in the knowledge base); a
+    release the knowledge base does not name: smg, the name every release after
+    sglang-router 0.3.2 ships under (the plan refuses it: no option table, no pins)."""
+    known = load().routers.get(release)
+    return known.package if known is not None else "smg"
+
 
 __all__ = [
     "CLI_DIR",
@@ -94,7 +109,13 @@ __all__ = [
     "PackageBuild",
     "PythonSupport",
     "RankEnvironment",
+    "RankMetrics",
     "Release",
+    "RouterControlPlane",
+    "RouterDrain",
+    "RouterEngines",
+    "RouterHealth",
+    "RouterPackage",
     "RouterPolicy",
     "RouterRelease",
     "Source",
@@ -108,5 +129,6 @@ __all__ = [
     "in_range",
     "load",
     "load_cli_table",
+    "router_package",
     "version",
 ]

@@ -22,6 +22,7 @@ def cross_problems(kb: Knowledge) -> Iterator[str]:
     for number, table in tables.items():
         if table is None:
             yield f"releases.{number}: no CLI table {cli_table_path('sglang', number)}"
+    yield from _router_problems(kb)
 
     def caps(where: str, listed: tuple[str, ...] | None) -> Iterator[str]:
         for cap in listed or ():
@@ -115,6 +116,31 @@ def cross_problems(kb: Knowledge) -> Iterator[str]:
                 f"speculative.hybrid_requires_mamba_strategy: sglang {number} does not accept "
                 f"{strategy!r} (accepted: {', '.join(accepted)})"
             )
+
+
+def _router_problems(kb: Knowledge) -> Iterator[str]:
+    """Each router release against its own option table (the options its health rules name,
+    the control-plane option) and the releases it names; a worker state it drains into must be
+    one it lists."""
+    for number, router in kb.routers.items():
+        where = f"routers.{number}"
+        table = load_cli_table(router.package, number)
+        if table is None:
+            yield f"{where}: no CLI table {cli_table_path(router.package, number)}"
+        named = [*(router.health.options if router.health else ())]
+        named += [router.control_plane.from_option] if router.control_plane else []
+        for option in named:
+            entry = table.get(option) if table is not None else None
+            if table is not None and (entry is None or entry.deprecated):
+                yield f"{where}: {router.package} {number} has no option {option}"
+        if router.drain is not None and router.drain.state not in router.worker_states:
+            yield (
+                f"{where}.drain.state: {router.drain.state!r} is not one of its worker_states "
+                f"({', '.join(router.worker_states) or 'none listed'})"
+            )
+        for tested in router.engines.tested if router.engines else ():
+            if tested not in kb.releases:
+                yield f"{where}.engines.tested: {tested!r} is not a release of `releases`"
 
 
 def _release_problems(kb: Knowledge, release: Release) -> list[str]:

@@ -34,6 +34,7 @@ from operations.kb.raw import (
     RawLimits,
     RawOverride,
     RawRelease,
+    RawRouter,
 )
 from operations.kb.types import (
     Architecture,
@@ -58,7 +59,12 @@ from operations.kb.types import (
     PackageBuild,
     PythonSupport,
     RankEnvironment,
+    RankMetrics,
     Release,
+    RouterControlPlane,
+    RouterDrain,
+    RouterEngines,
+    RouterHealth,
     RouterPolicy,
     RouterRelease,
     Source,
@@ -257,17 +263,7 @@ class _Reader:
     ) -> tuple[dict[str, RouterRelease], tuple[StartAssert, ...], tuple[RouterPolicy, ...]]:
         """The router's releases, the start asserts and the router policies, by field."""
         raw = self.raw
-        routers = {
-            number: RouterRelease(
-                number,
-                r["list_workers"],
-                r["remove_worker"],
-                r["add_worker"],
-                r["why"],
-                self.cites(f"routers.{number}", r["source"]),
-            )
-            for number, r in raw.get("routers", {}).items()
-        }
+        routers = {number: self.router(number, r) for number, r in raw.get("routers", {}).items()}
         start_asserts = tuple(
             StartAssert(
                 a["function"],
@@ -288,6 +284,71 @@ class _Reader:
             for i, r in enumerate(raw.get("router_policies", []))
         )
         return routers, start_asserts, router_policies
+
+    def router(self, number: str, r: RawRouter) -> RouterRelease:
+        where = f"routers.{number}"
+        drain = r.get("drain")
+        plane = r.get("control_plane")
+        health = r.get("health")
+        metrics = r.get("rank_metrics")
+        engines = r.get("engines")
+        return RouterRelease(
+            number,
+            r["list_workers"],
+            r["remove_worker"],
+            r["add_worker"],
+            r["why"],
+            self.cites(where, r["source"]),
+            package=r["package"],
+            commands=tuple(r["commands"]),
+            launcher=r["launcher"],
+            update_worker=r.get("update_worker"),
+            worker_states=tuple(r.get("worker_states", [])),
+            duplicate_add_status=r.get("duplicate_add_status"),
+            drain=None
+            if drain is None
+            else RouterDrain(
+                drain["state"],
+                drain["settle_secs"],
+                drain["settle_update"],
+                drain["waits_for_in_flight"],
+                drain["why"],
+                self.cites(f"{where}.drain", drain["source"]),
+            ),
+            control_plane=None
+            if plane is None
+            else RouterControlPlane(
+                plane["key_format"],
+                plane["missing_key_status"],
+                plane["from_option"],
+                plane["no_environment"],
+                plane["why"],
+                self.cites(f"{where}.control_plane", plane["source"]),
+            ),
+            health=None
+            if health is None
+            else RouterHealth(
+                MappingProxyType(dict(health["options"])),
+                health["rules"],
+                self.cites(f"{where}.health", health["source"]),
+            ),
+            rank_metrics=None
+            if metrics is None
+            else RankMetrics(
+                metrics["prefix"],
+                tuple(metrics["gauges"]),
+                metrics["why"],
+                self.cites(f"{where}.rank_metrics", metrics["source"]),
+            ),
+            engines=None
+            if engines is None
+            else RouterEngines(
+                tuple(engines["tested"]),
+                self.releases(f"{where}.engines", engines["unproven"], "unproven"),
+                engines["why"],
+                self.cites(f"{where}.engines", engines["source"]),
+            ),
+        )
 
     def release(self, number: str, raw: RawRelease, lanes: Mapping[str, Lane]) -> Release:
         where = f"releases.{number}"

@@ -6,7 +6,7 @@ for data that is broken.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NotRequired, TypedDict
+from typing import Literal, NotRequired, TypedDict
 
 KNOWLEDGE_DIR = Path(__file__).parent / "knowledge"
 CLI_DIR = KNOWLEDGE_DIR / "cli"
@@ -208,12 +208,61 @@ class RawRankEnvironment(TypedDict):
     source: RawCites
 
 
+class RawRouterDrain(TypedDict):
+    state: str
+    settle_secs: int
+    settle_update: str
+    waits_for_in_flight: bool
+    why: str
+    source: RawCites
+
+
+class RawRouterControlPlane(TypedDict):
+    key_format: str
+    missing_key_status: int
+    from_option: str
+    no_environment: bool
+    why: str
+    source: RawCites
+
+
+class RawRouterHealth(TypedDict):
+    options: dict[str, str]
+    rules: str
+    source: RawCites
+
+
+class RawRankMetrics(TypedDict):
+    prefix: str
+    gauges: list[str]
+    why: str
+    source: RawCites
+
+
+class RawRouterEngines(TypedDict):
+    tested: list[str]
+    unproven: str
+    why: str
+    source: RawCites
+
+
 class RawRouter(TypedDict):
+    package: Literal["sglang-router", "smg"]
+    commands: list[str]
+    launcher: str
     list_workers: str
     remove_worker: str
     add_worker: str
     why: str
     source: RawCites
+    update_worker: NotRequired[str]
+    worker_states: NotRequired[list[str]]
+    duplicate_add_status: NotRequired[int]
+    drain: NotRequired[RawRouterDrain]
+    control_plane: NotRequired[RawRouterControlPlane]
+    health: NotRequired[RawRouterHealth]
+    rank_metrics: NotRequired[RawRankMetrics]
+    engines: NotRequired[RawRouterEngines]
 
 
 class RawKnowledge(TypedDict):

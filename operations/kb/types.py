@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
+from typing import Literal
 
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
@@ -401,10 +402,78 @@ class RankEnvironment:
         )
 
 
+RouterPackage = Literal["sglang-router", "smg"]
+
+
+@dataclass(frozen=True)
+class RouterDrain:
+    """What the router's removal does before the worker leaves its list: the `state` it lists
+    the worker in meanwhile (no new requests), for `settle_secs` (per worker, set through
+    `settle_update`), and whether it waits for the worker's in-flight requests (smg 1.13: no,
+    a timer)."""
+
+    state: str
+    settle_secs: int
+    settle_update: str
+    waits_for_in_flight: bool
+    why: str
+    source: Cites
+
+
+@dataclass(frozen=True)
+class RouterControlPlane:
+    """How the worker API is closed: the key's format, the status without (or with a wrong)
+    key, and where the launcher takes keys from (`from_option`; `no_environment`: the Python
+    launcher reads no variable for them)."""
+
+    key_format: str
+    missing_key_status: int
+    from_option: str
+    no_environment: bool
+    why: str
+    source: Cites
+
+
+@dataclass(frozen=True)
+class RouterHealth:
+    """The router's own rules for taking a worker out and back, with the options that set
+    them (each present in the release's option table) and their defaults."""
+
+    options: Mapping[str, str]  # option -> its default, as the release's parser has it
+    rules: str
+    source: Cites
+
+
+@dataclass(frozen=True)
+class RankMetrics:
+    """What the router reads from a rank's /metrics: the prefix the engine emits and the
+    gauges it reads."""
+
+    prefix: str
+    gauges: tuple[str, ...]
+    why: str
+    source: Cites
+
+
+@dataclass(frozen=True)
+class RouterEngines:
+    """The SGLang releases this router is known to work with over HTTP (`tested`), and the
+    range nothing shows either way (`unproven`)."""
+
+    tested: tuple[str, ...]
+    unproven: str
+    why: str
+    source: Cites
+
+
 @dataclass(frozen=True)
 class RouterRelease:
-    """An sglang-router release's worker API, as `METHOD /path` (`{id}`: the worker's id in
-    the list): how a roll takes a rank out of the router and puts it back."""
+    """A router release (sglang-router or its successor smg): the package and the console
+    commands its wheel installs, the module whose `parse_router_args`/`launch_router` the
+    launcher calls, and its worker API, as `METHOD /path` (`{id}`: the worker's id in the
+    list): how a roll takes a rank out of the router and puts it back. smg adds what its
+    sdist and a capture of the real binary show (drain, control plane, health, the ranks'
+    metrics, the engines it is known to work with)."""
 
     version: str
     list_workers: str
@@ -412,6 +481,17 @@ class RouterRelease:
     add_worker: str
     why: str
     source: Cites
+    package: RouterPackage = "sglang-router"
+    commands: tuple[str, ...] = ()
+    launcher: str = "sglang_router.launch_router"
+    update_worker: str | None = None
+    worker_states: tuple[str, ...] = ()
+    duplicate_add_status: int | None = None
+    drain: RouterDrain | None = None
+    control_plane: RouterControlPlane | None = None
+    health: RouterHealth | None = None
+    rank_metrics: RankMetrics | None = None
+    engines: RouterEngines | None = None
 
 
 # eq=False: compared and hashed by identity (its mappings are read-only views, unhashable).

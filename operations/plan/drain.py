@@ -1,15 +1,16 @@
 """Whether a roll on this host is drain-protected, and how: decided once, in the plan.
 
-Behind sglang-router, every rank the serve step restarts (a roll batch, a changed API key, a
-shrink) first leaves the router through the pinned router release's worker API (the knowledge
-base's `routers` entry: `DELETE /workers/{id}`), so no new request reaches it while the requests
-it already has finish; the step waits until its own /metrics shows nothing running or queued
+Behind the router (smg, or sglang-router 0.3.2), every rank the serve step restarts (a roll batch,
+a changed API key, a shrink) first leaves the router through the pinned router release's worker API
+(the knowledge base's `routers` entry: `DELETE /workers/{id}`; smg lists it `draining`), so no new
+request reaches it while the requests it already has finish; smg's own drain is a timer that does
+not wait for them, so the step waits until its own /metrics shows nothing running or queued
 (`sglang:num_running_reqs` + `sglang:num_queue_reqs` = 0) for at most `drain_timeout_s`, then
-restarts it, waits for /health and a chat request, and only then puts it back
-(`POST /workers`). Every call sends the router's control-plane key (layout.CONTROL_PLANE_KEY_FILE,
-read on the host; resolver/router.py says how sglang-router checks it). The serve step carries
-this out with files/router_workers.py; this module only
-decides it (pure: settings and knowledge in, DrainPlan out), so `operations.plan` shows it.
+restarts it, waits for /health and a chat request, and only then puts it back (`POST /workers`).
+Every call sends the router's control-plane key (layout.CONTROL_PLANE_KEY_FILE, read on the host;
+resolver/router.py says how sglang-router checks it). The serve step carries this out with
+files/router_workers.py; this module only decides it (pure: settings and knowledge in, DrainPlan
+out), so `operations.plan` shows it.
 
 Without a router, clients talk to the ranks directly: a roll restarts each batch as before, and
 the plan says that its in-flight requests are cut.
@@ -119,7 +120,7 @@ def decide(
     if api is None:
         known = ", ".join(sorted(kb.routers)) or "none"
         why = (
-            f"sglang-router {router.version}'s worker API is not in the knowledge base "
+            f"router {router.version}'s worker API is not in the knowledge base "
             f"(known: {known}): rolls restart ranks the router still sends requests to"
         )
         return None, Decision("roll drain", "none: rolls are not drain-protected", why), [why]
@@ -132,16 +133,22 @@ def decide(
         readmit_timeout_s=router.worker_startup_timeout_s,
     )
     sources = ", ".join(s.url for s in api.source)
+    timer = (
+        f", listed {api.drain.state} meanwhile: the router's own drain is a timer "
+        f"({api.drain.settle_secs}s) that does not wait for them"
+        if api.drain is not None and not api.drain.waits_for_in_flight
+        else ""
+    )
     return (
         plan,
         Decision(
             "roll drain",
-            f"through sglang-router {router.version} at {plan.router_url}, up to "
+            f"through {api.package} {router.version} at {plan.router_url}, up to "
             f"{settings.drain_timeout_s}s per batch",
-            f"each restarted rank leaves the router first ({api.remove_worker}), finishes its "
-            f"in-flight requests (its sglang:num_running_reqs and num_queue_reqs at 0, or "
-            f"{settings.drain_timeout_s}s), restarts, answers /health and a chat request, then "
-            f"rejoins ({api.add_worker}); a rank that fails stays out and the roll stops "
+            f"each restarted rank leaves the router first ({api.remove_worker}{timer}), "
+            "finishes its in-flight requests (its sglang:num_running_reqs and num_queue_reqs at "
+            f"0, or {settings.drain_timeout_s}s), restarts, answers /health and a chat request, "
+            f"then rejoins ({api.add_worker}); a rank that fails stays out and the roll stops "
             f"({sources})",
         ),
         [],

@@ -183,7 +183,8 @@ def decide(
     everyone = inventory_settings or [(host_name, settings)]
     router = None
     if settings.router is not None and settings.router.host == host_name:
-        router = resolver.resolve_router(settings, host_name, everyone)
+        router = resolver.resolve_router(settings, host_name, everyone, knowledge)
+        plan.decisions.extend(router.decisions)
     drain, drained, drain_warnings = drainmod.decide(host_name, settings, everyone, knowledge)
     plan.decisions.append(drained)
     plan.warnings.extend(drain_warnings)
@@ -210,6 +211,8 @@ def decide(
         serve = serve_plan.serve_plan(
             settings, plan.ranks, facts.serving, router, drain, watched, python
         )
+        if serve.router is not None and serve.router.restart:
+            plan.decisions.append(serve_plan.router_change(serve.router))
         engine_step, model_step = _step_plans(settings, plan, facts, decision)
     return HostReport(
         settings,

@@ -24,6 +24,7 @@ operations/steps/smoke.py carry it out without deciding again:
 from __future__ import annotations
 
 import json
+import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -38,7 +39,7 @@ from operations.plan.planned_files import PlannedFile, generated_key, planned, s
 from operations.plan.resolver import Rank, RouterPlan
 from operations.plan.resolver.router import control_key_text
 from operations.plan.resolver.router import key_changes as router_key_changes
-from operations.plan.vocabulary import FileJson, RouterStepJson, ServeJson, SmokeJson
+from operations.plan.vocabulary import Decision, FileJson, RouterStepJson, ServeJson, SmokeJson
 from operations.render import units
 from operations.render.dashboard import dashboard_text
 from operations.render.host_scripts import script_text
@@ -192,8 +193,14 @@ class RouterStep:
     (installed when the marker is missing), the files it writes, whether it (re)starts."""
 
     version: str
+    # The router's package (smg, sglang-router) and the module its install must import.
+    package: str
+    launcher_module: str
     env_dir: str
     engine_root: str
+    # Router environments of other releases on this host, removed once this one serves (the
+    # move from sglang-router 0.3.2 to smg, or back): the ServingState fact's `router_envs`.
+    retired: list[str]
     # The marker is missing: the environment is built afresh (steps/serve.py's install).
     install: bool
     # The pinned requirements the install writes into the environment and installs from.
@@ -214,11 +221,42 @@ class RouterStep:
     def to_json(self) -> RouterStepJson:
         return {
             "version": self.version,
+            "package": self.package,
             "env_dir": self.env_dir,
+            "retired": self.retired,
             "install": self.install,
             "restart": self.restart,
             "files": [f.to_json() for f in self.files],
         }
+
+
+# How long clients of the router's port are refused while the router restarts (its old
+# process stops, the new one starts and lists the ranks ready): measured under steady client
+# load by tests/e2e/test_router_move.py (the move from sglang-router 0.3.2 to smg 1.13.0 on the
+# 2-core testbed, 8 ranks: 0.26, 0.36 and 0.82 s), with room for a loaded host.
+ROUTER_RESTART_WINDOW_S = 2
+
+
+def router_change(step: RouterStep) -> Decision:
+    """What a router restart does and what its clients see (a move between releases or
+    packages names both)."""
+    new = f"{step.package} {step.version}"
+    olds = [posixpath.basename(env) for env in step.retired]
+    said = f"move the router {', '.join(olds)} -> {new}" if olds else f"restart the router ({new})"
+    return Decision(
+        "router move" if olds else "router restart",
+        f"{said}: clients of its port are refused for about {ROUTER_RESTART_WINDOW_S}s",
+        "the router is one process on one port: the old one stops, the new one starts and reads "
+        "every rank's /health before it routes (requests in flight on the ranks finish; a client "
+        "that retries a refused connection after the window is served)"
+        + (
+            f"; the old environment{'s' if len(olds) > 1 else ''} ({', '.join(step.retired)}) "
+            f"go{'' if len(olds) > 1 else 'es'} once {new} answers /health; to go back, set "
+            f"router.version to the old release ({', '.join(o.rpartition('-')[2] for o in olds)})"
+            if olds
+            else ""
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -283,6 +321,8 @@ class ServePlan:
             parts.append(f"restart ({why}) in batches {order}{drained}")
         if plan.remove:
             parts.append(f"stop and remove rank(s) {', '.join(map(str, plan.remove))}")
+        if self.router is not None and self.router.restart:
+            parts.append(router_change(self.router).value)
         if self.readmit:
             parts.append(
                 f"put rank(s) {', '.join(map(str, self.readmit))} back into the router "
@@ -375,7 +415,9 @@ def serve_plan(
     router_step = None
     if router is not None:
         try:
-            router_step = _router_step(write, router, router_restart, python_minor)
+            router_step = _router_step(
+                write, router, router_restart, python_minor, serving.router_envs
+            )
         except PinError as e:
             errors.append(f"router version {router.version!r}: {e}")
     serve_files, smoke_files = _serve_files(
@@ -501,8 +543,11 @@ def _control_plane_key(write: _Writer) -> PlannedFile:
     return write.file(name, layout.CONTROL_PLANE_KEY_FILE, text)
 
 
-def _router_step(write: _Writer, plan: RouterPlan, restart: bool, python: str | None) -> RouterStep:
-    """The router's part of the serve step (raises PinError: no pinned requirements)."""
+def _router_step(
+    write: _Writer, plan: RouterPlan, restart: bool, python: str | None, retired: Sequence[str]
+) -> RouterStep:
+    """The router's part of the serve step (raises PinError: no pinned requirements); `retired`:
+    the router environments on the host (this release's is kept)."""
     if python is None:
         raise PinError("the host's python3 is not known")
     s, file = write.settings, write.file
@@ -515,13 +560,16 @@ def _router_step(write: _Writer, plan: RouterPlan, restart: bool, python: str | 
         uv_config = file("Router: uv.toml", tree.uv_config, tools_uv_config(s, wheelhouse_dir))
     return RouterStep(
         version=plan.version,
+        package=plan.package,
+        launcher_module=plan.argv[2],
         env_dir=plan.env_dir,
+        retired=[env for env in retired if env != plan.env_dir],
         engine_root=s.engine_root,
         install=install,
         requirements=file(
             "Router: requirements",
             layout.env_requirements(plan.env_dir),
-            router_requirements(plan.version, python),
+            router_requirements(plan.version, python, plan.package),
         ),
         uv_config=uv_config,
         launcher=file(

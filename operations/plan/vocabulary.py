@@ -147,7 +147,9 @@ class FileJson(TypedDict):
 
 class RouterStepJson(TypedDict):
     version: str
+    package: str
     env_dir: str
+    retired: list[str]
     install: bool
     restart: bool
     files: list[FileJson]

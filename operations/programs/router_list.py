@@ -8,9 +8,11 @@ router lists, so a rank an interrupted run left out of the router is put back.
 LIST_URL: the router's worker list (a GET, the knowledge base's `list_workers` call). KEY_FILE:
 the control-plane key (root only), sent as a bearer token when it exists, as router_workers.py
 does; the key never reaches a command line. Prints "router_workers ok" and then
-"worker URL healthy|unhealthy" per worker the router lists, or "router_workers error WHY".
-The answer's shape is sglang-router's {"workers": [{"url", "is_healthy"}]} (router_workers.py
-`listed` reads the same).
+"worker URL STATE" per worker the router lists, or "router_workers error WHY". STATE: smg's
+`status` (pending, ready, not_ready, failed, draining: smg 1.13.0's GET /workers, captured in
+tests/fixtures/smg/behaviour-1.13.0.json), else sglang-router 0.3.2's is_healthy as
+healthy|unhealthy. The answer's shape is {"workers": [{"url", "is_healthy", "status"?}]}
+(router_workers.py `listed` reads the same).
 """
 
 from __future__ import annotations
@@ -35,18 +37,21 @@ def read_key(path: str) -> str:
 
 
 def worker_lines(url: str, key: str, timeout: float) -> list[str]:
-    """One "worker URL healthy|unhealthy" line per worker the router lists."""
+    """One "worker URL STATE" line per worker the router lists."""
     request = urllib.request.Request(url)
     if key:
         request.add_header("Authorization", "Bearer " + key)
     with _DIRECT.open(request, timeout=timeout) as response:
         workers = json.loads(response.read(ANSWER_LIMIT)).get("workers", [])
-    return [
-        "worker {} {}".format(
-            str(w["url"]).rstrip("/"), "healthy" if w.get("is_healthy") else "unhealthy"
-        )
-        for w in workers
-    ]
+    return ["worker {} {}".format(str(w["url"]).rstrip("/"), state(w)) for w in workers]
+
+
+def state(worker: dict[str, object]) -> str:
+    """smg's status, one word; sglang-router's is_healthy where there is none."""
+    status = str(worker.get("status") or "").strip()
+    if status and " " not in status:
+        return status
+    return "healthy" if worker.get("is_healthy") else "unhealthy"
 
 
 def main(argv: list[str]) -> int:

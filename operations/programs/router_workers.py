@@ -10,17 +10,28 @@ from the knowledge base's `routers` entry for the pinned release, as `METHOD /pa
     router_workers.py ... --timeout S in UNIT=WORKER_URL ...
 
 --key-file: the router's control-plane key (root only); each call sends it as
-`Authorization: Bearer KEY` (sglang-router 0.3.2, src/auth/middleware.rs:214-361). A missing
-file sends none (a router from before the key, started without one); a router that refuses
-the call (401, 403) fails the step, naming the file, never the key.
+`Authorization: Bearer KEY` (sglang-router 0.3.2, src/auth/middleware.rs:214-361; smg 1.13.0
+the same, 401 without it: tests/fixtures/smg/behaviour-1.13.0.json "auth"). A missing file
+sends none (a router from before the key, started without one); a router that refuses the call
+(401, 403) fails the step, naming the file, never the key.
 
-out: each worker the router lists is removed (the router sends it nothing new; what it already
-     sent finishes), then each rank's own /metrics is read until sglang:num_running_reqs plus
-     sglang:num_queue_reqs is 0, for at most --timeout seconds (after that the restart goes on,
-     and says how many requests it cuts). A router that does not answer is reported: nothing
-     can be drained through it, and no client reaches the ranks through it either.
-in:  each worker the router does not list is added, and the router must list it healthy within
-     --timeout seconds; otherwise the rank stays out and this fails (exit 1).
+--draining STATE (smg): the state the router lists a removed worker in while it settles
+(`draining`: no new request reaches it; smg removes it after drain_settle_secs, 5 s, whether
+or not requests are still in flight there: the knowledge base's routers."1.13.0".drain).
+
+out: each worker the router lists is removed (DELETE; the router sends it nothing new; what it
+     already sent finishes); a worker is out once the router no longer lists it or lists it
+     --draining. Then each rank's own /metrics is read (rank_metrics.py) until
+     sglang:num_running_reqs plus sglang:num_queue_reqs is 0, for at most --timeout seconds
+     (after that the restart goes on, and says how many requests it cuts): smg's drain is a
+     timer, the rank's gauges say when its requests are done. A router that does not answer is
+     reported: nothing can be drained through it, and no client reaches the ranks through it
+     either.
+in:  each worker the router does not list is added; one it still lists draining is waited for
+     until it has left the list, then added (smg refuses a POST of a listed URL with 409,
+     WORKER_ALREADY_EXISTS: a 409 is waited out the same way). The router must list it healthy
+     (smg: status `ready`) within --timeout seconds; otherwise the rank stays out and this
+     fails (exit 1).
 Prints one line per rank: `drained UNIT in S s (N finished)` / `readmitted UNIT in S s`.
 """
 
@@ -53,7 +64,11 @@ _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class RouterError(Exception):
-    pass
+    """A call that failed; `status`: the router's HTTP status, when it answered one."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class RouterRefused(RouterError):
@@ -96,7 +111,7 @@ def call(base: str, spec: str, body: Any = None, **ids: str) -> Any:
                 "its control-plane key and this host's must be the same "
                 "(router.control_plane_key_file, docs/security.md)"
             ) from error
-        raise RouterError(f"{method} {url}: {error.code} {detail}") from error
+        raise RouterError(f"{method} {url}: {error.code} {detail}", error.code) from error
     except (urllib.error.URLError, OSError) as error:
         raise RouterError(f"{method} {url}: {error}") from error
     return json.loads(raw) if raw.strip() else None
@@ -104,12 +119,25 @@ def call(base: str, spec: str, body: Any = None, **ids: str) -> Any:
 
 class Worker(TypedDict, total=False):
     """One of the router's workers as its list answers it ({"workers": [...]}): the keys read
-    here, as the real sglang-router answers them (the e2e roll and crash tests read its list,
-    tests/e2e/test_crash.py). Decoded JSON, not checked: the router's own answer."""
+    here, as the real routers answer them (sglang-router 0.3.2: the e2e crash test reads its
+    list, tests/e2e/test_crash.py; smg 1.13.0 adds `status`: the capture's "get_workers").
+    Decoded JSON, not checked: the router's own answer."""
 
     id: str  # what a removal names (the remove call's {id})
     url: str
     is_healthy: bool
+    status: str  # smg: pending, ready, not_ready, failed, draining
+
+
+def draining(worker: Worker | None, state: str) -> bool:
+    return worker is not None and bool(state) and worker.get("status") == state
+
+
+def ready(worker: Worker | None) -> bool:
+    """Listed healthy; with smg, in status `ready` (the only one it routes to)."""
+    if worker is None or not worker.get("is_healthy"):
+        return False
+    return worker.get("status", "ready") == "ready"
 
 
 def listed(args: argparse.Namespace) -> dict[str, Worker]:
@@ -143,13 +171,29 @@ def take_out(args: argparse.Namespace, targets: list[tuple[str, str, str]]) -> i
         if worker is None:
             print(f"{unit}: {url} is not in the router", flush=True)
             continue
-        call(args.router, args.remove, id=worker["id"])
+        if draining(worker, args.draining):
+            continue  # an earlier run's removal, still settling
+        try:
+            call(args.router, args.remove, id=worker["id"])
+        except RouterRefused:
+            raise
+        except RouterError as error:
+            if error.status != 404:  # else gone between the list and the removal
+                raise
     deadline = time.monotonic() + REMOVAL_TIMEOUT_S
     sleeps = backoff(FIRST_POLL_S, POLL_GROWTH, MAX_POLL_S)
-    while any(url in workers for _, url, _ in targets):
+
+    def still_routed() -> list[str]:
+        return [
+            unit
+            for unit, url, _ in targets
+            if url in workers and not draining(workers[url], args.draining)
+        ]
+
+    while still_routed():
         if time.monotonic() > deadline:
-            left = [unit for unit, url, _ in targets if url in workers]
-            print(f"the router still lists {', '.join(left)} after {REMOVAL_TIMEOUT_S}s")
+            left = still_routed()
+            print(f"the router still routes to {', '.join(left)} after {REMOVAL_TIMEOUT_S}s")
             return 1
         time.sleep(next(sleeps))  # polling the router's list, with a deadline
         workers = listed(args)
@@ -195,16 +239,20 @@ def put_back(args: argparse.Namespace, targets: list[tuple[str, str]]) -> int:
         # A router that starts later reads every rank from its --worker-urls.
         print(f"router does not answer ({error}): nothing to put back into", flush=True)
         return 0
-    for _, url in targets:
-        if url not in workers:
-            call(args.router, args.add, body={"url": url})
     deadline = start + args.timeout
+    # Added (or listed, not draining) ranks; the others wait until the router lets them go.
+    to_add = {unit: url for unit, url in targets if not _listed_routable(workers, url, args)}
     pending = dict(targets)
     sleeps = backoff(FIRST_POLL_S, POLL_GROWTH, MAX_POLL_S)
     while pending:
+        for unit, url in list(to_add.items()):
+            if url in workers:
+                continue  # still listed draining: POST would be refused (409)
+            if _add(args, url):
+                del to_add[unit]
         workers = listed(args)
         for unit, url in list(pending.items()):
-            if workers.get(url, {}).get("is_healthy"):
+            if unit not in to_add and ready(workers.get(url)):
                 print(f"readmitted {unit} in {time.monotonic() - start:.2f} s", flush=True)
                 del pending[unit]
         if not pending:
@@ -220,6 +268,24 @@ def put_back(args: argparse.Namespace, targets: list[tuple[str, str]]) -> int:
     return 0
 
 
+def _listed_routable(workers: dict[str, Worker], url: str, args: argparse.Namespace) -> bool:
+    return url in workers and not draining(workers[url], args.draining)
+
+
+def _add(args: argparse.Namespace, url: str) -> bool:
+    """POST the worker; False when the router still has it (409: smg lists it until its drain
+    settles), to try again once it has left the list."""
+    try:
+        call(args.router, args.add, body={"url": url})
+    except RouterRefused:
+        raise
+    except RouterError as error:
+        if error.status == 409:
+            return False
+        raise
+    return True
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--router", required=True)
@@ -227,6 +293,7 @@ def main() -> int:
     parser.add_argument("--remove", required=True)
     parser.add_argument("--add", required=True)
     parser.add_argument("--key-file", default="")
+    parser.add_argument("--draining", default="")
     parser.add_argument("--timeout", type=float, required=True)
     parser.add_argument("action", choices=("out", "in"))
     parser.add_argument("targets", nargs="+")

@@ -186,7 +186,7 @@ def rank_unit(
     )
 
 
-def router_unit(settings: Settings, argv: list[str], workers: int) -> str:
+def router_unit(settings: Settings, argv: list[str], workers: int, package: str) -> str:
     """The router's unit, for the host that runs it (settings.router set): its control-plane
     key handed over as a credential (LoadCredential=, layout's constants)."""
     router = settings.router
@@ -195,7 +195,7 @@ def router_unit(settings: Settings, argv: list[str], workers: int) -> str:
     return render(
         ROUTER_TEMPLATE,
         description=text(
-            f"sglang-router {router.version} in front of {workers} ranks, port {router.port}"
+            f"{package} {router.version} in front of {workers} ranks, port {router.port}"
         ),
         user=settings.service_user,
         exec_start=exec_line(argv),

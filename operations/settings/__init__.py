@@ -115,15 +115,18 @@ def parse_source(model_source: str, cache_dir: str) -> SourceSpec:
 
 @dataclass(frozen=True)
 class Router:
-    """sglang-router on the inventory host `host`, in front of every rank of every host."""
+    """The router (smg, or sglang-router for releases up to 0.3.2: the knowledge base's `routers`
+    names each release's package) on the inventory host `host`, in front of every rank of every
+    host."""
 
     host: str
     port: int = 8000
     policy: str = "cache_aware"
     bind: str = "0.0.0.0"
-    version: str = "0.3.2"
+    version: str = "1.13.0"
     # Reliability, written on its command line (the router's own defaults in brackets, from
-    # sglang-router 0.3.2's router_args.py; README "Upgrading without downtime" says why):
+    # sglang-router 0.3.2's router_args.py, the same in smg 1.13.0's; README "Upgrading without
+    # downtime" says why):
     # attempts per request, retried on a connection error and 408/429/500/502/503/504 [5].
     retry_max_retries: int = 5
     retry_initial_backoff_ms: int = 100  # [50], x1.5 per attempt
@@ -137,6 +140,12 @@ class Router:
     cb_timeout_s: int = 10
     # How long the router waits for a worker it is given to answer /health [1800 s].
     worker_startup_timeout_s: int = 1800
+    # smg only (the knowledge base's routers."1.13.0".health, its defaults): a rank that does
+    # not answer for this long after a transport failure gets no new requests [2 s] ...
+    worker_stall_s: int = 2
+    # ... nor one that produces no token for this long while requests are in flight and its
+    # queue grows (stretched by its prefill) [3 s]; either lifts on contact or progress.
+    worker_wedge_s: int = 3
     # Where the router serves its Prometheus metrics (on `bind`) [29000 on 0.0.0.0]: written on
     # its command line, listed in the Prometheus targets file (operations/plan/monitoring.py).
     metrics_port: int = 29000

@@ -86,6 +86,7 @@ class WorkersArgs(TypedDict):
     timeout_s: int
     targets: list[str]
     key_file: str
+    draining: str
 
 
 @operation(is_idempotent=False)
@@ -96,6 +97,7 @@ def router_workers(
     timeout_s: int,
     targets: list[str],
     key_file: str = layout.CONTROL_PLANE_KEY_FILE,
+    draining: str = "",
 ) -> Commands:
     """
     Take ranks out of the router and wait for their in-flight requests, or put them back.
@@ -106,11 +108,13 @@ def router_workers(
     + timeout_s: out: the drain's bound; in: how long the router may take to list them healthy
     + targets: out: UNIT=WORKER_URL=METRICS_URL; in: UNIT=WORKER_URL
     + key_file: the control-plane key on the host (its path only: the script reads it)
+    + draining: the state the router lists a removed worker in while it settles (smg), or ""
     """
     list_call, remove_call, add_call = api
     words = ["python3", layout.ROUTER_WORKERS_SCRIPT, "--router", router]
     words += ["--list", list_call, "--remove", remove_call, "--add", add_call]
     words += ["--key-file", key_file]
+    words += ["--draining", draining] if draining else []
     words += ["--timeout", str(timeout_s), action, *targets]
     yield shlex.join(words)
 
@@ -285,6 +289,7 @@ class ServeStep:
             "timeout_s": timeout_s,
             "targets": targets,
             "key_file": drain.key_file,
+            "draining": drain.api.drain.state if drain.api.drain is not None else "",
         }
 
     def _remove(self) -> None:
@@ -431,21 +436,30 @@ serve = cast(Callable[..., ServeStep], _serve)
 
 @operation()
 def router_env(
-    engine_root: str, env_dir: str, version: str, install: bool, requirements: str
+    engine_root: str,
+    env_dir: str,
+    package: str,
+    version: str,
+    module: str,
+    install: bool,
+    requirements: str,
 ) -> Commands:
     """
-    sglang-router in its own environment, with the engine's uv and package sources: exactly
-    the pinned wheels, hashes checked (`--require-hashes --only-binary :all:`), kept in the
-    environment as requirements.txt.
+    The router (smg, or sglang-router) in its own environment, with the engine's uv and package
+    sources: exactly the pinned wheels, hashes checked (`--require-hashes --only-binary :all:`),
+    kept in the environment as requirements.txt. Both packages install an `smg` command: each
+    release has its own environment, never another's.
 
     + engine_root: ENGINE_ROOT (uv and its config live there)
     + env_dir: the router's environment
-    + version: the sglang-router release
+    + package: smg or sglang-router
+    + version: the router release
+    + module: its launcher module, which the install must import
     + install: the plan's RouterStep.install (the environment has no complete install)
-    + requirements: sglang-router==VERSION and its dependencies with hashes (operations/kb/pins)
+    + requirements: PACKAGE==VERSION and its dependencies with hashes (operations/kb/pins)
     """
     if not install:
-        host.noop(f"sglang-router {version} is installed")
+        host.noop(f"{package} {version} is installed")
         return
     tree = layout.EngineTree(engine_root)
     uv = QuoteString(tree.uv)
@@ -488,7 +502,7 @@ def router_env(
     yield StringCommand(
         python,
         "-c",
-        QuoteString("import sglang_router.launch_router"),
+        QuoteString(f"import {module}"),
         "&&",
         "touch",
         QuoteString(layout.router_marker(env_dir)),
@@ -501,10 +515,12 @@ def _route(s: Settings, plan: RouterStep) -> None:
     if plan.uv_config is not None:
         put_planned(plan.uv_config)
     router_env(
-        name=f"Router: install {plan.version}",
+        name=f"Router: install {plan.package} {plan.version}",
         engine_root=plan.engine_root,
         env_dir=plan.env_dir,
+        package=plan.package,
         version=plan.version,
+        module=plan.launcher_module,
         install=plan.install,
         requirements=plan.requirements.text,
     )
@@ -525,4 +541,11 @@ def _route(s: Settings, plan: RouterStep) -> None:
             checks=[(ROUTER_UNIT, plan.health_url)],
             timeout_s=s.health_timeout_s,
             service_user=s.service_user,
+        )
+    if plan.retired:
+        # Only once this release serves (a failed start above stops the run first): another
+        # release's environment, e.g. sglang-router 0.3.2's after the move to smg.
+        server.shell(
+            name=f"Router: remove the environments of other releases ({len(plan.retired)})",
+            commands=[shlex.join(["rm", "-rf", "--", *plan.retired])],
         )

@@ -24,7 +24,7 @@ from tests.testbed import Container
 ROOT = Path(__file__).resolve().parents[2]
 PYINFRA = Path(sys.executable).parent / "pyinfra"
 DEPLOY_TIMEOUT_S = 900
-ROUTER_RELEASE = "0.3.2"
+ROUTER_RELEASE = "1.13.0"  # smg, the router the deploy installs by default
 # A runtime drop-in every rank unit reads and no unit file names (the SGLang double reads it).
 SLOW_DROPIN = "/run/systemd/system/sglang@.service.d"
 
@@ -127,9 +127,9 @@ def slow_ranks(container: Container, generate_s: float, load_s: float) -> None:
 
 
 def router_wheels() -> list[Path]:
-    """The real sglang-router and its web stack: exactly the pinned set (operations/kb/pins),
+    """The real router (smg) and its dependencies: exactly the pinned set (operations/kb/pins),
     which the deploy installs with --require-hashes."""
-    return pinned_wheels(router_file(ROUTER_RELEASE, "3.11"))
+    return pinned_wheels(router_file(ROUTER_RELEASE, "3.11", "smg"))
 
 
 def paired(sides: Sequence[tuple[str, Callable[[], float]]], rounds: int) -> dict[str, list[float]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -19,6 +20,7 @@ MODEL = "Qwen/Qwen3.6-27B"
 CLIENTS = 4
 MAX_REQUESTS = 20000  # a bound on the load, whatever happens
 REQUEST_TIMEOUT_S = 60
+RETRY_PAUSE_S = 0.05
 
 
 @dataclass
@@ -31,6 +33,8 @@ class Load:
     stop: threading.Event = field(default_factory=threading.Event)
     threads: list[threading.Thread] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # When each failed request was sent and answered (time.monotonic()).
+    failed_at: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def sent(self) -> int:
@@ -42,12 +46,14 @@ class Load:
         with self.lock:
             return len(self.failures)
 
-    def _one(self) -> None:
+    def _one(self) -> bool:
+        """One request; whether it was answered well."""
         body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
         request = urllib.request.Request(
             f"{self.url}/v1/chat/completions", data=body.encode(), method="POST"
         )
         request.add_header("Content-Type", "application/json")
+        sent = time.monotonic()
         try:
             with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
                 answer = json.loads(response.read())
@@ -62,10 +68,15 @@ class Load:
             self.statuses[status] += 1
             if why:
                 self.failures.append(why)
+                self.failed_at.append((sent, time.monotonic()))
+        return not why
 
     def _client(self) -> None:
         while not self.stop.is_set() and self.sent < MAX_REQUESTS:
-            self._one()
+            if not self._one():
+                # A client retries a refused request after a pause, as a real one does (a
+                # refused connection answers at once: without it the bound is spent in a second).
+                self.stop.wait(RETRY_PAUSE_S)
 
     def __enter__(self) -> Load:
         self.threads = [threading.Thread(target=self._client) for _ in range(CLIENTS)]
@@ -78,6 +89,14 @@ class Load:
         self.stop.set()
         for thread in self.threads:
             thread.join(timeout=REQUEST_TIMEOUT_S + 5)
+
+    def window_s(self) -> float:
+        """From the first failed request's send to the last one's answer: the span in which
+        clients saw failures (0 when none failed)."""
+        with self.lock:
+            if not self.failed_at:
+                return 0.0
+            return max(a for _, a in self.failed_at) - min(s for s, _ in self.failed_at)
 
     def report(self, what: str) -> str:
         return (

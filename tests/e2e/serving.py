@@ -41,13 +41,16 @@ def release_indexes(
     tmp_path_factory: pytest.TempPathFactory, name: str, releases: tuple[str, ...]
 ) -> Iterator[Indexes]:
     """The package indexes for a serving test: each release's wheel doubles, and the real
-    router and its web stack from PyPI, served like everything else: exactly the pinned set
-    (operations/kb/pins), which the deploy installs with --require-hashes. Stopped after."""
+    routers (smg 1.13.0, sglang-router 0.3.2) and their web stacks from PyPI, served like
+    everything else: exactly the pinned sets (operations/kb/pins), which the deploy installs
+    with --require-hashes. Stopped after."""
     out = tmp_path_factory.mktemp(f"{name}-wheels")
     made = make_indexes(
         tmp_path_factory.mktemp(f"{name}-index"),
         {r: doubles.release_wheels(out / r, r, LANE) for r in releases},
     )
+    # Both routers: smg (the default) and sglang-router 0.3.2 (a host moving from it, or back).
+    made.main.add(*pinned_wheels(router_file("1.13.0", "3.11", "smg")))
     made.main.add(*pinned_wheels(router_file("0.3.2", "3.11")))
     yield made
     for index in made.all():

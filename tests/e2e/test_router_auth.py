@@ -1,4 +1,4 @@
-"""The router's control plane, end to end, against the real sglang-router 0.3.2 reachable by a
+"""The router's control plane, end to end, against the real smg 1.13.0 (the default) reachable by a
 stranger: this test process, on loopback, with an HTTP server of its own that counts every
 request it gets.
 
@@ -136,9 +136,10 @@ def test_a_stranger_cannot_add_or_remove_workers_and_the_drain_still_works(
 
     # The failure, first: the same router release, started as it was before (no key).
     _, exec_start, _ = c.ssh_run("grep ^ExecStart= /etc/systemd/system/sglang-router.service")
-    python = exec_start.split("=", 1)[1].split()[0]
+    # The router's interpreter and its launcher module (smg.launch_router, the default router).
+    python, _, module = exec_start.split("=", 1)[1].split()[:3]
     open_router = (
-        f"systemd-run --unit=open-router -p User=sglang {python} -m sglang_router.launch_router"
+        f"systemd-run --unit=open-router -p User=sglang {python} -m {module}"
         f" --worker-urls http://{c.address}:30000 --host {c.address} --port {OPEN_PORT}"
         f" --prometheus-host {c.address} --prometheus-port 29100"
     )

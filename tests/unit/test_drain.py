@@ -47,7 +47,7 @@ def test_behind_the_router_each_rank_is_named_as_the_router_names_it() -> None:
         assert all(plan.worker(r) in router.workers for r in range(s.dp_size))
         assert plan.timeout_s == s.drain_timeout_s == 120
         assert "DELETE /workers/{id}" in decision.why and "POST /workers" in decision.why
-        assert "pypi.org/project/sglang-router/0.3.2" in decision.why
+        assert "pypi.org/project/smg/1.13.0" in decision.why
     # On its own host the router is reached on loopback; from another, at its host's address.
     own, _, _ = drain.decide("ct200", a, everyone, kb.load())
     assert own is not None and own.router_url == "http://127.0.0.1:8000"
@@ -62,7 +62,7 @@ def test_a_router_release_without_a_known_worker_api_is_a_warning_not_a_drain() 
     knowledge = dataclasses.replace(kb.load(), routers={})
     plan, decision, warnings = drain.decide("ct200", s, [("ct200", s)], knowledge)
     assert plan is None and "not drain-protected" in decision.value
-    assert warnings and "0.3.2" in warnings[0]
+    assert warnings and "1.13.0" in warnings[0]
 
 
 def test_the_router_command_line_carries_its_reliability_settings() -> None:
@@ -127,12 +127,17 @@ class ControlPlane:
     answered 202, src/core/worker_service.rs:225-259). `key=None`: the router as started
     before, with no key (the middleware lets everything through, src/middleware.rs:114-148)."""
 
-    def __init__(self, key: str | None) -> None:
+    def __init__(self, key: str | None, settle_s: float | None = None) -> None:
         import http.server
         import threading
 
+        # settle_s: smg 1.13.0 instead (tests/fixtures/smg/behaviour-1.13.0.json, captured from
+        # the real binary): each worker has a `status`; DELETE lists it `draining` at once and
+        # removes it settle_s later ("drain_default_with_requests_in_flight": 5.1 s); POST of a
+        # URL it lists is 409 WORKER_ALREADY_EXISTS ("worker_api"); a new one is listed ready.
         self.workers: dict[str, dict[str, object]] = {}
         self.calls: list[tuple[str, str, str | None]] = []
+        self.timers: list[threading.Timer] = []
         plane = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -147,7 +152,23 @@ class ControlPlane:
                     self._send(200, json.dumps({"workers": listed}).encode())
                 elif self.command == "POST":
                     url = json.loads(body)["url"]
-                    plane.workers[f"id-{len(plane.calls)}"] = {"url": url, "is_healthy": True}
+                    if settle_s is not None and url in [w["url"] for w in plane.workers.values()]:
+                        self._send(409, b'{"code": "WORKER_ALREADY_EXISTS"}')
+                        return
+                    worker: dict[str, object] = {"url": url, "is_healthy": True}
+                    if settle_s is not None:
+                        worker["status"] = "ready"
+                    plane.workers[f"id-{len(plane.calls)}"] = worker
+                    self._send(202, b"{}")
+                elif settle_s is not None:
+                    worker_id = self.path.rsplit("/", 1)[1]
+                    if worker_id not in plane.workers:
+                        self._send(404, b"{}")
+                        return
+                    plane.workers[worker_id]["status"] = "draining"
+                    timer = threading.Timer(settle_s, plane.workers.pop, (worker_id, None))
+                    plane.timers.append(timer)
+                    timer.start()
                     self._send(202, b"{}")
                 else:
                     plane.workers.pop(self.path.rsplit("/", 1)[1], None)
@@ -170,12 +191,16 @@ class ControlPlane:
         self.thread.start()
 
     def stop(self) -> None:
+        for timer in self.timers:
+            timer.cancel()
         self.server.shutdown()
         self.server.server_close()
         self.thread.join()
 
 
-def run_drain(tmp_path: Path, plane: ControlPlane, key_file: Path, *args: str) -> tuple[int, str]:
+def run_drain(
+    tmp_path: Path, plane: ControlPlane, key_file: Path, *args: str, draining: str = ""
+) -> tuple[int, str]:
     script = tmp_path / "router_workers.py"
     script.write_text(host_scripts.script_text("router_workers.py"))  # what the host runs
     api = ["--list", "GET /workers", "--remove", "DELETE /workers/{id}", "--add", "POST /workers"]
@@ -190,6 +215,7 @@ def run_drain(tmp_path: Path, plane: ControlPlane, key_file: Path, *args: str) -
             str(key_file),
             "--timeout",
             "5",
+            *(["--draining", draining] if draining else []),
             *args,
         ],
         capture_output=True,
@@ -214,6 +240,32 @@ def test_every_drain_call_sends_the_control_plane_key(tmp_path: Path) -> None:
         assert rc == 0 and plane.workers == {}, out
         assert {c[0] for c in plane.calls} == {"GET", "POST", "DELETE"}
         assert {c[2] for c in plane.calls} == {f"Bearer {KEY}"}
+    finally:
+        plane.stop()
+
+
+@pytest.mark.integration
+def test_behind_smg_a_draining_rank_is_out_and_its_re_add_waits_until_smg_lets_it_go(
+    tmp_path: Path,
+) -> None:
+    """smg's drain is a timer (the double's settle, as the real one's 5 s): `out` is done once
+    the rank is listed draining, without waiting for the removal; `in` right after sees it
+    still listed, waits until it has gone (a POST would be 409), adds it, and waits for ready."""
+    key_file = tmp_path / "key"
+    key_file.write_text(KEY + "\n")
+    plane = ControlPlane(KEY, settle_s=1.0)
+    rank = "http://127.0.0.1:9"
+    try:
+        plane.workers["id-0"] = {"url": rank, "is_healthy": True, "status": "ready"}
+        rc, out = run_drain(tmp_path, plane, key_file, "out", f"u={rank}=", draining="draining")
+        assert rc == 0, out
+        assert plane.workers["id-0"]["status"] == "draining"  # out, before smg removed it
+        rc, out = run_drain(tmp_path, plane, key_file, "in", f"u={rank}", draining="draining")
+        assert rc == 0 and "readmitted u" in out, out
+        assert [(w["url"], w["status"]) for w in plane.workers.values()] == [(rank, "ready")]
+        # Never a POST while smg still listed it: no 409 was asked for.
+        posts = [c for c in plane.calls if c[0] == "POST"]
+        assert len(posts) == 1, plane.calls
     finally:
         plane.stop()
 
@@ -315,15 +367,26 @@ def test_the_launcher_hands_the_key_to_the_parser_never_to_a_command_line(tmp_pa
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
-def test_the_router_unit_loads_the_key_as_a_credential_and_no_key_is_in_it() -> None:
-    s = with_router()
+@pytest.mark.parametrize(
+    ("version", "module", "env"),
+    [
+        ("1.13.0", "smg.launch_router", "/opt/sglang/router/smg-1.13.0/bin/python"),
+        (
+            "0.3.2",
+            "sglang_router.launch_router",
+            "/opt/sglang/router/sglang-router-0.3.2/bin/python",
+        ),
+    ],
+)
+def test_the_router_unit_loads_the_key_as_a_credential_and_no_key_is_in_it(
+    version: str, module: str, env: str
+) -> None:
+    s = with_router(version=version)
     router = resolver.resolve_router(s, "ct200", [("ct200", s)])
     assert router.errors == []
     assert "LoadCredential=control-plane-key:/etc/sglang/router-control-plane.key" in router.unit
-    assert router.argv[1:3] == [
-        "/usr/local/lib/sglang-deploy/router_launch.py",
-        "sglang_router.launch_router",
-    ]
+    # Each release from its own environment (both install an `smg` command), its own launcher.
+    assert router.argv[:3] == [env, "/usr/local/lib/sglang-deploy/router_launch.py", module]
     assert "--control-plane-api-keys" not in router.argv  # the launcher adds it, in-process
 
 

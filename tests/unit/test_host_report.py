@@ -394,12 +394,40 @@ def test_a_release_with_no_pinned_router_requirements_is_refused_before_any_chan
     kept = tmp_path / "operations" / "kb" / "pins"
     kept.mkdir(parents=True)
     for f in pins.PINS_DIR.iterdir():
-        if f.is_file() and not f.name.startswith("router-"):
+        if f.is_file() and not f.name.startswith("smg-"):
             shutil.copy(f, kept / f.name)
     monkeypatch.setattr(pins, "PINS_DIR", kept)
     result = report(make_settings(router=ROUTER), gathered(Serving(), staging(None)))
-    assert [e for e in result.errors if "sglang-router" in e] == [
-        "router version '0.3.2': no pinned requirements for sglang-router 0.3.2 on Python 3.11 "
-        "(operations/kb/pins/router-0.3.2-py3.11.txt is missing): run scripts/pin_installs.py"
+    assert [e for e in result.errors if "pinned" in e] == [
+        "router version '1.13.0': no pinned requirements for smg 1.13.0 on Python 3.11 "
+        "(operations/kb/pins/smg-1.13.0-py3.11.txt is missing): run scripts/pin_installs.py"
     ]
     assert not result.ok
+
+
+def test_a_host_behind_sglang_router_0_3_2_moves_to_smg_in_one_run() -> None:
+    """The plan names the move and its window; the old environment goes, the new one's does
+    not; going back names the release to set."""
+    old = "/opt/sglang/router/sglang-router-0.3.2"
+    new = "/opt/sglang/router/smg-1.13.0"
+    result = report(
+        make_settings(router=ROUTER), gathered(Serving(router_envs=[old, new]), staging(None))
+    )
+    assert result.serve is not None and result.serve.router is not None
+    step = result.serve.router
+    assert (step.package, step.env_dir, step.retired, step.restart) == ("smg", new, [old], True)
+    moves = [d for d in result.plan.decisions if d.what == "router move"]
+    assert len(moves) == 1, result.plan.decisions
+    assert moves[0].value == (
+        "move the router sglang-router-0.3.2 -> smg 1.13.0: clients of its port are refused "
+        "for about 2s"
+    )
+    assert "router.version to the old release (0.3.2)" in moves[0].why
+    assert "move the router sglang-router-0.3.2 -> smg 1.13.0" in result.serve.summary()
+    # Going back: the same, the other way.
+    back = report(
+        make_settings(router={**ROUTER, "version": "0.3.2"}),
+        gathered(Serving(router_envs=[new]), staging(None)),
+    )
+    assert back.serve is not None and back.serve.router is not None
+    assert back.serve.router.retired == [new] and back.serve.router.package == "sglang-router"

@@ -221,6 +221,46 @@ def _qsa_for_0519(d: dict[str, Any]) -> None:
             lambda d: d["flags"].update(page_size=d["flags"]["cuda_graph_max_bs"]),
             "flags: Additional properties are not allowed ('page_size'",
         ),
+        (
+            lambda d: d["routers"]["1.13.0"].update(package="sgl-model-gateway"),
+            "routers.1.13.0.package: 'sgl-model-gateway' is not one of",
+        ),
+        (
+            lambda d: d["routers"]["0.3.2"].pop("launcher"),
+            "'launcher' is a required property",
+        ),
+        (
+            lambda d: d["routers"].update({"1.14.0": d["routers"]["1.13.0"]}),
+            "routers.1.14.0: no CLI table",
+        ),
+        (
+            lambda d: d["routers"]["1.13.0"]["health"]["options"].update(
+                {"--worker-wedge-sec": "3"}
+            ),
+            "routers.1.13.0: smg 1.13.0 has no option --worker-wedge-sec",
+        ),
+        (
+            lambda d: d["routers"]["0.3.2"].update(
+                health={**d["routers"]["1.13.0"]["health"], "options": {"--worker-stall-secs": "2"}}
+            ),
+            "routers.0.3.2: sglang-router 0.3.2 has no option --worker-stall-secs",
+        ),
+        (
+            lambda d: d["routers"]["1.13.0"]["drain"].update(state="removing"),
+            "routers.1.13.0.drain.state: 'removing' is not one of its worker_states",
+        ),
+        (
+            lambda d: d["routers"]["1.13.0"]["drain"].update(source="nowhere"),
+            "routers.1.13.0.drain: unknown source 'nowhere'",
+        ),
+        (
+            lambda d: d["routers"]["1.13.0"]["engines"]["tested"].append("0.5.99"),
+            "routers.1.13.0.engines.tested: '0.5.99' is not a release of `releases`",
+        ),
+        (
+            lambda d: d["routers"]["1.13.0"]["engines"].update(unproven="0.5.18 to 0.5.23"),
+            "routers.1.13.0.engines.unproven: '0.5.18 to 0.5.23' is not a version range",
+        ),
     ],
 )
 def test_broken_knowledge_is_refused_naming_the_key(mutate: Mutation, message: str) -> None:
@@ -285,6 +325,58 @@ def test_the_unchanged_data_builds_into_what_the_yaml_says() -> None:
     assert auto is not None and auto.prefer == ("flashinfer", "triton")
     spelling = built.flags.mamba_cache_strategy.spelling("0.5.11")
     assert spelling is not None and spelling.option == "--mamba-scheduler-strategy"
+
+
+def test_the_router_releases_build_into_what_the_yaml_says() -> None:
+    """Read off knowledge/sglang.yaml's `routers` by eye: sglang-router 0.3.2 and smg 1.13.0,
+    both installing an `smg` command (so never in one environment)."""
+    built = kb.build(raw())
+    old, new = built.routers["0.3.2"], built.routers["1.13.0"]
+    assert (old.package, old.launcher, old.commands) == (
+        "sglang-router",
+        "sglang_router.launch_router",
+        ("amg", "sglang-router", "smg"),
+    )
+    assert (old.drain, old.control_plane, old.engines) == (None, None, None)
+    assert (new.package, new.launcher, new.commands) == ("smg", "smg.launch_router", ("smg",))
+    assert set(old.commands) & set(new.commands) == {"smg"}
+    assert (new.list_workers, new.remove_worker, new.add_worker, new.update_worker) == (
+        "GET /workers",
+        "DELETE /workers/{id}",
+        "POST /workers",
+        "PATCH /workers/{id}",
+    )
+    assert new.worker_states == ("pending", "ready", "not_ready", "failed", "draining")
+    assert new.duplicate_add_status == 409
+    assert new.drain is not None
+    assert (new.drain.state, new.drain.settle_secs, new.drain.waits_for_in_flight) == (
+        "draining",
+        5,
+        False,
+    )
+    plane = new.control_plane
+    assert plane is not None
+    assert (plane.key_format, plane.missing_key_status, plane.from_option) == (
+        "id:name:role:key",
+        401,
+        "--control-plane-api-keys",
+    )
+    assert plane.no_environment
+    assert new.health is not None
+    assert new.health.options["--worker-wedge-secs"] == "3"
+    assert new.health.options["--worker-stall-secs"] == "2"
+    assert new.rank_metrics is not None and new.rank_metrics.prefix == "sglang:"
+    assert new.engines is not None
+    assert new.engines.tested == ("0.5.10", "0.5.12.post1", "0.5.16", "0.5.17")
+    assert [r for r in built.supported_releases() if kb.in_range(r, new.engines.unproven)] == [
+        "0.5.18",
+        "0.5.19",
+        "0.5.20",
+        "0.5.21",
+        "0.5.22",
+        "0.5.23",
+    ]
+    assert {s.id for s in new.drain.source} == {"smg-1.13.0", "smg-1.13.0-capture"}
 
 
 def test_a_cli_table_whose_header_names_another_release_is_refused(tmp_path: Path) -> None:

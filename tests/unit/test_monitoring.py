@@ -42,7 +42,7 @@ def test_one_target_per_rank_and_the_router_on_its_host() -> None:
     ]
     assert [g["labels"] for g in groups] == [
         *({"host": "ct200", "rank": str(r), "version": "0.5.11"} for r in range(8)),
-        {"host": "ct200", "rank": "router", "version": "0.3.2"},
+        {"host": "ct200", "rank": "router", "version": "1.13.0"},
     ]
 
 

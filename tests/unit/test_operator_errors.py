@@ -83,8 +83,10 @@ def test_a_valid_router_plan_is_shown() -> None:
     rc, out = plan(*data('router={"host": "@fake/ct200", "port": 8000}'))
     assert rc == 0, out
     text = unfolded(out)
-    assert "router: sglang-router 0.3.2 on 0.0.0.0:8000, policy cache_aware, 8 worker(s)" in text
+    assert "router: smg 1.13.0 on 0.0.0.0:8000, policy cache_aware, 8 worker(s)" in text
     assert "--worker-urls http://127.0.0.1:30000" in text and "--port 8000" in text
+    # The pairing with the SGLang release: smg's CI never ran 0.5.11 (the knowledge base).
+    assert "smg 1.13.0, unproven with sglang 0.5.11" in text
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """What the deploy installs beside the engine, pinned with hashes: uv, the Hugging Face CLI and
-sglang-router, each from a requirements file of this directory, installed with
+the router (sglang-router or smg), each from a requirements file of this directory, installed with
 `--require-hashes --only-binary :all:` (no other file, no source build). The files are made by
 scripts/pin_installs.py (SOURCE.md says when); the deploy only reads them.
 """
@@ -18,8 +18,13 @@ class PinError(Exception):
     """No pinned requirements for what the settings ask: the message says what to run."""
 
 
-def router_file(version: str, python: str) -> Path:
-    return PINS_DIR / f"router-{version}-py{python}.txt"
+# The requirements file's prefix per router package: sglang-router's kept its first name.
+ROUTER_PREFIX = {"sglang-router": "router", "smg": "smg"}
+
+
+def router_file(version: str, python: str, package: str = "sglang-router") -> Path:
+    """router-V-pyX.Y.txt (sglang-router) or smg-V-pyX.Y.txt (smg)."""
+    return PINS_DIR / f"{ROUTER_PREFIX[package]}-{version}-py{python}.txt"
 
 
 def hub_file(python: str) -> Path:
@@ -50,9 +55,10 @@ def _read(path: Path, what: str) -> str:
     return path.read_text()
 
 
-def router_requirements(version: str, python: str) -> str:
-    """sglang-router==V and its dependencies for CPython `python`, with hashes."""
-    return _read(router_file(version, python), f"sglang-router {version} on Python {python}")
+def router_requirements(version: str, python: str, package: str = "sglang-router") -> str:
+    """`package`==V (sglang-router or smg) and its dependencies for CPython `python`, with
+    hashes."""
+    return _read(router_file(version, python, package), f"{package} {version} on Python {python}")
 
 
 def hub_requirements(python: str) -> str:
