@@ -19,19 +19,16 @@ from __future__ import annotations
 import socket
 
 from pyinfra.api.host import Host
-from pyinfra.connectors.ssh import SSHConnector
+
+from operations.runtime.pyinfra_internals import ssh_socket
 
 
 def no_delay(host: Host) -> bool:
     """TCP_NODELAY on `host`'s SSH connection; False when it has none to set it on (another
     connector, not connected yet, or a connection that is no TCP socket of ours: a
     ProxyCommand's pipe, a jump host's channel)."""
-    connector = host.connector
-    if not isinstance(connector, SSHConnector) or connector.client is None:
-        return False
-    transport = connector.client.get_transport()
-    sock = getattr(transport, "sock", None)
-    if not isinstance(sock, socket.socket) or sock.family not in (socket.AF_INET, socket.AF_INET6):
+    sock = ssh_socket(host)
+    if sock is None:
         return False
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

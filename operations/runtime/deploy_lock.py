@@ -40,16 +40,15 @@ import time
 from typing import Any
 
 from pyinfra import logger
-from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
 from pyinfra.api.command import StringCommand
 from pyinfra.api.host import Host
 from pyinfra.api.state import BaseStateCallback, State
 from pyinfra.connectors.local import LocalConnector
 from pyinfra.connectors.ssh import SSHConnector
-from pyinfra.connectors.util import make_unix_command_for_host
 
 from operations.render.host_scripts import script_text
 from operations.runtime.inventory import inventory_settings, refuse
+from operations.runtime.pyinfra_internals import add_callback_once, command_for_host, ssh_transport
 
 LOCK_PATH = "/run/sglang-deploy.lock"
 BEAT_S = 15
@@ -95,23 +94,13 @@ def holder_command(state: State, host: Host, wait_s: int) -> str:
         str(wait_s),
         str(BEAT_S),
     )
-    arguments, _ = pop_global_arguments(state, host, {})
-    connector_args = {
-        k: v
-        for k, v in arguments.items()
-        if k in CONNECTOR_ARGUMENT_KEYS
-        and k not in ("_stdin", "_timeout", "_get_pty", "_success_exit_codes")
-    }
-    wrapped: str = make_unix_command_for_host(
-        state, host, command, **connector_args
-    ).get_raw_value()
-    return wrapped
+    return command_for_host(state, host, command)
 
 
 def _start(state: State, host: Host, command: str) -> tuple[Any, Any] | None:
     """(handle, line reader) of the holder process, or None for a connector without one."""
-    if isinstance(host.connector, SSHConnector) and host.connector.client is not None:
-        transport = host.connector.client.get_transport()
+    if isinstance(host.connector, SSHConnector):
+        transport = ssh_transport(host)
         assert transport is not None  # pyinfra connects every host before deploy.py loads
         channel = transport.open_session()
         channel.exec_command(command)
@@ -145,8 +134,7 @@ class Request:
         handle, lines = self.started
         self.started = None
         state, host, wait_s = self.state, self.host, self.wait_s
-        if not any(isinstance(h, _ReleaseOnDisconnect) for h in state.callback_handlers):
-            state.add_callback_handler(_ReleaseOnDisconnect())
+        add_callback_once(state, _ReleaseOnDisconnect())
         waited = False
         for raw in lines:
             line = raw.strip()

@@ -69,6 +69,7 @@ from operations.redact import redact
 from operations.render import units
 from operations.render.host_scripts import script_text
 from operations.runtime.host_call import Commands, HostCall, run
+from operations.runtime.pyinfra_internals import temp_filename
 from operations.settings import Settings
 from operations.steps.host_files import put_file
 from operations.steps.toolkit import (
@@ -185,7 +186,7 @@ def sync_wheelhouse(src: str, dest: str, todo: list[str], count: int) -> Command
         yield FileUploadCommand(
             os.path.join(src, file_name),
             f"{dest}/.partial/{file_name}",
-            remote_temp_filename=host.get_temp_filename(),
+            remote_temp_filename=temp_filename(host),
         )
     names = " ".join(_q(n) for n in todo)
     yield StringCommand(f"cd {_q(dest + '/.partial')} && mv -f -- {names} ..")
@@ -563,7 +564,7 @@ def fetch_lock(
     partial = f"{dest}.{re.sub(r'[^A-Za-z0-9_.-]', '_', host.name)}.partial"
     yield FunctionCommand(_local_dir, (os.path.dirname(dest),), {})
     # A random temp name for the `_sudo` copy pyinfra downloads (not one derived from dest).
-    yield FileDownloadCommand(src, partial, remote_temp_filename=host.get_temp_filename())
+    yield FileDownloadCommand(src, partial, remote_temp_filename=temp_filename(host))
     yield FunctionCommand(_keep_lock, (partial, dest, registries, wheelhouse, wheelhouse_files), {})
 
 

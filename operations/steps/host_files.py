@@ -61,11 +61,11 @@ from pyinfra.api.operation import OperationMeta, operation
 from pyinfra.context import host
 from pyinfra.context import state as run_state
 from pyinfra.facts.files import FileContents
-from pyinfra.operations.util.files import generate_color_diff
 
 from operations.facts.files import FileAt, PathState
 from operations.plan.planned_files import PlannedFile, content_bytes, sha256
 from operations.runtime.host_call import Commands
+from operations.runtime.pyinfra_internals import color_diff
 
 
 def _same_mode(found: str, want: str) -> bool:
@@ -149,7 +149,7 @@ def _show_diff(dest: str, data: bytes, exists: bool, secret: bool) -> None:
         found = host.get_fact(FileContents, path=dest) or []
         current = [line + "\n" for line in found]
     logger.info(f"{host.print_prefix}Will {verb} {dest}")
-    for line in generate_color_diff(current, desired):
+    for line in color_diff(current, desired):
         logger.info("  %s", line)
     logger.info("")
 

@@ -45,6 +45,7 @@ from operations.plan.host_plan import HostReport
 from operations.plan.resolver import Rank
 from operations.plan.serve_plan import RouterStep, ServePlan, SmokeRequests
 from operations.runtime.host_call import Commands
+from operations.runtime.pyinfra_internals import first_command
 from operations.settings import Settings
 from operations.steps.host_files import line_writer, put_file, put_planned
 from operations.steps.smoke import smoke_requests
@@ -117,7 +118,7 @@ def router_workers(
 def host_argv(op: Any, **arguments: Any) -> list[str]:
     """The one host command an operation of this step yields for `arguments`, as argv, for a
     roll batch to run among its steps (the operation's own generator, pyinfra's `_inner`)."""
-    return shlex.split(str(next(op._inner(**arguments))))
+    return shlex.split(first_command(op, **arguments))
 
 
 @operation(is_idempotent=False)
