@@ -220,7 +220,6 @@ class Session:
         from pyinfra.api.state import BaseStateCallback
 
         from operations.runtime import reach
-        from operations.runtime.connection import no_delay
 
         self.connected = True
         if not self.settings:
@@ -228,11 +227,6 @@ class Session:
         why = self.unreachable
 
         class OnConnect(BaseStateCallback):
-            @staticmethod
-            def host_connect(state: State, host: Host) -> None:
-                # Its facts' channels go at once (operations/runtime/connection.py).
-                no_delay(host)
-
             @staticmethod
             def host_connect_error(state: State, host: Host, error: BaseException) -> None:
                 what = reach.hint(host.name)

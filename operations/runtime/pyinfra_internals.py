@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import re
-import socket
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -139,16 +138,6 @@ def ssh_transport(host: Host) -> Transport | None:
     if not isinstance(connector, SSHConnector) or connector.client is None:
         return None
     return connector.client.get_transport()
-
-
-def ssh_socket(host: Host) -> socket.socket | None:
-    """The TCP socket under `host`'s SSH connection (paramiko/transport.py Transport.sock);
-    None without one of ours: another connector, not connected yet, a ProxyCommand's pipe, a
-    jump host's channel."""
-    sock = getattr(ssh_transport(host), "sock", None)
-    if not isinstance(sock, socket.socket) or sock.family not in (socket.AF_INET, socket.AF_INET6):
-        return None
-    return sock
 
 
 # -- greenlets --------------------------------------------------------------------------------

@@ -164,11 +164,11 @@ def test_the_context_managers_we_use_exist(name: str) -> None:
     assert callable(manager.get) and callable(manager.use)
 
 
-def test_an_ssh_hosts_socket_is_reached_through_its_connectors_paramiko_client() -> None:
+def test_an_ssh_hosts_transport_is_reached_through_its_connectors_paramiko_client() -> None:
     """pyinfra_internals.ssh_transport is `host.connector.client.get_transport()`
     (pyinfra/connectors/ssh.py SSHConnector: `client: SSHClient | None`, set in connect()), on
-    which operations/runtime/deploy_lock.py opens its channel; ssh_socket its `.sock`
-    (paramiko/transport.py Transport.__init__: `self.sock = sock`)."""
+    which operations/runtime/deploy_lock.py opens its channel (paramiko's
+    Transport.open_session)."""
     from paramiko import SSHClient, Transport
     from pyinfra.connectors.ssh import SSHConnector
 
@@ -178,8 +178,17 @@ def test_an_ssh_hosts_socket_is_reached_through_its_connectors_paramiko_client()
         "pyinfra_internals.ssh_transport must follow"
     )
     assert callable(getattr(SSHClient, "get_transport", None))
-    assert "self.sock = sock" in inspect.getsource(Transport.__init__), (
-        "paramiko's Transport no longer keeps its socket in .sock: pyinfra_internals.ssh_socket"
+    assert callable(getattr(Transport, "open_session", None))
+
+
+def test_pyinfras_cli_turns_bytecode_writing_off_for_its_process() -> None:
+    """operations/__init__.py turns it back on for our package (pyinfra_cli/main.py:
+    `sys.dont_write_bytecode = True`); when pyinfra stops doing so, that line can go."""
+    import pyinfra_cli.main
+
+    assert "sys.dont_write_bytecode = True" in inspect.getsource(pyinfra_cli.main), (
+        "pyinfra's CLI no longer turns bytecode writing off: operations/__init__.py's "
+        "sys.dont_write_bytecode line has nothing left to undo"
     )
 
 
@@ -313,3 +322,57 @@ def test_a_connect_error_is_logged_as_the_host_and_the_error() -> None:
     for found in logging.getLogger("pyinfra").filters:
         assert not isinstance(found, logging.Filter) or found.filter(record)
     assert record.msg == "[ct9] the node: Could not connect (x)"
+
+
+# -- the inventory session (operations/runtime/inventory.py) ---------------------------------
+
+
+def test_an_inventory_is_loaded_as_pyinfras_cli_loads_it() -> None:
+    """operations/runtime/inventory.load_state calls pyinfra_cli/inventory.py
+    make_inventory(path, cwd=, override_data=) and parse_data pyinfra_cli/util.py
+    parse_cli_arg(value) (`--data` values: true/false, ints, JSON, else the text); it builds
+    State(check_for_changes=False), sets `state.cwd`, ctx_state and ctx_inventory, and
+    `state.init(inventory, config)` (pyinfra_cli/cli.py does the same)."""
+    from pyinfra.context import ctx_inventory, ctx_state
+    from pyinfra_cli.inventory import make_inventory
+    from pyinfra_cli.util import parse_cli_arg
+
+    parameters = set(inspect.signature(make_inventory).parameters)
+    assert {"inventory", "cwd", "override_data"} <= parameters, (
+        f"make_inventory now takes {sorted(parameters)}: operations/runtime/inventory.load_state"
+    )
+    assert [parse_cli_arg(v) for v in ("true", "False", "8", '["a"]', "x")] == [
+        True,
+        False,
+        8,
+        ["a"],
+        "x",
+    ], "parse_cli_arg parses --data otherwise: operations/runtime/inventory.parse_data"
+    assert "check_for_changes" in inspect.signature(State).parameters
+    assert list(inspect.signature(State.init).parameters)[:3] == ["self", "inventory", "config"]
+    for manager in (ctx_state, ctx_inventory):
+        assert callable(manager.set), "operations/runtime/inventory.load_state sets the context"
+    assert hasattr(Config(), "FAIL_PERCENT")
+
+
+def test_a_session_connects_the_hosts_it_limits_to_and_reads_who_connected() -> None:
+    """Session.connect sets `state.limit_hosts` (pyinfra/api/state.py State.is_host_in_limit)
+    before pyinfra/api/connect.py connect_all(state), hears BaseStateCallback.host_connect and
+    host_connect_error, and Session.each reads `state.activated_hosts` and runs each visit
+    under ctx_host.use(host)."""
+    from pyinfra.api.connect import connect_all
+    from pyinfra.api.state import BaseStateCallback
+
+    state = _state()
+    assert hasattr(state, "limit_hosts")  # None or a list of Host
+    assert isinstance(state.activated_hosts, set)
+    assert "limit_hosts" in inspect.getsource(State.is_host_in_limit)
+    assert "is_host_in_limit" in inspect.getsource(connect_all) or "limit_hosts" in (
+        inspect.getsource(connect_all)
+    ), "connect_all no longer honours state.limit_hosts: operations/runtime/inventory.Session"
+    for hook, parameters in (
+        ("host_connect", ["state", "host"]),
+        ("host_connect_error", ["state", "host", "error"]),
+    ):
+        found = list(inspect.signature(getattr(BaseStateCallback, hook)).parameters)
+        assert found == parameters, f"BaseStateCallback.{hook} now takes {found}"
