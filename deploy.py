@@ -17,11 +17,6 @@ import sys
 from pyinfra.context import host, state
 
 from operations.runtime import deploy_lock
-from operations.runtime.connection import no_delay
-from operations.runtime.stack_order import known_to_inspect
-
-# pyinfra reads the call stack for every operation: this file's frame is found at once.
-known_to_inspect(__file__)
 
 # The simulated CT200 (inventory/demo.py) answers facts only: a real run is refused up front.
 if host.data.get("_demo") and "--dry" not in sys.argv:
@@ -33,9 +28,6 @@ if host.data.get("_demo") and "--dry" not in sys.argv:
         f"{host.data.get('_demo')} is simulated: nothing can be installed on it; preview the "
         "deploy with --dry (`.venv/bin/pyinfra inventory/demo.py deploy.py --dry`)",
     )
-
-# Every message to the host goes at once, none waits on the ACK of the one before it.
-no_delay(host)
 
 # One deploy per host at a time: the lock is asked for before the plan's first fact, and the
 # host takes it while the controller imports the rest of the toolkit

@@ -23,17 +23,27 @@ calls), the medians printed beside the trivial deploy's whole run.
 BENCH_ROUNDS (default 5) sets the rounds; BENCH_PROFILE=1 adds one `--debug` run of the
 converged full deploy against the first host, prints its facts and commands by count and
 keeps its output in a temporary file.
+
+BENCH_TRICKS=1 measures instead what each of the converged deploy's speed tricks saves (issue
+36, point 9), on one host (BENCH_TRICKS=NAME,NAME: only those tricks of WITHOUT): paired rounds
+of the converged deploy as it is and, for each trick, deploy.py's own text with that trick undone
+first (WITHOUT), the median of per-round differences in wall time and in the controller's CPU
+time. A trick is kept when it saves 50 ms or more (bench/README.md, which records the tricks
+measured and removed).
 """
 
 from __future__ import annotations
 
 import ast
 import collections
+import functools
 import os
 import re
+import resource
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -169,6 +179,96 @@ def table(runs: dict[str, list[float]]) -> None:
         )
 
 
+# What undoes each trick, run before deploy.py's own text (which the variant file holds after
+# it). A patch of a module deploy.py imports later is made when its lock is answered
+# (`Request.taken`, after the toolkit's imports): importing it earlier would move its import
+# before the lock's request, which the lock's round trip overlaps.
+_WHEN_TAKEN = """\
+import operations.runtime.deploy_lock as _lock
+
+_taken = _lock.Request.taken
+
+
+def _undo_then_taken(self):
+{undo}
+    return _taken(self)
+
+
+_lock.Request.taken = _undo_then_taken
+"""
+WITHOUT: dict[str, str] = {
+    # The package's bytecode is neither read (moved aside by the side itself) nor written.
+    "bytecode flag": "import operations, sys\nsys.dont_write_bytecode = True\n",
+    # The knowledge base is parsed, checked and built on every run.
+    "kept knowledge build": _WHEN_TAKEN.format(
+        undo="    import operations.kb.loader as _l\n"
+        "    _l._remembered = lambda key: None\n"
+        "    _l._remember = lambda key, knowledge: None"
+    ),
+}
+
+
+def _package_bytecode_aside(run: Callable[[], float]) -> float:
+    """`run` with the .pyc files of operations/ moved aside, then put back: a run as one
+    without the bytecode flag makes it after a checkout or a pull (nothing of ours cached)."""
+    pycs = sorted((ROOT / "operations").rglob("__pycache__/*.pyc"))
+    for pyc in pycs:
+        pyc.rename(pyc.with_name(pyc.name + ".aside"))
+    try:
+        return run()
+    finally:
+        for pyc in pycs:
+            pyc.with_name(pyc.name + ".aside").rename(pyc)
+
+
+def tricks(work: Path, indexes: Indexes, hosts: list[Container]) -> int:
+    """Each trick's saving on the converged deploy of one host, paired (BENCH_TRICKS=1): the
+    wall time, and the controller's CPU time (pyinfra's process: what these tricks save, and
+    what a busy machine's wall time hides)."""
+    one = inventory_file(work, {hosts[0]: host_data(hosts[0], indexes)}, filename="one.py")
+    deploy_py = ROOT / "deploy.py"
+    pyinfra(one, deploy_py)
+    pyinfra(one, deploy_py)  # converged from here on
+    cpu: dict[str, list[float]] = {}
+
+    def timed(name: str, deploy_file: Path, aside: bool = False) -> Callable[[], float]:
+        def side() -> float:
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            run = functools.partial(pyinfra, one, deploy_file)
+            wall = _package_bytecode_aside(lambda: run()[0]) if aside else run()[0]
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            used = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+            cpu.setdefault(name, []).append(used)
+            return wall
+
+        return side
+
+    chosen = os.environ.get("BENCH_TRICKS", "1")
+    measured = {t: u for t, u in WITHOUT.items() if chosen == "1" or t in chosen.split(",")}
+    sides = [("as it is", timed("as it is", deploy_py))]
+    for number, (trick, undo) in enumerate(measured.items()):
+        variant = work / f"without_{number}.py"
+        variant.write_text(f"{undo}\n{deploy_py.read_text()}")
+        sides.append((trick, timed(trick, variant, aside=trick == "bytecode flag")))
+    runs = paired(sides, ROUNDS)
+    base = runs["as it is"]
+    print(f"serve_bench tricks: converged deploy, 1 host, {ROUNDS} paired rounds")
+    print(
+        f"  as it is: wall {statistics.median(base):.3f} s ({spread(base)}), controller CPU "
+        f"{statistics.median(cpu['as it is']):.3f} s ({spread(cpu['as it is'])})"
+    )
+    for trick in measured:
+        saved = [(w - b) * 1000 for w, b in zip(runs[trick], base, strict=True)]
+        saved_cpu = [(w - b) * 1000 for w, b in zip(cpu[trick], cpu["as it is"], strict=True)]
+        print(
+            f"  without {trick:<22} wall {pair_ratio(runs, trick, 'as it is'):5.3f}x, "
+            f"{statistics.median(saved):+5.0f} ms (rounds {min(saved):+.0f} to {max(saved):+.0f}); "
+            f"CPU {statistics.median(saved_cpu):+5.0f} ms "
+            f"(rounds {min(saved_cpu):+.0f} to {max(saved_cpu):+.0f})"
+        )
+    return 0
+
+
 def measure(work: Path, indexes: Indexes, hosts: list[Container]) -> int:
     data = {c: host_data(c, indexes) for c in hosts}
     one = inventory_file(work, {hosts[0]: data[hosts[0]]}, filename="one.py")
@@ -203,4 +303,6 @@ def measure(work: Path, indexes: Indexes, hosts: list[Container]) -> int:
 
 
 if __name__ == "__main__":
+    if os.environ.get("BENCH_TRICKS", "") not in ("", "0"):
+        sys.exit(bench_main("serve_bench", 1, tricks))
     sys.exit(bench_main("serve_bench", HOSTS, measure))

@@ -13,9 +13,10 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import gevent
 from pyinfra.api.facts import FactBase
-from pyinfra.context import ctx_config, ctx_host, host
+from pyinfra.context import host
+
+from operations.runtime.pyinfra_internals import at_once, current_host
 
 T = TypeVar("T")
 
@@ -23,7 +24,7 @@ _ANSWERS: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictio
 
 
 def gathered(fact: type[FactBase[T]], **kwargs: Any) -> T:
-    answers = _ANSWERS.setdefault(ctx_host.get(), {})
+    answers = _ANSWERS.setdefault(current_host(), {})
     key = f"{fact.__module__}.{fact.__name__}:{json.dumps(kwargs, sort_keys=True, default=str)}"
     if key not in answers:
         answers[key] = host.get_fact(fact, **kwargs)
@@ -37,21 +38,7 @@ def together(*calls: Callable[[], Any]) -> tuple[Any, ...]:
     other. A converged deploy waits on the host's answers more than on anything else
     (bench/serve_bench.py). The first exception, in the calls' order, is raised here once all
     have ended, as if called in turn."""
-    target, config = ctx_host.get(), ctx_config.get()
-    if not target.connected:
+    if not host.connected:
         # Each would connect otherwise (pyinfra's get_fact connects on first use).
-        target.connect(reason="to gather facts", raise_exceptions=True)
-
-    def in_context(call: Callable[[], Any]) -> Any:
-        # pyinfra's `host` and `config` are greenlet-local: a new greenlet sees neither.
-        with ctx_host.use(target), ctx_config.use(config):
-            return call()
-
-    first, *rest = calls
-    others = [gevent.spawn(in_context, call) for call in rest]
-    try:
-        one = first()
-    finally:
-        # Their answers or their exceptions; none left running past this call.
-        gevent.joinall(others)
-    return (one, *(other.get() for other in others))
+        host.connect(reason="to gather facts", raise_exceptions=True)
+    return at_once(*calls)

@@ -495,8 +495,7 @@ def load() -> Knowledge:
 # Python, `packaging` and PyYAML it was built with. A change to any is another name, hence a
 # fresh build with every check; a build that fails is never kept. Written when Python writes
 # bytecode, where .pyc files are, and trusted as they are: whoever can write there can change
-# the code the controller runs (as operations/settings/verdicts.py and
-# operations/render/host_scripts.py do).
+# the code the controller runs (as operations/render/host_scripts.py does).
 KEPT_DIR = Path(importlib.util.cache_from_source(__file__)).parent
 KEPT_PREFIX = "knowledge-"
 

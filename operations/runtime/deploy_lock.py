@@ -17,9 +17,9 @@ a channel of the deploy's own SSH connection. The lock goes when that process ex
 - when the host's SSH session goes (sshd killed or restarted): the same, from the host's side;
 - when the controller vanishes without closing the connection (a power cut, a lost network):
   the holder writes a byte every BEAT_S, so the host's TCP has data it cannot deliver and
-  gives up on the connection (tcp_retries2: about 15 minutes by default, see HOLDER), and
-  sshd ends the session as above. A controller that is alive but waiting (pyinfra's prompt)
-  keeps it.
+  gives up on the connection (tcp_retries2: about 15 minutes by default, see the holder,
+  operations/programs/deploy_lock_holder.py), and sshd ends the session as above. A controller
+  that is alive but waiting (pyinfra's prompt) keeps it.
 
 A second deploy that finds the lock held prints who holds it (user, controller, pid, since
 when) and waits for it up to `deploy_lock_wait_s` (default 1800 s, beyond the 15 minutes),
@@ -40,71 +40,22 @@ import time
 from typing import Any
 
 from pyinfra import logger
-from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
 from pyinfra.api.command import StringCommand
 from pyinfra.api.host import Host
 from pyinfra.api.state import BaseStateCallback, State
 from pyinfra.connectors.local import LocalConnector
 from pyinfra.connectors.ssh import SSHConnector
-from pyinfra.connectors.util import make_unix_command_for_host
 
+from operations.render.host_scripts import script_text
 from operations.runtime.inventory import inventory_settings, refuse
+from operations.runtime.pyinfra_internals import add_callback_once, command_for_host, ssh_transport
 
 LOCK_PATH = "/run/sglang-deploy.lock"
 BEAT_S = 15
 
-# Runs on the host with python3 (the staging script needs it anyway). Prints "busy HOLDER"
-# when it has to wait, then "timeout HOLDER", or "released HOLDER" and "locked" (at once when
-# the lock was free); holds the lock until its stdin closes or its stdout breaks. While it
-# holds, it writes a byte every BEAT_S: sshd sends it, so a connection whose controller
-# vanished without closing it (power cut, network lost, a laptop's lid) has data outstanding,
-# and the host's TCP gives up on it after tcp_retries2 (default 15: at least 924.6 s, Linux
-# Documentation/networking/ip-sysctl.rst); sshd then ends the session and the holder exits.
-# An idle connection would only be found by sshd's TCPKeepAlive, after tcp_keepalive_time
-# (7200 s) and its probes. A controller that is alive but busy (its prompt, a long plan)
-# keeps the lock: its kernel acknowledges the bytes.
-HOLDER = r"""
-import fcntl, os, select, signal, sys, time
-path, who, wait, beat = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
-fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-if os.fstat(fd).st_uid != os.geteuid():
-    print("foreign " + path + " is not owned by root", flush=True)
-    sys.exit(2)
-def holder():
-    return os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
-try:
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-except BlockingIOError:
-    print("busy " + holder(), flush=True)
-    def expired(signum, frame):
-        print("timeout " + holder(), flush=True)
-        os._exit(3)
-    signal.signal(signal.SIGALRM, expired)
-    signal.alarm(max(1, int(wait)))
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    signal.alarm(0)
-    print("released " + holder(), flush=True)
-os.ftruncate(fd, 0)
-since = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-os.pwrite(fd, (who + ", host pid " + str(os.getpid()) + ", since " + since + "\n").encode(), 0)
-print("locked", flush=True)
-os.set_blocking(1, False)
-try:
-    while True:
-        if select.select([0], [], [], beat)[0]:
-            try:
-                if not os.read(0, 65536):
-                    break
-            except BlockingIOError:
-                pass
-        else:
-            try:
-                os.write(1, b".")
-            except BlockingIOError:
-                pass
-except OSError:
-    pass
-"""
+# The holder: operations/programs/deploy_lock_holder.py, run with the host's python3 (the
+# staging script needs it anyway) as one `python3 -c` argument, bundled as every host program.
+HOLDER = "deploy_lock_holder.py"
 # (id(state), host name) -> the open channel or process that holds the lock.
 _held: dict[tuple[int, str], Any] = {}
 
@@ -137,29 +88,19 @@ def holder_command(state: State, host: Host, wait_s: int) -> str:
     """The holder's command line, wrapped for the host's sudo/su settings like any fact."""
     command = StringCommand(
         "exec python3 -c",
-        shlex.quote(HOLDER),
+        shlex.quote(script_text(HOLDER)),
         LOCK_PATH,
         shlex.quote(who()),
         str(wait_s),
         str(BEAT_S),
     )
-    arguments, _ = pop_global_arguments(state, host, {})
-    connector_args = {
-        k: v
-        for k, v in arguments.items()
-        if k in CONNECTOR_ARGUMENT_KEYS
-        and k not in ("_stdin", "_timeout", "_get_pty", "_success_exit_codes")
-    }
-    wrapped: str = make_unix_command_for_host(
-        state, host, command, **connector_args
-    ).get_raw_value()
-    return wrapped
+    return command_for_host(state, host, command)
 
 
 def _start(state: State, host: Host, command: str) -> tuple[Any, Any] | None:
     """(handle, line reader) of the holder process, or None for a connector without one."""
-    if isinstance(host.connector, SSHConnector) and host.connector.client is not None:
-        transport = host.connector.client.get_transport()
+    if isinstance(host.connector, SSHConnector):
+        transport = ssh_transport(host)
         assert transport is not None  # pyinfra connects every host before deploy.py loads
         channel = transport.open_session()
         channel.exec_command(command)
@@ -193,8 +134,7 @@ class Request:
         handle, lines = self.started
         self.started = None
         state, host, wait_s = self.state, self.host, self.wait_s
-        if not any(isinstance(h, _ReleaseOnDisconnect) for h in state.callback_handlers):
-            state.add_callback_handler(_ReleaseOnDisconnect())
+        add_callback_once(state, _ReleaseOnDisconnect())
         waited = False
         for raw in lines:
             line = raw.strip()

@@ -21,32 +21,24 @@ arguments pyinfra resolved for it, and `run` passes them on:
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pyinfra.api.arguments import ConnectorArguments
-from pyinfra.api.command import FunctionCommand, PyinfraCommand, StringCommand
+from pyinfra.api.command import PyinfraCommand, StringCommand
 from pyinfra.connectors.util import CommandOutput
-from typing_extensions import override
+
+# Defined with pyinfra's other internals (it overrides FunctionCommand.execute).
+from operations.runtime.pyinfra_internals import HostCall
+
+__all__ = ["Commands", "HostCall", "run"]
 
 if TYPE_CHECKING:
     from pyinfra.api.host import Host
-    from pyinfra.api.state import State
 
 
 # What an operation function yields for pyinfra to run: shell text or a pyinfra command (a
-# StringCommand, a file upload, a FunctionCommand such as HostCall below).
+# StringCommand, a file upload, a FunctionCommand such as HostCall).
 Commands = Generator[str | PyinfraCommand, None, None]
-
-
-class HostCall(FunctionCommand):
-    """A callback called as function(state, host, arguments, *args, **kwargs), `arguments`
-    being the connector arguments the operation's StringCommands get."""
-
-    @override
-    def execute(self, state: State, host: Host, connector_arguments: ConnectorArguments) -> Any:
-        arguments = ConnectorArguments(**connector_arguments)  # a copy: the callback's own
-        arguments.update(self.connector_arguments)
-        return self.function(state, host, arguments, *self.args, **self.kwargs)
 
 
 def run(

@@ -46,6 +46,7 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import State
 
 from operations import settings as settings_mod
+from operations.runtime.pyinfra_internals import fail_host
 
 # -- under pyinfra's CLI: deploy.py and pve.py -----------------------------------------------
 
@@ -68,17 +69,9 @@ def inventory_settings(state: State) -> list[tuple[str, settings_mod.Settings]]:
     everyone, problems = _inventory_settings[id(state)]
     if problems:
         for host in list(state.inventory):
-            _fail(state, host)
+            fail_host(state, host)
         _stop_if_none_left(state)
     return everyone
-
-
-def _fail(state: State, host: Host) -> None:
-    """Fail `host` as pyinfra fails a host, without `State.fail_hosts`: that one prompts
-    "One of more hosts failed, continue?" without -y, and raises "No hosts remaining!" (logged
-    as a pyinfra error at this file's line) when the last host fails."""
-    state.failed_hosts.add(host)
-    state.active_hosts.discard(host)
 
 
 def _stop_if_none_left(state: State) -> None:
@@ -96,7 +89,7 @@ def refuse(state: State, host: Host, summary: str) -> None:
     logger.error(f"{host.print_prefix}refused: {first}")
     for line in rest:
         logger.error(f"{host.print_prefix}  {line}")
-    _fail(state, host)
+    fail_host(state, host)
     _stop_if_none_left(state)
 
 
@@ -236,7 +229,6 @@ class Session:
         from pyinfra.api.state import BaseStateCallback
 
         from operations.runtime import reach
-        from operations.runtime.connection import no_delay
 
         self.connected = True
         if not self.settings:
@@ -244,11 +236,6 @@ class Session:
         why = self.unreachable
 
         class OnConnect(BaseStateCallback):
-            @staticmethod
-            def host_connect(state: State, host: Host) -> None:
-                # Its facts' channels go at once (operations/runtime/connection.py).
-                no_delay(host)
-
             @staticmethod
             def host_connect_error(state: State, host: Host, error: BaseException) -> None:
                 what = reach.hint(host.name)

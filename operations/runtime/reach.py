@@ -14,6 +14,8 @@ import os
 
 from pyinfra import logger
 
+from operations.runtime.pyinfra_internals import under_cli
+
 # What to do when a host cannot be reached, by inventory host name.
 _HINTS: dict[str, str] = {}
 
@@ -45,9 +47,7 @@ def _tell_pyinfra(variable: str, default: str, what: str) -> None:
     """Under pyinfra's CLI (the deploy, pve.py) nothing of ours runs between loading the
     inventory and connecting (pyinfra's State.init drops callback handlers added before it), so
     an unset variable is said once, up front; plan and status add the hint to their own line."""
-    import pyinfra
-
-    if getattr(pyinfra, "is_cli", False):
+    if under_cli():
         logger.warning(
             f"{variable} is not set: connecting to {default!r} ({what}; export {variable}=... "
             "otherwise)"

@@ -44,12 +44,9 @@ def defaults() -> dict[str, object]:
 @cache
 def pyinfra_keys() -> frozenset[str]:
     """Host data keys that pyinfra's connectors read: these are not ours to judge."""
-    from pyinfra.api.connectors import get_all_connectors
+    from operations.runtime.pyinfra_internals import connector_data_keys
 
-    keys: set[str] = set()
-    for connector in get_all_connectors().values():
-        keys.update(getattr(connector, "data_meta", {}) or {})
-    return frozenset(keys)
+    return connector_data_keys()
 
 
 def describe(

@@ -62,6 +62,7 @@ from operations.plan.vocabulary import EnvNow
 from operations.redact import redact
 from operations.runtime.host_call import Commands
 from operations.runtime.on_controller import fail, keep_lock, local_dir, upload_refusal
+from operations.runtime.pyinfra_internals import temp_filename
 from operations.settings import Settings
 from operations.steps.engine_check import verify_env
 from operations.steps.host_files import new_file, put_planned
@@ -119,7 +120,7 @@ def sync_wheelhouse(src: str, dest: str, todo: list[str], count: int) -> Command
         yield FileUploadCommand(
             os.path.join(src, file_name),
             f"{dest}/.partial/{file_name}",
-            remote_temp_filename=host.get_temp_filename(),
+            remote_temp_filename=temp_filename(host),
         )
     names = " ".join(_q(n) for n in todo)
     yield StringCommand(f"cd {_q(dest + '/.partial')} && mv -f -- {names} ..")
@@ -394,7 +395,7 @@ def fetch_lock(
     partial = f"{dest}.{re.sub(r'[^A-Za-z0-9_.-]', '_', host.name)}.partial"
     yield FunctionCommand(local_dir, (os.path.dirname(dest),), {})
     # A random temp name for the `_sudo` copy pyinfra downloads (not one derived from dest).
-    yield FileDownloadCommand(src, partial, remote_temp_filename=host.get_temp_filename())
+    yield FileDownloadCommand(src, partial, remote_temp_filename=temp_filename(host))
     yield FunctionCommand(keep_lock, (partial, dest, registries, wheelhouse, wheelhouse_files), {})
 
 

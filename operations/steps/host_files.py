@@ -65,11 +65,11 @@ from pyinfra.api.operation import OperationMeta, operation
 from pyinfra.context import host
 from pyinfra.context import state as run_state
 from pyinfra.facts.files import FileContents
-from pyinfra.operations.util.files import generate_color_diff
 
 from operations.facts.files import FileAt, PathState
 from operations.plan.planned_files import PlannedFile, sha256
 from operations.runtime.host_call import Commands
+from operations.runtime.pyinfra_internals import color_diff
 
 
 def _same_mode(found: str, want: str) -> bool:
@@ -155,7 +155,7 @@ def _show_diff(dest: str, data: bytes, current: list[str] | None, secret: bool) 
         logger.info(f"{host.print_prefix}Will {verb} {dest} (binary content)")
         return
     logger.info(f"{host.print_prefix}Will {verb} {dest}")
-    for line in generate_color_diff(current or [], desired):
+    for line in color_diff(current or [], desired):
         logger.info("  %s", line)
     logger.info("")
 

@@ -7,8 +7,6 @@ decide nothing themselves; what Proxmox accepts, and where that is defined, is w
 
 from __future__ import annotations
 
-import logging
-import re
 import shlex
 import sys
 
@@ -35,6 +33,7 @@ from operations.facts.pve import (
 from operations.plan.pve_plan import PveFacts, plan, summary
 from operations.runtime import inventory
 from operations.runtime.host_call import Commands
+from operations.runtime.pyinfra_internals import rewrite_connect_errors
 from operations.settings import Settings
 from operations.steps.host_files import new_file
 
@@ -269,42 +268,15 @@ def converge(state: State, node: Host) -> None:
 
 # ----------------------------------------------------------------------------- the node's name
 
-_CONNECT_ERRORS = ("Could not connect", "Could not resolve hostname", "SSH error", "EOF error")
-
-
-class _NodeConnectErrors(logging.Filter):
-    """pyinfra logs a failed connection as "[NAME] Could not connect (...)" (pyinfra/api/host.py
-    Host.connect), NAME being the inventory name: for pve.py that is the container's name, while
-    the host it could not reach is the Proxmox node. This names the node, and what to check."""
-
-    def __init__(self, nodes: dict[str, tuple[str, str]]) -> None:
-        super().__init__()
-        self.nodes = nodes  # inventory name -> (node address, what to check)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = str(record.msg)
-        if not any(e in message for e in _CONNECT_ERRORS):
-            return True
-        for name, (address, check) in self.nodes.items():
-            if f"[{name}]" in _plain(message):
-                error = _plain(message).split(f"[{name}]", 1)[1].strip()
-                record.msg = (
-                    f"[{name}] the Proxmox node {address} (where pve.py runs pct for {name}): "
-                    f"{error}; {check}"
-                )
-                record.args = ()
-        return True
-
-
-def _plain(text: str) -> str:
-    return re.sub(r"\x1b\[[0-9;]*m", "", text)
-
 
 def name_the_node_on_connect_errors(name: str, address: str, check: str) -> None:
-    """Called by a pve inventory for each of its hosts (inventory/pve.py)."""
-    pyinfra_logger = logging.getLogger("pyinfra")
-    found = [f for f in pyinfra_logger.filters if isinstance(f, _NodeConnectErrors)]
-    node_filter = found[0] if found else _NodeConnectErrors({})
-    if not found:
-        pyinfra_logger.addFilter(node_filter)
-    node_filter.nodes[name] = (address, check)
+    """Called by a pve inventory for each of its hosts (inventory/pve.py). pyinfra names a host
+    it could not reach by its inventory name: for pve.py that is the container's name, while
+    the host it could not reach is the Proxmox node. Its line names the node, and what to check
+    (operations/runtime/pyinfra_internals.py reads pyinfra's line)."""
+
+    def node_named(error: str) -> str:
+        where = f"the Proxmox node {address} (where pve.py runs pct for {name})"
+        return f"[{name}] {where}: {error}; {check}"
+
+    rewrite_connect_errors(name, node_named)

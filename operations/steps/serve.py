@@ -46,16 +46,12 @@ from operations.plan.resolver import Rank
 from operations.plan.serve_plan import RouterStep, ServePlan, SmokeRequests
 from operations.plan.vocabulary import DrainAction, RollStep
 from operations.runtime.host_call import Commands
+from operations.runtime.pyinfra_internals import first_command
 from operations.settings import Settings
 from operations.steps.host_files import line_writer, new_file, put_planned, show_change
 from operations.steps.smoke import smoke_requests
 
 WAIT_SCRIPT = layout.WAIT_SCRIPT
-# What a batch's smoke interpreter imports while its rank loads (files/roll_batch.py PRELOAD):
-# httpx, and what httpx imports only when the first Client is made (httpx 0.28.1,
-# httpx/_transports/default.py: httpcore in HTTPTransport.__init__; httpx/_config.py: ssl and
-# certifi in create_ssl_context). A module the environment lacks is skipped.
-SMOKE_PRELOAD = ["httpx", "httpcore", "ssl", "certifi"]
 
 
 @operation(is_idempotent=False)
@@ -122,7 +118,7 @@ def router_workers(
 def host_argv(op: Any, **arguments: Any) -> list[str]:
     """The one host command an operation of this step yields for `arguments`, as argv, for a
     roll batch to run among its steps (the operation's own generator, pyinfra's `_inner`)."""
-    return shlex.split(str(next(op._inner(**arguments))))
+    return shlex.split(first_command(op, **arguments))
 
 
 @operation(is_idempotent=False)
@@ -395,9 +391,8 @@ class ServeStep:
                     targets=asked.targets,
                     service_user=s.service_user,
                 )
-                # Its interpreter starts with the batch and imports httpx (which files/smoke.py
-                # imports when it first asks) while the rank loads: SMOKE_PRELOAD.
-                steps.append(("smoke", smoke, SMOKE_PRELOAD))
+                # Its interpreter starts with the batch, while the rank loads.
+                steps.append(("smoke", smoke, []))
             steps.append(("readmit", host_argv(router_workers, **self._workers("in", ranks)), []))
             name = f"{what}: restart {label} (out of the router and drain, back into the router)"
         else:

@@ -27,6 +27,7 @@ from operations.plan.engine_spec import Toolkit, ToolkitJson
 from operations.render.host_scripts import script_text
 from operations.runtime.host_call import Commands
 from operations.runtime.on_controller import fail
+from operations.runtime.pyinfra_internals import temp_filename
 from operations.steps.host_files import put_file
 
 INSTALL_SCRIPT = script_text("cuda_toolkit.py")
@@ -89,7 +90,7 @@ def sync_archives(src: str, dest: str, tools: ToolkitJson) -> Commands:
         # A random temp name for pyinfra's `_sudo` upload (its default, /tmp/pyinfra-<sha1 of
         # dest>, is a name a local user could create first).
         yield FileUploadCommand(
-            f"{src}/{archive.file_name}", partial, remote_temp_filename=host.get_temp_filename()
+            f"{src}/{archive.file_name}", partial, remote_temp_filename=temp_filename(host)
         )
         yield StringCommand("mv", "-f", _q(partial), _q(f"{dest}/{archive.file_name}"))
 

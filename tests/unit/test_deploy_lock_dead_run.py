@@ -1,6 +1,7 @@
 """The deploy lock of a run that is gone never blocks the next run (issue 31, point 2): the
-holder (operations/runtime/deploy_lock.py HOLDER, run here by a real python3 on a lock file of the
-test's own) lets go when its SSH session goes, in either way sshd ends one:
+holder (operations/programs/deploy_lock_holder.py, bundled as the host gets it and run here by
+a real python3 on a lock file of the test's own) lets go when its SSH session goes, in either
+way sshd ends one:
 
 - its stdin closes: the controller was killed (its connection closed) or the host's sshd
   session was killed;
@@ -31,6 +32,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from operations.render.host_scripts import script_text
 from operations.runtime import deploy_lock
 from operations.runtime.deploy_lock import HOLDER, Request
 
@@ -47,7 +49,7 @@ class Holder:
     def __init__(self, lock: Path, who: str, wait_s: int) -> None:
         self.who = who
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", HOLDER, str(lock), who, str(wait_s), str(BEAT_S)],
+            [sys.executable, "-c", script_text(HOLDER), str(lock), who, str(wait_s), str(BEAT_S)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )

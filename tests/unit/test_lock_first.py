@@ -42,7 +42,7 @@ def test_deploy_py_asks_for_the_lock_before_importing_the_steps() -> None:
 @pytest.mark.integration
 def test_asking_for_the_lock_imports_nothing_heavy() -> None:
     code = (
-        "import sys, operations.runtime.deploy_lock, operations.runtime.stack_order\n"
+        "import sys, operations.runtime.deploy_lock\n"
         f"print(sorted(m for m in sys.modules if m.startswith({HEAVY!r})))"
     )
     out = subprocess.run(
