@@ -34,7 +34,7 @@ from operations.plan import rank_state
 from operations.plan.drain import DrainPlan
 from operations.plan.engine_spec import tools_uv_config
 from operations.plan.monitoring import MonitoringPlan
-from operations.plan.planned_files import PlannedFile, generated_key, planned, sha256
+from operations.plan.planned_files import PlannedFile, planned, sha256
 from operations.plan.resolver import Rank, RouterPlan
 from operations.plan.resolver.router import control_key_text
 from operations.plan.resolver.router import key_changes as router_key_changes
@@ -121,11 +121,10 @@ def _unread_keys(settings: Settings) -> list[str]:
     errors = []
     if settings.api_key_file and secrets_text(settings) is None:
         errors.append(f"api_key_file {settings.api_key_file!r}: no key was read from it")
-    router = settings.router
-    if router is not None and router.control_plane_key_file and control_key_text(settings) is None:
+    if settings.control_plane_key_file and control_key_text(settings) is None:
         errors.append(
-            f"router.control_plane_key_file {router.control_plane_key_file!r}: no key was read "
-            "from it"
+            f"the router's control-plane key {settings.control_plane_key_file!r} "
+            f"({settings.control_plane_key_origin()}): no key was read from it"
         )
     return errors
 
@@ -184,6 +183,22 @@ def _smoke_json(smoke: SmokeRequests) -> SmokeJson:
         "targets": smoke.targets,
         "router_workers": smoke.ranks_behind_router,
     }
+
+
+@dataclass(frozen=True)
+class KeySource:
+    """The controller's file of the router's control-plane key: its path (never its content),
+    and whether this run made it (settings/controller_files.make_key)."""
+
+    path: str
+    made: bool
+
+
+def key_source(s: Settings) -> KeySource | None:
+    read = s.controller_files.control_plane_key
+    if s.control_plane_key_file is None or read is None:
+        return None
+    return KeySource(s.control_plane_key_file, read.made)
 
 
 @dataclass(frozen=True)
@@ -254,6 +269,8 @@ class ServePlan:
     smoke_files: list[PlannedFile] = field(default_factory=list)
     # The router's control-plane key, when this run writes it (resolver/router.key_changes).
     control_plane_key: PlannedFile | None = None
+    # Where that key is kept on the controller, and whether this run made it there.
+    control_plane_key_source: KeySource | None = None
     # On the router's host.
     router: RouterStep | None = None
     # Why the plan cannot be carried out (a release with no pinned requirements).
@@ -315,6 +332,14 @@ class ServePlan:
             "control_plane_key": (
                 self.control_plane_key.to_json() if self.control_plane_key else None
             ),
+            "control_plane_key_source": (
+                {
+                    "path": self.control_plane_key_source.path,
+                    "made": self.control_plane_key_source.made,
+                }
+                if self.control_plane_key_source is not None
+                else None
+            ),
             "router_step": self.router.to_json() if self.router is not None else None,
         }
 
@@ -342,7 +367,7 @@ def serve_plan(
     roll = roll_plan(ranks, serving, s.restart_batch_size, secret_changed)
     # Whether this run writes the control-plane key here: decided once, for the key and the
     # router's restart.
-    key_due = router_key_changes(s, serving.files, runs_router=router is not None)
+    key_due = router_key_changes(s, serving.files)
     router_restart = router is not None and router_restarts(serving, router, key_due)
 
     batch_smoke: list[SmokeRequests | None] = []
@@ -390,6 +415,7 @@ def serve_plan(
         rank_units=_rank_units(write, [*roll.start, *roll.rolled]),
         smoke_files=smoke_files,
         control_plane_key=_control_plane_key(write) if key_due else None,
+        control_plane_key_source=key_source(s),
         router=router_step,
         errors=errors,
         readmit=left_out(roll, serving, drain),
@@ -490,15 +516,13 @@ def _rank_units(write: _Writer, ranks: Sequence[Rank]) -> dict[int, PlannedFile]
 
 def _control_plane_key(write: _Writer) -> PlannedFile:
     """The router's control-plane key on every host behind it, when this run writes it
-    (resolver/router.key_changes): the controller's router.control_plane_key_file, or, unset,
-    one the step that writes it generates once (steps/host_files.put_planned, with the CSPRNG)
-    and that is kept. Root only: systemd hands the router unit a copy (LoadCredential=)."""
+    (resolver/router.key_changes): the key the settings loader read from the controller's
+    Settings.control_plane_key_file. Root only: systemd hands the router unit a copy
+    (LoadCredential=)."""
     s = write.settings
-    name = "Router: control-plane key (root only)"
     text = control_key_text(s)
-    if text is None:
-        return generated_key(name, layout.managed_file(s, layout.CONTROL_PLANE_KEY_FILE))
-    return write.file(name, layout.CONTROL_PLANE_KEY_FILE, text)
+    assert text is not None  # key_changes: a key that was read
+    return write.file("Router: control-plane key (root only)", layout.CONTROL_PLANE_KEY_FILE, text)
 
 
 def _router_step(write: _Writer, plan: RouterPlan, restart: bool, python: str | None) -> RouterStep:
