@@ -77,16 +77,19 @@ class Stranger:
 
 
 @pytest.fixture(scope="module")
+def host(testbed: tb.Testbed) -> Iterator[Container]:
+    (container,) = testbed.boot(serving_spec())
+    yield container
+    testbed.destroy(container)
+
+
+@pytest.fixture
 def hosts(testbed: tb.Testbed) -> Iterator[list[Container]]:
+    """Two fresh hosts: the router's first run over both."""
     containers = testbed.boot(serving_spec(), serving_spec())
     yield containers
     for container in containers:
         testbed.destroy(container)
-
-
-@pytest.fixture
-def host(hosts: list[Container]) -> Container:
-    return hosts[0]
 
 
 @pytest.fixture
