@@ -10,9 +10,8 @@ rank of both as its workers.
     CT200_USER, CT201_USER       SSH user (default: root)
     CONTROL_PLANE_KEY_FILE       a file on this machine holding the router's control-plane key,
                                  which both containers' drains send (docs/security.md, "The
-                                 router's control plane"); make one once with
-                                 python3 -c 'import secrets; print(secrets.token_urlsafe(32))'
-                                 > FILE (mode 600). Unset: the plan refuses ct200's router
+                                 router's control plane"). Unset: the first run makes one beside
+                                 the engine locks (locks/router-control-plane.key, mode 600)
 
     python -m operations.plan inventory/two.py               # both plans, the router's too
     pyinfra inventory/two.py deploy.py --dry                 # preview

@@ -181,6 +181,10 @@ def summary_rows(report: HostReport) -> list[tuple[str, str]]:
     for d in decisions:
         if d.what not in _SHOWN:
             rows.append((_LABELS.get(d.what, d.what), d.value))
+    source = report.serve.control_plane_key_source if report.serve is not None else None
+    if source is not None:
+        how = "made by this run" if source.made else "read"
+        rows.append(("router key", f"{source.path} on the controller ({how})"))
     return rows
 
 

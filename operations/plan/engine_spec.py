@@ -17,6 +17,7 @@ from packaging.version import Version
 
 from operations.kb import PLACEHOLDER, Compiler, CompilerArchive, Knowledge, cite
 from operations.layout import EngineTree
+from operations.programs.exact_pins import exact
 from operations.settings import Settings, controller_files
 from operations.settings.controller_files import ControllerFile
 
@@ -523,13 +524,14 @@ def project_toml(settings: Settings, spec: EngineSpec, wheelhouse_dir: str | Non
     """The engine's pyproject.toml: the pins, the overrides, and where each package comes from
     (or, offline, the wheelhouse alone). Builds from source are never run: an sdist-only pin
     fails the lock with uv's message instead of running someone's build script."""
+    pinned = exact if wheelhouse_dir is not None else str  # offline: `===` (exact_pins.py)
     lines = [
         "# Written by sglang-deploy (operations/steps/engine.py); uv.lock beside it is the lock.",
         "[project]",
         'name = "sglang-engine"',
         'version = "0"',
         f"requires-python = {_toml(spec.requires_python)}",
-        f"dependencies = {_toml_list(spec.requirements)}",
+        f"dependencies = {_toml_list([pinned(r) for r in spec.requirements])}",
         "",
         "[tool.uv]",
         "package = false",
@@ -537,7 +539,7 @@ def project_toml(settings: Settings, spec: EngineSpec, wheelhouse_dir: str | Non
         f"environments = {_toml_list([LOCK_ENVIRONMENT])}",
     ]
     if spec.overrides:
-        lines.append(f"override-dependencies = {_toml_list(spec.overrides)}")
+        lines.append(f"override-dependencies = {_toml_list([pinned(o) for o in spec.overrides])}")
     if spec.excludes:
         lines.append(f"exclude-dependencies = {_toml_list(spec.excludes)}")
     if wheelhouse_dir is not None:
@@ -591,9 +593,5 @@ def missing_wheels(requirements: tuple[str, ...], wheel_names: list[str]) -> lis
         except ValueError:
             continue
         have.add((canonicalize_name(project), found))
-    missing = []
-    for requirement in requirements:
-        name, _, pin = requirement.partition("==")
-        if (canonicalize_name(name), Version(pin)) not in have:
-            missing.append(requirement)
-    return missing
+    pins = [(r, *r.partition("==")[::2]) for r in requirements]
+    return [r for r, name, pin in pins if (canonicalize_name(name), Version(pin)) not in have]

@@ -27,6 +27,7 @@ from operations.plan import (
     preflight,
     rank_state,
     resolver,
+    router_step,
     serve_plan,
 )
 from operations.plan.engine_probe import Driver
@@ -212,7 +213,7 @@ def decide(
             settings, plan.ranks, facts.serving, router, drain, watched, python
         )
         if serve.router is not None and serve.router.restart:
-            plan.decisions.append(serve_plan.router_change(serve.router))
+            plan.decisions.append(router_step.router_change(serve.router))
         engine_step, model_step = _step_plans(settings, plan, facts, decision)
     return HostReport(
         settings,

@@ -47,9 +47,6 @@ class PlannedFile:
     name: str = ""
     # Its text is shown by the plan (units).
     shown: bool = False
-    # A key the step that writes it generates (no content here: the plan draws no random
-    # number, and shows nothing of it).
-    generated: bool = False
 
     @property
     def data(self) -> str | bytes:
@@ -71,14 +68,12 @@ class PlannedFile:
     def changes(self) -> bool | None:
         """Whether writing it changes the host's content; None: not known before the write
         (the facts do not read it; its write reads the FileAt fact and may find it current)."""
-        if self.generated:
-            return True  # planned only where there is none yet
         return self.sha256 != self.sha256_now if self.read else None
 
     def to_json(self) -> FileJson:
         # A secret's digest is not shown either: a short key or password could be guessed
         # offline from it. `changes` says whether the write changes the host.
-        hidden = self.secret or self.generated
+        hidden = self.secret
         text = self.content if self.shown and not self.secret else None
         return {
             "name": self.name,
@@ -120,22 +115,4 @@ def planned(
         dir_group=entry.dir_group,
         name=name,
         shown=shown,
-    )
-
-
-def generated_key(name: str, entry: ManagedFile) -> PlannedFile:
-    """A key file the plan names and the step that writes it generates (a secret entry: its
-    write reads the file's mode and owners, and the key is made with its final mode before its
-    first byte)."""
-    return PlannedFile(
-        path=entry.path,
-        mode=entry.mode,
-        owner=entry.owner,
-        group=entry.group,
-        secret=entry.secret,
-        read=entry.checksummed,
-        dir_mode=entry.dir_mode,
-        dir_group=entry.dir_group,
-        name=name,
-        generated=True,
     )

@@ -24,7 +24,6 @@ operations/steps/smoke.py carry it out without deciding again:
 from __future__ import annotations
 
 import json
-import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -35,11 +34,12 @@ from operations.plan import rank_state
 from operations.plan.drain import DrainPlan
 from operations.plan.engine_spec import tools_uv_config
 from operations.plan.monitoring import MonitoringPlan
-from operations.plan.planned_files import PlannedFile, generated_key, planned, sha256
+from operations.plan.planned_files import PlannedFile, planned, sha256
 from operations.plan.resolver import Rank, RouterPlan
 from operations.plan.resolver.router import control_key_text
 from operations.plan.resolver.router import key_changes as router_key_changes
-from operations.plan.vocabulary import Decision, FileJson, RouterStepJson, ServeJson, SmokeJson
+from operations.plan.router_step import RouterStep, router_change
+from operations.plan.vocabulary import FileJson, ServeJson, SmokeJson
 from operations.render import units
 from operations.render.dashboard import dashboard_text
 from operations.render.host_scripts import script_text
@@ -122,11 +122,10 @@ def _unread_keys(settings: Settings) -> list[str]:
     errors = []
     if settings.api_key_file and secrets_text(settings) is None:
         errors.append(f"api_key_file {settings.api_key_file!r}: no key was read from it")
-    router = settings.router
-    if router is not None and router.control_plane_key_file and control_key_text(settings) is None:
+    if settings.control_plane_key_file and control_key_text(settings) is None:
         errors.append(
-            f"router.control_plane_key_file {router.control_plane_key_file!r}: no key was read "
-            "from it"
+            f"the router's control-plane key {settings.control_plane_key_file!r} "
+            f"({settings.control_plane_key_origin()}): no key was read from it"
         )
     return errors
 
@@ -188,75 +187,19 @@ def _smoke_json(smoke: SmokeRequests) -> SmokeJson:
 
 
 @dataclass(frozen=True)
-class RouterStep:
-    """What the serve step does for the router on the host that runs it: its environment
-    (installed when the marker is missing), the files it writes, whether it (re)starts."""
+class KeySource:
+    """The controller's file of the router's control-plane key: its path (never its content),
+    and whether this run made it (settings/controller_files.make_key)."""
 
-    version: str
-    # The router's package (smg, sglang-router) and the module its install must import.
-    package: str
-    launcher_module: str
-    env_dir: str
-    engine_root: str
-    # Router environments of other releases on this host, removed once this one serves (the
-    # move from sglang-router 0.3.2 to smg, or back): the ServingState fact's `router_envs`.
-    retired: list[str]
-    # The marker is missing: the environment is built afresh (steps/serve.py's install).
-    install: bool
-    # The pinned requirements the install writes into the environment and installs from.
-    requirements: PlannedFile
-    # The package sources (a secret: the index URL may carry credentials), before an install.
-    uv_config: PlannedFile | None
-    launcher: PlannedFile
-    unit: PlannedFile
-    restart: bool
-    health_url: str
-
-    @property
-    def files(self) -> list[PlannedFile]:
-        """In the order the step writes them (the uv config and requirements: installs only)."""
-        first = [self.uv_config, self.requirements] if self.install else []
-        return [f for f in (*first, self.launcher, self.unit) if f is not None]
-
-    def to_json(self) -> RouterStepJson:
-        return {
-            "version": self.version,
-            "package": self.package,
-            "env_dir": self.env_dir,
-            "retired": self.retired,
-            "install": self.install,
-            "restart": self.restart,
-            "files": [f.to_json() for f in self.files],
-        }
+    path: str
+    made: bool
 
 
-# How long clients of the router's port are refused while the router restarts (its old
-# process stops, the new one starts and lists the ranks ready): measured under steady client
-# load by tests/e2e/test_router_move.py (the move from sglang-router 0.3.2 to smg 1.13.0 on the
-# 2-core testbed, 8 ranks: 0.26, 0.36 and 0.82 s), with room for a loaded host.
-ROUTER_RESTART_WINDOW_S = 2
-
-
-def router_change(step: RouterStep) -> Decision:
-    """What a router restart does and what its clients see (a move between releases or
-    packages names both)."""
-    new = f"{step.package} {step.version}"
-    olds = [posixpath.basename(env) for env in step.retired]
-    said = f"move the router {', '.join(olds)} -> {new}" if olds else f"restart the router ({new})"
-    return Decision(
-        "router move" if olds else "router restart",
-        f"{said}: clients of its port are refused for about {ROUTER_RESTART_WINDOW_S}s",
-        "the router is one process on one port: the old one stops, the new one starts and reads "
-        "every rank's /health before it routes (requests in flight on the ranks finish; a client "
-        "that retries a refused connection after the window is served)"
-        + (
-            f"; the old environment{'s' if len(olds) > 1 else ''} ({', '.join(step.retired)}) "
-            f"go{'' if len(olds) > 1 else 'es'} once {new} answers /health; to go back, set "
-            f"router.version to the old release ({', '.join(o.rpartition('-')[2] for o in olds)})"
-            if olds
-            else ""
-        ),
-    )
+def key_source(s: Settings) -> KeySource | None:
+    read = s.controller_files.control_plane_key
+    if s.control_plane_key_file is None or read is None:
+        return None
+    return KeySource(s.control_plane_key_file, read.made)
 
 
 @dataclass(frozen=True)
@@ -292,6 +235,8 @@ class ServePlan:
     smoke_files: list[PlannedFile] = field(default_factory=list)
     # The router's control-plane key, when this run writes it (resolver/router.key_changes).
     control_plane_key: PlannedFile | None = None
+    # Where that key is kept on the controller, and whether this run made it there.
+    control_plane_key_source: KeySource | None = None
     # On the router's host.
     router: RouterStep | None = None
     # Why the plan cannot be carried out (a release with no pinned requirements).
@@ -355,6 +300,14 @@ class ServePlan:
             "control_plane_key": (
                 self.control_plane_key.to_json() if self.control_plane_key else None
             ),
+            "control_plane_key_source": (
+                {
+                    "path": self.control_plane_key_source.path,
+                    "made": self.control_plane_key_source.made,
+                }
+                if self.control_plane_key_source is not None
+                else None
+            ),
             "router_step": self.router.to_json() if self.router is not None else None,
         }
 
@@ -382,7 +335,7 @@ def serve_plan(
     roll = roll_plan(ranks, serving, s.restart_batch_size, secret_changed)
     # Whether this run writes the control-plane key here: decided once, for the key and the
     # router's restart.
-    key_due = router_key_changes(s, serving.files, runs_router=router is not None)
+    key_due = router_key_changes(s, serving.files)
     router_restart = router is not None and router_restarts(serving, router, key_due)
 
     batch_smoke: list[SmokeRequests | None] = []
@@ -432,6 +385,7 @@ def serve_plan(
         rank_units=_rank_units(write, [*roll.start, *roll.rolled]),
         smoke_files=smoke_files,
         control_plane_key=_control_plane_key(write) if key_due else None,
+        control_plane_key_source=key_source(s),
         router=router_step,
         errors=errors,
         readmit=left_out(roll, serving, drain),
@@ -532,15 +486,13 @@ def _rank_units(write: _Writer, ranks: Sequence[Rank]) -> dict[int, PlannedFile]
 
 def _control_plane_key(write: _Writer) -> PlannedFile:
     """The router's control-plane key on every host behind it, when this run writes it
-    (resolver/router.key_changes): the controller's router.control_plane_key_file, or, unset,
-    one the step that writes it generates once (steps/host_files.put_planned, with the CSPRNG)
-    and that is kept. Root only: systemd hands the router unit a copy (LoadCredential=)."""
+    (resolver/router.key_changes): the key the settings loader read from the controller's
+    Settings.control_plane_key_file. Root only: systemd hands the router unit a copy
+    (LoadCredential=)."""
     s = write.settings
-    name = "Router: control-plane key (root only)"
     text = control_key_text(s)
-    if text is None:
-        return generated_key(name, layout.managed_file(s, layout.CONTROL_PLANE_KEY_FILE))
-    return write.file(name, layout.CONTROL_PLANE_KEY_FILE, text)
+    assert text is not None  # key_changes: a key that was read
+    return write.file("Router: control-plane key (root only)", layout.CONTROL_PLANE_KEY_FILE, text)
 
 
 def _router_step(

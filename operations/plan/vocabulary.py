@@ -125,7 +125,7 @@ class SmokeJson(TypedDict):
 
 class FileJson(TypedDict):
     """One file a step writes (operations/plan/planned_files.py): a secret's content and digest are
-    never shown, nor a generated key's digest; `content` is shown for units only."""
+    never shown; `content` is shown for units only."""
 
     name: str
     path: str
@@ -155,6 +155,11 @@ class RouterStepJson(TypedDict):
     files: list[FileJson]
 
 
+class KeySourceJson(TypedDict):
+    path: str
+    made: bool
+
+
 class ServeJson(TypedDict):
     start: list[int]
     batches: list[list[int]]
@@ -175,6 +180,8 @@ class ServeJson(TypedDict):
     smoke_files: list[FileJson]
     rank_units: list[FileJson]
     control_plane_key: FileJson | None
+    # Where the router's control-plane key is kept on the controller (never its content).
+    control_plane_key_source: KeySourceJson | None
     router_step: RouterStepJson | None
 
 

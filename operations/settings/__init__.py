@@ -31,6 +31,7 @@ from operations.settings.controller_files import (
     ControllerFiles,
     api_key_problem,
     control_plane_key_problem,
+    default_control_plane_key,
     read_all,
 )
 from operations.settings.schema_json import (
@@ -150,8 +151,9 @@ class Router:
     # its command line, listed in the Prometheus targets file (operations/plan/monitoring.py).
     metrics_port: int = 29000
     # The control-plane key (worker add/remove, sglang-router's --control-plane-api-keys) on the
-    # controller, written to every host behind the router; None: generated once on the router's
-    # host (one host only). docs/security.md "The router's control plane".
+    # controller, written to every host behind the router; None: `router-control-plane.key`
+    # beside the engine locks, made by the first run (Settings.control_plane_key_file).
+    # docs/security.md "The router's control plane".
     control_plane_key_file: str | None = None
 
 
@@ -221,6 +223,23 @@ class Settings:
     def origin(self, key: str) -> str:
         return self.origins.get(key, "default")
 
+    @property
+    def control_plane_key_file(self) -> str | None:
+        """The controller's file of the router's control-plane key: router.control_plane_key_file,
+        or, unset, the one beside the engine locks; None: no router."""
+        if self.router is None:
+            return None
+        return self.router.control_plane_key_file or default_control_plane_key(self.engine_lock_dir)
+
+    def control_plane_key_origin(self) -> str:
+        """Where control_plane_key_file comes from, for a line about it."""
+        if self.router is not None and self.router.control_plane_key_file:
+            return f"router.control_plane_key_file, set in {self.origin('router')}"
+        return (
+            "router.control_plane_key_file unset: beside engine_lock_dir, set in "
+            f"{self.origin('engine_lock_dir')}"
+        )
+
 
 @dataclass(frozen=True)
 class Layer:
@@ -258,8 +277,11 @@ def _merge(layers: Iterable[Layer]) -> tuple[dict[str, object], dict[str, str]]:
     return merged, origins
 
 
-def load(host_name: str, layers: list[Layer]) -> Settings:
-    """Merge the layers, validate, apply defaults; raise SettingsError listing every problem."""
+def load(host_name: str, layers: list[Layer], *, make_key: bool = False) -> Settings:
+    """Merge the layers, validate, apply defaults; raise SettingsError listing every problem.
+    `make_key`: a router's control-plane key file that is not set and not there yet is made
+    beside the engine locks before it is read (a run of the toolkit's commands, never a test's
+    plain settings)."""
     merged, origins = _merge(layers)
     props = schema()["properties"]
     ours = {k: v for k, v in merged.items() if k in props}
@@ -305,13 +327,27 @@ def load(host_name: str, layers: list[Layer]) -> Settings:
 
     values = {**defaults(), **ours}
     typed = {key: _CONVERT.get(key, _same)(values[key]) for key in props}
-    router = typed["router"]
-    files = read_all(
-        typed["api_key_file"],
-        router.control_plane_key_file if router is not None else None,
-        typed["cuda_redist_manifest"],
-    )
+    files = _read_controller_files(typed, make_key)
     return Settings(**typed, origins={k: origins[k] for k in ours}, controller_files=files)
+
+
+def _read_controller_files(typed: Mapping[str, Any], make_key: bool) -> ControllerFiles:
+    """The files on the controller the typed values name, each read once; the router's
+    control-plane key is router.control_plane_key_file or, unset, the one beside the engine
+    locks, which `make_key` makes first when it is not there yet."""
+    router: Router | None = typed["router"]
+    key_file, made_here = None, False
+    if router is not None:
+        key_file = router.control_plane_key_file or default_control_plane_key(
+            typed["engine_lock_dir"]
+        )
+        made_here = make_key and not router.control_plane_key_file
+    return read_all(
+        typed["api_key_file"],
+        key_file,
+        typed["cuda_redist_manifest"],
+        make_control_plane_key=made_here,
+    )
 
 
 def _wheelhouse_problems(host_name: str, settings: Settings) -> list[str]:
@@ -347,14 +383,14 @@ def controller_problems(host_name: str, settings: Settings) -> list[str]:
     """Checks of files on the controller (the wheelhouse, uv's pin, the keys `load` read): part
     of every inventory load."""
     problems = _wheelhouse_problems(host_name, settings) + _pin_problems(host_name, settings)
-    router = settings.router
     read = settings.controller_files
-    if router is not None and router.control_plane_key_file and read.control_plane_key:
+    if settings.control_plane_key_file and read.control_plane_key:
         why = control_plane_key_problem(read.control_plane_key)
         if why is not None:
             problems.append(
-                f"{host_name}: router.control_plane_key_file = "
-                f"{router.control_plane_key_file!r} (set in {settings.origin('router')}); {why}"
+                f"{host_name}: the router's control-plane key "
+                f"{settings.control_plane_key_file!r} ({settings.control_plane_key_origin()}); "
+                f"{why}"
             )
     if settings.api_key_file and read.api_key:
         why = api_key_problem(read.api_key)
@@ -411,7 +447,10 @@ def layers_for_host(host: Host, group_data_dir: Path | None = None) -> list[Laye
 
 
 def load_for_host(host: Host) -> Settings:
-    return load(host.name, layers_for_host(host))
+    """A host's settings for a run of the toolkit: its router's control-plane key is made on
+    the controller when it is not set and not there yet (the first run, by whichever host comes
+    first; the others read it)."""
+    return load(host.name, layers_for_host(host), make_key=True)
 
 
 def load_inventory(hosts: Iterable[Any]) -> tuple[dict[str, Settings], list[str]]:

@@ -60,6 +60,7 @@ from operations.plan.engine_spec import EngineError, EngineSpec, indexes
 from operations.plan.host_plan import HostReport
 from operations.plan.vocabulary import EnvNow
 from operations.redact import redact
+from operations.render.host_scripts import script_text
 from operations.runtime.host_call import Commands
 from operations.runtime.on_controller import fail, keep_lock, local_dir, upload_refusal
 from operations.runtime.pyinfra_internals import temp_filename
@@ -241,6 +242,9 @@ def build_env(
             f"cd {_q(project)} && {uv} export --frozen --no-header --no-annotate "
             f"--no-emit-project --format requirements-txt -o {_q(requirements)} --quiet"
         )
+        # Every pin exact (`===`): `==V` would also take a local build `V+cu129` that a mixed
+        # fleet's wheelhouse holds beside V (programs/exact_pins.py says why).
+        yield (f"{_q(env_python(env))} -I -c {_q(script_text('exact_pins.py'))} {_q(requirements)}")
         yield (
             f"{uv} pip install {cache} --no-progress --no-config --offline --no-index "
             f"--find-links {_q(EngineTree(engine_root).wheelhouse)} --no-deps "

@@ -53,7 +53,6 @@ new_file.
 from __future__ import annotations
 
 import base64
-import secrets
 import shlex
 from pathlib import Path
 from typing import Any
@@ -346,11 +345,8 @@ def planned_file(file: PlannedFile) -> Commands:
     + file: the plan's file
     """
     if file.secret or file.changes is None:
-        # A key the plan leaves to the write (the plan draws no random number): made here, once,
-        # with the CSPRNG; put_file gives it its final mode before its first byte.
-        src = secrets.token_urlsafe(32) + "\n" if file.generated else file.data
         yield from put_file._inner(
-            src=src,
+            src=file.data,
             dest=file.path,
             owner=file.owner,
             group=file.group,

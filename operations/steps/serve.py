@@ -43,7 +43,8 @@ from operations.plan.drain import DrainPlan
 from operations.plan.host_plan import HostReport
 from operations.plan.planned_files import PlannedFile
 from operations.plan.resolver import Rank
-from operations.plan.serve_plan import RouterStep, ServePlan, SmokeRequests
+from operations.plan.router_step import RouterStep
+from operations.plan.serve_plan import ServePlan, SmokeRequests
 from operations.plan.vocabulary import DrainAction, RollStep
 from operations.runtime.host_call import Commands
 from operations.runtime.pyinfra_internals import first_command

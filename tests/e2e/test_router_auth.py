@@ -8,11 +8,17 @@ the stranger's server requests. Then the deployed router: the stranger's `POST /
 `DELETE /workers/{id}` are refused (401) and change nothing, 0 requests reach its server, the
 deploy's own drain (which sends the key) still rolls the ranks, and a converged re-run changes
 nothing, the key included. The key is in one root-only file and nowhere else.
+
+Then two hosts behind one router with no key file made by hand: the first run makes the key on
+the controller (mode 600, beside the engine locks), both hosts get it, the router serves both
+hosts' ranks and refuses a caller without it, and the re-run changes nothing.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import stat
 import threading
 from collections.abc import Iterator
 from http import server as httpserver
@@ -78,6 +84,15 @@ def host(testbed: tb.Testbed) -> Iterator[Container]:
 
 
 @pytest.fixture
+def hosts(testbed: tb.Testbed) -> Iterator[list[Container]]:
+    """Two fresh hosts: the router's first run over both."""
+    containers = testbed.boot(serving_spec(), serving_spec())
+    yield containers
+    for container in containers:
+        testbed.destroy(container)
+
+
+@pytest.fixture
 def stranger() -> Iterator[Stranger]:
     made = Stranger()
     yield made
@@ -119,8 +134,12 @@ def chat(base: str, n: int) -> None:
         assert status == 200, (status, body)
 
 
-def router_data(c: Container, indexes: Indexes, **extra: Any) -> dict[str, Any]:
-    router = {"host": c.name, "port": ROUTER_PORT, "bind": c.address, "policy": "round_robin"}
+def router_data(
+    c: Container, indexes: Indexes, on: Container | None = None, **extra: Any
+) -> dict[str, Any]:
+    """Host `c`'s data behind the router on `on` (default: on `c`), no key file set."""
+    at = on or c
+    router = {"host": at.name, "port": ROUTER_PORT, "bind": at.address, "policy": "round_robin"}
     return base_data(c, indexes, dp_size=2, router=router, **extra)
 
 
@@ -196,3 +215,42 @@ def test_a_stranger_cannot_add_or_remove_workers_and_the_drain_still_works(
     assert {k: v for k, v in serve_ops(again).items() if v != "No changes"} == {}, again
     _, sum_after, _ = c.ssh_run(f"sha256sum {KEY_FILE}; systemctl show -p MainPID sglang-router")
     assert sum_after == sum_before
+
+
+def test_two_hosts_behind_one_router_need_no_hand_made_key(
+    hosts: list[Container], indexes: Indexes, tmp_path: Path
+) -> None:
+    a, b = hosts
+    data = {a: router_data(a, indexes), b: router_data(b, indexes, on=a)}
+    # The testbed's inventory keeps the engine locks here (tests/testbed/inventory.py).
+    key_file = tmp_path / "locks" / "router-control-plane.key"
+    assert not key_file.exists()
+    first = deploy(tmp_path, data)
+    ok(first)
+    # Made on the controller by this first run: mode 600, ours, and said by its path only.
+    found = key_file.stat()
+    assert stat.S_IMODE(found.st_mode) == 0o600, oct(found.st_mode)
+    key = key_file.read_text().strip()
+    assert len(key) >= 32 and key not in first.output
+    assert str(key_file) in first.output  # the plan names where the key is kept
+    digest = hashlib.sha256((key + "\n").encode()).hexdigest()
+    for c in (a, b):  # one key, on both hosts, root only
+        _, out, _ = c.ssh_run(f"sha256sum {KEY_FILE}; stat -c '%a %U %G' {KEY_FILE}")
+        assert out.split() == [digest, KEY_FILE, "600", "root", "root"], (c.name, out)
+
+    base = f"http://{a.address}:{ROUTER_PORT}"
+    wait_for(lambda: http(f"{base}/health")[0] == 200, timeout=60, what="router healthy")
+    assert call(f"{base}/workers", "GET")[0] == 401
+    ranks = [f"http://{c.address}:{30000 + r}" for c in (a, b) for r in range(2)]
+    assert sorted(workers(base, key)) == sorted(ranks)
+    chat(base, 8)
+
+    # The re-run reads the key the first made: nothing changes, on either host.
+    made = key_file.stat().st_mtime_ns
+    _, pid_before, _ = a.ssh_run("systemctl show -p MainPID sglang-router")
+    again = deploy(tmp_path, data)
+    ok(again)
+    assert {k: v for k, v in again.statuses.items() if v != "No changes"} == {}, again
+    assert key_file.stat().st_mtime_ns == made and key_file.read_text().strip() == key
+    _, pid_after, _ = a.ssh_run("systemctl show -p MainPID sglang-router")
+    assert pid_after == pid_before

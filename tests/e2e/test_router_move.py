@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from operations.plan.serve_plan import ROUTER_RESTART_WINDOW_S
+from operations.plan.router_step import ROUTER_RESTART_WINDOW_S
 from tests import testbed as tb
 from tests.e2e.benching import slow_ranks
 from tests.e2e.deploying import Indexes

@@ -404,37 +404,22 @@ def test_a_router_release_without_control_plane_keys_is_refused(
     assert any("has no --control-plane-api-keys" in e for e in router.errors), router.errors
 
 
-def test_a_router_in_front_of_other_hosts_needs_a_controller_key_file(tmp_path: Path) -> None:
-    a = with_router()
-    b = dataclasses.replace(with_router(), server_host="10.0.0.2")
-    router = resolver.resolve_router(a, "ct200", [("ct200", a), ("ct201", b)])
-    assert any("router.control_plane_key_file" in e and "ct201" in e for e in router.errors)
-    key_file = tmp_path / "key"
-    key_file.write_text(KEY + "\n")
-    a = with_router(control_plane_key_file=str(key_file))
-    router = resolver.resolve_router(a, "ct200", [("ct200", a), ("ct201", b)])
-    assert router.errors == []
-
-
-def test_the_key_is_written_once_or_when_the_controllers_changes(tmp_path: Path) -> None:
+def test_the_key_is_written_when_the_controllers_is_not_the_hosts(tmp_path: Path) -> None:
     from operations.layout import CONTROL_PLANE_KEY_FILE
     from operations.plan.planned_files import sha256
     from operations.plan.resolver.router import key_changes
 
-    generated = with_router()
-    assert key_changes(generated, {}, runs_router=True) is True  # none yet: generated this run
-    assert key_changes(generated, {CONTROL_PLANE_KEY_FILE: "ab" * 32}, True) is False  # kept
-    assert key_changes(generated, {}, runs_router=False) is False  # never on another host
     key_file = tmp_path / "key"
     key_file.write_text(KEY + "\n")
     given = with_router(control_plane_key_file=str(key_file))
-    for runs_router in (True, False):  # the controller's key: on every host behind the router
-        assert (
-            key_changes(given, {CONTROL_PLANE_KEY_FILE: sha256(KEY + "\n")}, runs_router) is False
-        )
-        assert key_changes(given, {CONTROL_PLANE_KEY_FILE: "ab" * 32}, runs_router) is True
-        assert key_changes(given, {}, runs_router) is True
-    assert key_changes(make_settings(), {}, runs_router=True) is False  # no router
+    # The controller's key, on every host behind the router (the router's own included).
+    assert key_changes(given, {CONTROL_PLANE_KEY_FILE: sha256(KEY + "\n")}) is False
+    assert key_changes(given, {CONTROL_PLANE_KEY_FILE: "ab" * 32}) is True
+    assert key_changes(given, {}) is True
+    assert key_changes(make_settings(), {}) is False  # no router
+    key_file.unlink()
+    unread = with_router(control_plane_key_file=str(key_file))
+    assert key_changes(unread, {}) is False  # not read: the settings refuse it, nothing written
 
 
 def test_open_binds_are_warned_about() -> None:
@@ -469,7 +454,7 @@ def test_a_bad_control_plane_key_file_is_one_line_naming_the_setting(tmp_path: P
         ("two words in one key here\n", "whitespace or control characters"),
     ):
         found = problems(text)
-        assert len(found) == 1 and "router.control_plane_key_file" in found[0], found
+        assert len(found) == 1 and "router.control_plane_key_file, set in" in found[0], found
         assert why in found[0] and "\n" not in found[0]
 
 

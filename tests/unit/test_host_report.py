@@ -24,7 +24,7 @@ from operations.plan.planned_files import sha256
 from operations.plan.resolver import Rank
 from operations.settings import Settings
 from operations.simulated import ct200 as simulated_ct200
-from tests.unit.builders import QWEN36, gpu_facts, make_settings
+from tests.unit.builders import QWEN36, ROUTER_KEY, gpu_facts, make_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 NEW, OLD = "52cd26977905ef55", "0123456789abcdef"
@@ -221,8 +221,8 @@ def case_router_converged(tmp_path: Path) -> tuple[Settings, Gathered, dict[str,
     files = {
         layout.unit_path(layout.ROUTER_UNIT): sha256(first.router.unit),
         layout.router_marker(first.router.env_dir): "cd" * 32,
-        # The control-plane key generated on the host by an earlier run: kept as it is.
-        layout.CONTROL_PLANE_KEY_FILE: "ef" * 32,
+        # The controller's control-plane key, written by an earlier run.
+        layout.CONTROL_PLANE_KEY_FILE: sha256(ROUTER_KEY.read_text()),
     }
     serving = serving_of(first.plan.ranks, files=files, router=UnitState(active="active"))
     return (s, gathered(serving, staging(NEW)), {"router_restart": False, "smoke": []})
@@ -373,7 +373,7 @@ def test_a_converged_host_plans_no_write(tmp_path: Path) -> None:
     assert serve is not None and serve.router is not None
     files = {f.path: str(f.sha256) for f in [*serve.files, *serve.smoke_files, *serve.router.files]}
     files[layout.router_marker(serve.router.env_dir)] = "cd" * 32
-    files[layout.CONTROL_PLANE_KEY_FILE] = "ef" * 32
+    files[layout.CONTROL_PLANE_KEY_FILE] = sha256(ROUTER_KEY.read_text())
     serving = serving_of(first.plan.ranks, files=files, router=UnitState(active="active"))
     again = report(s, gathered(serving, staging(NEW)))
     assert again.serve is not None and again.serve.router is not None

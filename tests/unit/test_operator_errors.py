@@ -73,20 +73,28 @@ ROUTER_30003 = 'router={"host": "@fake/ct200", "port": 30003}'
 COLLISION = "router port 30003 (set in --data on the command line) collides with rank 3"
 
 
-def test_the_routers_refusal_is_in_the_panel_with_its_reason() -> None:
-    rc, out = plan(*data(ROUTER_30003))
+def test_the_routers_refusal_is_in_the_panel_with_its_reason(tmp_path: Path) -> None:
+    rc, out = plan(*data(ROUTER_30003, f"engine_lock_dir={tmp_path}"))
     assert rc == 1
     assert "@fake/ct200: refused" in out and COLLISION in unfolded(out), out
 
 
-def test_a_valid_router_plan_is_shown() -> None:
-    rc, out = plan(*data('router={"host": "@fake/ct200", "port": 8000}'))
+def test_a_valid_router_plan_is_shown(tmp_path: Path) -> None:
+    router = 'router={"host": "@fake/ct200", "port": 8000}'
+    wide = {"COLUMNS": "300"}  # the temporary path on one line
+    rc, out = plan(*data(router, f"engine_lock_dir={tmp_path}"), env=wide)
     assert rc == 0, out
     text = unfolded(out)
     assert "router: smg 1.13.0 on 0.0.0.0:8000, policy cache_aware, 8 worker(s)" in text
     assert "--worker-urls http://127.0.0.1:30000" in text and "--port 8000" in text
     # The pairing with the SGLang release: smg's CI never ran 0.5.11 (the knowledge base).
     assert "smg 1.13.0, unproven with sglang 0.5.11" in text
+    # The control-plane key, made beside the engine locks by this first run: its path only.
+    key_file = tmp_path / "router-control-plane.key"
+    assert f"router key {key_file} on the controller (made by this run)" in text
+    assert key_file.read_text().strip() not in out
+    rc, out = plan(*data(router, f"engine_lock_dir={tmp_path}"), env=wide)
+    assert f"router key {key_file} on the controller (read)" in unfolded(out), out
 
 
 @pytest.mark.parametrize(
@@ -104,7 +112,9 @@ def test_a_refused_deploy_exits_1_without_a_change_or_a_prompt(
 ) -> None:
     # A real run: the demo host without its `_demo` mark (deploy.py refuses a real run on it).
     inventory = DEMO if dry else not_a_demo(tmp_path)
-    rc, out = deploy(*data(setting), *(["--dry"] if dry else []), inventory=inventory)
+    # A router's control-plane key is made beside the engine locks: here, not in the project.
+    locks = f"engine_lock_dir={tmp_path / 'locks'}"
+    rc, out = deploy(*data(setting, locks), *(["--dry"] if dry else []), inventory=inventory)
     assert rc == 1, out
     assert "[@fake/ct200] refused:" in out and reason in out, out
     # No operation for the refusal: nothing in a change table, nothing run.

@@ -18,8 +18,8 @@ import pytest
 from operations import kb, layout
 from operations.facts.serve import Serving
 from operations.plan.host_plan import HostReport, decide
-from operations.settings import Settings
-from tests.unit.builders import make_settings
+from operations.settings import Layer, Settings, load
+from tests.unit.builders import BASE, make_settings
 from tests.unit.test_host_report import gathered, staging
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,18 +114,23 @@ def _refuse(*_: Any, **__: Any) -> NoReturn:
     raise AssertionError("the plan read a file or drew a random number")
 
 
-@pytest.mark.parametrize("keys", [True, False], ids=["controller-keys", "generated-key"])
+@pytest.mark.parametrize("keys", [True, False], ids=["controller-keys", "made-key"])
 def test_decide_twice_on_the_same_inputs_gives_equal_plans(tmp_path: Path, keys: bool) -> None:
-    settings = _settings(tmp_path) if keys else make_settings(router={"host": "ct200"})
+    if keys:
+        settings = _settings(tmp_path)
+    else:  # the key a run makes beside the engine locks, before the loader reads it
+        data = {**BASE, "router": {"host": "ct200"}, "engine_lock_dir": str(tmp_path)}
+        settings = load("ct200", [Layer("test", data)], make_key=True)
     first = _decide(settings, Serving())
     second = _decide(settings, Serving())
     assert first.errors == []
     assert first == second
     assert first.to_json() == second.to_json()
     assert first.serve is not None and first.serve.control_plane_key is not None
-    # A generated key is the writing step's: the plan holds no content for it.
-    assert first.serve.control_plane_key.generated is not keys
-    assert (first.serve.control_plane_key.content is None) is not keys
+    # The plan writes the key the loader read, whichever file held it.
+    assert first.serve.control_plane_key.content == (
+        Path(settings.control_plane_key_file or "").read_bytes()
+    )
 
 
 def test_decide_reads_no_file_and_draws_nothing(

@@ -112,11 +112,16 @@ def test_every_command_shows_a_bad_key_as_the_settings_modules_line(
     assert f"{shown}{line}" in (out + err).splitlines(), out + err
 
 
-def test_the_two_container_inventory_loads_with_the_router_on_ct200() -> None:
-    session = open_session("inventory/two.py", {})
+def test_the_two_container_inventory_loads_with_the_router_on_ct200(tmp_path: Path) -> None:
+    """No key file made by hand: the session makes the router's control-plane key beside the
+    engine locks, once, and both hosts read it."""
+    session = open_session("inventory/two.py", {"engine_lock_dir": str(tmp_path)})
     assert session.problems == {}
     assert sorted(session.settings) == ["ct200", "ct201"]
     assert {s.router.host for s in session.settings.values() if s.router} == {"ct200"}
+    key = (tmp_path / "router-control-plane.key").read_text().strip()
+    read = [s.controller_files.control_plane_key for s in session.settings.values()]
+    assert [(r.key, r.made) for r in read if r is not None] == [(key, True), (key, False)]
 
 
 # -- nothing else loads an inventory ------------------------------------------------------------

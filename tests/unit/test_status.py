@@ -374,7 +374,12 @@ def test_uptime_is_short(seconds: int | None, shown: str) -> None:
 
 def write_inventory(tmp_path: Path) -> Path:
     """@fake/ct200 answers with the captured healthy output; ct201's SSH port is closed."""
-    settings = {"model_source": "/srv/models/qwen", "server_host": "127.0.0.10"}
+    # The router's control-plane key is made beside the engine locks: here, not in the project.
+    settings = {
+        "model_source": "/srv/models/qwen",
+        "server_host": "127.0.0.10",
+        "engine_lock_dir": str(tmp_path / "locks"),
+    }
     fake = {
         **settings,
         "router": {**ROUTER, "host": "@fake/ct200"},
@@ -463,6 +468,7 @@ def test_the_probe_is_one_round_trip_and_reports_what_each_rank_answered(
         "server_host": "127.0.0.10",
         "dp_size": 2,
         "router": {**ROUTER, "host": "@fake/ct200"},
+        "engine_lock_dir": str(tmp_path / "locks"),  # where the control-plane key is made
         "fake_responses": {
             "smoke.py --json": captured["output"],
             "systemctl show": output("eight-ranks-and-the-router-healthy"),

@@ -89,28 +89,22 @@ def pairing(release: kbmod.RouterRelease, sglang: str) -> tuple[Decision, str | 
 
 def control_key_text(settings: Settings) -> str | None:
     """The control-plane key file's text, as the settings loader read it on the controller
-    (router.control_plane_key_file; checked by settings.controller_problems); None: none is
-    configured (generated on the router's host), or it could not be read."""
-    router = settings.router
+    (Settings.control_plane_key_file: router.control_plane_key_file, or the one made beside the
+    engine locks; checked by settings.controller_problems); None: no router, or it could not
+    be read."""
     read = settings.controller_files.control_plane_key
-    if router is None or not router.control_plane_key_file or read is None or not read.key:
+    if settings.router is None or read is None or not read.key:
         return None
     return read.key + "\n"
 
 
-def key_changes(settings: Settings, files: Mapping[str, str], runs_router: bool) -> bool:
+def key_changes(settings: Settings, files: Mapping[str, str]) -> bool:
     """Whether this run writes the control-plane key on this host: the controller's key is not
-    the one there, or (generated, on the router's own host only) there is none yet. `files`:
-    the ServingState fact's sha256s. A configured key the loader could not read is not
-    written (the settings refuse it)."""
-    router = settings.router
-    if router is None:
-        return False
+    the one there. `files`: the ServingState fact's sha256s. A key the loader could not read is
+    not written (the settings refuse it)."""
     text = control_key_text(settings)
     if text is None:
-        if router.control_plane_key_file:
-            return False
-        return runs_router and layout.CONTROL_PLANE_KEY_FILE not in files
+        return False
     return files.get(layout.CONTROL_PLANE_KEY_FILE) != hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -283,14 +277,15 @@ def resolve_router(
                 f"{CONTROL_PLANE_OPTION}, so its worker API (add, remove) would be open to "
                 "anyone who reaches its port; pin a release that has it (smg 1.13.0)"
             )
-    others = [name for name, s in all_settings if name != host_name and s.dp_size > 0]
-    if others and not router.control_plane_key_file:
-        errors.append(
-            f"router.control_plane_key_file (set in {settings.origin('router')}): not set, and "
-            f"the router on {host_name} serves the ranks of {', '.join(others)} too, whose "
-            "drains must send its control-plane key; accepted: a file on the controller "
-            "holding one key (e.g. `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
-        )
+    for name, s in all_settings:
+        if s.dp_size > 0 and s.control_plane_key_file != settings.control_plane_key_file:
+            errors.append(
+                f"the router's control-plane key: {name} reads {s.control_plane_key_file!r} "
+                f"({s.control_plane_key_origin()}), the router on {host_name} "
+                f"{settings.control_plane_key_file!r} ({settings.control_plane_key_origin()}); "
+                "every host behind the router sends its one key: set the same "
+                "router.control_plane_key_file (or engine_lock_dir) for every host"
+            )
     port_errors, port_warnings = _port_problems(settings, host_name, all_settings)
     errors += port_errors
     warnings += port_warnings
