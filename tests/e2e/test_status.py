@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -253,7 +254,11 @@ def router_states(path: Path, c: Container) -> dict[int, str | None]:
 
 
 def chat(c: Container) -> int:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "What is 2 + 3?"}]}
+    """One request through the router. Each prompt starts with its own random text: the
+    router's cache_aware policy sends a prompt that shares most of its start with an earlier
+    one to that one's rank, and a new one to the rank it has sent least."""
+    prompt = f"{uuid.uuid4().hex} What is 2 + 3?"
+    body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}]}
     return http(f"http://{c.address}:{ROUTER_PORT}/v1/chat/completions", body)[0]
 
 
