@@ -133,6 +133,9 @@ class Rank:
                 if self.path.split("?")[0] != "/v1/chat/completions":
                     self._send(404, {"error": "not found"})
                     return
+                if "fail:500" in body:  # an engine error, for the router's error counters
+                    self._send(500, {"error": "asked to fail"})
+                    return
                 with rank.lock:
                     rank.in_flight += 1
                 try:
@@ -193,9 +196,15 @@ def smg_python(version: str, given: str | None) -> str:
 
 @contextlib.contextmanager
 def running_smg(
-    python: str, workers: list[str], port: int, extra_env: dict[str, str], with_key: bool
+    python: str,
+    workers: list[str],
+    port: int,
+    extra_env: dict[str, str],
+    with_key: bool,
+    metrics_port: int | None = None,
 ) -> Iterator[tuple[list[str], subprocess.Popen[str]]]:
-    """smg on 127.0.0.1:port; yields its log lines (filled while it runs) and its process."""
+    """smg on 127.0.0.1:port (its Prometheus listener on metrics_port, else any free one);
+    yields its log lines (filled while it runs) and its process."""
     lines: list[str] = []
     with tempfile.TemporaryDirectory() as creds:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "SGLANG"))}
@@ -208,7 +217,8 @@ def running_smg(
             cmd = [python, "-m", "smg.launch_router"]
         cmd += ["--worker-urls", *workers, "--policy", "round_robin"]
         cmd += ["--host", "127.0.0.1", "--port", str(port)]
-        cmd += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+        metrics = metrics_port or free_port()
+        cmd += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics)]
         cmd += ["--health-check-interval-secs", "1", "--health-failure-threshold", "2"]
         cmd += ["--health-success-threshold", "1", "--health-check-timeout-secs", "1"]
         cmd += ["--retry-max-retries", "1", "--worker-startup-timeout-secs", "60"]

@@ -158,6 +158,9 @@ class Serving:
     # Each worker's state as the router lists it: smg's status (pending, ready, not_ready,
     # failed, draining), sglang-router 0.3.2's is_healthy as healthy/unhealthy.
     router_states: dict[str, str] = field(default_factory=dict)
+    # Each worker smg keeps out of routing while its status stands, and why (its `stalled`:
+    # unreachable or wedged); absent: routable.
+    router_stalled: dict[str, str] = field(default_factory=dict)
     # The router environments under ENGINE_ROOT/router (sglang-router-0.3.2, smg-1.13.0), by path.
     router_envs: list[str] = field(default_factory=list)
 
@@ -230,6 +233,7 @@ def parse_serving(lines: list[str]) -> Serving:
     engine_lines: list[str] = []
     workers: dict[str, bool] | None = None
     states: dict[str, str] = {}
+    stalled: dict[str, str] = {}
     router_envs: list[str] = []
     for line in lines:
         key, eq, value = line.partition("=")
@@ -278,6 +282,10 @@ def parse_serving(lines: list[str]) -> Serving:
                 # as good as not listed.
                 if state != "draining":
                     workers[url] = state in ("healthy", "ready")
+        elif word == "stalled" and workers is not None:
+            url, _, reason = rest.strip().rpartition(" ")
+            if url:
+                stalled[url] = reason
         elif word == "router_env":
             router_envs.append(rest.strip())
         elif word:
@@ -316,6 +324,7 @@ def parse_serving(lines: list[str]) -> Serving:
         router_workers=workers,
         router_workers_error=values.get("router_workers_error") or None,
         router_states=states,
+        router_stalled=stalled,
         router_envs=router_envs,
     )
 

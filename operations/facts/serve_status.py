@@ -2,7 +2,9 @@
 
 The deploy's reading of the rank units (operations/facts/serve.py), and, probed on the host
 itself, each /health answer, each rank's running and queued requests from its /metrics
-(operations/programs/serving_probe.py) and the GPUs' memory use from nvidia-smi.
+(operations/programs/serving_probe.py), the GPUs' memory use from nvidia-smi, and behind a
+router its own view of each worker (programs/router_list.py, with the control-plane key read on
+the host, as the deploy's fact reads it).
 """
 
 from __future__ import annotations
@@ -12,7 +14,15 @@ import dataclasses
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.facts import FactBase
 
-from operations.facts.serve import GpuUsage, RankLoad, Serving, Words, parse_serving, serving_words
+from operations.facts.serve import (
+    GpuUsage,
+    RankLoad,
+    Serving,
+    Words,
+    parse_serving,
+    router_list_words,
+    serving_words,
+)
 from operations.render import host_scripts
 
 ROUTER_KEY = "router"  # the router's key among the ranks' in health_urls and Serving.health
@@ -146,6 +156,9 @@ class ServingStatus(FactBase[Serving]):
     + health_urls: rank number (or "router") -> its /health URL, as the host reaches it
     + metrics_urls: rank number -> its /metrics URL, read in the same script (running, queued)
     + gpus: whether to ask nvidia-smi for memory use
+    + router_list: the router's worker list URL as this host reaches it (a GET with the
+      control-plane key, programs/router_list.py): each worker's state as the router sees it
+      (`Serving.router_states`, `router_stalled`); None: no router
     + timeout_s: each probe's timeout
     """
 
@@ -158,11 +171,13 @@ class ServingStatus(FactBase[Serving]):
         health_urls: dict[str, str] | None = None,
         metrics_urls: dict[str, str] | None = None,
         gpus: bool = False,
+        router_list: str | None = None,
         timeout_s: float = 2.0,
     ) -> StringCommand:
         return StringCommand(
             *serving_words(engine_root, model_link, ranks=ranks, router=router),
             *probe_words(health_urls, metrics_urls, timeout_s),
+            *router_list_words(router_list, timeout_s),
             *gpu_words(gpus),
             "true",
         )

@@ -351,7 +351,9 @@ def serve_plan(
         asked = [r for r in (*roll.start, *roll.rolled) if not _asked_in_roll(r, roll, drain, s)]
         router_too = router is not None and (bool(roll.start or roll.rolled) or router_restart)
         targets = smoke_targets(s, asked, router, router_too)
-        if targets:
+        # No rank at all (a release the resolver refused, as `releases` tries each): nothing
+        # to ask with, nothing asked.
+        if targets and (asked or ranks):
             python = layout.env_python((asked or list(ranks))[0].engine_env)
             through = any(t.startswith(f"{ROUTER_TARGET}=") for t in targets)
             smoke = SmokeRequests(python, targets, ranks_behind_router(s) if through else [])

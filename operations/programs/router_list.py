@@ -11,8 +11,11 @@ does; the key never reaches a command line. Prints "router_workers ok" and then
 "worker URL STATE" per worker the router lists, or "router_workers error WHY". STATE: smg's
 `status` (pending, ready, not_ready, failed, draining: smg 1.13.0's GET /workers, captured in
 tests/fixtures/smg/behaviour-1.13.0.json), else sglang-router 0.3.2's is_healthy as
-healthy|unhealthy. The answer's shape is {"workers": [{"url", "is_healthy", "status"?}]}
-(router_workers.py `listed` reads the same).
+healthy|unhealthy. After a worker smg keeps out of routing while its status stands, "stalled
+URL REASON" (smg's `stalled`: unreachable or wedged; crates/protocols/src/worker.rs:1015-1019
+of the 1.13.0 sdist, absent while the worker is routable). The answer's shape is
+{"workers": [{"url", "is_healthy", "status"?, "stalled"?}]} (router_workers.py `listed` reads
+the same).
 """
 
 from __future__ import annotations
@@ -37,13 +40,21 @@ def read_key(path: str) -> str:
 
 
 def worker_lines(url: str, key: str, timeout: float) -> list[str]:
-    """One "worker URL STATE" line per worker the router lists."""
+    """One "worker URL STATE" line per worker the router lists, and "stalled URL REASON" after
+    a worker smg keeps out of routing."""
     request = urllib.request.Request(url)
     if key:
         request.add_header("Authorization", "Bearer " + key)
     with _DIRECT.open(request, timeout=timeout) as response:
         workers = json.loads(response.read(ANSWER_LIMIT)).get("workers", [])
-    return ["worker {} {}".format(str(w["url"]).rstrip("/"), state(w)) for w in workers]
+    lines = []
+    for worker in workers:
+        where = str(worker["url"]).rstrip("/")
+        lines.append(f"worker {where} {state(worker)}")
+        stalled = str(worker.get("stalled") or "").strip()
+        if stalled and " " not in stalled:
+            lines.append(f"stalled {where} {stalled}")
+    return lines
 
 
 def state(worker: dict[str, object]) -> str:

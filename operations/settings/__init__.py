@@ -145,7 +145,9 @@ class Router:
     # not answer for this long after a transport failure gets no new requests [2 s] ...
     worker_stall_s: int = 2
     # ... nor one that produces no token for this long while requests are in flight and its
-    # queue grows (stretched by its prefill) [3 s]; either lifts on contact or progress.
+    # queue grows (stretched by its prefill) [3 s]; either lifts on contact or progress. smg
+    # judges this only on its gRPC streams: an HTTP rank (this deploy's) that stops producing
+    # leaves routing when its /health (a one-token generate) fails, by the health rule above.
     worker_wedge_s: int = 3
     # Where the router serves its Prometheus metrics (on `bind`) [29000 on 0.0.0.0]: written on
     # its command line, listed in the Prometheus targets file (operations/plan/monitoring.py).

@@ -1,6 +1,8 @@
 """`python -m operations.status` end to end: one testbed container serving 8 ranks of the SGLang
-server double behind the real router (deployed with the real `pyinfra -y INVENTORY deploy.py`),
-read over SSH as an operator (or cron) would.
+server double behind the real router, smg 1.13.0 (deployed with the real `pyinfra -y INVENTORY
+deploy.py`), read over SSH as an operator (or cron) would, the router's own view of each rank
+beside it. The router's health rule runs at small thresholds (a check every second, out after
+one failure, back after one pass) so its verdicts come in seconds.
 
 Tests that stop something start it again and wait until it is healthy, so no test depends on
 another's order.
@@ -10,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +34,9 @@ from tests.e2e.serving import (
     base_data,
     deploy,
     health,
+    http,
     ok,
+    requests_served,
     run_status,
     serving_spec,
     status_inventory,
@@ -43,6 +49,13 @@ pytestmark = pytest.mark.e2e
 
 GPU_NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"  # the container's nvidia-smi double
 GONE = "ct-gone"
+MODEL = "Qwen/Qwen3.6-27B"  # the served model name (settings model_name's default)
+# The router's health rule, small so the test is short (settings router.*).
+HEALTH_RULE = {
+    "health_check_interval_s": 1,
+    "health_failure_threshold": 1,
+    "health_success_threshold": 1,
+}
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +68,12 @@ def served(
         data = base_data(
             container,
             indexes,
-            router={"host": container.name, "port": ROUTER_PORT, "bind": container.address},
+            router={
+                "host": container.name,
+                "port": ROUTER_PORT,
+                "bind": container.address,
+                **HEALTH_RULE,
+            },
         )
         ok(deploy(tmp_path_factory.mktemp("status-deploy"), {container: data}))
         yield container, data
@@ -117,6 +135,11 @@ def test_all_ranks_healthy(served: tuple[Container, dict[str, Any]], tmp_path: P
     router = host["router"]
     assert router["healthy"] is True and router["state"] == "active (running)"
     assert router["url"] == f"http://{c.address}:{ROUTER_PORT}/health"
+    # smg's own view, read with the control-plane key on the host: every rank ready.
+    assert router["workers"] == "ok"
+    assert [(r["router_state"], r["router_stalled"]) for r in ranks] == [("ready", None)] * 8
+    header = next(line for line in out.splitlines() if "restarts" in line)
+    assert "router" in header, out
 
 
 def test_the_fact_reads_every_rank_in_one_command(
@@ -198,7 +221,7 @@ def test_prometheus_targets_on_the_host_and_each_ranks_requests_in_status(
     groups = json.loads(out)
     assert [g["labels"] for g in groups] == [
         *({"host": c.name, "rank": str(r), "version": RELEASE} for r in range(8)),
-        {"host": c.name, "rank": "router", "version": "0.3.2"},
+        {"host": c.name, "rank": "router", "version": "1.13.0"},
     ]
     targets = [t for g in groups for t in g["targets"]]
     assert targets == [*(f"{c.address}:{30000 + r}" for r in range(8)), f"{c.address}:29000"]
@@ -223,3 +246,48 @@ def test_prometheus_targets_on_the_host_and_each_ranks_requests_in_status(
     proc = run_status(path)
     header = next(line for line in proc.stdout.splitlines() if "restarts" in line)
     assert "running" in header and "queued" in header, proc.stdout
+
+
+def router_states(path: Path, c: Container) -> dict[int, str | None]:
+    _, doc = status_json(path)
+    return {r["rank"]: r["router_state"] for r in doc["hosts"][c.name]["ranks"]}
+
+
+def chat(c: Container) -> int:
+    """One request through the router. Each prompt starts with its own random text: the
+    router's cache_aware policy sends a prompt that shares most of its start with an earlier
+    one to that one's rank, and a new one to the rank it has sent least."""
+    prompt = f"{uuid.uuid4().hex} What is 2 + 3?"
+    body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}]}
+    return http(f"http://{c.address}:{ROUTER_PORT}/v1/chat/completions", body)[0]
+
+
+def test_a_wedged_rank_is_taken_out_gets_no_requests_and_comes_back(
+    served: tuple[Container, dict[str, Any]], tmp_path: Path
+) -> None:
+    """Rank 3 wedged (the double's SIGUSR1: its requests wait in the queue, its /health answers
+    503, as SGLang's does when the scheduler produces nothing): the real smg marks it not_ready
+    on its health rule, status shows that beside the rank's own `http 503`, requests through
+    the router all reach the other ranks; unwedged, smg lists it ready again (a static worker
+    is never dropped) and it serves again."""
+    c, _ = served
+    path = inventory(tmp_path, served)
+    wedge = "systemctl kill -s SIGUSR1 --kill-whom=main sglang@3.service"
+    wait_for(lambda: set(router_states(path, c).values()) == {"ready"}, 60, "all ranks ready")
+    assert c.ssh_run(wedge)[0] == 0
+    try:
+        wait_for(lambda: router_states(path, c)[3] == "not_ready", 60, "rank 3 not_ready")
+        rc, doc = status_json(path)
+        three = doc["hosts"][c.name]["ranks"][3]
+        assert rc == 1 and (three["health"], three["router_state"]) == ("http 503", "not_ready")
+        served_before = requests_served(c, 30003)
+        assert [chat(c) for _ in range(16)] == [200] * 16
+        assert requests_served(c, 30003) == served_before
+        # Nothing waits in its queue: the router sent it no request.
+        _, page = http(f"http://{c.address}:30003/metrics")
+        assert re.search(r"^sglang:num_queue_reqs\{[^}]*\} 0\.0$", str(page), re.M), page
+    finally:
+        assert c.ssh_run(wedge)[0] == 0  # unwedged
+    wait_for(lambda: router_states(path, c)[3] == "ready", 60, "rank 3 ready again")
+    before = requests_served(c, 30003)
+    wait_for(lambda: chat(c) == 200 and requests_served(c, 30003) > before, 60, "rank 3 serves")

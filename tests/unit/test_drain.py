@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from operations import kb
+from operations.facts.serve import parse_serving
 from operations.plan import drain, resolver
 from operations.render import host_scripts
 from operations.settings import Settings
@@ -485,5 +486,41 @@ def test_the_facts_list_reading_sends_the_key_and_says_a_refusal(tmp_path: Path)
         assert refused == ["router_workers error HTTPError"]
         assert read_listing(plane, tmp_path / "absent") == refused  # no key: none sent
         assert plane.calls[-1][2] is None
+    finally:
+        plane.stop()
+
+
+@pytest.mark.integration
+def test_the_list_reading_says_smgs_status_and_its_stall_veto(tmp_path: Path) -> None:
+    """smg 1.13.0's GET /workers: `status` per worker, and `stalled` (unreachable or wedged)
+    only while its liveness veto holds a worker out of routing (crates/protocols/src/worker.rs:
+    1015-1019 of the sdist: skip_serializing_if none)."""
+    key_file = tmp_path / "key"
+    key_file.write_text(KEY + "\n")
+    plane = ControlPlane(KEY, settle_s=5.0)
+    try:
+        plane.workers["id-0"] = {"url": "http://127.0.0.1:9", "is_healthy": True, "status": "ready"}
+        plane.workers["id-1"] = {
+            "url": "http://127.0.0.1:7",
+            "is_healthy": True,
+            "status": "ready",
+            "stalled": "wedged",
+        }
+        plane.workers["id-2"] = {
+            "url": "http://127.0.0.1:5",
+            "is_healthy": False,
+            "status": "failed",
+        }
+        lines = read_listing(plane, key_file)
+        assert lines == [
+            "router_workers ok",
+            "worker http://127.0.0.1:9 ready",
+            "worker http://127.0.0.1:7 ready",
+            "stalled http://127.0.0.1:7 wedged",
+            "worker http://127.0.0.1:5 failed",
+        ]
+        read = parse_serving(lines)
+        assert read.router_stalled == {"http://127.0.0.1:7": "wedged"}
+        assert read.router_states["http://127.0.0.1:5"] == "failed"
     finally:
         plane.stop()

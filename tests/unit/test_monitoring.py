@@ -27,6 +27,7 @@ from tests.unit.test_plan_cli import plan_json
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPORTED = ROOT / "tests" / "fixtures" / "sglang-metrics" / "0.5.11.txt"
+SMG_METRICS = ROOT / "tests" / "fixtures" / "smg" / "metrics-1.13.0.json"
 ROUTER = {"host": "ct200", "port": 8000, "bind": "0.0.0.0"}
 
 
@@ -147,6 +148,28 @@ def test_every_dashboard_query_names_a_metric_sglang_exports() -> None:
     assert all('host=~"$host"' in e for e in exprs)
     sources = {json.dumps(p["datasource"]) for p in dashboard["panels"]}
     assert sources == {json.dumps({"type": "prometheus", "uid": "${datasource}"})}
+
+
+def test_every_router_metric_the_dashboard_names_is_one_the_real_smg_serves() -> None:
+    """The router's panels name only metric families the real smg 1.13.0 served on its
+    Prometheus listener (tests/fixtures/smg/metrics-1.13.0.json, written by
+    scripts/capture_smg_metrics.py), with the labels they group by, and select the router's
+    target by the targets file's labels (rank="router")."""
+    dashboard = json.loads(monitoring.DASHBOARD_SOURCE.read_text())
+    captured = json.loads(SMG_METRICS.read_text())["families"]
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"] if "smg_" in t["expr"]]
+    used = {
+        re.sub(r"_(bucket|sum|count)$", "", m) for e in exprs for m in re.findall(r"smg_\w+", e)
+    }
+    assert {"smg_router_requests_total", "smg_router_request_errors_total"} <= used
+    assert "smg_worker_requests_active" in used  # per-rank load as the router sees it
+    assert used <= set(captured), used - set(captured)
+    for expr in exprs:
+        assert 'rank="router"' in expr, expr
+        for by in re.findall(r"by \(([^)]*)\)", expr):
+            metric = re.findall(r"smg_\w+", expr)[0]
+            labels = {"host", "rank", "version", *captured[metric]["labels"]}
+            assert {w.strip() for w in by.split(",")} <= labels, (expr, captured[metric])
 
 
 # -- status: running and queued from /metrics ------------------------------------------------

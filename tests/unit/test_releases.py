@@ -241,3 +241,22 @@ def test_a_value_the_command_tried_is_said_to_be_tried(
     assert refused
     assert not [w for w in refused if "set in the inventory" in w], refused
     assert any("sglang_version '0.5.9' (tried by the releases command)" in w for w in refused)
+
+
+def test_behind_the_router_every_release_is_judged_and_smgs_pairing_is_said(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """With smg in front (the default router), a release the host cannot run plans no rank:
+    the plan asks no rank then (it once took the first of none), and each release that fits
+    says whether smg's CI ran it over HTTP (the knowledge base's routers."1.13.0".engines)."""
+    demo = str(REPO / "inventory" / "demo.py")
+    router = 'router={"host": "@fake/ct200"}'
+    assert releases_mod.main([demo, "--data", router, "--json"]) == 0
+    (host,) = json.loads(capsys.readouterr().out)["hosts"].values()
+    found = {(v["release"], v["lane"]): v for v in host}
+    assert not found[("0.5.9", "cu128")]["fits"]
+    engines = KNOWLEDGE.routers["1.13.0"].engines
+    assert engines is not None
+    for (release, _), v in found.items():
+        if v["fits"] and release not in engines.tested:
+            assert any("over HTTP" in u for u in v["unproven"]), (release, v)

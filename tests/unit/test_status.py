@@ -233,7 +233,8 @@ def test_json_document_shape() -> None:
         "rank", "unit", "port", "expected", "state", "health", "healthy", "sglang_version",
         "lane", "engine", "model", "model_revision", "gpu", "gpu_name", "gpu_memory_used_mib",
         "gpu_memory_total_mib", "pid", "uptime_s", "restarts", "model_path", "running_reqs",
-        "queued_reqs", "metrics", "answered", "latency_s", "tokens", "answer",
+        "queued_reqs", "metrics", "router_state", "router_stalled", "answered", "latency_s",
+        "tokens", "answer",
     }  # fmt: skip
     assert host["router"]["healthy"] is True
     assert st.to_json([good])["healthy"] is True

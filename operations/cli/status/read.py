@@ -5,9 +5,11 @@ with --probe); a host that cannot be read is its own result, never a traceback."
 
 from __future__ import annotations
 
+from operations import kb as kbmod
 from operations.cli.status.rows import HostResult, fact_args, host_result, probe_args, with_probe
 from operations.facts.serve_status import ServingStatus
 from operations.facts.smoke import Probe, SmokeProbe
+from operations.plan.drain import router_list_url
 from operations.runtime.inventory import Session, one_line, open_session, quiet_pyinfra
 
 # -- reading the hosts ----------------------------------------------------------------------
@@ -22,6 +24,7 @@ def run(inventory_path: str, override: dict[str, object], probe: bool = False) -
 def read_hosts(session: Session, probe: bool = False) -> list[HostResult]:
     """Settings of every host first, then connect to the good ones and read one fact each."""
     session.connect()
+    knowledge = kbmod.load()
     results: list[HostResult] = []
     for visit in session.each():
         host, settings = visit.host, visit.settings
@@ -35,7 +38,10 @@ def read_hosts(session: Session, probe: bool = False) -> list[HostResult]:
             results.append(HostResult(visit.name, reachable=False, error=error))
             continue
         try:
-            status = host.get_fact(ServingStatus, **fact_args(settings, host.name))
+            # The router's own view of the ranks, asked on their host with the control-plane
+            # key (read there, never sent from here), as the deploy's fact asks it.
+            listing = router_list_url(host.name, settings, session.everyone, knowledge)
+            status = host.get_fact(ServingStatus, **fact_args(settings, host.name, listing))
         except Exception as exc:  # a failed read is this host's result, never a traceback
             error = f"status: {one_line(exc)}"
             results.append(HostResult(host.name, reachable=True, error=error))

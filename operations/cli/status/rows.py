@@ -13,6 +13,7 @@ from operations.facts.serve import RankLoad, Serving, UnitState
 from operations.facts.serve_status import ROUTER_KEY
 from operations.facts.smoke import Probe, ProbeAnswer
 from operations.plan import rank_state
+from operations.plan.resolver.router import worker_urls
 from operations.plan.serve_plan import ranks_behind_router
 from operations.redact import redact_data
 from operations.settings import Settings
@@ -31,6 +32,7 @@ class ServingArgs(TypedDict):
     health_urls: dict[str, str]
     metrics_urls: dict[str, str] | None
     gpus: bool
+    router_list: str | None
     timeout_s: float
 
 
@@ -111,6 +113,13 @@ class RankStatus:
     running_reqs: int | None = None
     queued_reqs: int | None = None
     metrics: str | None = None
+    # The router's own view of the rank (its worker list, read with the control-plane key):
+    # smg's status (ready, draining, not_ready, failed, pending), sglang-router 0.3.2's
+    # healthy|unhealthy, or "not listed"; None: no router, or its list was not read (the
+    # router row's `workers` says why). `router_stalled`: why smg keeps it out of routing while
+    # that status stands (unreachable, wedged); None: routable.
+    router_state: str | None = None
+    router_stalled: str | None = None
     # --probe: whether it answered a chat request right (None: not probed), how fast, tokens,
     # and why not.
     answered: bool | None = None
@@ -129,6 +138,8 @@ class RouterStatus:
     pid: int | None
     uptime_s: int | None
     restarts: int | None
+    # Its worker list as this host read it: "ok", or why not (None: not asked).
+    workers: str | None = None
     answered: bool | None = None
     latency_s: float | None = None
     tokens: int | None = None
@@ -246,8 +257,10 @@ def _requests(settings: Settings, load: RankLoad | None) -> RequestsRow:
     }
 
 
-def fact_args(settings: Settings, host_name: str) -> ServingArgs:
-    """The ServingStatus arguments for a host with these settings (probes and GPUs included)."""
+def fact_args(settings: Settings, host_name: str, router_list: str | None = None) -> ServingArgs:
+    """The ServingStatus arguments for a host with these settings (probes and GPUs included);
+    `router_list`: the router's worker list URL as this host reaches it (drain.router_list_url),
+    None without a router."""
     urls = {str(rank): layout.rank_health_url(settings, rank) for rank in range(settings.dp_size)}
     router = router_url(settings, host_name)
     if router is not None:
@@ -260,6 +273,7 @@ def fact_args(settings: Settings, host_name: str) -> ServingArgs:
         "health_urls": urls,
         "metrics_urls": metrics_urls(settings),
         "gpus": True,
+        "router_list": router_list,
         "timeout_s": PROBE_TIMEOUT_S,
     }
 
@@ -315,6 +329,15 @@ def _revision(settings: Settings, unit: UnitState | None) -> tuple[str | None, s
     return layout.copy_key(settings, path) or path.rstrip("/").rsplit("/", 1)[-1], path
 
 
+def _router_view(settings: Settings, status: Serving, rank: int) -> tuple[str | None, str | None]:
+    """(router_state, router_stalled) of a configured rank: what the router's worker list says
+    of its URL (the one the router is given: resolver.worker_urls, which reads no host name)."""
+    if status.router_workers is None:
+        return None, None
+    url = worker_urls([("", settings)])[rank]
+    return status.router_states.get(url, "not listed"), status.router_stalled.get(url)
+
+
 def rank_rows(settings: Settings, status: Serving) -> list[RankStatus]:
     expected = set(range(settings.dp_size))
     gpus = {g.index: g for g in status.gpus}
@@ -330,6 +353,7 @@ def rank_rows(settings: Settings, status: Serving) -> list[RankStatus]:
         gpu = gpus.get(index) if index is not None else None
         engine, release, lane = _engine(unit, status)
         revision, model_path = _revision(settings, unit)
+        seen, stalled = _router_view(settings, status, rank) if rank in expected else (None, None)
         rows.append(
             RankStatus(
                 rank=rank,
@@ -354,6 +378,8 @@ def rank_rows(settings: Settings, status: Serving) -> list[RankStatus]:
                 uptime_s=_uptime(unit, status.now),
                 restarts=unit.restarts if unit is not None and unit.exists else None,
                 model_path=model_path,
+                router_state=seen,
+                router_stalled=stalled,
                 **(_requests(settings, status.load.get(str(rank))) if rank in expected else {}),
             )
         )
@@ -375,7 +401,16 @@ def router_row(settings: Settings, host_name: str, status: Serving) -> RouterSta
         pid=unit.main_pid if unit is not None else None,
         uptime_s=_uptime(unit, status.now),
         restarts=unit.restarts if unit is not None and unit.exists else None,
+        workers=_workers(status),
     )
+
+
+def _workers(status: Serving) -> str | None:
+    if status.router_workers is not None:
+        return "ok"
+    if status.router_workers_error is not None:
+        return f"not read: {status.router_workers_error}"
+    return None
 
 
 def host_result(name: str, settings: Settings, status: Serving) -> HostResult:

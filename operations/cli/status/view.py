@@ -67,6 +67,32 @@ def _short_gpu(r: RankStatus) -> str:
     return f"{r.gpu} {memory}G"
 
 
+# The router's words for a rank it sends requests to (smg's ready, sglang-router 0.3.2's
+# healthy) and for one it is taking out on purpose (smg's drain).
+_ROUTED = ("ready", "healthy")
+_LEAVING = ("draining",)
+
+
+def _router_cell(r: RankStatus, narrow: bool = False) -> str:
+    """The router's view of the rank, styled: ready (green), draining (yellow), anything else
+    (red); a stalled veto is said beside it (narrow: instead of it, one word that keeps the
+    row one line)."""
+    from rich.markup import escape
+
+    if r.router_state is None:
+        return "-"
+    said = r.router_state
+    if r.router_stalled:
+        said = r.router_stalled if narrow else f"{said}, stalled: {r.router_stalled}"
+    routed = r.router_state in _ROUTED and r.router_stalled is None
+    style = "green" if routed else "yellow" if r.router_state in _LEAVING else "red"
+    return f"[{style}]{escape(said)}[/]"
+
+
+def _router_column(result: HostResult) -> bool:
+    return any(r.router_state is not None for r in result.ranks)
+
+
 def _count(n: int | None) -> str:
     return "-" if n is None else str(n)
 
@@ -95,6 +121,9 @@ def narrow_table(result: HostResult) -> Any:
     table.add_column("rank", justify="right", no_wrap=True)
     table.add_column("unit", overflow="fold", min_width=8)
     table.add_column("health", overflow="fold", min_width=7)
+    routed = _router_column(result)
+    if routed:
+        table.add_column("router", overflow="fold", min_width=5)
     if not shared:
         table.add_column("runs", overflow="fold")
     table.add_column("port", justify="right", no_wrap=True, min_width=5)
@@ -110,6 +139,7 @@ def narrow_table(result: HostResult) -> Any:
             str(r.rank) if r.expected else f"{r.rank}+",
             "running" if r.state == "active (running)" else escape(r.state),
             f"[{health_style}]{escape(r.health)}[/]",
+            *([_router_cell(r, narrow=True)] if routed else []),
             *([] if shared else [escape(_runs(r))]),
             str(r.port),
             _short_gpu(r),
@@ -139,7 +169,9 @@ def host_table(result: HostResult, width: int | None = None) -> Any:
 
     table = Table()
     table.add_column("rank", justify="right")
-    for column in ("unit", "health", "sglang", "model"):
+    routed = _router_column(result)
+    columns = ("unit", "health", *(("router",) if routed else ()), "sglang", "model")
+    for column in columns:
         table.add_column(column)
     table.add_column("port", justify="right")
     table.add_column("GPU")
@@ -160,6 +192,7 @@ def host_table(result: HostResult, width: int | None = None) -> Any:
             rank,
             escape(r.state),
             f"[{health_style}]{escape(r.health)}[/]",
+            *([_router_cell(r)] if routed else []),
             escape(version),
             escape(model),
             str(r.port),
@@ -205,7 +238,12 @@ def print_results(results: list[HostResult], console: Any = None) -> None:
             console.print(
                 Text(
                     f"  router {router.url}: {router.state}, {router.health}, "
-                    f"up {_duration(router.uptime_s)}, restarts {router.restarts}{answered}",
+                    f"up {_duration(router.uptime_s)}, restarts {router.restarts}{answered}"
+                    + (
+                        f"; its worker list {router.workers}"
+                        if router.workers not in (None, "ok")
+                        else ""
+                    ),
                     style="green" if router.healthy else "red",
                 )
             )

@@ -30,7 +30,19 @@ It behaves like the real server where a deploy can observe it, with the standard
   SGLang's scheduler reports on /metrics as "The number of running requests." beside
   sglang:num_queue_reqs, "The number of requests in the waiting queue." (collector.py above,
   SchedulerMetricsCollector); a roll reads both to know when a rank has drained. The double
-  queues nothing (every request runs at once), so its queue gauge is always 0.
+  queues nothing (every request runs at once) unless it is wedged (below).
+
+- wedged (SIGUSR1 toggles it, as `systemctl kill -s SIGUSR1` reaches the unit's process): a
+  scheduler that stopped producing tokens. New chat requests wait in the queue (counted in
+  sglang:num_queue_reqs) without an answer until it is unwedged, and /health answers 503, as
+  SGLang 0.5.11's /health does when its one-token generate gets no answer from the scheduler
+  (sglang/srt/entrypoints/http_server.py:506-578, health_generate: 503 after
+  SGLANG_HEALTH_CHECK_TIMEOUT, 20 s; the double answers at once). Over HTTP that failing
+  /health is what takes a wedged rank out of smg 1.13.0's routing: its own wedge rule
+  (model_gateway/src/worker/liveness.rs:19-24 and 440-457, wedged_by_queue at 620-628) counts
+  only tracked requests, which only its gRPC router books (routers/grpc/proto_wrapper.rs:
+  2981-2984, DispatchBooking::book); an HTTP worker "never forms a pile and is never judged by
+  one" (liveness.rs:55-58).
 
 - the smoke's question (operations/programs/smoke.py QUESTION, the prompt contract: two integers
   joined by `+` in the last user message, "What is 317 + 425? Reply with the number only.") is
@@ -165,6 +177,16 @@ class _State:
         self.running = 0
         self.generate_seconds = float(os.environ.get(GENERATE_SECONDS_ENV, "0") or 0)
         self.lock = threading.Lock()
+        # Wedged (see the docstring): set while it is not; requests wait on it in the queue.
+        self.flowing = threading.Event()
+        self.flowing.set()
+        self.queued = 0
+
+    def toggle_wedged(self) -> None:
+        if self.flowing.is_set():
+            self.flowing.clear()
+        else:
+            self.flowing.set()
 
     @property
     def ready(self) -> bool:
@@ -181,7 +203,7 @@ def metrics_text(state: _State) -> str:
         f"sglang:num_running_reqs{label} {float(state.running)}",
         "# HELP sglang:num_queue_reqs The number of requests in the waiting queue.",
         "# TYPE sglang:num_queue_reqs gauge",
-        f"sglang:num_queue_reqs{label} 0.0",
+        f"sglang:num_queue_reqs{label} {float(state.queued)}",
     ]
     for name, doc, value in (
         ("prompt_tokens", "Number of prefill tokens processed.", n * PROMPT_TOKENS),
@@ -250,7 +272,7 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
                 return
             path = self.path.split("?", 1)[0]
             if path in ("/health", "/health_generate"):
-                if state.ready:
+                if state.ready and state.flowing.is_set():
                     self._send(200, b"", "text/plain")
                 else:
                     self._send(503, b"", "text/plain")
@@ -310,6 +332,12 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             except ValueError:
                 self._send(400, {"error": "invalid JSON"})
                 return
+            if not state.flowing.is_set():
+                with state.lock:
+                    state.queued += 1
+                state.flowing.wait()  # a wedged scheduler's queue (see the docstring)
+                with state.lock:
+                    state.queued -= 1
             with state.lock:
                 state.running += 1
             try:
@@ -392,6 +420,7 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGUSR1, lambda signum, frame: state.toggle_wedged())
     print(
         f"[double] sglang {VERSION} serving {state.served_model} on http://{host}:{port} "
         f"(GPU {os.environ['CUDA_VISIBLE_DEVICES']}, loading for {load_seconds:g}s)",
