@@ -6,11 +6,13 @@ UV_VERSION := 0.13.9
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: help demo pve-demo test lint typecheck unit e2e bench clean
+.PHONY: help demo demo-day2 pve-demo test lint typecheck unit e2e bench clean
 
 # `make` alone lists the targets: the first rule is the default one.
 help:
 	@echo "make demo         preview a deploy on a simulated CT200 (pyinfra --dry; nothing is contacted)"
+	@echo "make demo-day2    the same CT200 already serving 0.5.11: --dry shows no change, then the"
+	@echo "                  roll onto 0.5.19 (--data sglang_version=0.5.19), then its status"
 	@echo "make pve-demo     preview pve.py on a simulated Proxmox node (what it would change)"
 	@echo "make test         what CI runs: lint, typecheck and every test layer (about 30 min)"
 	@echo "make lint         ruff check and ruff format --check"
@@ -33,6 +35,13 @@ $(BIN)/.synced: uv.lock pyproject.toml
 
 demo: $(BIN)/.synced
 	$(BIN)/pyinfra inventory/demo.py deploy.py --dry
+
+# A simulated CT200 the deploy already converged (inventory/demo_day2.py): no change, the roll a
+# pin change would do, and what status shows.
+demo-day2: $(BIN)/.synced
+	$(BIN)/pyinfra inventory/demo_day2.py deploy.py --dry
+	$(BIN)/pyinfra inventory/demo_day2.py deploy.py --dry --data sglang_version=0.5.19
+	$(BIN)/python -m operations.status inventory/demo_day2.py
 
 # pve.py against a simulated Proxmox node (inventory/pve_demo.py): what it would change.
 pve-demo: $(BIN)/.synced

@@ -242,7 +242,8 @@ def _stage_model(report: HostReport) -> None:
         raise OperationError("the model step needs the plan's model step (host_plan)")
     put_planned(plan.script)
     unit = put_planned(plan.unit)
-    systemd.daemon_reload(name="reload systemd", _if=unit.did_change)
+    if plan.unit.changes is not False:  # the plan read the unit and it is the plan's: no reload
+        systemd.daemon_reload(name="reload systemd", _if=unit.did_change)
     enabled_at_boot(name="enable the stage unit", unit=STAGE_UNIT, now=plan.enabled_now)
 
     if plan.sync is not None:

@@ -10,11 +10,11 @@ whose `run_shell_command` is wrapped here (as tests/unit/test_plan_cli.py's reco
   fact does not ask about is absent to the deploy, as on a real host;
 - a rank unit written is loaded and running from then on (the deploy's reload and restart
   follow its write; the e2e tests prove those on real systemd);
-- the ServingState answer is composed from the image in the fact's own line format
-  (operations/facts/serve.py parse_serving; tests/facts/serve.ServingState/ holds captured
-  outputs of the real command), the engine environment the plan names complete (seeded), the
-  staged copy up to date (seeded: the ModelStaging answer of tests/doubles/ct200.py, with no
-  file left to copy), the stage unit enabled;
+- the ServingState answer is composed from the image in the fact's own line format by the
+  product's converged host (operations/simulated/converged.py serving_lines, the same
+  knowledge `make demo-day2` runs on), the engine environment the plan names complete
+  (seeded), the staged copy up to date (seeded, staging_lines: no file left to copy), the
+  stage unit enabled;
 - the router lists the workers `router_workers.py in` put back, and not those `out` took out
   (the fact's worker list answer, when it asks);
 - every command is recorded with the fact that asked for it (None: an operation's).
@@ -32,12 +32,15 @@ import shlex
 from typing import Any
 
 from operations import layout
+from operations.simulated.converged import (
+    Engine,
+    Image,
+    StagedCopy,
+    serving_lines,
+    staging_lines,
+)
 
-NOW = 1796066650
-STARTED = NOW - 600
 ENGINE_SIGNATURE = "sed 's/^/engine /'"
-SERVING_SIGNATURE = f"for u in {layout.RANK_UNIT_GLOB}"
-STAGING_SIGNATURE = "Stage a model directory into a tmpfs"
 _MOVE = re.compile(r"""mv -f "\$tmp" ([^\s;]+)""")
 _OWNERS = re.compile(r'chown ([^\s;]+) "\$tmp"; chmod ([^\s;]+) "\$tmp"')
 _DIRECTORY = re.compile(r"install -d -m (\S+) -o (\S+) -g (\S+) ([^\s;]+)")
@@ -59,56 +62,41 @@ def asked_paths(command: str) -> list[str]:
     return shlex.split(words) if found else []
 
 
+def image_of(image: dict[str, Any]) -> Image:
+    """The JSON image as the product's converged host (operations/simulated/converged.py)."""
+    engine, staged = image["engine"], image["staging"]
+    return Image(
+        units=image.get("units", {}),
+        files=image["files"],
+        engine=Engine(
+            engine["name"],
+            engine["release"],
+            engine["lane"],
+            engine["uv"],
+            tuple(engine["toolkits"]),
+        ),
+        slug=image["slug"],
+        key=image["key"],
+        staging=StagedCopy(
+            staged["digest"],
+            staged["bytes"],
+            staged["files"],
+            staged["models"],
+            staged.get("hub_revision"),
+        ),
+        listed=image.get("listed", []),
+    )
+
+
 def serving_answer(image: dict[str, Any], command: str) -> list[str]:
-    """The ServingState fact's output on the imaged host."""
-    lines = [f"now {NOW}"]
-    units: dict[str, str] = image.get("units", {})
-    for name, text in sorted(units.items()):
-        lines.append(f"unit {_sha(text.encode())}  {name}")
-    for name, text in sorted(units.items()):
-        for line in text.splitlines():
-            if line.startswith("ExecStart="):
-                lines.append(f"exec {name} {line.removeprefix('ExecStart=')}")
-    shown = sorted(units)
-    if layout.ROUTER_UNIT in command and layout.unit_path(layout.ROUTER_UNIT) in image["files"]:
-        shown.append(layout.ROUTER_UNIT)
-    for pid, name in enumerate(shown, 4000):
-        rank = layout.rank_of(name)
-        env = f"CUDA_VISIBLE_DEVICES={rank}" if rank is not None else ""
-        lines += [
-            f"Id={name}",
-            "LoadState=loaded",
-            "ActiveState=active",
-            "SubState=running",
-            f"MainPID={pid}",
-            "NRestarts=0",
-            f"ExecMainStartTimestamp=@{STARTED}",
-            f"Environment={env}",
-            "",
-        ]
-    files: dict[str, str] = image["files"]
-    for path in asked_paths(command):
-        if path in files:
-            lines.append(f"file {files[path]}  {path}")
-    if "router_workers ok" in command:
-        lines.append("router_workers ok")
-        lines += [f"worker {url} healthy" for url in image.get("listed", [])]
-    lines.append("user yes")
-    engine = image["engine"]
-    marker = json.dumps({"release": engine["release"], "lane": engine["lane"]})
-    lines.append(f"env {engine['name']} {marker}")
-    lines.append(f"engine_current envs/{engine['name']}")
-    lines.append(f"model_target .{image['slug']}@{image['key']}")
-    lines.append(f"enabled {layout.STAGE_UNIT} enabled")
-    lines += [
-        f"engine env={engine['name']} {STARTED}",
-        f"engine current=envs/{engine['name']}",
-        f"engine uv=uv {engine['uv']}",
-        *(f"engine toolkit={t}" for t in engine["toolkits"]),
-        "engine package=libnuma1 installed",
-        "engine package=g++ installed",
-    ]
-    return lines
+    """The ServingState fact's output on the imaged host (the router unit only when the fact
+    asks for it)."""
+    return serving_lines(
+        image_of(image),
+        asked_paths(command),
+        router_list="router_workers ok" in command,
+        router_unit=layout.ROUTER_UNIT in command,
+    )
 
 
 def file_at_answer(image: dict[str, Any], command: str) -> list[str]:
@@ -127,24 +115,7 @@ def file_at_answer(image: dict[str, Any], command: str) -> list[str]:
 
 
 def staging_answer(image: dict[str, Any]) -> list[str]:
-    staged = image["staging"]
-    copy = {"digest": staged["digest"], "bytes": staged["bytes"], "files": staged["files"]}
-    return [
-        json.dumps(
-            {
-                "source": copy,
-                "error": None,
-                "staged": copy,
-                "leftovers": [],
-                "hub_revision": staged.get("hub_revision"),
-                "copy_bytes": 0,
-                "changed_files": [],
-                "mismatched": [],
-                "up_to_date": True,
-                "current": f"{staged['models']}/.{image['slug']}@{image['key']}",
-            }
-        )
-    ]
+    return staging_lines(image_of(image))
 
 
 def remember(image: dict[str, Any], command: str, stdin: object) -> None:
@@ -195,6 +166,7 @@ import atexit, contextvars, json, sys
 from pyinfra.api import facts
 from pyinfra.connectors.fake import FakeConnector
 from pyinfra.connectors.util import CommandOutput, OutputLine
+from operations.simulated import converged as conv
 from tests.unit import simulated_host as sim
 
 asking = contextvars.ContextVar("asking", default=None)
@@ -220,11 +192,11 @@ def command(self, cmd, *args, **kwargs):
     answer = None
     if not image["engine"]:
         pass  # not seeded yet: the plain @fake answers (the plan that seeds it)
-    elif sim.SERVING_SIGNATURE in text and sim.ENGINE_SIGNATURE in text:
+    elif conv.SERVING_SIGNATURE in text and sim.ENGINE_SIGNATURE in text:
         answer = sim.serving_answer(image, text)
     elif sim.FILE_AT_SIGNATURE in text:
         answer = sim.file_at_answer(image, text)
-    elif sim.STAGING_SIGNATURE in text:
+    elif conv.STAGING_SIGNATURE in text:
         answer = sim.staging_answer(image)
     if fact is None:
         sim.remember(image, text, kwargs.get("_stdin"))
