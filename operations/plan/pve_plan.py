@@ -23,6 +23,7 @@ import hashlib
 import math
 import re
 import shlex
+import textwrap
 from dataclasses import dataclass, field
 
 from packaging.version import Version
@@ -57,6 +58,7 @@ MAX_DEVICES = 256
 # nodes on the Proxmox node", says why this and not a gid=.
 DEVICE_MODE = "0666"
 UVM_UNIT_TEMPLATE = "nvidia-uvm-nodes.service.j2"
+CONFIG_FILE = "/etc/pve/lxc/{ctid}.conf"
 
 
 @dataclass(frozen=True)
@@ -401,8 +403,8 @@ def _memory(host_name: str, s: Settings, kb: Knowledge, facts: PveFacts, result:
     if size is not None and caps and size > min(caps):
         size = min(caps)
     sources = (
-        f"measured by the node {capacity.gib(measured)} (real blocks), knowledge base "
-        f"{capacity.gib(known_bytes)}, node MemTotal {capacity.gib(node_mem)}"
+        f"the node's measure of its real blocks {capacity.gib(measured)}, the knowledge "
+        f"base's {capacity.gib(known_bytes)} and the node's MemTotal {capacity.gib(node_mem)}"
     )
     if size is None:
         err(
@@ -418,22 +420,22 @@ def _memory(host_name: str, s: Settings, kb: Knowledge, facts: PveFacts, result:
         result.warnings.append(low)
     current = _int(facts.config.get("memory"), DEFAULT_MEMORY_MIB)
     rule = (
-        f"model {size / 1024**3:.1f} GiB in tmpfs ({sources}) + {s.dp_size} ranks x "
-        f"{s.ram_per_rank_gb:g} GiB (ram_per_rank_gb) + pve-container's memory.high margin "
-        f"= {need_mib} MiB"
+        f"the model's {size / 1024**3:.1f} GiB in tmpfs + {s.dp_size} ranks x "
+        f"{s.ram_per_rank_gb:g} GiB of ram_per_rank_gb + pve-container's memory.high margin; "
+        f"the model's size is the least of {sources}"
     )
     if node_mem is not None and need > node_mem:
         err(
-            f"{host_name}: the container would need {need_mib} MiB ({rule}), more than the "
-            f"node's MemTotal ({node_mem // MIB} MiB); accepted: fewer ranks (dp_size), less "
+            f"{host_name}: the container would need {need_mib} MiB = {rule}: more than the "
+            f"node's MemTotal of {node_mem // MIB} MiB; accepted: fewer ranks (dp_size), less "
             "ram_per_rank_gb, or a node with more memory"
         )
         return False
     if current < need_mib:
         result.options.append(("memory", str(need_mib)))
-        note(f"memory: {current} -> {need_mib} MiB ({rule})")
+        note(f"memory: {current} -> {need_mib} MiB = {rule}")
     else:
-        note(f"memory: {current} MiB is enough ({rule})")
+        note(f"memory: {current} MiB is enough for {need_mib} MiB = {rule}")
     swap = _int(facts.config.get("swap"), DEFAULT_SWAP_MIB)
     if swap != 0:
         result.options.append(("swap", "0"))
@@ -504,21 +506,45 @@ def _int(text: str | None, default: int) -> int:
     return int(text) if text is not None and text.strip().isdigit() else default
 
 
-def summary(host_name: str, result: PvePlan) -> str:
-    """The plan as printed before any change."""
+def summary(host_name: str, result: PvePlan, width: int = 80) -> str:
+    """The plan as printed before any change, each line within `width` columns: a sentence
+    wraps under its label, the `pct set` command comes one option a line (a shell line
+    continued with a backslash, so it can be copied), each lxc.* line on its own."""
     title = f"{host_name}: container {result.ctid}: " + ("ready" if result.ok else "refused")
     lines = [title]
-    lines += [f"  {n}" for n in result.notes]
+    lines += _wrapped([f"  {n}" for n in result.notes], width)
     if result.options:
-        args = " ".join(f"--{k} {shlex.quote(v)}" for k, v in result.options)
-        lines.append(f"  change: pct set {result.ctid} {args}")
-    lines += [f"  change: remove '{ln}'" for ln in result.raw_remove]
-    lines += [f"  change: add '{ln}'" for ln in result.raw_lines]
+        lines.append(f"  change: pct set {result.ctid} \\")
+        options = [f"--{k} {shlex.quote(v)}" for k, v in result.options]
+        lines += [f"      {o} \\" for o in options[:-1]] + [f"      {options[-1]}"]
+    if result.raw_remove:
+        lines.append(f"  change: remove from {CONFIG_FILE.format(ctid=result.ctid)}:")
+        lines += _wrapped([f"      {ln}" for ln in result.raw_remove], width)
+    if result.raw_lines:
+        lines.append(f"  change: add to {CONFIG_FILE.format(ctid=result.ctid)}:")
+        lines += _wrapped([f"      {ln}" for ln in result.raw_lines], width)
     if result.unit_steps:
         steps = ", ".join(result.unit_steps)
         lines.append(f"  change: {steps} {layout.NODE_UVM_UNIT} on the node")
-    lines += [f"  warning: {w}" for w in result.warnings]
+    lines += _wrapped([f"  warning: {w}" for w in result.warnings], width)
     if result.ok and not result.config_changes:
         lines.append("  config: nothing to change")
-    lines += [f"  refused: {e}" for e in result.errors]
+    lines += _wrapped([f"  refused: {e}" for e in result.errors], width)
     return "\n".join(lines)
+
+
+def _wrapped(lines: list[str], width: int) -> list[str]:
+    """Each line wrapped at spaces within `width`, its continuation indented past its
+    label ("  memory: "); a word longer than the width stays whole (a path, a URL)."""
+    out: list[str] = []
+    for line in lines:
+        label = re.match(r"\s*(?:[a-z]+: )?", line)
+        indent = " " * (len(label.group(0)) if label else 0)
+        out += textwrap.wrap(
+            line,
+            width=max(width, 40),
+            subsequent_indent=indent,
+            break_long_words=False,
+            break_on_hyphens=False,
+        ) or [line]
+    return out

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 CAPTURED = Path(__file__).resolve().parent / "captured" / "pve_node"
+NODE = "pve1"  # the simulated node's name
 MODULE = "570.172.08"
 MEMTOTAL_KB = 1_056_000_000  # a node with ~1 TiB of memory
 MODEL_BYTES = 53_800_000_000

@@ -8,6 +8,7 @@ decide nothing themselves; what Proxmox accepts, and where that is defined, is w
 from __future__ import annotations
 
 import shlex
+import shutil
 import sys
 
 from pyinfra import logger
@@ -30,7 +31,7 @@ from operations.facts.pve import (
     PctStatus,
     PveVersion,
 )
-from operations.plan.pve_plan import PveFacts, plan, summary
+from operations.plan.pve_plan import CONFIG_FILE, PveFacts, plan, summary
 from operations.runtime import inventory
 from operations.runtime.host_call import Commands
 from operations.runtime.pyinfra_internals import rewrite_connect_errors
@@ -38,7 +39,7 @@ from operations.settings import Settings
 from operations.steps.host_files import new_file
 
 CONFIG_LOCK = "/run/lock/lxc/pve-config-{ctid}.lock"
-CONFIG_PATH = "/etc/pve/lxc/{ctid}.conf"
+CONFIG_PATH = CONFIG_FILE
 # Inside the container: a root-only directory, never /tmp.
 DRIVER_CACHE = layout.PVE_DRIVER_CACHE
 
@@ -176,6 +177,9 @@ _EDIT_LINES = (
 
 # ----------------------------------------------------------------------------- the run
 
+# The operations' names are short: pyinfra's table of detected changes pads every row to the
+# longest, and at 40 characters or fewer a row of one host fits 80 columns.
+
 
 def gather(node: Host, settings: Settings) -> PveFacts:
     """The node's facts for one container; without a CTID only the node's own."""
@@ -221,7 +225,9 @@ def converge(state: State, node: Host) -> None:
     settings = dict(inventory.inventory_settings(state))[node.name]
     facts = gather(node, settings)
     result = plan(node.name, settings, kbmod.load(), facts)
-    sys.stderr.write(summary(node.name, result) + "\n")
+    # Within the terminal's width (80 columns where it is not a terminal or COLUMNS is unset).
+    width = shutil.get_terminal_size((80, 24)).columns
+    sys.stderr.write(summary(node.name, result, width) + "\n")
     if not result.ok:
         inventory.refuse(
             state,
@@ -236,12 +242,12 @@ def converge(state: State, node: Host) -> None:
         logger.warning(f"{node.print_prefix}{warning}")
     ctid = int(result.ctid or 0)
     node_uvm_unit(
-        name=f"Proxmox: {layout.NODE_UVM_UNIT} (UVM nodes at every node boot)",
+        name=f"node: {layout.NODE_UVM_UNIT}",
         text=result.unit_text,
         steps=result.unit_steps,
     )
     config = ct_config(
-        name=f"Proxmox: container {ctid} config (GPUs, memory, swap)",
+        name=f"CT {ctid} config (GPUs, memory, swap)",
         ctid=ctid,
         options=result.options,
         raw_lines=result.raw_lines,
@@ -249,7 +255,7 @@ def converge(state: State, node: Host) -> None:
     )
     if result.driver_install and result.driver_version:
         guest_driver(
-            name=f"Proxmox: NVIDIA user space {result.driver_version} in container {ctid}",
+            name=f"CT {ctid} NVIDIA user space {result.driver_version}",
             ctid=ctid,
             version_=result.driver_version,
             url=result.driver_url,
@@ -257,10 +263,10 @@ def converge(state: State, node: Host) -> None:
             sha256=result.driver_sha256,
         )
     if result.restart == "now":
-        ct_restart(name=f"Proxmox: restart container {ctid}", ctid=ctid, _if=config.did_change)
+        ct_restart(name=f"CT {ctid} restart", ctid=ctid, _if=config.did_change)
     elif result.restart == "advise":
         advise_restart(
-            name=f"Proxmox: container {ctid} needs a restart",
+            name=f"CT {ctid} needs a restart",
             command=result.restart_command(),
             _if=config.did_change,
         )

@@ -219,7 +219,8 @@ def test_driver_version_is_told_and_installed_only_when_opted_in() -> None:
     assert install.driver_install and install.driver_sha256 == sha
     assert install.driver_url.endswith("/565.57.01/NVIDIA-Linux-x86_64-565.57.01.run")
     assert any(f"sha256 {sha} (pve_driver_hashes)" in n for n in install.notes)
-    assert f"sha256 {sha}" in summary("ct200", install)
+    # Wrapped at 80 columns: the words are the same, the line breaks fall between them.
+    assert f"sha256 {sha}" in " ".join(summary("ct200", install).split())
 
 
 def test_a_driver_without_a_pinned_sha256_is_not_installed() -> None:
@@ -276,7 +277,8 @@ def test_a_sparse_model_file_cannot_size_the_nodes_memory(tmp_path: Path) -> Non
     (memory,) = [int(v) for k, v in result.options if k == "memory"]
     assert memory < guest.node_mem_bytes // MIB, result.options
     note = next(n for n in result.notes if n.startswith("memory:"))
-    assert "measured by the node 0.0 GiB (real blocks)" in note and "node MemTotal" in note, note
+    assert "the node's measure of its real blocks 0.0 GiB" in note, note
+    assert "the node's MemTotal 23.5 GiB" in note, note
 
 
 def test_the_model_size_is_capped_at_the_knowledge_base_and_memtotal() -> None:
@@ -291,7 +293,7 @@ def test_the_model_size_is_capped_at_the_knowledge_base_and_memtotal() -> None:
         running=True, driver_versions=["565.57.01"], model_bytes=2**50, node_mem_bytes=64 * 2**30
     )
     refused = planned(facts(guest=small_node), model_name="org/unknown-model")
-    assert any("more than the node's MemTotal (65536 MiB)" in e for e in refused.errors), refused
+    assert any("more than the node's MemTotal of 65536 MiB" in e for e in refused.errors), refused
 
 
 def test_existing_nvidia_entries_without_mode_0666_are_rewritten_and_then_left_alone() -> None:
@@ -351,7 +353,12 @@ def test_a_stale_uvm_major_is_replaced_not_doubled() -> None:
     result = planned(facts(pve="pveversion-7.4.txt", config=config), gpu_count=1)
     assert result.raw_remove == ["lxc.cgroup2.devices.allow: c 505:* rwm"]
     assert "lxc.cgroup2.devices.allow: c 510:* rwm" in result.raw_lines
-    assert "remove 'lxc.cgroup2.devices.allow: c 505:* rwm'" in summary("ct200", result)
+    told = summary("ct200", result)
+    assert (
+        "change: remove from /etc/pve/lxc/200.conf:\n      lxc.cgroup2.devices.allow: c 505:* rwm\n"
+        in told
+    ), told
+    assert all(len(line) <= 80 for line in told.splitlines()), told
     fixed = [ln for ln in config if "505" not in ln] + result.raw_lines
     again = planned(facts(pve="pveversion-7.4.txt", config=fixed), gpu_count=1)
     assert again.raw_remove == [] and again.raw_lines == []
@@ -402,12 +409,26 @@ def test_pve_demo_previews_a_simulated_node_and_refuses_a_real_run() -> None:
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, "COLUMNS": "80"},
     )
     out = dry.stdout + dry.stderr
     assert dry.returncode == 0, out
-    assert "--dev0 /dev/nvidia0,mode=0666" in out and "--dev9 /dev/nvidia-uvm,mode=0666" in out
+    # One option a line, a shell command continued with backslashes.
+    assert "  change: pct set 200 \\\n      --dev0 /dev/nvidia0,mode=0666 \\\n" in out, out
+    assert "      --dev9 /dev/nvidia-uvm,mode=0666 \\\n" in out, out
+    assert "      --swap 0\n" in out, out
     assert "write, enable, start nvidia-uvm-nodes.service on the node" in out, out
     assert "Traceback" not in out
+    # The node is named as the node: pyinfra's lines and pve.py's.
+    assert "[pve1/ct200] Connected" in out and "pve1/ct200: container 200: ready" in out, out
+    assert "@fake" not in out, out
+    # Every line fits 80 columns: the toolkit's (the plan, wrapped under its labels) and
+    # pyinfra's own (its table of detected changes pads its rows with spaces to the longest
+    # operation name: ours are at most 40 characters, so a row of one host fits).
+    wide = [line for line in out.splitlines() if len(line.rstrip()) > 80]
+    assert wide == [], "\n".join(wide)
+    memory = out[out.index("  memory: ") :].split("\n  swap: ")[0]
+    assert "(" not in memory and ")" not in memory, memory
     real = subprocess.run(
         [pyinfra, "-y", "inventory/pve_demo.py", "pve.py"],
         cwd=REPO,

@@ -47,6 +47,9 @@ DOCUMENTED: dict[str, set[str]] = {
     "pyinfra.connectors.util": {"CommandOutput"},
     "pyinfra.connectors.ssh": {"SSHConnector"},
     "pyinfra.connectors.local": {"LocalConnector"},
+    # The @fake connector (docs: "Connectors", @fake), subclassed as "Writing Connectors" shows
+    # for the simulated node's host name (operations/simulated/node_connector.py).
+    "pyinfra.connectors.fake": {"FakeConnector"},
 }
 # Attributes that are pyinfra's internals wherever they are read.
 INTERNAL_ATTRIBUTES = {

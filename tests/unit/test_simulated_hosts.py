@@ -75,6 +75,7 @@ def test_the_demo_reads_the_repositorys_settings_from_another_directory(
     [
         ("demo.py", "deploy.py", ["--attention-backend flashinfer", "sglang@{0-7}.service"]),
         ("pve_demo.py", "pve.py", ["--dev9 /dev/nvidia-uvm,mode=0666", "pct reboot 200"]),
+        ("demo_day2.py", "deploy.py", ["nothing to restart", "staged copy matches the source"]),
     ],
 )
 def test_the_demos_run_from_another_directory(
