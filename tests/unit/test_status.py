@@ -286,6 +286,21 @@ def test_at_80_columns_every_rank_is_one_line_with_its_port_whole(probed: bool) 
     assert "active (running)" in wide.export_text()
 
 
+def test_a_width_the_user_gives_is_kept_when_the_output_is_not_a_terminal(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Piped with COLUMNS=80 (a pager, `make demo-day2` in an 80-column window): the narrow table;
+    piped with no width said (a log file): the wide one, whose rows never wrap."""
+    r = result(fact("eight-ranks-and-the-router-healthy"), router=ROUTER)
+    monkeypatch.setenv("COLUMNS", "80")
+    st.print_results([r])
+    narrow = capsys.readouterr().out
+    assert max(len(line) for line in narrow.splitlines()) <= 80, narrow
+    monkeypatch.delenv("COLUMNS")
+    st.print_results([r])
+    assert "active (running)" in capsys.readouterr().out
+
+
 # -- --probe: a chat request per rank -------------------------------------------------------
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from operations.cli.status.rows import HostResult, RankStatus
@@ -214,8 +215,9 @@ def print_results(results: list[HostResult], console: Any = None) -> None:
 
     if console is None:
         console = Console()
-        if not console.is_terminal:
-            # cron mail and log files: wide enough that rows do not wrap.
+        if not console.is_terminal and "COLUMNS" not in os.environ:
+            # cron mail and log files: wide enough that rows do not wrap; a width the user
+            # gave (COLUMNS) is kept, as on a terminal.
             console = Console(width=200)
     for result in results:
         if not result.reachable or result.error is not None:
