@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-TABLE_DIR = REPO_ROOT / "operations" / "knowledge" / "cli"
+TABLE_DIR = REPO_ROOT / "operations" / "kb" / "knowledge" / "cli"
 
 # torch: always the CPU build.  Releases pin CUDA builds of torch (e.g. sglang 0.5.11 pins
 # torch==2.11.0, which on PyPI is a multi-GB CUDA 13 build); the option table does not depend on
@@ -368,7 +368,7 @@ def generate_stubbed(package: str, version: str, cache_dir: Path) -> str:
     raise SystemExit("gave up after 60 stand-ins")
 
 
-ASSERT_DIR = REPO_ROOT / "operations" / "knowledge" / "asserts"
+ASSERT_DIR = REPO_ROOT / "operations" / "kb" / "knowledge" / "asserts"
 ASSERT_FILES = ("sglang/srt/server_args.py", "sglang/srt/arg_groups/*.py")
 
 
