@@ -82,6 +82,7 @@ class StartupLines:
     release: str
     phases: Mapping[Phase, tuple[PhaseLine, ...]]
     sglang_cache_dir: str | None  # its default; None: the release has no SGLANG_CACHE_DIR
+    sglang_cache_dir_source: str | None  # "sglang/srt/environ.py:LINE" in its wheel
     third_party_caches: ThirdPartyCaches | None
     pins: Mapping[str, str | None]  # flashinfer-python, flashinfer-cubin, torch
     defaults: Mapping[str, object]  # watchdog_timeout, startup_weight_load_mode (0.5.18+)
@@ -136,6 +137,7 @@ def load_startup(release: str, directory: Path = STARTUP_DIR) -> StartupLines | 
         release=release,
         phases=MappingProxyType(phases),
         sglang_cache_dir=home["default"] if home else None,
+        sglang_cache_dir_source=home["source"] if home else None,
         third_party_caches=(
             ThirdPartyCaches(
                 variables=MappingProxyType(dict(cast(dict[str, str], third["variables"]))),

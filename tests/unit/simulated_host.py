@@ -105,6 +105,8 @@ def serving_answer(image: dict[str, Any], command: str) -> list[str]:
         f"engine current=envs/{engine['name']}",
         f"engine uv=uv {engine['uv']}",
         *(f"engine toolkit={t}" for t in engine["toolkits"]),
+        # Its compile caches, the service user's (the engine step makes them with it).
+        f"engine cache={engine['name']} {engine.get('cache_owner', 'sglang')}",
         "engine package=libnuma1 installed",
         "engine package=g++ installed",
     ]
