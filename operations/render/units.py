@@ -34,7 +34,9 @@ STAGE_TEMPLATE = "sglang-stage-model.service.j2"
 TARGET_TEMPLATE = f"{layout.TARGET}.j2"
 # A 54 GB copy at disk speed takes minutes (the stage unit's TimeoutStartSec=).
 STAGE_TIMEOUT_S = 3600
-# Loading ~54 GB from /dev/shm and capturing CUDA graphs takes minutes, not seconds.
+# TimeoutStartSec= of a rank. With Type=simple a unit is started once its process runs, so this
+# bounds nothing: the health wait bounds a start (health_timeout_s, and 600 s without a journal
+# line: plan/startup.py RANK_SILENCE_S), naming its last phase.
 RANK_START_TIMEOUT_S = 1800
 # TimeoutStopSec of a rank: longer than the drain (settings.drain_timeout_s) by this margin, so a
 # stop that systemd itself makes (a shutdown) never cuts a rank sooner than a roll would.
