@@ -93,7 +93,8 @@ def fail(unit: str, why: str, hint: str, patterns: Patterns | None = None) -> in
     if patterns:
         phases, lines = rank_phases(unit, patterns)
         print(
-            f"{unit}: {why}; its start: {summary(phases)}. Its journal around the last phase:",
+            f"{unit}: {why}; its start: {summary(phases)}. Its journal lines around the last "
+            "phase:",
             flush=True,
         )
         print(mask_journal("\n".join(lines)), flush=True)

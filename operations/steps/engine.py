@@ -384,6 +384,9 @@ def _engine_deploy(report: HostReport) -> EngineStep:
         _install(s, plan)
     elif plan.fetch_lock:
         _fetch_lock(plan)
+    # One call for every host (pyinfra orders operations by where they are called): after the
+    # install, whose service user owns it.
+    _compile_cache(plan)
     switched = switch(
         name="switch current", engine_root=root, env_name=spec.name, current=plan.current_now
     )
@@ -394,8 +397,6 @@ def _engine_deploy(report: HostReport) -> EngineStep:
         count=plan.env_count,
         keep=plan.keep,
     )
-    if not plan.install:
-        _compile_cache(plan)
     prune_caches(name="prune old compile caches", engine_root=root, doomed=list(plan.prune_caches))
     return EngineStep(spec, EngineTree(root).current, switched)
 
@@ -523,7 +524,6 @@ def _install(s: Settings, plan: EnginePlan) -> None:
         user=plan.user,
         make=not plan.user_exists,
     )
-    _compile_cache(plan)
     verify_env(
         name="check on the GPUs",
         engine_root=root,
