@@ -126,6 +126,10 @@ class EngineTree:
       wheelhouse/             the controller's wheels (setting wheelhouse)
       cuda/<name>/            a lane's CUDA compiler; cuda-redist/ its archives, offline
       router/PACKAGE-V/       the router's environment (sglang-router-0.3.2, smg-1.13.0)
+      caches/<name>/          an environment's compile caches (FlashInfer's JIT modules,
+                              Triton's kernels and autotune results, SGLang's, Inductor's, the
+                              driver's PTX cache): the service user's, shared by that engine's
+                              ranks, kept across restarts and switches, pruned with the env
     """
 
     root: str
@@ -150,6 +154,15 @@ class EngineTree:
 
     def project(self, name: str) -> str:
         return f"{self.root}/projects/{name}"
+
+    @property
+    def caches(self) -> str:
+        return f"{self.root}/caches"
+
+    def compile_cache(self, name: str) -> str:
+        """An environment's compile caches: ENGINE_ROOT/caches/<EngineSpec.name>, outside
+        /tmp (a rank's PrivateTmp empties it) and /dev/shm (gone at a reboot)."""
+        return f"{self.caches}/{name}"
 
     def project_toml(self, name: str) -> str:
         """Its pyproject.toml (root-only: index URLs may carry credentials)."""

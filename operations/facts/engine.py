@@ -37,6 +37,8 @@ class EngineHost(TypedDict):
     toolkits: NotRequired[list[str]]
     # HOST_PACKAGES that dpkg reports installed.
     packages: NotRequired[list[str]]
+    # The compile-cache directories under ENGINE_ROOT/caches: environment name -> owner.
+    caches: NotRequired[dict[str, str]]
 
 
 def parse_engine_state(lines: list[str]) -> EngineHost:
@@ -54,6 +56,9 @@ def parse_engine_state(lines: list[str]) -> EngineHost:
         elif key == "current" and value:
             # Only the environment's name counts: the link may be relative or absolute.
             state["current"] = value.rstrip("/").rsplit("/", 1)[-1]
+        elif key == "cache" and value:
+            name, _, owner = value.partition(" ")
+            state.setdefault("caches", {})[name] = owner
         elif key == "toolkit" and value:
             state.setdefault("toolkits", []).append(value)
         elif key == "package" and value:
@@ -82,6 +87,7 @@ class EngineState(FactBase[EngineHost]):
             "uv": "0.13.9",
             "toolkits": ["12.8.93-4c08ae3e"],
             "packages": ["libnuma1", "g++"],
+            "caches": {"0.5.11-cu128-1a2b3c4d": "sglang"},
         }
 
     + engine_root: where environments live (ENGINE_ROOT/envs/<name>, ENGINE_ROOT/current)
@@ -99,6 +105,7 @@ def state_script(engine_root: str) -> str:
     path from layout.EngineTree, quoted."""
     tree = EngineTree(engine_root)
     envs, cuda = shlex.quote(tree.envs), shlex.quote(tree.cuda)
+    caches = shlex.quote(tree.caches)
     return " ".join(
         (
             f'for d in {envs}/*/; do [ -d "$d" ] || continue; n=${{d%/}}; n=${{n##*/}};',
@@ -106,6 +113,8 @@ def state_script(engine_root: str) -> str:
             'else echo "partial=$n"; fi; done;',
             f'echo "current=$(readlink {shlex.quote(tree.current)} 2>/dev/null)";',
             f'echo "uv=$({shlex.quote(tree.uv)} --version 2>/dev/null)";',
+            f'for d in {caches}/*/; do [ -d "$d" ] || continue; n=${{d%/}};',
+            'echo "cache=${n##*/} $(stat -c %U "$d")"; done;',
             f'for d in {cuda}/*/; do [ -f "${{d}}{TOOLKIT_MARKER}" ] &&',
             'n=${d%/} && echo "toolkit=${n##*/}"; done;',
             "dpkg-query -W -f='package=${Package} ${db:Status-Status}\\n'",

@@ -4,13 +4,21 @@ typed objects and checked. One module per job:
 - model.py: the typed entries (`Knowledge`, `Release`, `Lane`, ...) and their lookups;
 - raw.py: where the files are, the shapes schema.json admits (TypedDicts), `KnowledgeError`;
 - loader.py: the schema check, the reader and the cross-checks: `build()`, `load()`;
-- cli.py: the command-line tables (`CliTable`, `load_cli_table`).
+- cli.py: the command-line tables (`CliTable`, `load_cli_table`);
+- startup.py: each release's start-up log lines, read from its wheel (`load_startup`);
+- caches.py: compile caches and start-up levers by release (`release_caches`).
 
 Consumers import from here (`from operations.kb import Knowledge`, `kb.load()`).
 """
 
 from __future__ import annotations
 
+from operations.kb.caches import (
+    CacheKnowledge,
+    ReleaseCaches,
+    load_caches,
+    release_caches,
+)
 from operations.kb.cli_tables import (
     CliOption,
     CliTable,
@@ -25,6 +33,14 @@ from operations.kb.raw import (
     CLI_DIR,
     KNOWLEDGE_DIR,
     KnowledgeError,
+)
+from operations.kb.startup import (
+    PHASES,
+    Phase,
+    PhaseLine,
+    StartupLines,
+    load_startup,
+    startup_problems,
 )
 from operations.kb.types import (
     PLACEHOLDER,
@@ -82,11 +98,13 @@ def router_package(release: str) -> RouterPackage:
 __all__ = [
     "CLI_DIR",
     "KNOWLEDGE_DIR",
+    "PHASES",
     "PLACEHOLDER",
     "PYPI_FILES_URL",
     "Architecture",
     "AttentionBackend",
     "AutoBackend",
+    "CacheKnowledge",
     "Cites",
     "CliOption",
     "CliTable",
@@ -107,10 +125,13 @@ __all__ = [
     "NoBufferRule",
     "Override",
     "PackageBuild",
+    "Phase",
+    "PhaseLine",
     "PythonSupport",
     "RankEnvironment",
     "RankMetrics",
     "Release",
+    "ReleaseCaches",
     "RouterControlPlane",
     "RouterDrain",
     "RouterEngines",
@@ -122,13 +143,18 @@ __all__ = [
     "Speculative",
     "Spelling",
     "StartAssert",
+    "StartupLines",
     "Unproven",
     "build",
     "cite",
     "cli_table_path",
     "in_range",
     "load",
+    "load_caches",
     "load_cli_table",
+    "load_startup",
+    "release_caches",
     "router_package",
+    "startup_problems",
     "version",
 ]

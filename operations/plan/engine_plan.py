@@ -94,6 +94,10 @@ class EnginePlan:
     lock_sources: LockArgs
     current_now: str | None
     prune: tuple[str, ...]
+    # The environment's compile caches (layout.EngineTree.compile_cache) are there and the
+    # service user's; the caches removed with their environments (and those of none).
+    cache_ready: bool
+    prune_caches: tuple[str, ...]
     env_count: int
     keep: int
     compiler: CompilerPlan
@@ -129,6 +133,11 @@ class EnginePlan:
             },
             "switch": {"from": self.current_now, "to": self.spec.name},
             "prune": list(self.prune),
+            "compile_cache": {
+                "path": EngineTree(self.root).compile_cache(self.spec.name),
+                "make": not self.cache_ready,
+                "prune": list(self.prune_caches),
+            },
             "packages_missing": [p for p in HOST_PACKAGES if p not in self.compiler.packages_now],
             "toolkit": (
                 {
@@ -156,6 +165,13 @@ def envs_to_prune(
     # Every environment a rank unit names (rank_state.referenced_env_names) is kept too.
     kept.update([serving] if isinstance(serving, str) else serving or ())
     return sorted(n for n in state["envs"] if n not in kept)
+
+
+def caches_to_prune(state: EngineHost, doomed: Iterable[str], target: str) -> list[str]:
+    """Compile caches that go: those of the doomed environments, and those of environments
+    no longer on the host (never the target's)."""
+    gone = set(doomed) | {n for n in state.get("caches", {}) if n not in state["envs"]}
+    return sorted(n for n in state.get("caches", {}) if n in gone and n != target)
 
 
 def decide(
@@ -248,6 +264,8 @@ def decide(
         lock_sources=sources,
         current_now=state["current"],
         prune=doomed,
+        cache_ready=state.get("caches", {}).get(spec.name) == s.service_user,
+        prune_caches=tuple(caches_to_prune(state, doomed, spec.name)),
         env_count=len(state["envs"]),
         keep=s.engine_keep,
         compiler=compiler,

@@ -39,6 +39,7 @@ from operations.plan.resolver import Rank, RouterPlan
 from operations.plan.resolver.router import control_key_text
 from operations.plan.resolver.router import key_changes as router_key_changes
 from operations.plan.router_step import RouterStep, router_change
+from operations.plan.startup import RANK_SILENCE_S, startup_patterns
 from operations.plan.vocabulary import FileJson, ServeJson, SmokeJson
 from operations.render import units
 from operations.render.dashboard import dashboard_text
@@ -241,6 +242,10 @@ class ServePlan:
     router: RouterStep | None = None
     # Why the plan cannot be carried out (a release with no pinned requirements).
     errors: list[str] = field(default_factory=list)
+    # The release's start-up lines for the health wait (plan/startup.py), and how long a start
+    # may write nothing before the wait fails it.
+    startup_lines: str = ""
+    silence_s: int = RANK_SILENCE_S
 
     def summary(self) -> str:
         """What this run does to the ranks, for the plan printed before any change."""
@@ -400,6 +405,7 @@ def serve_plan(
         prune_keep=keys,
         prune_doomed=doomed,
         drain=drain,
+        startup_lines=startup_patterns(s.sglang_version),
     )
 
 

@@ -210,6 +210,12 @@ class ToolkitStepJson(TypedDict):
     sync_archives: bool
 
 
+class CompileCacheJson(TypedDict):
+    path: str
+    make: bool
+    prune: list[str]
+
+
 class EngineStepJson(TypedDict):
     name: str
     install: bool
@@ -220,6 +226,7 @@ class EngineStepJson(TypedDict):
     lock: LockJson
     switch: SwitchJson
     prune: list[str]
+    compile_cache: CompileCacheJson
     packages_missing: list[str]
     toolkit: ToolkitStepJson | None
     files: list[FileJson]

@@ -34,7 +34,9 @@ STAGE_TEMPLATE = "sglang-stage-model.service.j2"
 TARGET_TEMPLATE = f"{layout.TARGET}.j2"
 # A 54 GB copy at disk speed takes minutes (the stage unit's TimeoutStartSec=).
 STAGE_TIMEOUT_S = 3600
-# Loading ~54 GB from /dev/shm and capturing CUDA graphs takes minutes, not seconds.
+# TimeoutStartSec= of a rank. With Type=simple a unit is started once its process runs, so this
+# bounds nothing: the health wait bounds a start (health_timeout_s, and 600 s without a journal
+# line: plan/startup.py RANK_SILENCE_S), naming its last phase.
 RANK_START_TIMEOUT_S = 1800
 # TimeoutStopSec of a rank: longer than the drain (settings.drain_timeout_s) by this margin, so a
 # stop that systemd itself makes (a shutdown) never cuts a rank sooner than a roll would.
@@ -121,24 +123,30 @@ SANDBOX: tuple[tuple[str, str], ...] = (
 
 
 def rank_sandbox(
-    user: str, gpu: int, device_nodes: tuple[str, ...] | None
+    user: str, gpu: int, device_nodes: tuple[str, ...] | None, compile_cache: str | None = None
 ) -> list[tuple[str, str]]:
-    """Every sandbox property of rank `gpu`'s unit, in the order the template writes them."""
+    """Every sandbox property of rank `gpu`'s unit, in the order the template writes them.
+    Writable: the service user's home and, where given, the engine's compile caches
+    (layout.EngineTree.compile_cache; ProtectSystem=strict leaves the engine root read-only)."""
+    writable = [layout.service_home(user), *([compile_cache] if compile_cache else [])]
     return [
         ("DevicePolicy", "closed"),
         *(("DeviceAllow", allow) for allow in device_allow(gpu, device_nodes)),
         *SANDBOX[:3],
-        ("ReadWritePaths", f"-{path_word(layout.service_home(user))}"),
+        ("ReadWritePaths", " ".join(f"-{path_word(p)}" for p in writable)),
         *SANDBOX[3:],
     ]
 
 
 def check_sandbox(
-    user: str, gpu_count: int, device_nodes: tuple[str, ...] | None
+    user: str,
+    gpu_count: int,
+    device_nodes: tuple[str, ...] | None,
+    compile_cache: str | None = None,
 ) -> list[tuple[str, str]]:
     """The engine check's sandbox: a rank's, with every GPU of the host allowed (the check
     runs a kernel on each; a rank is allowed only its own)."""
-    found = rank_sandbox(user, 0, device_nodes)
+    found = rank_sandbox(user, 0, device_nodes, compile_cache)
     at = max(i for i, (k, _) in enumerate(found) if k == "DeviceAllow") + 1
     others = [("DeviceAllow", f"{path_word(layout.gpu_node(i))} rw") for i in range(1, gpu_count)]
     return [*found[:at], *others, *found[at:]]
@@ -167,6 +175,7 @@ def rank_unit(
     argv: list[str],
     device_nodes: tuple[str, ...] | None,
     drain_timeout_s: int,
+    compile_cache: str | None = None,
 ) -> str:
     return render(
         RANK_TEMPLATE,
@@ -181,7 +190,7 @@ def rank_unit(
         start_limit_burst=START_LIMIT_BURST,
         start_limit_interval_s=START_LIMIT_INTERVAL_S,
         limit_nofile=LIMIT_NOFILE,
-        sandbox=[f"{k}={v}" for k, v in rank_sandbox(user, gpu, device_nodes)],
+        sandbox=[f"{k}={v}" for k, v in rank_sandbox(user, gpu, device_nodes, compile_cache)],
         identifier=f"sglang-{rank}",
     )
 

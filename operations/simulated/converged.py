@@ -60,6 +60,8 @@ class Engine:
     lane: str
     uv: str
     toolkits: tuple[str, ...]
+    # The owner of its compile caches: the service user (the engine step makes them with it).
+    cache_owner: str
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,7 @@ def serving_lines(
         f"engine current=envs/{engine.name}",
         f"engine uv=uv {engine.uv}",
         *(f"engine toolkit={t}" for t in engine.toolkits),
+        f"engine cache={engine.name} {engine.cache_owner}",
         "engine package=libnuma1 installed",
         "engine package=g++ installed",
     ]
@@ -210,6 +213,7 @@ def image(settings: Settings, host: str = HOST) -> Image:
             lane=engine.lane,
             uv=settings.uv_version,
             toolkits=tuple(sorted(homes)),
+            cache_owner=settings.service_user,
         ),
         slug=layout.model_slug(settings),
         key=report.model_key,

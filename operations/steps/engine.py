@@ -302,6 +302,60 @@ def prune(engine_root: str, doomed: list[str], count: int, keep: int) -> Command
     yield "rm -rf " + " ".join(_q(p) for p in paths)
 
 
+@operation()
+def compile_cache(engine_root: str, env_name: str, user: str, ready: bool) -> Commands:
+    """
+    The environment's compile caches (layout.EngineTree.compile_cache): a directory of the
+    service user's, which every rank of this engine writes its JIT modules, kernels and autotune
+    results into (plan/resolver/caches.py), kept until the environment is pruned.
+
+    + engine_root: the engine root on the host
+    + env_name: the environment's name
+    + user: the service user (owner and group)
+    + ready: the plan's word: it is there, the user's
+    """
+    path = EngineTree(engine_root).compile_cache(env_name)
+    if ready:
+        host.noop(f"{path} is {user}'s")
+        return
+    yield StringCommand(
+        "install",
+        "-d",
+        "-m",
+        "755",
+        _q(EngineTree(engine_root).caches),
+        "&&",
+        "install",
+        "-d",
+        "-m",
+        "750",
+        "-o",
+        _q(user),
+        "-g",
+        _q(user),
+        _q(path),
+        "&&",
+        "chown",
+        _q(f"{user}:{user}"),
+        _q(path),
+    )
+
+
+@operation()
+def prune_caches(engine_root: str, doomed: list[str]) -> Commands:
+    """
+    Remove the compile caches of pruned (or vanished) environments.
+
+    + engine_root: the engine root on the host
+    + doomed: their environments' names (the plan's)
+    """
+    if not doomed:
+        host.noop("every compile cache belongs to a kept environment")
+        return
+    tree = EngineTree(engine_root)
+    yield "rm -rf " + " ".join(_q(tree.compile_cache(n)) for n in doomed)
+
+
 # -- the step -------------------------------------------------------------------------------
 
 
@@ -335,6 +389,9 @@ def _engine_deploy(report: HostReport) -> EngineStep:
         _install(s, plan)
     elif plan.fetch_lock:
         _fetch_lock(plan)
+    # One call for every host (pyinfra orders operations by where they are called): after the
+    # install, whose service user owns it.
+    _compile_cache(plan)
     switched = switch(
         name="switch current", engine_root=root, env_name=spec.name, current=plan.current_now
     )
@@ -345,11 +402,22 @@ def _engine_deploy(report: HostReport) -> EngineStep:
         count=plan.env_count,
         keep=plan.keep,
     )
+    prune_caches(name="prune old compile caches", engine_root=root, doomed=list(plan.prune_caches))
     return EngineStep(spec, EngineTree(root).current, switched)
 
 
 # @deploy types every call as returning OperationMeta; this step returns an EngineStep.
 install_engine = cast(Callable[[HostReport], EngineStep], _engine_deploy)
+
+
+def _compile_cache(plan: EnginePlan) -> None:
+    compile_cache(
+        name="compile caches of the engine",
+        engine_root=plan.root,
+        env_name=plan.spec.name,
+        user=plan.user,
+        ready=plan.cache_ready,
+    )
 
 
 def _compiler(s: Settings, plan: EnginePlan) -> None:

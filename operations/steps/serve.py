@@ -57,7 +57,12 @@ WAIT_SCRIPT = layout.WAIT_SCRIPT
 
 @operation(is_idempotent=False)
 def wait_healthy(
-    checks: list[tuple[str, str]], timeout_s: int, service_user: str, hint: str = ""
+    checks: list[tuple[str, str]],
+    timeout_s: int,
+    service_user: str,
+    hint: str = "",
+    phases: str = "",
+    silence_s: int = 0,
 ) -> Commands:
     """
     Wait until every unit answers 200 on its /health URL; fail with the unit's journal.
@@ -66,10 +71,14 @@ def wait_healthy(
     + timeout_s: the deadline
     + service_user: a 200 counts only from its listener; another user's fails the wait
     + hint: printed on failure (how to go back)
+    + phases: the release's start-up lines (the plan's JSON): each start read phase by phase
+    + silence_s: with phases, a start silent in its journal this long fails
     """
     words = ["python3", WAIT_SCRIPT, "--timeout", str(timeout_s), "--service-user", service_user]
     if hint:
         words += ["--hint", hint]
+    if phases:
+        words += ["--phases", phases, "--silence", str(silence_s)]
     words += [f"{unit}={url}" for unit, url in checks]
     yield shlex.join(words)
 
@@ -333,6 +342,8 @@ class ServeStep:
                 "The ranks that were serving before this run were not touched: the deploy stops "
                 "here, before any restart."
             ),
+            phases=self.decided.startup_lines,
+            silence_s=self.decided.silence_s,
         )
         # A rank a failed roll left out of the router, started again: back in (when not listed).
         self._in([r.rank for r in start], "start")
@@ -380,6 +391,8 @@ class ServeStep:
             timeout_s=s.health_timeout_s,
             service_user=s.service_user,
             hint=hint,
+            phases=self.decided.startup_lines,
+            silence_s=self.decided.silence_s,
         )
         steps.append(("health", health, []))
         if drain is not None:

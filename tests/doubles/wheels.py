@@ -52,6 +52,7 @@ from tests.doubles.snapshot_graph import (
     metadata_fields,
     newest,
 )
+from tests.doubles.startup_lines import startup_json
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = Path(__file__).resolve().parent / "packages"
@@ -294,6 +295,7 @@ def sglang_wheel(outdir: Path, release: str) -> Path:
     launch_server double."""
     files = _package_files("sglang", {"VERSION": release})
     files["sglang/_cli_table.json"] = cli_table(release)
+    files["sglang/_startup_lines.json"] = startup_json(release)
     return build_wheel(
         outdir,
         "sglang",

@@ -74,6 +74,7 @@ def image_of(image: dict[str, Any]) -> Image:
             engine["lane"],
             engine["uv"],
             tuple(engine["toolkits"]),
+            engine.get("cache_owner", "sglang"),
         ),
         slug=image["slug"],
         key=image["key"],

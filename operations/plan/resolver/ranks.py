@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from operations import layout
 from operations.plan.engine_spec import engine_spec
+from operations.plan.resolver.caches import CacheVariable, cache_environment
 from operations.plan.resolver.context import Resolution, src
 from operations.plan.resolver.types import Rank
 from operations.plan.vocabulary import Decision
@@ -23,7 +24,9 @@ def ranks(ctx: Resolution, args: list[str]) -> None:
     if s.base_port + s.dp_size - 1 > 65535:
         ctx.error(f"base_port {s.base_port} {ctx.where('base_port')}: ranks run past 65535")
         return
-    env = layout.EngineTree(s.engine_root).env(engine_name(ctx))
+    tree = layout.EngineTree(s.engine_root)
+    env = tree.env(engine_name(ctx))
+    cache = tree.compile_cache(engine_name(ctx))
     python = layout.env_python(env)
     copy = model_path(ctx)
     for rank in range(s.dp_size):
@@ -40,6 +43,7 @@ def ranks(ctx: Resolution, args: list[str]) -> None:
             argv=argv,
             device_nodes=ctx.facts.device_nodes,
             drain_timeout_s=s.drain_timeout_s,
+            compile_cache=cache,
         )
         ctx.plan.ranks.append(
             Rank(
@@ -62,18 +66,27 @@ def rank_environment(ctx: Resolution) -> dict[str, str]:
     for this release, GPU, compiler and driver."""
     s = ctx.s
     spec = ctx.plan.engine
-    found: dict[str, str] = {}
+    found: dict[str, str] = {v.variable: v.value for v in _caches(ctx)}
     if spec is not None and spec.toolkit is not None:
         home = spec.toolkit.home(s.engine_root)
-        found = {"CUDA_HOME": home, "PATH": f"{home}/bin:{layout.SYSTEMD_PATH}"}
+        found |= {"CUDA_HOME": home, "PATH": f"{home}/bin:{layout.SYSTEMD_PATH}"}
     rules = ctx.kb.rank_environment_for(
         s.sglang_version, s.gpu_compute_cap, s.cuda_lane, ctx.single_driver()
     )
     return {**found, **{r.variable: r.value for r in rules}}
 
 
+def _caches(ctx: Resolution) -> list[CacheVariable]:
+    base = layout.EngineTree(ctx.s.engine_root).compile_cache(engine_name(ctx))
+    return cache_environment(ctx.kb, ctx.s.sglang_version, base)
+
+
 def explain_environment(ctx: Resolution) -> None:
     s = ctx.s
+    for v in _caches(ctx):
+        ctx.plan.decisions.append(
+            Decision("compile cache", f"{v.variable}={v.value}", f"{v.why} (source: {v.source})")
+        )
     for r in ctx.kb.rank_environment_for(
         s.sglang_version, s.gpu_compute_cap, s.cuda_lane, ctx.single_driver()
     ):

@@ -8,7 +8,9 @@ It behaves like the real server where a deploy can observe it, with the standard
   command line winning, as sglang/srt/server_args_config_parser.py does;
 - it needs CUDA_VISIBLE_DEVICES and a readable --model-path directory, else it exits 1;
 - /health and /health_generate answer 503 while "loading" (SGLANG_DOUBLE_LOAD_SECONDS, default
-  2), then 200; /get_model_info, /get_server_info;
+  2, plus FlashInfer's JIT and Triton's autotune where the caches lack them), then 200; the
+  start logs its phases in the release's words (sglang/_startup_double.py); /get_model_info,
+  /get_server_info;
 - GET /v1/models: a ModelList of one ModelCard whose id is the served model name
   (sgl-project/sglang python/sglang/srt/entrypoints/openai/protocol.py @ 004c82e07d87:
   ModelCard id/object "model"/created/owned_by "sglang"/root, ModelList object "list"/data);
@@ -77,6 +79,7 @@ from importlib import resources
 from typing import Any
 
 from sglang._double_build import VERSION
+from sglang._startup_double import start_up
 
 LOAD_SECONDS_ENV = "SGLANG_DOUBLE_LOAD_SECONDS"
 REPLY_ENV = "SGLANG_DOUBLE_REPLY"
@@ -167,9 +170,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 class _State:
-    def __init__(self, args: argparse.Namespace, load_seconds: float) -> None:
+    def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.ready_at = time.monotonic() + load_seconds
+        self.started = threading.Event()  # set by _startup_double.start_up when ready
         self.reply = os.environ.get(REPLY_ENV, "")
         served = args.served_model_name or args.model_path
         self.served_model = OTHER_MODEL if self.reply == "wrong-model" else served
@@ -190,7 +193,7 @@ class _State:
 
     @property
     def ready(self) -> bool:
-        return time.monotonic() >= self.ready_at
+        return self.started.is_set()
 
 
 def metrics_text(state: _State) -> str:
@@ -411,7 +414,7 @@ def main(argv: list[str]) -> int:
     host = args.host or "127.0.0.1"
     port = int(args.port or 30000)
     load_seconds = float(os.environ.get(LOAD_SECONDS_ENV, "2"))
-    state = _State(args, load_seconds)
+    state = _State(args)
     server = ThreadingHTTPServer((host, port), _handler(state))
     server.daemon_threads = True
 
@@ -427,11 +430,8 @@ def main(argv: list[str]) -> int:
         flush=True,
     )
 
-    def announce() -> None:
-        time.sleep(load_seconds)  # the double's simulated load time, not synchronisation
-        print("[double] The server is fired up and ready to roll!", flush=True)
-
-    threading.Thread(target=announce, daemon=True).start()
+    # The start's phases, JIT and autotune (sglang/_startup_double.py); the ready line last.
+    threading.Thread(target=start_up, args=(load_seconds, state.started), daemon=True).start()
     server.serve_forever()
     server.server_close()
     return 0

@@ -1,0 +1,236 @@
+"""Compile caches and start-up levers by release: knowledge/caches.yaml (Triton's and
+FlashInfer's own behaviour, the registries) joined with what each release's wheel says
+(knowledge/startup/, operations.kb.startup) and its real command line (knowledge/cli/).
+Loaded once into frozen dataclasses and checked; every problem is named by its key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from types import MappingProxyType
+from typing import Literal, TypedDict, cast, get_args
+
+import yaml
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from operations.kb.cli_tables import load_cli_table
+from operations.kb.raw import KNOWLEDGE_DIR, KnowledgeError, RawCites, RawSource
+from operations.kb.startup import load_startup
+from operations.kb.types import Knowledge
+
+CACHES_FILE = KNOWLEDGE_DIR / "caches.yaml"
+
+JitCache = Literal["available", "absent", "unverified"]
+JIT_CACHE: tuple[JitCache, ...] = get_args(JitCache)
+
+
+class RawTorchPin(TypedDict):
+    requires: str
+    resolves: str
+    source: RawCites
+
+
+class RawAutotune(TypedDict):
+    variable: str
+    since: str
+    why: str
+    source: RawCites
+
+
+class RawTriton(TypedDict):
+    autotune_cache: RawAutotune
+    torch_pins: dict[str, RawTorchPin]
+
+
+class RawFlashinferVersion(TypedDict):
+    cubin_on_pypi: bool
+    jit_cache: dict[str, str]
+
+
+class RawFlashinfer(TypedDict):
+    workspace_variable: str
+    workspace_default: str
+    cache_under_base: str
+    source: RawCites
+    versions: dict[str, RawFlashinferVersion]
+    versions_source: RawCites
+
+
+class RawCaches(TypedDict):
+    sources: dict[str, RawSource]
+    triton: RawTriton
+    flashinfer: RawFlashinfer
+
+
+@dataclass(frozen=True)
+class AutotuneCache:
+    variable: str  # TRITON_CACHE_AUTOTUNING
+    since: Version
+    why: str
+    source: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FlashinferPrebuilt:
+    cubin_on_pypi: bool
+    jit_cache: Mapping[str, JitCache]  # lane -> available | absent | unverified
+
+
+@dataclass(frozen=True)
+class CacheKnowledge:
+    autotune: AutotuneCache
+    torch_triton: Mapping[str, str]  # torch release -> the Triton it installs
+    flashinfer_workspace_variable: str
+    flashinfer_cache_under_base: str
+    flashinfer: Mapping[str, FlashinferPrebuilt]
+    sources: Mapping[str, RawSource]
+
+
+@dataclass(frozen=True)
+class ReleaseCaches:
+    """What one release's rank start compiles and tunes, and the levers it offers."""
+
+    release: str
+    flashinfer: str | None  # the FlashInfer the release pins
+    flashinfer_cubin_pinned: bool  # flashinfer-cubin is a requirement of the release
+    flashinfer_cubin_on_pypi: bool
+    flashinfer_jit_cache: Mapping[str, JitCache]  # lane -> status
+    torch: str | None
+    triton: str | None  # the Triton its torch installs
+    triton_autotune_cache: bool  # that Triton reads TRITON_CACHE_AUTOTUNING
+    sglang_cache_dir: str | None  # SGLANG_CACHE_DIR's default; None: no such variable
+    redirected: Mapping[str, str]  # variable -> "{base}/..." setdefault under SGLANG_CACHE_DIR
+    weight_load_modes: tuple[str, ...]  # --startup-weight-load-mode choices; () without it
+    watchdog_timeout: float | None  # --watchdog-timeout's default
+    cuda_graph_max_bs: Mapping[str, bool]  # every --cuda-graph-max-bs* spelling -> deprecated
+
+
+def _cites(raw: RawCites) -> tuple[str, ...]:
+    return (raw,) if isinstance(raw, str) else tuple(raw)
+
+
+def _problems(raw: RawCaches, knowledge: Knowledge) -> Iterator[str]:
+    sources = raw["sources"]
+    cited = [
+        ("triton.autotune_cache", raw["triton"]["autotune_cache"]["source"]),
+        ("flashinfer", raw["flashinfer"]["source"]),
+        ("flashinfer.versions_source", raw["flashinfer"]["versions_source"]),
+        *((f"triton.torch_pins.{t}", p["source"]) for t, p in raw["triton"]["torch_pins"].items()),
+    ]
+    for key, cites in cited:
+        for name in _cites(cites):
+            if name not in sources:
+                yield f"caches.yaml {key}: source {name!r} is not a key of sources"
+    for torch, pin in raw["triton"]["torch_pins"].items():
+        try:
+            if not SpecifierSet(pin["requires"]).contains(Version(pin["resolves"])):
+                yield (
+                    f"caches.yaml triton.torch_pins.{torch}: resolves {pin['resolves']} does not "
+                    f"satisfy requires {pin['requires']}"
+                )
+        except (InvalidSpecifier, InvalidVersion) as exc:
+            yield f"caches.yaml triton.torch_pins.{torch}: {exc}"
+    for fi, prebuilt in raw["flashinfer"]["versions"].items():
+        for lane, status in prebuilt["jit_cache"].items():
+            if lane not in knowledge.lanes:
+                yield f"caches.yaml flashinfer.versions.{fi}.jit_cache: {lane} is not a lane"
+            if status not in JIT_CACHE:
+                yield (
+                    f"caches.yaml flashinfer.versions.{fi}.jit_cache.{lane}: {status!r}; "
+                    f"accepted: {', '.join(JIT_CACHE)}"
+                )
+    for release, entry in knowledge.releases.items():
+        pinned = entry.pin("flashinfer-python")
+        if pinned is not None and pinned not in raw["flashinfer"]["versions"]:
+            yield (
+                f"releases.{release} pins flashinfer-python {pinned}: caches.yaml has no entry "
+                "for it"
+            )
+        torch_pin = entry.pin("torch")
+        if torch_pin is not None and torch_pin not in raw["triton"]["torch_pins"]:
+            yield (
+                f"releases.{release} pins torch {torch_pin}: caches.yaml triton.torch_pins lacks it"
+            )
+
+
+@cache
+def _read(path: Path) -> RawCaches:
+    return cast(RawCaches, yaml.safe_load(path.read_text()))
+
+
+def load_caches(knowledge: Knowledge, path: Path = CACHES_FILE) -> CacheKnowledge:
+    """caches.yaml, checked against the knowledge base's releases and lanes."""
+    raw = _read(path)
+    problems = list(_problems(raw, knowledge))
+    if problems:
+        raise KnowledgeError("\n".join(problems))
+    autotune = raw["triton"]["autotune_cache"]
+    fi = raw["flashinfer"]
+    return CacheKnowledge(
+        autotune=AutotuneCache(
+            variable=autotune["variable"],
+            since=Version(autotune["since"]),
+            why=autotune["why"],
+            source=_cites(autotune["source"]),
+        ),
+        torch_triton=MappingProxyType(
+            {t: p["resolves"] for t, p in raw["triton"]["torch_pins"].items()}
+        ),
+        flashinfer_workspace_variable=fi["workspace_variable"],
+        flashinfer_cache_under_base=fi["cache_under_base"],
+        flashinfer=MappingProxyType(
+            {
+                v: FlashinferPrebuilt(
+                    cubin_on_pypi=e["cubin_on_pypi"],
+                    jit_cache=MappingProxyType(
+                        {lane: cast(JitCache, s) for lane, s in e["jit_cache"].items()}
+                    ),
+                )
+                for v, e in fi["versions"].items()
+            }
+        ),
+        sources=MappingProxyType(dict(raw["sources"])),
+    )
+
+
+def release_caches(knowledge: Knowledge, release: str) -> ReleaseCaches:
+    """One release's caches and levers, from caches.yaml, its start-up file and its CLI
+    table; KnowledgeError if the release lacks either file."""
+    caches = load_caches(knowledge)
+    entry = knowledge.releases[release]
+    lines = load_startup(release)
+    table = load_cli_table("sglang", release)
+    if lines is None or table is None:
+        raise KnowledgeError(f"releases.{release}: no start-up file or no CLI table")
+    fi = entry.pin("flashinfer-python")
+    prebuilt = caches.flashinfer.get(fi) if fi is not None else None
+    torch = entry.pin("torch")
+    triton = caches.torch_triton.get(torch) if torch is not None else None
+    mode = table.get("--startup-weight-load-mode")
+    watchdog = lines.defaults.get("watchdog_timeout")
+    third = lines.third_party_caches
+    return ReleaseCaches(
+        release=release,
+        flashinfer=fi,
+        flashinfer_cubin_pinned=lines.pins.get("flashinfer-cubin") is not None,
+        flashinfer_cubin_on_pypi=prebuilt.cubin_on_pypi if prebuilt else False,
+        flashinfer_jit_cache=prebuilt.jit_cache if prebuilt else MappingProxyType({}),
+        torch=torch,
+        triton=triton,
+        triton_autotune_cache=triton is not None and Version(triton) >= caches.autotune.since,
+        sglang_cache_dir=lines.sglang_cache_dir,
+        redirected=third.variables if third else MappingProxyType({}),
+        weight_load_modes=(mode.choices or ()) if mode is not None else (),
+        watchdog_timeout=float(watchdog) if isinstance(watchdog, int | float) else None,
+        cuda_graph_max_bs=MappingProxyType(
+            {
+                name: option.deprecated
+                for name, option in sorted(table.options.items())
+                if name.startswith("--cuda-graph-max-bs")
+            }
+        ),
+    )

@@ -1,0 +1,122 @@
+"""A rank's start, measured and kept short (issue 38), on one testbed container serving two ranks
+of the SGLang server double (tests/doubles/packages/sglang/_startup_double.py: FlashInfer's JIT
+under its per-module lock into its version-keyed workspace, Triton's autotune without a lock,
+the phase lines in the release's words), deployed with the real `pyinfra -y INVENTORY deploy.py`.
+
+- the engine's compile caches are its own directory, the service user's; a cold start of both
+  ranks together builds each FlashInfer module once (the lock), and a restarted rank builds and
+  tunes nothing;
+- the health wait reads each start phase by phase from the rank's journal, and a start past its
+  budget fails by name with its last phase and the journal lines around it.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from operations import layout
+from operations.plan.startup import startup_patterns
+from tests import testbed as tb
+from tests.e2e.deploying import Indexes
+from tests.e2e.index import wait_for
+from tests.e2e.serving import RELEASE, base_data, deploy, health, ok, serving_spec
+from tests.e2e.serving import serving_indexes as serving_indexes  # the `indexes` fixture
+from tests.testbed import Container
+
+pytestmark = pytest.mark.e2e
+
+RANKS = 2
+BUILT = re.compile(r"\[double\] flashinfer jit: built (\S+) in (\S+)")
+TUNED = "[double] triton autotune: tuned"
+DROP_IN = "/etc/systemd/system/sglang@1.service.d/slow.conf"
+
+
+@pytest.fixture(scope="module")
+def served(
+    testbed: tb.Testbed, indexes: Indexes, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Container]:
+    (container,) = testbed.boot(serving_spec())
+    try:
+        data = base_data(container, indexes, dp_size=RANKS)
+        ok(deploy(tmp_path_factory.mktemp("start-deploy"), {container: data}))
+        yield container
+    finally:
+        testbed.destroy(container)
+
+
+def invocation_journal(c: Container, rank: int) -> str:
+    """The rank's journal since its current start (this invocation's lines only)."""
+    unit = layout.unit_name(rank)
+    _, out, _ = c.ssh_run(
+        f"journalctl -o short-unix --no-pager -q _SYSTEMD_INVOCATION_ID="
+        f"$(systemctl show -p InvocationID --value {unit})"
+    )
+    return out
+
+
+def wait_script(c: Container, timeout: int, *ranks: int) -> tuple[int, str]:
+    checks = [f"{layout.unit_name(r)}=http://{c.address}:{30000 + r}/health" for r in ranks]
+    words = ["python3", layout.WAIT_SCRIPT, "--timeout", str(timeout), "--service-user"]
+    command = shlex.join(
+        [*words, "sglang", "--phases", startup_patterns(RELEASE), "--silence", "600", *checks]
+    )
+    rc, out, err = c.ssh_run(command, timeout=timeout + 60)
+    return rc, out + err
+
+
+def test_a_cold_start_builds_each_module_once_into_the_engines_own_cache(
+    served: Container,
+) -> None:
+    c = served
+    _, unit, _ = c.ssh_run(f"cat {layout.unit_path(layout.unit_name(0))}")
+    cache = re.search(r'"FLASHINFER_WORKSPACE_BASE=([^"]+)"', unit)
+    assert cache is not None, unit
+    _, owner, _ = c.ssh_run(f"stat -c %U {shlex.quote(cache.group(1))}")
+    assert owner.strip() == "sglang"
+    built = [
+        m.group(1) for rank in range(RANKS) for m in BUILT.finditer(invocation_journal(c, rank))
+    ]
+    # Both ranks started together: the lock let one build each module, the other waited.
+    assert sorted(built) == ["batch_decode_with_kv_cache", "batch_prefill_with_kv_cache"], built
+    where = {m.group(2) for r in range(RANKS) for m in BUILT.finditer(invocation_journal(c, r))}
+    assert all(w.startswith(cache.group(1) + "/.cache/flashinfer/") for w in where), where
+
+
+def test_a_restarted_rank_builds_and_tunes_nothing_and_its_start_is_read(
+    served: Container,
+) -> None:
+    c = served
+    c.ssh_run(f"systemctl restart {layout.unit_name(0)}")
+    rc, out = wait_script(c, 120, 0)
+    assert rc == 0, out
+    journal = invocation_journal(c, 0)
+    assert "ready to roll" in journal
+    assert BUILT.search(journal) is None and TUNED not in journal, journal
+    # The wait's one line: the start phase by phase, in 0.5.11's words.
+    line = next(x for x in out.splitlines() if x.startswith("start-up "))
+    assert re.search(r"sglang@0\.service: healthy \d+\.\d s: weights \d+\.\d s, graphs", line), line
+
+
+def test_a_start_past_its_budget_fails_by_name_with_its_last_phase(served: Container) -> None:
+    c = served
+    c.ssh_run(
+        f"mkdir -p {shlex.quote(str(Path(DROP_IN).parent))} && printf '[Service]\\n"
+        "Environment=SGLANG_DOUBLE_LOAD_SECONDS=600\\n' > " + DROP_IN + " && "
+        f"systemctl daemon-reload && systemctl restart {layout.unit_name(1)}"
+    )
+    try:
+        rc, out = wait_script(c, 8, 1)
+        assert rc == 1, out
+        assert "sglang@1.service: no 200" in out, out
+        assert "last phase weight_load_begin" in out, out
+        assert "Load weight begin. avail mem=" in out, out  # the journal around that phase
+    finally:
+        c.ssh_run(
+            f"rm -f {DROP_IN} && systemctl daemon-reload && systemctl restart {layout.unit_name(1)}"
+        )
+        wait_for(lambda: health(c, 30001) == 200, 120, "rank 1 healthy again")
