@@ -78,6 +78,9 @@ ROLL_BATCH_SCRIPT = f"{SCRIPT_DIR}/roll_batch.py"
 # and the drain script from here (docs/security.md "The router's control plane").
 CONTROL_PLANE_KEY_FILE = f"{CONFIG_DIR}/router-control-plane.key"
 CONTROL_PLANE_CREDENTIAL = "control-plane-key"
+# The ranks' API key file (SECRETS_FILE) handed to smg as a credential: it probes and routes to
+# ranks that want the key (programs/router_launch.py API_KEY_CREDENTIAL).
+API_KEY_CREDENTIAL = "api-key"
 ROUTER_LAUNCH_SCRIPT = f"{SCRIPT_DIR}/router_launch.py"
 ROUTER_MARKER = ".sglang-deploy-complete"
 
@@ -495,9 +498,10 @@ def local_url(address: str, port: int) -> str:
     return f"http://{address}:{port}"
 
 
-def health_url(address: str, port: int) -> str:
-    """/health as the host itself reaches a server bound to `address`."""
-    return f"{local_url(address, port)}/health"
+def health_url(address: str, port: int, path: str = "/health") -> str:
+    """/health (or another probe `path`) as the host itself reaches a server bound to
+    `address`."""
+    return f"{local_url(address, port)}{path}"
 
 
 def rank_health_url(settings: Settings, rank: int) -> str:

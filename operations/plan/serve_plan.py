@@ -341,7 +341,9 @@ def serve_plan(
     # Whether this run writes the control-plane key here: decided once, for the key and the
     # router's restart.
     key_due = router_key_changes(s, serving.files)
-    router_restart = router is not None and router_restarts(serving, router, key_due)
+    # smg holds the ranks' API key too (render/units.router_unit): a new key restarts it.
+    holds_key = router is not None and router.package == "smg" and secret_changed
+    router_restart = router is not None and router_restarts(serving, router, key_due or holds_key)
 
     batch_smoke: list[SmokeRequests | None] = []
     for batch in roll.batches:

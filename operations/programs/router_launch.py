@@ -22,6 +22,7 @@ open.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -49,6 +50,26 @@ def control_plane_key() -> str:
     return key
 
 
+# layout.API_KEY_CREDENTIAL: the ranks' API key file (SECRETS_FILE, `api-key: "KEY"`), loaded
+# only for smg in front of ranks that want it: smg sends it to them (--api-key) and asks it of
+# its own clients, as the ranks do.
+API_KEY_CREDENTIAL = "api-key"
+
+
+def ranks_api_key() -> str | None:
+    """The ranks' API key from its credential, or None when the unit loads none."""
+    path = Path(os.environ.get("CREDENTIALS_DIRECTORY", "")) / API_KEY_CREDENTIAL
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("api-key:"):
+            key = json.loads(line.split(":", 1)[1])
+            return key if isinstance(key, str) and key else None
+    return None
+
+
 def main() -> int:
     if len(sys.argv) < 2:
         print("usage: router_launch.py MODULE [OPTIONS...]", file=sys.stderr)
@@ -62,6 +83,9 @@ def main() -> int:
     # host's standard library: this one script runs with the router environment's python).
     router = importlib.import_module(sys.argv[1])
     options = [*sys.argv[2:], "--control-plane-api-keys", f"{KEY_ID}:{KEY_NAME}:admin:{key}"]
+    api_key = ranks_api_key()
+    if api_key is not None:
+        options += ["--api-key", api_key]
     router.launch_router(router.parse_router_args(options))
     return 0
 

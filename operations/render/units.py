@@ -200,7 +200,12 @@ def router_unit(settings: Settings, argv: list[str], workers: int, package: str)
     key handed over as a credential (LoadCredential=, layout's constants)."""
     router = settings.router
     assert router is not None
-    credential = f"{layout.CONTROL_PLANE_CREDENTIAL}:{layout.CONTROL_PLANE_KEY_FILE}"
+    credentials = [f"{layout.CONTROL_PLANE_CREDENTIAL}:{layout.CONTROL_PLANE_KEY_FILE}"]
+    if package == "smg" and settings.api_key_file:
+        # smg asks each rank's /v1/models and /server_info before it routes to it
+        # (workflow/steps/local/detect_backend.rs, discover_metadata.rs in the 1.13.0 sdist):
+        # ranks that want the API key answer it 401 unless it sends the key (--api-key).
+        credentials.append(f"{layout.API_KEY_CREDENTIAL}:{layout.SECRETS_FILE}")
     return render(
         ROUTER_TEMPLATE,
         description=text(
@@ -208,7 +213,7 @@ def router_unit(settings: Settings, argv: list[str], workers: int, package: str)
         ),
         user=settings.service_user,
         exec_start=exec_line(argv),
-        credential=path_word(credential),
+        credentials=[path_word(c) for c in credentials],
         start_limit_burst=START_LIMIT_BURST,
         start_limit_interval_s=START_LIMIT_INTERVAL_S,
         limit_nofile=LIMIT_NOFILE,

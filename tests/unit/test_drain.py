@@ -103,7 +103,7 @@ def test_the_drain_script_reads_running_and_queued_requests_from_the_double(
         "import sys, types; sys.modules['sglang._double_build'] = types.SimpleNamespace("
         "VERSION='0.5.11'); sys.path.insert(0, 'tests/doubles/packages');"
         "import argparse; from sglang._server_double import _State, metrics_text;"
-        "s = _State(argparse.Namespace(served_model_name='m', model_path='/m'), 0);"
+        "s = _State(argparse.Namespace(served_model_name='m', model_path='/m'));"
         "s.running = 3; print(metrics_text(s))"
     )
     text = subprocess.run(
@@ -368,6 +368,22 @@ def test_the_launcher_hands_the_key_to_the_parser_never_to_a_command_line(tmp_pa
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
+@pytest.mark.integration
+def test_the_launcher_gives_smg_the_ranks_api_key_in_process(tmp_path: Path) -> None:
+    """Ranks that want an API key answer smg's probes 401 without it (seen: "HTTP backend
+    detection failed ... /v1/models returned status 401"): the unit loads the ranks' key file as
+    a second credential and the launcher hands it to the parser as --api-key, never to argv."""
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    (credentials / "control-plane-key").write_text(KEY + "\n")
+    (credentials / "api-key").write_text('api-key: "ranks-key-9f8e"\n')
+    proc = run_launcher(tmp_path, {"CREDENTIALS_DIRECTORY": str(credentials)})
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout)
+    assert seen["args"][-2:] == ["--api-key", "ranks-key-9f8e"]
+    assert "ranks-key-9f8e" not in seen["cmdline"]
+
+
 @pytest.mark.parametrize(
     ("version", "module", "env"),
     [
@@ -389,6 +405,20 @@ def test_the_router_unit_loads_the_key_as_a_credential_and_no_key_is_in_it(
     # Each release from its own environment (both install an `smg` command), its own launcher.
     assert router.argv[:3] == [env, "/usr/local/lib/sglang-deploy/router_launch.py", module]
     assert "--control-plane-api-keys" not in router.argv  # the launcher adds it, in-process
+
+
+def test_smg_loads_the_ranks_api_key_as_a_credential_where_the_ranks_want_one() -> None:
+    """smg only (sglang-router 0.3.2 never probed the ranks), and only with an api_key_file."""
+    credential = "LoadCredential=api-key:/etc/sglang/secrets.yaml"
+    for version, api_key_file, loaded in [
+        ("1.13.0", "/etc/keys/api", True),
+        ("1.13.0", None, False),
+        ("0.3.2", "/etc/keys/api", False),
+    ]:
+        s = dataclasses.replace(with_router(version=version), api_key_file=api_key_file)
+        router = resolver.resolve_router(s, "ct200", [("ct200", s)])
+        assert (credential in router.unit) == loaded, (version, api_key_file)
+        assert "--api-key" not in router.argv
 
 
 def test_a_router_release_without_control_plane_keys_is_refused(

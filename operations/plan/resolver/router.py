@@ -194,6 +194,15 @@ def _port_problems(
     return errors, warnings
 
 
+def ready_path(package: str) -> str:
+    """Where the router says it can route a request. smg's /health answers 200 as soon as its
+    process listens (model_gateway/src/server.rs:157, 1214 in the smg 1.13.0 sdist), while its
+    workers are still being checked: a chat request then gets 404 model_not_found (seen by the
+    e2e smoke through the router). Its /readiness answers 200 once a worker is healthy
+    (server.rs:153, 1213; health.rs:159-192, 228-258). sglang-router 0.3.2 has only /health."""
+    return "/readiness" if package == "smg" else "/health"
+
+
 def resolve_router(
     settings: Settings,
     host_name: str,
@@ -294,7 +303,7 @@ def resolve_router(
         argv=argv,
         unit=unit,
         workers=workers,
-        health_url=layout.health_url(router.bind, router.port),
+        health_url=layout.health_url(router.bind, router.port, ready_path(package)),
         env_dir=env_dir,
         version=router.version,
         package=package,
