@@ -158,8 +158,9 @@ def decide(
         cited = ", ".join(s.id for s in api.drain.source)
         settle = (
             f"; the router's settle for the drained rank is {ROLL_SETTLE_S}s, not its default "
-            f"{api.drain.settle_secs}s ({api.drain.settle_update} before the removal, once "
-            f"{api.drain.settle_applied} shows that job done, and on the re-add), so the re-add, "
+            f"{api.drain.settle_secs}s ({api.drain.settle_update} before the removal, which "
+            f"waits until {api.drain.settle_applied} shows that job done; and on the re-add's "
+            "POST), so the re-add, "
             f"refused while it is listed {api.drain.state}, waits at most {ROLL_SETTLE_S}s: the "
             "shortest settle that keeps it listed draining a while (0 skips the drain), "
             "enough for the router to stop picking it; the rank's own gauges, not the timer, "
