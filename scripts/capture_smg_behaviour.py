@@ -14,6 +14,8 @@ credential directory, so the key reaches smg's own parser in-process, never an a
 Records, with the key closed:
 - the worker API's status codes: GET /workers without a key, with a wrong one, with the key;
   POST of a new and of a listed URL; PATCH; DELETE of an unknown id;
+- the per-worker drain settle: carried by a POST (health.drain_settle_secs 1), set by PATCH
+  (1, and 0), and what GET /workers/{id} says (`job_status`) while the PATCH's job runs;
 - the `status` of each worker in GET /workers before, during and after a DELETE with requests
   in flight, how long the DELETE takes to remove it, whether requests sent while it drains
   reach it, and how the requests in flight at the removal end;
@@ -325,6 +327,57 @@ def r1(seconds: float) -> float:
 # -- the capture -------------------------------------------------------------------------------
 
 
+def removal(port: int, url: str, worker_id: str) -> dict[str, Any]:
+    """DELETE the worker: the statuses it is listed in until it leaves the list, and when."""
+    start = time.monotonic()
+    http("DELETE", port, f"/workers/{worker_id}", key=KEY)
+    seen: list[str] = []
+    while (listed := workers(port).get(url)) is not None and time.monotonic() - start < 30:
+        if not seen or seen[-1] != listed.get("status"):
+            seen.append(str(listed.get("status")))
+        time.sleep(0.01)
+    return {"statuses seen until removed": seen, "removed_after_s": r1(time.monotonic() - start)}
+
+
+def capture_settle(port: int, url: str) -> dict[str, Any]:
+    """The per-worker drain settle, on a worker (`url`, not listed) added for it: carried by the
+    POST (health.drain_settle_secs), and set by PATCH, a queued job whose status GET
+    /workers/{id} shows until it is done; settle 0 (no draining state at all?)."""
+    found: dict[str, Any] = {}
+    health = {"health": {"drain_settle_secs": 1}}
+    http("POST", port, "/workers", {"url": url, **health}, key=KEY)
+    wait_for(lambda: workers(port).get(url, {}).get("status") == "ready", 60, "ready")
+    listed = workers(port)[url]
+    found["drain_after_post_settle_1s"] = {
+        "listed health": listed.get("health"),
+        **removal(port, url, listed["id"]),
+    }
+    http("POST", port, "/workers", {"url": url}, key=KEY)
+    wait_for(lambda: workers(port).get(url, {}).get("status") == "ready", 60, "ready")
+    worker_id = workers(port)[url]["id"]
+    patch = http("PATCH", port, f"/workers/{worker_id}", {"health": {"drain_settle_secs": 0}}, KEY)
+    jobs: list[str | None] = []
+    worker_statuses: set[str] = set()
+    start = time.monotonic()
+    while time.monotonic() - start < 30:
+        got = http("GET", port, f"/workers/{worker_id}", key=KEY)[1]
+        job = got.get("job_status")
+        now = None if job is None else f"{job['job_type']} {job['status']}"
+        if not jobs or jobs[-1] != now:
+            jobs.append(now)
+        worker_statuses.add(str(got.get("status")))
+        if job is None:
+            break
+    found["PATCH /workers/{id}: GET /workers/{id} while the update runs"] = {
+        "PATCH status": patch[0],
+        "job_status seen (null: done)": jobs,
+        "worker statuses seen": sorted(worker_statuses),
+        "listed health after the PATCH": workers(port)[url].get("health"),
+    }
+    found["drain_after_patch_settle_0s"] = removal(port, url, worker_id)
+    return found
+
+
 def capture(python: str, version: str) -> dict[str, Any]:
     a, b, c = Rank("a"), Rank("b"), Rank("c")
     names = {a.url: "a", b.url: "b", c.url: "c"}
@@ -375,6 +428,7 @@ def capture(python: str, version: str) -> dict[str, Any]:
         )[0]
         wait_for(lambda: c.url not in workers(port), 30, "c removed")
         found["drain_after_patch_settle_1s"] = {"removed_after_s": r1(time.monotonic() - start)}
+        found.update(capture_settle(port, c.url))
 
         # The default drain (5 s) with requests in flight on the drained worker.
         results: list[dict[str, Any]] = []

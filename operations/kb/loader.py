@@ -311,6 +311,7 @@ class _Reader:
                 drain["state"],
                 drain["settle_secs"],
                 drain["settle_update"],
+                drain["settle_applied"],
                 drain["waits_for_in_flight"],
                 drain["why"],
                 self.cites(f"{where}.drain", drain["source"]),

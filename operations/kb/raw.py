@@ -212,6 +212,7 @@ class RawRouterDrain(TypedDict):
     state: str
     settle_secs: int
     settle_update: str
+    settle_applied: str
     waits_for_in_flight: bool
     why: str
     source: RawCites

@@ -409,12 +409,14 @@ RouterPackage = Literal["sglang-router", "smg"]
 class RouterDrain:
     """What the router's removal does before the worker leaves its list: the `state` it lists
     the worker in meanwhile (no new requests), for `settle_secs` (per worker, set through
-    `settle_update`), and whether it waits for the worker's in-flight requests (smg 1.13: no,
-    a timer)."""
+    `settle_update`, a queued job: `settle_applied` lists the worker with its job's status
+    until the update is done), and whether it waits for the worker's in-flight requests
+    (smg 1.13: no, a timer)."""
 
     state: str
     settle_secs: int
     settle_update: str
+    settle_applied: str
     waits_for_in_flight: bool
     why: str
     source: Cites

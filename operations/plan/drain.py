@@ -7,6 +7,9 @@ request reaches it while the requests it already has finish; smg's own drain is 
 not wait for them, so the step waits until its own /metrics shows nothing running or queued
 (`sglang:num_running_reqs` + `sglang:num_queue_reqs` = 0) for at most `drain_timeout_s`, then
 restarts it, waits for /health and a chat request, and only then puts it back (`POST /workers`).
+smg keeps a removed worker listed `draining` for its drain settle time (5 s by default) and
+refuses to re-add it until then: the roll sets the drained worker's own settle to ROLL_SETTLE_S
+first (the release's `settle_update`, once that job is done), and the re-add's POST carries it.
 Every call sends the router's control-plane key (layout.CONTROL_PLANE_KEY_FILE, read on the host;
 resolver/router.py says how sglang-router checks it). The serve step carries this out with
 files/router_workers.py; this module only decides it (pure: settings and knowledge in, DrainPlan
@@ -25,6 +28,14 @@ from operations.kb import Knowledge, RouterRelease
 from operations.plan.vocabulary import Decision
 from operations.settings import Settings
 
+# smg's drain settle for a worker a roll drains, in its unit (whole seconds): the shortest that
+# still keeps the worker listed `draining` a while (0 is smg's "skip draining": removed within a
+# poll; the knowledge base's routers."1.13.0".drain and its capture). What protects the worker's
+# requests is the roll's own wait on the rank's gauges; smg's timer only has to last until smg
+# stops picking the worker, which the `draining` state does at once. Its default (5 s) made
+# each re-add wait it out.
+ROLL_SETTLE_S = 1
+
 
 @dataclass(frozen=True)
 class DrainPlan:
@@ -42,6 +53,9 @@ class DrainPlan:
     readmit_timeout_s: int
     # The control-plane key on this host, which every call sends (files/router_workers.py).
     key_file: str = layout.CONTROL_PLANE_KEY_FILE
+    # The router's drain settle for a drained worker, set before its removal and on its re-add
+    # (smg); None: the release has no per-worker settle (sglang-router 0.3.2 removes at once).
+    settle_s: int | None = None
 
     def worker(self, rank: int) -> str:
         """The rank as the router names it (its --worker-urls entry, resolver.worker_urls)."""
@@ -131,25 +145,39 @@ def decide(
         api=api,
         timeout_s=settings.drain_timeout_s,
         readmit_timeout_s=router.worker_startup_timeout_s,
+        settle_s=ROLL_SETTLE_S if api.drain is not None else None,
     )
     sources = ", ".join(s.url for s in api.source)
-    timer = (
-        f", listed {api.drain.state} meanwhile: the router's own drain is a timer "
-        f"({api.drain.settle_secs}s) that does not wait for them"
-        if api.drain is not None and not api.drain.waits_for_in_flight
-        else ""
-    )
+    timer = settle = ""
+    if api.drain is not None and not api.drain.waits_for_in_flight:
+        timer = (
+            f", listed {api.drain.state} meanwhile: the router's own drain is a timer "
+            f"({api.drain.settle_secs}s by default) that does not wait for them"
+        )
+    if api.drain is not None:
+        cited = ", ".join(s.id for s in api.drain.source)
+        settle = (
+            f"; the router's settle for the drained rank is {ROLL_SETTLE_S}s, not its default "
+            f"{api.drain.settle_secs}s ({api.drain.settle_update} before the removal, which "
+            f"waits until {api.drain.settle_applied} shows that job done; and on the re-add's "
+            "POST), so the re-add, "
+            f"refused while it is listed {api.drain.state}, waits at most {ROLL_SETTLE_S}s: the "
+            "shortest settle that keeps it listed draining a while (0 skips the drain), "
+            "enough for the router to stop picking it; the rank's own gauges, not the timer, "
+            f'protect its requests (knowledge base routers."{router.version}".drain: {cited})'
+        )
     return (
         plan,
         Decision(
             "roll drain",
             f"through {api.package} {router.version} at {plan.router_url}, up to "
-            f"{settings.drain_timeout_s}s per batch",
+            f"{settings.drain_timeout_s}s per batch"
+            + (f", router settle {plan.settle_s}s" if plan.settle_s is not None else ""),
             f"each restarted rank leaves the router first ({api.remove_worker}{timer}), "
             "finishes its in-flight requests (its sglang:num_running_reqs and num_queue_reqs at "
             f"0, or {settings.drain_timeout_s}s), restarts, answers /health and a chat request, "
-            f"then rejoins ({api.add_worker}); a rank that fails stays out and the roll stops "
-            f"({sources})",
+            f"then rejoins ({api.add_worker}); a rank that fails stays out and the roll stops"
+            f"{settle} ({sources})",
         ),
         [],
     )

@@ -19,6 +19,15 @@ sends none (a router from before the key, started without one); a router that re
 (`draining`: no new request reaches it; smg removes it after drain_settle_secs, 5 s, whether
 or not requests are still in flight there: the knowledge base's routers."1.13.0".drain).
 
+--settle S --update 'PATCH /workers/{id}' --applied 'GET /workers/{id}' (smg): the worker's
+own drain_settle_secs, set to S before its removal ({"health": {"drain_settle_secs": S}}),
+unless the router lists it with that settle already (the POST that added it carried it), and
+carried by the re-add's POST. The update is a queued job (202) that replaces the worker: the
+removal waits until --applied shows no job of the worker's pending or processing (smg's
+`job_status`; a DELETE before then may drain on the old settle, or be overtaken by the replace,
+which would list the worker routable again: tests/fixtures/smg/behaviour-1.13.0.json
+"PATCH /workers/{id}: GET /workers/{id} while the update runs").
+
 out: each worker the router lists is removed (DELETE; the router sends it nothing new; what it
      already sent finishes); a worker is out once the router no longer lists it or lists it
      --draining. Then each rank's own /metrics is read (rank_metrics.py) until
@@ -117,6 +126,19 @@ def call(base: str, spec: str, body: Any = None, **ids: str) -> Any:
     return json.loads(raw) if raw.strip() else None
 
 
+class Health(TypedDict, total=False):
+    """smg: a worker's own health settings as its POST gave them (not its PATCHes)."""
+
+    drain_settle_secs: int
+
+
+class Job(TypedDict, total=False):
+    """smg: the worker's control-plane job (GET /workers/{id}), absent once it succeeded."""
+
+    job_type: str
+    status: str  # pending, processing, failed
+
+
 class Worker(TypedDict, total=False):
     """One of the router's workers as its list answers it ({"workers": [...]}): the keys read
     here, as the real routers answer them (sglang-router 0.3.2: the e2e crash test reads its
@@ -127,6 +149,8 @@ class Worker(TypedDict, total=False):
     url: str
     is_healthy: bool
     status: str  # smg: pending, ready, not_ready, failed, draining
+    health: Health  # smg
+    job_status: Job  # smg, GET /workers/{id} only
 
 
 def draining(worker: Worker | None, state: str) -> bool:
@@ -166,13 +190,16 @@ def take_out(args: argparse.Namespace, targets: list[tuple[str, str, str]]) -> i
     except RouterError as error:
         print(f"router does not answer ({error}): the ranks restart undrained", flush=True)
         return 0
+    leaving: list[Worker] = []
     for unit, url, _ in targets:
         worker = workers.get(url)
         if worker is None:
             print(f"{unit}: {url} is not in the router", flush=True)
-            continue
-        if draining(worker, args.draining):
-            continue  # an earlier run's removal, still settling
+        elif not draining(worker, args.draining):  # else an earlier run's removal, settling
+            leaving.append(worker)
+    if args.settle is not None:
+        set_settle(args, leaving)
+    for worker in leaving:
         try:
             call(args.router, args.remove, id=worker["id"])
         except RouterRefused:
@@ -229,6 +256,52 @@ def take_out(args: argparse.Namespace, targets: list[tuple[str, str, str]]) -> i
     return 0
 
 
+def set_settle(args: argparse.Namespace, leaving: list[Worker]) -> None:
+    """Each worker's drain settle set to --settle (smg), and each update done, before any
+    removal; a worker gone meanwhile (404) needs none."""
+    updating: list[Worker] = []
+    for worker in leaving:
+        if worker.get("health", {}).get("drain_settle_secs") == args.settle:
+            continue  # its POST carried it
+        body = {"health": {"drain_settle_secs": args.settle}}
+        try:
+            call(args.router, args.update, body=body, id=worker["id"])
+        except RouterRefused:
+            raise
+        except RouterError as error:
+            if error.status != 404:
+                raise
+            continue
+        updating.append(worker)
+    deadline = time.monotonic() + REMOVAL_TIMEOUT_S
+    sleeps = backoff(FIRST_POLL_S, POLL_GROWTH, MAX_POLL_S)
+    while updating := [w for w in updating if _updating(args, w)]:
+        if time.monotonic() > deadline:
+            urls = ", ".join(w["url"] for w in updating)
+            raise RouterError(
+                f"the router's update of {urls} is not done after {REMOVAL_TIMEOUT_S}s: "
+                "nothing is removed"
+            )
+        time.sleep(next(sleeps))  # polling the router's job, with a deadline
+
+
+def _updating(args: argparse.Namespace, worker: Worker) -> bool:
+    """Whether the router still has a job of this worker's pending or processing; one that
+    failed is done (the removal drains on whichever settle the worker has)."""
+    try:
+        answer: Worker = call(args.router, args.applied, id=worker["id"])
+    except RouterRefused:
+        raise
+    except RouterError as error:
+        if error.status == 404:
+            return False
+        raise
+    job = answer.get("job_status")
+    if job is not None and job.get("status") == "failed":
+        print(f"{worker['url']}: the router's {job.get('job_type')} failed: default settle")
+    return job is not None and job.get("status") in ("pending", "processing")
+
+
 def put_back(args: argparse.Namespace, targets: list[tuple[str, str]]) -> int:
     start = time.monotonic()
     try:
@@ -275,8 +348,11 @@ def _listed_routable(workers: dict[str, Worker], url: str, args: argparse.Namesp
 def _add(args: argparse.Namespace, url: str) -> bool:
     """POST the worker; False when the router still has it (409: smg lists it until its drain
     settles), to try again once it has left the list."""
+    body: dict[str, object] = {"url": url}
+    if args.settle is not None:  # its next drain settles as this one did (smg)
+        body["health"] = {"drain_settle_secs": args.settle}
     try:
-        call(args.router, args.add, body={"url": url})
+        call(args.router, args.add, body=body)
     except RouterRefused:
         raise
     except RouterError as error:
@@ -294,6 +370,9 @@ def main() -> int:
     parser.add_argument("--add", required=True)
     parser.add_argument("--key-file", default="")
     parser.add_argument("--draining", default="")
+    parser.add_argument("--settle", type=int)
+    parser.add_argument("--update", default="")
+    parser.add_argument("--applied", default="")
     parser.add_argument("--timeout", type=float, required=True)
     parser.add_argument("action", choices=("out", "in"))
     parser.add_argument("targets", nargs="+")

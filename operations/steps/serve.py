@@ -93,6 +93,7 @@ class WorkersArgs(TypedDict):
     targets: list[str]
     key_file: str
     draining: str
+    settle: tuple[int, str, str] | None
 
 
 @operation(is_idempotent=False)
@@ -104,6 +105,7 @@ def router_workers(
     targets: list[str],
     key_file: str = layout.CONTROL_PLANE_KEY_FILE,
     draining: str = "",
+    settle: tuple[int, str, str] | None = None,
 ) -> Commands:
     """
     Take ranks out of the router and wait for their in-flight requests, or put them back.
@@ -115,12 +117,17 @@ def router_workers(
     + targets: out: UNIT=WORKER_URL=METRICS_URL; in: UNIT=WORKER_URL
     + key_file: the control-plane key on the host (its path only: the script reads it)
     + draining: the state the router lists a removed worker in while it settles (smg), or ""
+    + settle: (seconds, update call, the call that shows the update done): the drained worker's
+      settle (smg), set before its removal and carried by its re-add; None: the router's own
     """
     list_call, remove_call, add_call = api
     words = ["python3", layout.ROUTER_WORKERS_SCRIPT, "--router", router]
     words += ["--list", list_call, "--remove", remove_call, "--add", add_call]
     words += ["--key-file", key_file]
     words += ["--draining", draining] if draining else []
+    if settle is not None:
+        seconds, update_call, applied_call = settle
+        words += ["--settle", str(seconds), "--update", update_call, "--applied", applied_call]
     words += ["--timeout", str(timeout_s), action, *targets]
     yield shlex.join(words)
 
@@ -288,6 +295,7 @@ class ServeStep:
         else:
             targets = [f"{layout.unit_name(r)}={drain.worker(r)}" for r in ranks]
             timeout_s = drain.readmit_timeout_s
+        api_drain = drain.api.drain
         return {
             "action": action,
             "router": drain.router_url,
@@ -295,7 +303,10 @@ class ServeStep:
             "timeout_s": timeout_s,
             "targets": targets,
             "key_file": drain.key_file,
-            "draining": drain.api.drain.state if drain.api.drain is not None else "",
+            "draining": api_drain.state if api_drain is not None else "",
+            "settle": None
+            if api_drain is None or drain.settle_s is None
+            else (drain.settle_s, api_drain.settle_update, api_drain.settle_applied),
         }
 
     def _remove(self) -> None:

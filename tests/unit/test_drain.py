@@ -19,6 +19,7 @@ from operations.plan import drain, resolver
 from operations.render import host_scripts
 from operations.settings import Settings
 from tests.unit.builders import facts, make_settings
+from tests.unit.router_double import ControlPlane
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUTER = {"host": "ct200", "port": 8000, "bind": "0.0.0.0"}
@@ -121,84 +122,6 @@ def test_the_drain_script_reads_running_and_queued_requests_from_the_double(
 KEY = "k3y-0f-the-c0ntrol-plane-9a8b7c6d"
 
 
-class ControlPlane:
-    """A double of sglang-router 0.3.2's worker API behind its control-plane check: `GET/POST
-    /workers`, `DELETE /workers/{id}` answer 401 unless `Authorization: Bearer KEY`
-    (src/auth/middleware.rs:214-361, src/server.rs:634-656; the POST and DELETE are queued jobs
-    answered 202, src/core/worker_service.rs:225-259). `key=None`: the router as started
-    before, with no key (the middleware lets everything through, src/middleware.rs:114-148)."""
-
-    def __init__(self, key: str | None, settle_s: float | None = None) -> None:
-        import http.server
-        import threading
-
-        # settle_s: smg 1.13.0 instead (tests/fixtures/smg/behaviour-1.13.0.json, captured from
-        # the real binary): each worker has a `status`; DELETE lists it `draining` at once and
-        # removes it settle_s later ("drain_default_with_requests_in_flight": 5.1 s); POST of a
-        # URL it lists is 409 WORKER_ALREADY_EXISTS ("worker_api"); a new one is listed ready.
-        self.workers: dict[str, dict[str, object]] = {}
-        self.calls: list[tuple[str, str, str | None]] = []
-        self.timers: list[threading.Timer] = []
-        plane = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def _handle(self) -> None:
-                auth = self.headers.get("Authorization")
-                plane.calls.append((self.command, self.path, auth))
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if key is not None and auth != f"Bearer {key}":
-                    self._send(401, b"Invalid authentication token")
-                elif self.command == "GET":
-                    listed = [{"id": i, **w} for i, w in plane.workers.items()]
-                    self._send(200, json.dumps({"workers": listed}).encode())
-                elif self.command == "POST":
-                    url = json.loads(body)["url"]
-                    if settle_s is not None and url in [w["url"] for w in plane.workers.values()]:
-                        self._send(409, b'{"code": "WORKER_ALREADY_EXISTS"}')
-                        return
-                    worker: dict[str, object] = {"url": url, "is_healthy": True}
-                    if settle_s is not None:
-                        worker["status"] = "ready"
-                    plane.workers[f"id-{len(plane.calls)}"] = worker
-                    self._send(202, b"{}")
-                elif settle_s is not None:
-                    worker_id = self.path.rsplit("/", 1)[1]
-                    if worker_id not in plane.workers:
-                        self._send(404, b"{}")
-                        return
-                    plane.workers[worker_id]["status"] = "draining"
-                    timer = threading.Timer(settle_s, plane.workers.pop, (worker_id, None))
-                    plane.timers.append(timer)
-                    timer.start()
-                    self._send(202, b"{}")
-                else:
-                    plane.workers.pop(self.path.rsplit("/", 1)[1], None)
-                    self._send(202, b"{}")
-
-            def _send(self, code: int, body: bytes) -> None:
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            do_GET = do_POST = do_DELETE = _handle
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        for timer in self.timers:
-            timer.cancel()
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join()
-
-
 def run_drain(
     tmp_path: Path, plane: ControlPlane, key_file: Path, *args: str, draining: str = ""
 ) -> tuple[int, str]:
@@ -267,6 +190,74 @@ def test_behind_smg_a_draining_rank_is_out_and_its_re_add_waits_until_smg_lets_i
         # Never a POST while smg still listed it: no 409 was asked for.
         posts = [c for c in plane.calls if c[0] == "POST"]
         assert len(posts) == 1, plane.calls
+    finally:
+        plane.stop()
+
+
+SETTLE = ["--settle", "1", "--update", "PATCH /workers/{id}", "--applied", "GET /workers/{id}"]
+
+
+def test_behind_smg_the_plan_sets_a_short_settle_for_the_drained_rank_with_its_source() -> None:
+    s = with_router()
+    plan, decision, _ = drain.decide("ct200", s, [("ct200", s)], kb.load())
+    assert plan is not None and plan.settle_s == drain.ROLL_SETTLE_S == 1
+    assert "router settle 1s" in decision.value
+    for said in ("PATCH /workers/{id}", "not its default 5s", "smg-1.13.0-capture"):
+        assert said in decision.why, said
+    # The step hands it to the drain script, with the release's calls.
+    from operations.steps.serve import host_argv, router_workers
+
+    argv = host_argv(
+        router_workers,
+        action="out",
+        router=plan.router_url,
+        api=("GET /workers", "DELETE /workers/{id}", "POST /workers"),
+        timeout_s=5,
+        targets=["u=http://127.0.0.1:9="],
+        settle=(1, "PATCH /workers/{id}", "GET /workers/{id}"),
+    )
+    assert " ".join(SETTLE) in " ".join(argv)
+    # sglang-router 0.3.2 removes at once: no settle to set.
+    old = with_router(version="0.3.2")
+    plan, decision, _ = drain.decide("ct200", old, [("ct200", old)], kb.load())
+    assert plan is not None and plan.settle_s is None and "settle" not in decision.value
+
+
+@pytest.mark.integration
+def test_behind_smg_the_drained_worker_settles_in_1s_set_before_its_removal(
+    tmp_path: Path,
+) -> None:
+    """The double keeps smg's default settle (5 s): `out` PATCHes the worker's settle to 1,
+    removes it only once GET /workers/{id} shows that job done (before, the double's replace
+    would list it ready again, as smg's would), so `in` right after waits about 1 s, not 5;
+    the re-add's POST carries the settle, and the next drain needs no PATCH."""
+    key_file = tmp_path / "key"
+    key_file.write_text(KEY + "\n")
+    plane = ControlPlane(KEY, settle_s=5.0)
+    rank = "http://127.0.0.1:9"
+    try:
+        plane.workers["id-0"] = {"url": rank, "is_healthy": True, "status": "ready"}
+        smg = ("--draining", "draining", *SETTLE)
+        rc, out = run_drain(tmp_path, plane, key_file, *smg, "out", f"u={rank}=")
+        assert rc == 0, out
+        called = [(m, p) for m, p, _ in plane.calls]
+        patched, deleted = (
+            called.index(("PATCH", "/workers/id-0")),
+            called.index(("DELETE", "/workers/id-0")),
+        )
+        assert patched < called.index(("GET", "/workers/id-0")) < deleted, called
+        assert plane.bodies[patched][2] == {"health": {"drain_settle_secs": 1}}
+        assert plane.workers["id-0"]["status"] == "draining"  # the update did not undo it
+        rc, out = run_drain(tmp_path, plane, key_file, *smg, "in", f"u={rank}")
+        readmitted = re.search(r"readmitted u in ([0-9.]+) s", out)
+        assert rc == 0 and readmitted is not None, out
+        assert float(readmitted.group(1)) < 3.0, out  # 1 s settle, not the default 5 s
+        posted = [b for m, _, b in plane.bodies if m == "POST"]
+        assert posted == [{"url": rank, "health": {"drain_settle_secs": 1}}]
+        # Its POST carried the settle (listed as its health): the next drain PATCHes nothing.
+        before = len(plane.calls)
+        rc, out = run_drain(tmp_path, plane, key_file, *smg, "out", f"u={rank}=")
+        assert rc == 0 and "PATCH" not in {c[0] for c in plane.calls[before:]}, out
     finally:
         plane.stop()
 

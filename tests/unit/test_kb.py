@@ -376,7 +376,11 @@ def test_the_router_releases_build_into_what_the_yaml_says() -> None:
         "0.5.22",
         "0.5.23",
     ]
-    assert {s.id for s in new.drain.source} == {"smg-1.13.0", "smg-1.13.0-capture"}
+    assert {s.id for s in new.drain.source} == {"smg-1.13.0", "smg-1.13.0-capture", "smg-job-queue"}
+    assert (new.drain.settle_update, new.drain.settle_applied) == (
+        "PATCH /workers/{id}",
+        "GET /workers/{id}",
+    )
 
 
 def test_a_cli_table_whose_header_names_another_release_is_refused(tmp_path: Path) -> None:

@@ -80,6 +80,28 @@ def test_a_delete_drains_on_a_timer_not_on_the_requests_in_flight(seen: dict[str
     assert 1.0 <= seen["drain_after_patch_settle_1s"]["removed_after_s"] < 2.0
 
 
+def test_a_workers_own_settle_is_set_by_a_queued_patch_or_carried_by_its_post(
+    seen: dict[str, Any],
+) -> None:
+    """What the roll's short settle rests on (plan/drain.py ROLL_SETTLE_S, router_workers.py
+    --settle): PATCH is a job GET /workers/{id} reports until done; a POST's settle is listed;
+    settle 1 still lists the worker draining, 0 removes it within a poll."""
+    drain = SMG.drain
+    assert drain is not None
+    assert (drain.settle_update, drain.settle_applied) == (SMG.update_worker, "GET /workers/{id}")
+    update = seen["PATCH /workers/{id}: GET /workers/{id} while the update runs"]
+    assert update["PATCH status"] == 202
+    jobs = update["job_status seen (null: done)"]
+    assert jobs[-1] is None and jobs[:-1] and all(j.startswith("UpdateWorker ") for j in jobs[:-1])
+    assert update["worker statuses seen"] == ["ready"]  # routable while it runs
+    assert update["listed health after the PATCH"] is None  # the listing shows a POST's only
+    posted = seen["drain_after_post_settle_1s"]
+    assert posted["listed health"] == {"drain_settle_secs": 1}
+    assert posted["statuses seen until removed"] == [drain.state]
+    assert 1.0 <= posted["removed_after_s"] < 2.0
+    assert seen["drain_after_patch_settle_0s"]["removed_after_s"] < 0.5
+
+
 def test_a_static_worker_whose_health_fails_comes_back(seen: dict[str, Any]) -> None:
     assert SMG.health is not None
     assert seen["health"]["statuses seen"] == ["ready", "not_ready", "ready"]
