@@ -12,6 +12,7 @@ and swallows it otherwise.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import textwrap
@@ -42,6 +43,7 @@ _SHOWN = {
     "engine compiler",
     "attention backend",
     "model staging",
+    "compile cache",  # one row for the engine's caches (_cache_row); each with its why: --why
 }
 # What the compact view calls the other decisions (short labels keep the value column wide).
 _LABELS = {"rank environment": "env"}
@@ -133,6 +135,19 @@ def _values(decisions: list[Decision], what: str) -> list[str]:
     return [d.value for d in decisions if d.what == what]
 
 
+def _cache_row(decisions: list[Decision]) -> list[tuple[str, str]]:
+    """The engine's compile caches as one row: the directory they share, the variables that
+    point there, and the others (TRITON_CACHE_AUTOTUNING=1) as they are."""
+    values = _values(decisions, "compile cache")
+    paths = [v.split("=", 1) for v in values if "=/" in v]
+    if not paths:
+        return [("compile cache", v) for v in values]
+    home = os.path.commonpath([path for _, path in paths])
+    said = f"{home}: " + ", ".join(name for name, _ in paths)
+    others = [v for v in values if "=/" not in v]
+    return [("compile cache", said + "".join(f"; {o}" for o in others))]
+
+
 def summary_rows(report: HostReport) -> list[tuple[str, str]]:
     """(label, value) of the compact plan, in reading order; plain strings (never markup)."""
     s = report.settings
@@ -178,6 +193,7 @@ def summary_rows(report: HostReport) -> list[tuple[str, str]]:
             said = (mode or "").replace("inplace", "in place")
             value = d.value if not mode or d.value.startswith(said) else f"{mode}, {d.value}"
             rows.append(("copy", f"{value}: {d.why}"))
+    rows += _cache_row(decisions)
     for d in decisions:
         if d.what not in _SHOWN:
             rows.append((_LABELS.get(d.what, d.what), d.value))

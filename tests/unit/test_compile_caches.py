@@ -102,3 +102,23 @@ def test_a_kept_engines_cache_is_never_pruned() -> None:
     st["caches"] = {"a": "sglang", "b": "sglang", "c": "sglang"}
     assert caches_to_prune(st, ["a"], "b") == ["a", "c"]
     assert caches_to_prune(st, [], "c") == []
+
+
+def test_the_compact_plan_says_the_caches_in_one_row() -> None:
+    """Each cache variable is a decision of its own (--why gives each its source); the compact
+    plan names the directory once and the variables that point under it."""
+    from operations.cli.report import _cache_row
+    from operations.plan.vocabulary import Decision
+
+    decisions = [
+        Decision("compile cache", "SGLANG_CACHE_DIR=/opt/sglang/caches/e", "why"),
+        Decision("compile cache", "TRITON_CACHE_DIR=/opt/sglang/caches/e/triton", "why"),
+        Decision("compile cache", "TRITON_CACHE_AUTOTUNING=1", "why"),
+        Decision("CUDA lane", "cu128", "why"),
+    ]
+    assert _cache_row(decisions) == [
+        (
+            "compile cache",
+            "/opt/sglang/caches/e: SGLANG_CACHE_DIR, TRITON_CACHE_DIR; TRITON_CACHE_AUTOTUNING=1",
+        )
+    ]
