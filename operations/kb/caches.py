@@ -60,10 +60,28 @@ class RawFlashinfer(TypedDict):
     versions_source: RawCites
 
 
+class RawWatchdog(TypedDict):
+    seconds: float
+    why: str
+    source: RawCites
+
+
+class RawOverlap(TypedDict):
+    architectures: list[str]
+    why: str
+    source: RawCites
+
+
+class RawLevers(TypedDict):
+    watchdog_timeout: RawWatchdog
+    weight_load_overlap: RawOverlap
+
+
 class RawCaches(TypedDict):
     sources: dict[str, RawSource]
     triton: RawTriton
     flashinfer: RawFlashinfer
+    levers: RawLevers
 
 
 @dataclass(frozen=True)
@@ -81,6 +99,16 @@ class FlashinferPrebuilt:
 
 
 @dataclass(frozen=True)
+class Lever:
+    """A start-up lever the plan decides: its value (seconds, or the architectures it admits)."""
+
+    seconds: float | None
+    architectures: tuple[str, ...]
+    why: str
+    source: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class CacheKnowledge:
     autotune: AutotuneCache
     torch_triton: Mapping[str, str]  # torch release -> the Triton it installs
@@ -88,6 +116,8 @@ class CacheKnowledge:
     flashinfer_cache_under_base: str
     flashinfer: Mapping[str, FlashinferPrebuilt]
     sources: Mapping[str, RawSource]
+    watchdog_timeout: Lever
+    weight_load_overlap: Lever
 
 
 @dataclass(frozen=True)
@@ -106,6 +136,7 @@ class ReleaseCaches:
     redirected: Mapping[str, str]  # variable -> "{base}/..." setdefault under SGLANG_CACHE_DIR
     weight_load_modes: tuple[str, ...]  # --startup-weight-load-mode choices; () without it
     watchdog_timeout: float | None  # --watchdog-timeout's default
+    watchdog_timeout_source: str | None  # "sglang/srt/...py:LINE" in its wheel
     cuda_graph_max_bs: Mapping[str, bool]  # every --cuda-graph-max-bs* spelling -> deprecated
 
 
@@ -120,6 +151,8 @@ def _problems(raw: RawCaches, knowledge: Knowledge) -> Iterator[str]:
         ("flashinfer", raw["flashinfer"]["source"]),
         ("flashinfer.versions_source", raw["flashinfer"]["versions_source"]),
         *((f"triton.torch_pins.{t}", p["source"]) for t, p in raw["triton"]["torch_pins"].items()),
+        ("levers.watchdog_timeout", raw["levers"]["watchdog_timeout"]["source"]),
+        ("levers.weight_load_overlap", raw["levers"]["weight_load_overlap"]["source"]),
     ]
     for key, cites in cited:
         for name in _cites(cites):
@@ -170,6 +203,8 @@ def load_caches(knowledge: Knowledge, path: Path = CACHES_FILE) -> CacheKnowledg
         raise KnowledgeError("\n".join(problems))
     autotune = raw["triton"]["autotune_cache"]
     fi = raw["flashinfer"]
+    watchdog = raw["levers"]["watchdog_timeout"]
+    overlap = raw["levers"]["weight_load_overlap"]
     return CacheKnowledge(
         autotune=AutotuneCache(
             variable=autotune["variable"],
@@ -194,6 +229,12 @@ def load_caches(knowledge: Knowledge, path: Path = CACHES_FILE) -> CacheKnowledg
             }
         ),
         sources=MappingProxyType(dict(raw["sources"])),
+        watchdog_timeout=Lever(
+            float(watchdog["seconds"]), (), watchdog["why"], _cites(watchdog["source"])
+        ),
+        weight_load_overlap=Lever(
+            None, tuple(overlap["architectures"]), overlap["why"], _cites(overlap["source"])
+        ),
     )
 
 
@@ -226,6 +267,7 @@ def release_caches(knowledge: Knowledge, release: str) -> ReleaseCaches:
         redirected=third.variables if third else MappingProxyType({}),
         weight_load_modes=(mode.choices or ()) if mode is not None else (),
         watchdog_timeout=float(watchdog) if isinstance(watchdog, int | float) else None,
+        watchdog_timeout_source=lines.default_sources.get("watchdog_timeout"),
         cuda_graph_max_bs=MappingProxyType(
             {
                 name: option.deprecated

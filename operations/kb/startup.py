@@ -86,6 +86,7 @@ class StartupLines:
     third_party_caches: ThirdPartyCaches | None
     pins: Mapping[str, str | None]  # flashinfer-python, flashinfer-cubin, torch
     defaults: Mapping[str, object]  # watchdog_timeout, startup_weight_load_mode (0.5.18+)
+    default_sources: Mapping[str, str]  # the same keys -> "sglang/srt/...py:LINE"
 
     def phase_of(self, line: str) -> Phase | None:
         """The phase a log line marks; None for any other line."""
@@ -149,6 +150,7 @@ def load_startup(release: str, directory: Path = STARTUP_DIR) -> StartupLines | 
         ),
         pins=MappingProxyType(dict(raw["pins"])),
         defaults=MappingProxyType({k: v["value"] for k, v in raw["defaults"].items()}),
+        default_sources=MappingProxyType({k: str(v["source"]) for k, v in raw["defaults"].items()}),
     )
 
 

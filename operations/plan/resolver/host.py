@@ -14,6 +14,7 @@ from operations.plan.resolver.args import (
 from operations.plan.resolver.backend import attention_backend, check_no_buffer
 from operations.plan.resolver.context import Resolution
 from operations.plan.resolver.engine import check_lane, check_release
+from operations.plan.resolver.levers import startup_levers
 from operations.plan.resolver.model import check_weights, gpu_entry, model_architecture
 from operations.plan.resolver.ranks import explain_environment, ranks
 from operations.plan.resolver.types import Facts, ResolvedHost
@@ -31,7 +32,7 @@ def run(ctx: Resolution) -> ResolvedHost:
     if hybrid:
         check_no_buffer(ctx, backend)
     check_extra_args(ctx)
-    args = server_args(ctx, hybrid, backend)
+    args = server_args(ctx, hybrid, backend) + startup_levers(ctx, arch)
     check_against_cli(ctx, args, "resolved command line")
     check_against_cli(ctx, list(ctx.s.extra_server_args), "extra_server_args")
     if ctx.plan.errors:
