@@ -120,6 +120,23 @@ class EngineEnv:
 
 
 @dataclass(frozen=True)
+class RankStart:
+    """A rank's last start as its journal tells it in its release's words
+    (programs/startup_phases.py StartupPhases): seconds per phase (None: the log told none),
+    the last phase seen and when, after the unit's start; or why it could not be read."""
+
+    healthy_s: float | None = None
+    weights_s: float | None = None
+    graphs_s: float | None = None
+    graphs: int = 0
+    warmup_s: float | None = None
+    autotune_s: float | None = None
+    last_phase: str | None = None
+    last_at: float | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class Serving:
     # The host's clock when it answered (uptimes are computed against it, not ours).
     now: int | None = None
@@ -143,6 +160,8 @@ class Serving:
     health_error: str | None = None
     # rank -> its running and queued requests from /metrics; absent: not read.
     load: dict[str, RankLoad] = field(default_factory=dict)
+    # rank -> its last start, phase by phase; absent: not read.
+    starts: dict[str, RankStart] = field(default_factory=dict)
     gpus: list[GpuUsage] = field(default_factory=list)
     # What nvidia-smi said when it failed; None when it answered or was not asked.
     gpu_error: str | None = None

@@ -10,6 +10,7 @@ the host, as the deploy's fact reads it).
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.facts import FactBase
@@ -17,6 +18,7 @@ from pyinfra.api.facts import FactBase
 from operations.facts.serve import (
     GpuUsage,
     RankLoad,
+    RankStart,
     Serving,
     Words,
     parse_serving,
@@ -30,19 +32,28 @@ PROBE_SCRIPT = "serving_probe.py"
 GPU_QUERY = "index,name,memory.used,memory.total"
 GPU_TIMEOUT_S = 10  # a wedged driver must not hang the status
 # The first word of each line the probes print (the rest is parse_serving's).
-_PROBE_WORDS = frozenset({"health", "health_unavailable", "metrics", "gpu", "gpu_rc"})
+_PROBE_WORDS = frozenset({"health", "health_unavailable", "metrics", "phases", "gpu", "gpu_rc"})
 
 
 def probe_words(
-    health_urls: dict[str, str] | None, metrics_urls: dict[str, str] | None, timeout_s: float
+    health_urls: dict[str, str] | None,
+    metrics_urls: dict[str, str] | None,
+    timeout_s: float,
+    start_units: dict[str, str] | None = None,
+    phases: str = "",
 ) -> Words:
-    """The probe of each /health and /metrics URL (programs/serving_probe.py)."""
+    """The probe of each /health and /metrics URL and, given the release's start-up regexes
+    (`phases`, plan/startup.py startup_patterns), of each unit's last start
+    (programs/serving_probe.py)."""
     if not health_urls:
         return []
     probes: Words = [QuoteString(f"{k}={url}") for k, url in sorted(health_urls.items())]
     if metrics_urls:
         probes.append("--metrics")
         probes += [QuoteString(f"{k}={url}") for k, url in sorted(metrics_urls.items())]
+    if start_units and phases:
+        probes += ["--phases", QuoteString(phases)]
+        probes += [QuoteString(f"{k}={unit}") for k, unit in sorted(start_units.items())]
     return [
         "if command -v python3 >/dev/null 2>&1; then python3 -c",
         QuoteString(host_scripts.script_text(PROBE_SCRIPT)),
@@ -75,6 +86,36 @@ def _load(answer: str) -> RankLoad:
         except ValueError:
             values.append(None)
     return RankLoad(values[0], values[1])
+
+
+def parse_start(answer: str) -> RankStart:
+    """One rank's "phases" answer: StartupPhases as JSON, or "! error:WHAT"."""
+    if answer.startswith("!"):
+        return RankStart(error=answer[1:].strip().replace("error:", "error "))
+    try:
+        raw = json.loads(answer)
+    except ValueError:
+        return RankStart(error=f"unreadable start-up phases: {answer[:80]!r}")
+    if not isinstance(raw, dict):
+        return RankStart(error=f"unreadable start-up phases: {answer[:80]!r}")
+
+    def num(key: str) -> float | None:
+        value = raw.get(key)
+        return (
+            float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+        )
+
+    graphs, last = raw.get("graphs"), raw.get("last_phase")
+    return RankStart(
+        healthy_s=num("healthy_s"),
+        weights_s=num("weights_s"),
+        graphs_s=num("graphs_s"),
+        warmup_s=num("warmup_s"),
+        autotune_s=num("autotune_s"),
+        last_at=num("last_at"),
+        graphs=graphs if isinstance(graphs, int) and not isinstance(graphs, bool) else 0,
+        last_phase=last if isinstance(last, str) else None,
+    )
 
 
 def _gpu(line: str) -> GpuUsage | None:
@@ -112,6 +153,7 @@ def parse_status(lines: list[str]) -> Serving:
     """parse_serving's reading, with the probes' lines read into health, load and gpus."""
     health: dict[str, str] = {}
     load: dict[str, RankLoad] = {}
+    starts: dict[str, RankStart] = {}
     gpu_lines: list[str] = []
     values: dict[str, str] = {}
     rest_lines: list[str] = []
@@ -125,6 +167,9 @@ def parse_status(lines: list[str]) -> Serving:
         elif word == "metrics":
             probe, _, answer = rest.strip().partition(" ")
             load[probe] = _load(answer.strip())
+        elif word == "phases":
+            probe, _, answer = rest.strip().partition(" ")
+            starts[probe] = parse_start(answer.strip())
         elif word == "gpu":
             gpu_lines.append(rest.strip())
         else:
@@ -135,6 +180,7 @@ def parse_status(lines: list[str]) -> Serving:
         health=health,
         health_error=values.get("health_unavailable") or None,
         load=load,
+        starts=starts,
         gpus=gpus,
         gpu_error=gpu_error,
     )
@@ -160,6 +206,9 @@ class ServingStatus(FactBase[Serving]):
       control-plane key, programs/router_list.py): each worker's state as the router sees it
       (`Serving.router_states`, `router_stalled`); None: no router
     + timeout_s: each probe's timeout
+    + start_units, phases: rank number -> its unit, and the release's start-up regexes as JSON
+      (plan/startup.py startup_patterns): each rank's last start read from its journal
+      (`Serving.starts`); "" or None: not read
     """
 
     def command(
@@ -173,10 +222,12 @@ class ServingStatus(FactBase[Serving]):
         gpus: bool = False,
         router_list: str | None = None,
         timeout_s: float = 2.0,
+        start_units: dict[str, str] | None = None,
+        phases: str = "",
     ) -> StringCommand:
         return StringCommand(
             *serving_words(engine_root, model_link, ranks=ranks, router=router),
-            *probe_words(health_urls, metrics_urls, timeout_s),
+            *probe_words(health_urls, metrics_urls, timeout_s, start_units, phases),
             *router_list_words(router_list, timeout_s),
             *gpu_words(gpus),
             "true",

@@ -4,21 +4,26 @@ fact (operations/facts/serve_status.py) as one `python3 -c` argument, so the URL
 own (proxies are ignored).
 
     serving_probe.py TIMEOUT KEY=HEALTH_URL ... [--metrics KEY=METRICS_URL ...]
+        [--phases JSON KEY=UNIT ...]
 
 Prints "health KEY CODE" (the HTTP status) or "health KEY refused|timeout|error:WHAT" per
 /health URL; per /metrics URL, read in the same pool, "metrics KEY RUNNING QUEUED", each the sum
 of that gauge's series ("-" when the page has none: rank_metrics.py), or "metrics KEY ! WHY"
-(an HTTP status, refused, timeout, error:WHAT).
+(an HTTP status, refused, timeout, error:WHAT). With --phases (the release's start-up regexes,
+startup_phases.py), per unit "phases KEY {JSON}", its last start phase by phase as read from its
+journal (StartupPhases), or "phases KEY ! error:WHAT".
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 from operations.programs.rank_metrics import request_gauges
+from operations.programs.startup_phases import Patterns, compile_patterns, rank_phases
 
 PAGE_LIMIT = 1 << 22  # bytes of a page read: SGLang's is a few tens of KiB
 
@@ -60,12 +65,28 @@ def gauges(pair: str, timeout: float) -> tuple[str, str]:
     return key, " ".join("-" if value is None else f"{value:g}" for value in read)
 
 
+def phases(pair: str, patterns: Patterns) -> tuple[str, str]:
+    key, unit = pair.split("=", 1)
+    try:
+        return key, json.dumps(rank_phases(unit, patterns)[0], sort_keys=True)
+    except Exception as error:  # no systemctl or journalctl: that rank's answer, not the end
+        return key, "! error:" + type(error).__name__
+
+
 def main(argv: list[str]) -> int:
     if not argv:
-        print("usage: serving_probe.py TIMEOUT KEY=URL ... [--metrics KEY=URL ...]")
+        print(
+            "usage: serving_probe.py TIMEOUT KEY=URL ... [--metrics KEY=URL ...] "
+            "[--phases JSON KEY=UNIT ...]"
+        )
         return 2
     timeout = float(argv[0])
     args = argv[1:]
+    units: list[str] = []
+    patterns: Patterns = {}
+    if "--phases" in args:
+        at = args.index("--phases")
+        args, patterns, units = args[:at], compile_patterns(args[at + 1]), args[at + 2 :]
     cut = args.index("--metrics") if "--metrics" in args else len(args)
     pairs, pages = args[:cut], args[cut + 1 :]
     with ThreadPoolExecutor(max(1, len(pairs) + len(pages))) as pool:
@@ -74,6 +95,8 @@ def main(argv: list[str]) -> int:
             print("health", key, answer)
         for key, answer in scraped:
             print("metrics", key, answer)
+        for key, answer in pool.map(lambda pair: phases(pair, patterns), units):
+            print("phases", key, answer)
     return 0
 
 

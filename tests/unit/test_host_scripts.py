@@ -40,7 +40,7 @@ PARTS = {
     "smoke.py": ["hostsafe"],
     "wait_healthy.py": ["hostsafe", "polling"],
     "router_workers.py": ["polling", "rank_metrics"],
-    "serving_probe.py": ["rank_metrics"],
+    "serving_probe.py": ["rank_metrics", "startup_phases"],
     "roll_batch.py": ["roll_waiting"],
     "stage_model.py": ["stage_manifest", "stage_tree", "stage_copy", "stage_run"],
     "stage_source.py": ["stage_manifest"],

@@ -234,7 +234,7 @@ def test_json_document_shape() -> None:
         "lane", "engine", "model", "model_revision", "gpu", "gpu_name", "gpu_memory_used_mib",
         "gpu_memory_total_mib", "pid", "uptime_s", "restarts", "model_path", "running_reqs",
         "queued_reqs", "metrics", "router_state", "router_stalled", "answered", "latency_s",
-        "tokens", "answer",
+        "tokens", "answer", "startup",
     }  # fmt: skip
     assert host["router"]["healthy"] is True
     assert st.to_json([good])["healthy"] is True

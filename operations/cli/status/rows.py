@@ -9,12 +9,13 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TypedDict
 
 from operations import layout
-from operations.facts.serve import RankLoad, Serving, UnitState
+from operations.facts.serve import RankLoad, RankStart, Serving, UnitState
 from operations.facts.serve_status import ROUTER_KEY
 from operations.facts.smoke import Probe, ProbeAnswer
 from operations.plan import rank_state
 from operations.plan.resolver.router import worker_urls
 from operations.plan.serve_plan import ranks_behind_router
+from operations.plan.startup import startup_patterns
 from operations.redact import redact_data
 from operations.settings import Settings
 
@@ -34,6 +35,8 @@ class ServingArgs(TypedDict):
     gpus: bool
     router_list: str | None
     timeout_s: float
+    start_units: dict[str, str]
+    phases: str
 
 
 class ProbeArgs(TypedDict):
@@ -126,6 +129,9 @@ class RankStatus:
     latency_s: float | None = None
     tokens: int | None = None
     answer: str | None = None
+    # Its last start phase by phase, read from its journal in the pinned release's words
+    # (plan/startup.py); None: not read (a release without start-up data, a unit beyond dp_size).
+    startup: RankStart | None = None
 
 
 @dataclass(frozen=True)
@@ -275,6 +281,8 @@ def fact_args(settings: Settings, host_name: str, router_list: str | None = None
         "gpus": True,
         "router_list": router_list,
         "timeout_s": PROBE_TIMEOUT_S,
+        "start_units": {str(rank): layout.unit_name(rank) for rank in range(settings.dp_size)},
+        "phases": startup_patterns(settings.sglang_version),
     }
 
 
@@ -380,6 +388,7 @@ def rank_rows(settings: Settings, status: Serving) -> list[RankStatus]:
                 model_path=model_path,
                 router_state=seen,
                 router_stalled=stalled,
+                startup=status.starts.get(str(rank)) if rank in expected else None,
                 **(_requests(settings, status.load.get(str(rank))) if rank in expected else {}),
             )
         )

@@ -11,6 +11,18 @@ from operations.redact import redact_text
 # -- the terminal view ----------------------------------------------------------------------
 
 
+def _startup(r: RankStatus) -> str:
+    """ "start-up N s" to healthy as the rank's journal tells it, else its last phase."""
+    start = r.startup
+    if start is None:
+        return "-"
+    if start.error:
+        return start.error
+    if start.healthy_s is not None:
+        return f"{start.healthy_s:.0f} s"
+    return start.last_phase or "-"
+
+
 def _duration(seconds: int | None) -> str:
     if seconds is None:
         return "-"
@@ -177,6 +189,7 @@ def host_table(result: HostResult, width: int | None = None) -> Any:
     table.add_column("port", justify="right")
     table.add_column("GPU")
     table.add_column("uptime", justify="right")
+    table.add_column("start-up", justify="right")
     table.add_column("restarts", justify="right")
     table.add_column("running", justify="right")
     table.add_column("queued", justify="right")
@@ -199,6 +212,7 @@ def host_table(result: HostResult, width: int | None = None) -> Any:
             str(r.port),
             escape(_gpu_cell(r)),
             _duration(r.uptime_s),
+            escape(_startup(r)),
             "-" if r.restarts is None else str(r.restarts),
             "-" if r.running_reqs is None else str(r.running_reqs),
             "-" if r.queued_reqs is None else str(r.queued_reqs),
