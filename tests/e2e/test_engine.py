@@ -202,8 +202,10 @@ def test_fresh_install_then_a_second_run_changes_nothing(
     engine_ops = second.engine_ops()
     assert engine_ops == {
         **toolkit_ops(indexes),
+        "Engine: compile caches of the engine": "No changes",
         "Engine: switch current": "No changes",
         "Engine: prune old environments": "No changes",
+        "Engine: prune old compile caches": "No changes",
     }, second
     assert target.snapshot([root + "/envs", root + "/current"]) == before
     assert indexes.requests() == requests_before, "a converged run must download nothing"
@@ -239,8 +241,10 @@ def test_pin_change_switches_and_pin_back_is_instant_without_an_index(
     ok(back)
     assert set(back.engine_ops()) == {
         *toolkit_ops(indexes),
+        "Engine: compile caches of the engine",
         "Engine: switch current",
         "Engine: prune old environments",
+        "Engine: prune old compile caches",
     }
     assert back.engine_ops()["Engine: switch current"] == "Success"
     assert current(target, root) == f"envs/{old}"
