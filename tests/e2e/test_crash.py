@@ -298,7 +298,9 @@ def host(testbed: tb.Testbed) -> Iterator[Container]:
 
 
 def router_data(c: Container, indexes: Indexes, **extra: object) -> dict[str, object]:
-    router = {"host": c.name, "port": ROUTER_PORT, "bind": c.address}
+    # As the module says: behind sglang-router 0.3.2 (its kill points with smg's drain, the
+    # default router now, are not played here yet).
+    router = {"host": c.name, "port": ROUTER_PORT, "bind": c.address, "version": "0.3.2"}
     return base_data(c, indexes, router=router, **extra)
 
 

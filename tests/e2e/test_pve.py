@@ -153,7 +153,8 @@ def test_bare_config_converges_keeps_other_lines_and_second_run_changes_nothing(
     before = node.snapshot(SNAPSHOT)
     dry = pve(tmp_path, node, {}, "--dry")
     assert dry.rc == 0, dry.output
-    assert "pct set 200 --dev0 /dev/nvidia0" in dry.output
+    # One option a line, as a shell command continued with backslashes (80 columns).
+    assert "pct set 200 \\" in dry.output and "--dev0 /dev/nvidia0,mode=0666" in dry.output
     assert node.snapshot(SNAPSHOT) == before, "--dry changed the node"
 
     run = pve(tmp_path, node, {})
