@@ -44,6 +44,10 @@ _SHOWN = {
     "attention backend",
     "model staging",
     "compile cache",  # one row for the engine's caches (_cache_row); each with its why: --why
+    # The start-up levers: the command line shows what is written; the rest is --why's.
+    "watchdog timeout",
+    "weight load mode",
+    "graph batch size",
 }
 # What the compact view calls the other decisions (short labels keep the value column wide).
 _LABELS = {"rank environment": "env"}
@@ -141,11 +145,11 @@ def _cache_row(decisions: list[Decision]) -> list[tuple[str, str]]:
     values = _values(decisions, "compile cache")
     paths = [v.split("=", 1) for v in values if "=/" in v]
     if not paths:
-        return [("compile cache", v) for v in values]
+        return [("caches", v) for v in values]
     home = os.path.commonpath([path for _, path in paths])
-    said = f"{home}: " + ", ".join(name for name, _ in paths)
-    others = [v for v in values if "=/" not in v]
-    return [("compile cache", said + "".join(f"; {o}" for o in others))]
+    # One line: the directory and how many variables point there (each by name: --why).
+    others = [v.split("=", 1)[0] for v in values if "=/" not in v]
+    return [("caches", f"{home}, {len(paths) + len(others)} variables")]
 
 
 def summary_rows(report: HostReport) -> list[tuple[str, str]]:
@@ -256,11 +260,8 @@ def why_lines(report: HostReport, width: int) -> list[Text]:
         lines.append(Text(""))
     lines.append(Text("decisions", style="bold underline"))
     for d in report.plan.decisions:
-        head = Text()
-        head.append(d.what, style="bold")
-        head.append(": ")
-        head.append(d.value, style="cyan")
-        lines.append(head)
+        # "what: value", wrapped at spaces only as the reasons are (a long path stays whole).
+        lines += [Text(line, style="bold") for line in _unbroken(f"{d.what}: {d.value}", width, "")]
         lines += [Text(line) for line in _unbroken(d.why, width, "    ")]
     spec = report.plan.engine
     tools = spec.toolkit if spec is not None else None
