@@ -7,6 +7,7 @@ the ranks from outside.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -166,6 +167,8 @@ def run_status(inventory: Path, *args: str) -> subprocess.CompletedProcess[str]:
         timeout=STATUS_TIMEOUT_S,
         cwd=REPO,
         check=False,
+        # As a log file gets it: no width said, the wide table (a COLUMNS is kept, as a terminal's).
+        env={k: v for k, v in os.environ.items() if k != "COLUMNS"},
     )
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc

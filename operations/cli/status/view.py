@@ -232,7 +232,7 @@ def print_results(results: list[HostResult], console: Any = None) -> None:
         if not console.is_terminal and "COLUMNS" not in os.environ:
             # cron mail and log files: wide enough that rows do not wrap; a width the user
             # gave (COLUMNS) is kept, as on a terminal.
-            console = Console(width=200)
+            console = Console(width=260)
     for result in results:
         if not result.reachable or result.error is not None:
             console.print(Text(redact_text(result.summary()), style="bold red"))
