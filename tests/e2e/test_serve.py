@@ -63,7 +63,7 @@ def exec_start(c: Container, rank: int) -> str:
 
 def journal_events(c: Container) -> list[tuple[float, int, str]]:
     """(time, rank, 'start'|'ready') from the journal, in order."""
-    _, out, _ = c.ssh_run("journalctl -o short-unix --no-pager -u 'sglang@*' | tail -n 400")
+    _, out, _ = c.ssh_run("journalctl -o short-unix --no-pager -u 'sglang@*' | tail -n 4000")
     events = []
     for line in out.splitlines():
         match = re.match(r"^(\d+\.\d+) \S+ (\S+)\[\d+\]: (.*)$", line)

@@ -432,6 +432,14 @@ def main(argv: list[str]) -> int:
 
     # The start's phases, JIT and autotune (sglang/_startup_double.py); the ready line last.
     threading.Thread(target=start_up, args=(load_seconds, state.started), daemon=True).start()
+
+    def say_served() -> None:
+        # Once ready, what it serves again: the journal's tail a failed smoke shows (the last
+        # 40 lines, programs/smoke.py) then still names it after the start's many phase lines.
+        state.started.wait()
+        print(f"[double] ready: serving {state.served_model}", flush=True)
+
+    threading.Thread(target=say_served, daemon=True).start()
     server.serve_forever()
     server.server_close()
     return 0
