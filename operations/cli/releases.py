@@ -19,12 +19,12 @@ import json
 import re
 import shutil
 import sys
-import textwrap
 from typing import TYPE_CHECKING, NamedTuple, TypedDict
 
 from operations import kb as kbmod
 from operations import layout
 from operations import settings as settings_mod
+from operations.cli.report import unbroken
 from operations.plan.host_plan import HostReport, decide
 from operations.plan.resolver.context import TRIED
 from operations.runtime.gather import gather
@@ -138,18 +138,6 @@ def _note_text(v: Verdict) -> tuple[str, ...]:
     return tuple(_LEAD.sub("", w) for w in v["why"]) + tuple(f"unlock: {u}" for u in v["unlock"])
 
 
-def _wrap(text: str, width: int, indent: str, first: str) -> list[str]:
-    """One paragraph at the terminal's width; a URL or a path is never broken."""
-    return textwrap.wrap(
-        text,
-        width=max(width, 40),
-        initial_indent=first,
-        subsequent_indent=indent,
-        break_long_words=False,
-        break_on_hyphens=False,
-    )
-
-
 SETTLES = "; the engine check settles it on this host's GPUs before any rank uses it"
 
 
@@ -192,10 +180,10 @@ def render_host(entry: list[Verdict], pin: Pin | None, width: int) -> list[str]:
         lines.append("")
         for i, part in enumerate(text):
             lead = f"  ({n}) " if i == 0 else ""
-            lines += _wrap(part, width, "      ", lead.ljust(6))
+            lines += unbroken(part, width, "      ", lead.ljust(6))
     if unproven:
         lines.append("")
-        lines += _wrap(
+        lines += unbroken(
             "unproven (uN): what only the GPUs settle; the engine check settles it on the "
             "host's GPUs before any rank uses it",
             width,
@@ -204,7 +192,7 @@ def render_host(entry: list[Verdict], pin: Pin | None, width: int) -> list[str]:
         )
     for point, n in unproven.items():
         lead = f"  u{n} "
-        lines += _wrap(point, width, " " * len(lead), lead)
+        lines += unbroken(point, width, " " * len(lead), lead)
     return lines
 
 

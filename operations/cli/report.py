@@ -256,13 +256,13 @@ def why_lines(report: HostReport, width: int) -> list[Text]:
     if said:
         lines.append(Text("sources of the errors and warnings", style="bold underline"))
         for s in said:
-            lines += [Text(line) for line in _unbroken(s, width, "")]
+            lines += [Text(line) for line in unbroken(s, width, "")]
         lines.append(Text(""))
     lines.append(Text("decisions", style="bold underline"))
     for d in report.plan.decisions:
         # "what: value", wrapped at spaces only as the reasons are (a long path stays whole).
-        lines += [Text(line, style="bold") for line in _unbroken(f"{d.what}: {d.value}", width, "")]
-        lines += [Text(line) for line in _unbroken(d.why, width, "    ")]
+        lines += [Text(line, style="bold") for line in unbroken(f"{d.what}: {d.value}", width, "")]
+        lines += [Text(line) for line in unbroken(d.why, width, "    ")]
     spec = report.plan.engine
     tools = spec.toolkit if spec is not None else None
     if tools is not None:
@@ -273,11 +273,13 @@ def why_lines(report: HostReport, width: int) -> list[Text]:
     return lines
 
 
-def _unbroken(text: str, width: int, indent: str) -> list[str]:
+def unbroken(text: str, width: int, indent: str, first: str | None = None) -> list[str]:
+    """One paragraph at the terminal's width, wrapped at spaces only: a URL or a path is never
+    broken (a longer one runs on, and the terminal wraps it). `first`: the first line's lead."""
     return textwrap.wrap(
         text,
         width=max(width, 40),
-        initial_indent=indent,
+        initial_indent=indent if first is None else first,
         subsequent_indent=indent,
         break_long_words=False,
         break_on_hyphens=False,
