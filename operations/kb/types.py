@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from functools import cache
 from types import MappingProxyType
 from typing import Literal
 
@@ -173,6 +174,18 @@ class PythonSupport:
         return minor if minor in self.versions else None
 
 
+@cache
+def _exact_pins(requires: tuple[str, ...]) -> Mapping[str, str | None]:
+    """Project (canonical name) -> the version its first requirement pins with ==, else None;
+    parsed once per release's requirements (a plan asks ~800 times: bench/serve_bench.py)."""
+    pins: dict[str, str | None] = {}
+    for text in requires:
+        req = Requirement(text)
+        exact = [s.version for s in req.specifier if s.operator == "=="]
+        pins.setdefault(canonicalize_name(req.name), exact[0] if exact else None)
+    return MappingProxyType(pins)
+
+
 @dataclass(frozen=True)
 class Release:
     version: str
@@ -191,13 +204,7 @@ class Release:
 
     def pin(self, project: str) -> str | None:
         """The version the release pins `project` to with ==, extras ignored."""
-        wanted = canonicalize_name(project)
-        for text in self.requires:
-            req = Requirement(text)
-            if canonicalize_name(req.name) == wanted:
-                exact = [s.version for s in req.specifier if s.operator == "=="]
-                return exact[0] if exact else None
-        return None
+        return _exact_pins(self.requires).get(canonicalize_name(project))
 
 
 @dataclass(frozen=True)

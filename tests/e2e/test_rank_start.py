@@ -6,6 +6,8 @@ the phase lines in the release's words), deployed with the real `pyinfra -y INVE
 - the engine's compile caches are its own directory, the service user's; a cold start of both
   ranks together builds each FlashInfer module once (the lock), and a restarted rank builds and
   tunes nothing;
+- a switch to another engine builds into that engine's own caches, and a switch back to the kept
+  engine builds and tunes nothing;
 - the health wait reads each start phase by phase from the rank's journal, and a start past its
   budget fails by name with its last phase and the journal lines around it.
 """
@@ -22,18 +24,31 @@ import pytest
 from operations import layout
 from operations.plan.startup import startup_patterns
 from tests import testbed as tb
-from tests.e2e.deploying import Indexes
+from tests.e2e.deploying import LANE, Indexes
 from tests.e2e.index import wait_for
-from tests.e2e.serving import RELEASE, base_data, deploy, health, ok, serving_spec
-from tests.e2e.serving import serving_indexes as serving_indexes  # the `indexes` fixture
+from tests.e2e.serving import (
+    RELEASE,
+    base_data,
+    deploy,
+    health,
+    ok,
+    release_indexes,
+    serving_spec,
+)
 from tests.testbed import Container
 
 pytestmark = pytest.mark.e2e
 
 RANKS = 2
+OTHER = "0.5.19"  # another engine (its own FlashInfer, 0.6.18), serving the same model
 BUILT = re.compile(r"\[double\] flashinfer jit: built (\S+) in (\S+)")
 TUNED = "[double] triton autotune: tuned"
 DROP_IN = "/etc/systemd/system/sglang@1.service.d/slow.conf"
+
+
+@pytest.fixture(scope="module")
+def indexes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Indexes]:
+    yield from release_indexes(tmp_path_factory, "start", (RELEASE, OTHER))
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +115,47 @@ def test_a_restarted_rank_builds_and_tunes_nothing_and_its_start_is_read(
     # The wait's one line: the start phase by phase, in 0.5.11's words.
     line = next(x for x in out.splitlines() if x.startswith("start-up "))
     assert re.search(r"sglang@0\.service: healthy \d+\.\d s: weights \d+\.\d s, graphs", line), line
+
+
+def built_this_start(c: Container) -> list[tuple[str, str]]:
+    """(module, workspace) of every FlashInfer module the ranks built in their current start."""
+    return [
+        (m.group(1), m.group(2))
+        for rank in range(RANKS)
+        for m in BUILT.finditer(invocation_journal(c, rank))
+    ]
+
+
+def test_a_switch_back_to_a_kept_engine_builds_and_tunes_nothing(
+    served: Container, indexes: Indexes, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    c = served
+    data = base_data(c, indexes, dp_size=RANKS)
+    _, before, _ = c.ssh_run(f"cat {layout.unit_path(layout.unit_name(0))}")
+
+    ok(deploy(tmp_path_factory.mktemp("other-engine"), {c: {**data, "sglang_version": OTHER}}))
+    _, unit, _ = c.ssh_run(f"cat {layout.unit_path(layout.unit_name(0))}")
+    kept = re.search(r'"FLASHINFER_WORKSPACE_BASE=([^"]+)"', before)
+    other = re.search(r'"FLASHINFER_WORKSPACE_BASE=([^"]+)"', unit)
+    assert kept is not None and other is not None, unit
+    assert kept.group(1) != other.group(1), "each engine has its own compile caches"
+    # The other engine's ranks compiled, each module once, into its own caches only.
+    built = built_this_start(c)
+    assert sorted(name for name, _ in built) == [
+        "batch_decode_with_kv_cache",
+        "batch_prefill_with_kv_cache",
+    ], built
+    assert all(where.startswith(other.group(1) + "/") for _, where in built), built
+
+    ok(deploy(tmp_path_factory.mktemp("back"), {c: data}))
+    _, unit, _ = c.ssh_run(f"cat {layout.unit_path(layout.unit_name(0))}")
+    assert f'"FLASHINFER_WORKSPACE_BASE={kept.group(1)}"' in unit, unit
+    assert f"{RELEASE}-{LANE}" in unit, unit  # the kept engine serves again
+    for rank in range(RANKS):
+        journal = invocation_journal(c, rank)
+        assert "ready to roll" in journal, journal
+        # The kept engine's caches survived the other engine's run: nothing compiled or tuned.
+        assert BUILT.search(journal) is None and TUNED not in journal, (rank, journal)
 
 
 def test_a_start_past_its_budget_fails_by_name_with_its_last_phase(served: Container) -> None:
