@@ -67,6 +67,7 @@ from operations.kb.types import (
     RouterHealth,
     RouterPolicy,
     RouterRelease,
+    RouterWorkerKey,
     Source,
     Speculative,
     Spelling,
@@ -289,6 +290,7 @@ class _Reader:
         where = f"routers.{number}"
         drain = r.get("drain")
         plane = r.get("control_plane")
+        worker_key = r.get("worker_api_key")
         health = r.get("health")
         metrics = r.get("rank_metrics")
         engines = r.get("engines")
@@ -325,6 +327,13 @@ class _Reader:
                 plane["no_environment"],
                 plane["why"],
                 self.cites(f"{where}.control_plane", plane["source"]),
+            ),
+            worker_api_key=None
+            if worker_key is None
+            else RouterWorkerKey(
+                worker_key["field"],
+                worker_key["why"],
+                self.cites(f"{where}.worker_api_key", worker_key["source"]),
             ),
             health=None
             if health is None

@@ -227,6 +227,12 @@ class RawRouterControlPlane(TypedDict):
     source: RawCites
 
 
+class RawRouterWorkerKey(TypedDict):
+    field: str
+    why: str
+    source: RawCites
+
+
 class RawRouterHealth(TypedDict):
     options: dict[str, str]
     rules: str
@@ -261,6 +267,7 @@ class RawRouter(TypedDict):
     duplicate_add_status: NotRequired[int]
     drain: NotRequired[RawRouterDrain]
     control_plane: NotRequired[RawRouterControlPlane]
+    worker_api_key: NotRequired[RawRouterWorkerKey]
     health: NotRequired[RawRouterHealth]
     rank_metrics: NotRequired[RawRankMetrics]
     engines: NotRequired[RawRouterEngines]

@@ -444,6 +444,17 @@ class RouterControlPlane:
 
 
 @dataclass(frozen=True)
+class RouterWorkerKey:
+    """How a worker added through the worker API gets the key its engine wants: the add
+    request's body field that carries it (the router calls a worker added without it
+    unauthenticated)."""
+
+    field: str
+    why: str
+    source: Cites
+
+
+@dataclass(frozen=True)
 class RouterHealth:
     """The router's own rules for taking a worker out and back, with the options that set
     them (each present in the release's option table) and their defaults."""
@@ -498,6 +509,7 @@ class RouterRelease:
     duplicate_add_status: int | None = None
     drain: RouterDrain | None = None
     control_plane: RouterControlPlane | None = None
+    worker_api_key: RouterWorkerKey | None = None
     health: RouterHealth | None = None
     rank_metrics: RankMetrics | None = None
     engines: RouterEngines | None = None

@@ -56,6 +56,9 @@ class DrainPlan:
     # The router's drain settle for a drained worker, set before its removal and on its re-add
     # (smg); None: the release has no per-worker settle (sglang-router 0.3.2 removes at once).
     settle_s: int | None = None
+    # (the ranks' key file on this host, the add request's field): each re-add carries the
+    # ranks' key, read there (smg, ranks with an API key); None: the router needs none.
+    worker_key: tuple[str, str] | None = None
 
     def worker(self, rank: int) -> str:
         """The rank as the router names it (its --worker-urls entry, resolver.worker_urls)."""
@@ -146,9 +149,19 @@ def decide(
         timeout_s=settings.drain_timeout_s,
         readmit_timeout_s=router.worker_startup_timeout_s,
         settle_s=ROLL_SETTLE_S if api.drain is not None else None,
+        worker_key=(layout.SECRETS_FILE, api.worker_api_key.field)
+        if api.worker_api_key is not None and settings.api_key_file
+        else None,
     )
     sources = ", ".join(s.url for s in api.source)
-    timer = settle = ""
+    timer = settle = keyed = ""
+    if plan.worker_key is not None and api.worker_api_key is not None:
+        cited = ", ".join(s.id for s in api.worker_api_key.source)
+        keyed = (
+            f"; each re-add carries the ranks' API key ({api.worker_api_key.field}, read on the "
+            f"host from {plan.worker_key[0]}): {api.package} calls a worker added without one "
+            f'unauthenticated (knowledge base routers."{router.version}".worker_api_key: {cited})'
+        )
     if api.drain is not None and not api.drain.waits_for_in_flight:
         timer = (
             f", listed {api.drain.state} meanwhile: the router's own drain is a timer "
@@ -177,7 +190,7 @@ def decide(
             "finishes its in-flight requests (its sglang:num_running_reqs and num_queue_reqs at "
             f"0, or {settings.drain_timeout_s}s), restarts, answers /health and a chat request, "
             f"then rejoins ({api.add_worker}); a rank that fails stays out and the roll stops"
-            f"{settle} ({sources})",
+            f"{settle}{keyed} ({sources})",
         ),
         [],
     )

@@ -22,10 +22,11 @@ open.
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import sys
 from pathlib import Path
+
+from operations.programs.api_key_file import read_api_key
 
 # layout.CONTROL_PLANE_CREDENTIAL: the unit's LoadCredential= name.
 CREDENTIAL = "control-plane-key"
@@ -60,14 +61,9 @@ def ranks_api_key() -> str | None:
     """The ranks' API key from its credential, or None when the unit loads none."""
     path = Path(os.environ.get("CREDENTIALS_DIRECTORY", "")) / API_KEY_CREDENTIAL
     try:
-        lines = path.read_text().splitlines()
+        return read_api_key(str(path))
     except OSError:
         return None
-    for line in lines:
-        if line.startswith("api-key:"):
-            key = json.loads(line.split(":", 1)[1])
-            return key if isinstance(key, str) and key else None
-    return None
 
 
 def main() -> int:

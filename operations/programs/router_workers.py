@@ -7,13 +7,21 @@ from the knowledge base's `routers` entry for the pinned release, as `METHOD /pa
 
     router_workers.py --router URL --list 'GET /workers' --remove 'DELETE /workers/{id}' \\
         --add 'POST /workers' --key-file PATH --timeout S out UNIT=WORKER_URL=METRICS_URL ...
-    router_workers.py ... --timeout S in UNIT=WORKER_URL ...
+    router_workers.py ... [--worker-key-file PATH --worker-key-field FIELD] --timeout S \\
+        in UNIT=WORKER_URL ...
 
 --key-file: the router's control-plane key (root only); each call sends it as
 `Authorization: Bearer KEY` (sglang-router 0.3.2, src/auth/middleware.rs:214-361; smg 1.13.0
 the same, 401 without it: tests/fixtures/smg/behaviour-1.13.0.json "auth"). A missing file
 sends none (a router from before the key, started without one); a router that refuses the call
 (401, 403) fails the step, naming the file, never the key.
+
+--worker-key-file PATH --worker-key-field FIELD (smg, ranks with an API key): the ranks' key,
+read here from SGLang's --config file (layout.SECRETS_FILE, api_key_file.py), goes in each
+re-add's POST body as FIELD (`api_key`): smg calls a worker added without one unauthenticated,
+and the rank answers 401 (the knowledge base's routers."1.13.0".worker_api_key). Each host's
+drain sends its own ranks' key, which also carries a rotated key: a rank re-added after its
+restart gets the key it now asks for.
 
 --draining STATE (smg): the state the router lists a removed worker in while it settles
 (`draining`: no new request reaches it; smg removes it after drain_settle_secs, 5 s, whether
@@ -54,6 +62,7 @@ import urllib.error
 import urllib.request
 from typing import Any, TypedDict
 
+from operations.programs.api_key_file import read_api_key
 from operations.programs.polling import backoff
 from operations.programs.rank_metrics import requests_in_flight
 
@@ -86,6 +95,9 @@ class RouterRefused(RouterError):
 
 # The control-plane key, read once from --key-file (None: the file is absent).
 KEY: str | None = None
+# (FIELD, the ranks' API key) for each re-add's body, read once from --worker-key-file; None:
+# no key to send (none configured, or a router that takes none).
+WORKER_KEY: tuple[str, str] | None = None
 
 
 def read_key(path: str) -> str | None:
@@ -97,6 +109,16 @@ def read_key(path: str) -> str | None:
     except OSError as error:
         raise RouterError(f"control-plane key {path}: {error.strerror}") from None
     return key or None
+
+
+def worker_key(path: str, field: str) -> tuple[str, str] | None:
+    """(field, the ranks' key) from `path` (SGLang's --config file); None without a path or a
+    key. An unreadable file fails the step, naming the file, never the key."""
+    try:
+        key = read_api_key(path)
+    except OSError as error:
+        raise RouterError(f"the ranks' API key file {path}: {error.strerror}") from None
+    return (field, key) if key is not None else None
 
 
 def call(base: str, spec: str, body: Any = None, **ids: str) -> Any:
@@ -351,6 +373,9 @@ def _add(args: argparse.Namespace, url: str) -> bool:
     body: dict[str, object] = {"url": url}
     if args.settle is not None:  # its next drain settles as this one did (smg)
         body["health"] = {"drain_settle_secs": args.settle}
+    if WORKER_KEY is not None:  # the key the router sends the rank (smg)
+        field, key = WORKER_KEY
+        body[field] = key
     try:
         call(args.router, args.add, body=body)
     except RouterRefused:
@@ -369,6 +394,8 @@ def main() -> int:
     parser.add_argument("--remove", required=True)
     parser.add_argument("--add", required=True)
     parser.add_argument("--key-file", default="")
+    parser.add_argument("--worker-key-file", default="")
+    parser.add_argument("--worker-key-field", default="api_key")
     parser.add_argument("--draining", default="")
     parser.add_argument("--settle", type=int)
     parser.add_argument("--update", default="")
@@ -377,9 +404,10 @@ def main() -> int:
     parser.add_argument("action", choices=("out", "in"))
     parser.add_argument("targets", nargs="+")
     args = parser.parse_args()
-    global KEY
+    global KEY, WORKER_KEY
     try:
         KEY = read_key(args.key_file) if args.key_file else None
+        WORKER_KEY = worker_key(args.worker_key_file, args.worker_key_field)
         if args.action == "out":
             out = [tuple(t.split("=", 2)) for t in args.targets]
             return take_out(args, [(u, w.rstrip("/"), m) for u, w, m in out])

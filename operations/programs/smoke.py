@@ -56,6 +56,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from typing import Any, TypedDict
 
+from operations.programs.api_key_file import read_api_key
 from operations.programs.hostsafe import (
     JOURNAL_LINES,
     journal,
@@ -228,24 +229,6 @@ def parse_target(word: str) -> tuple[str, str, int]:
         raise ValueError(f"not NAME=URL[*COUNT]: {word!r}")
     url, star, count = rest.partition("*")
     return name, url.rstrip("/"), int(count) if star else 1
-
-
-def read_key(path: str | None) -> str | None:
-    """The API key from SGLang's --config file (`api-key: "..."`, operations/steps/serve.py)."""
-    if not path:
-        return None
-    try:
-        with open(path, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
-    except FileNotFoundError:
-        return None  # no key configured: the servers do not ask for one
-    for line in lines:
-        key, sep, value = line.partition(":")
-        if sep and key.strip() == "api-key":
-            value = value.strip()
-            parsed = json.loads(value) if value.startswith('"') else value
-            return str(parsed) or None
-    return None
 
 
 # -- asking (httpx, on the host) --------------------------------------------------------------
@@ -430,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("targets", nargs="+", metavar="NAME=URL[*COUNT]")
     args = parser.parse_args(argv)
     targets = [parse_target(word) for word in args.targets]
-    key = read_key(args.key_file)
+    key = read_api_key(args.key_file)
 
     def one(target: tuple[str, str, int]) -> Verdict:
         name, base, count = target

@@ -94,6 +94,7 @@ class WorkersArgs(TypedDict):
     key_file: str
     draining: str
     settle: tuple[int, str, str] | None
+    worker_key: tuple[str, str] | None
 
 
 @operation(is_idempotent=False)
@@ -106,6 +107,7 @@ def router_workers(
     key_file: str = layout.CONTROL_PLANE_KEY_FILE,
     draining: str = "",
     settle: tuple[int, str, str] | None = None,
+    worker_key: tuple[str, str] | None = None,
 ) -> Commands:
     """
     Take ranks out of the router and wait for their in-flight requests, or put them back.
@@ -119,6 +121,8 @@ def router_workers(
     + draining: the state the router lists a removed worker in while it settles (smg), or ""
     + settle: (seconds, update call, the call that shows the update done): the drained worker's
       settle (smg), set before its removal and carried by its re-add; None: the router's own
+    + worker_key: (the ranks' key file on the host, the add request's field): each re-add
+      carries the ranks' key, read there (its path only); None: the router needs none
     """
     list_call, remove_call, add_call = api
     words = ["python3", layout.ROUTER_WORKERS_SCRIPT, "--router", router]
@@ -128,6 +132,9 @@ def router_workers(
     if settle is not None:
         seconds, update_call, applied_call = settle
         words += ["--settle", str(seconds), "--update", update_call, "--applied", applied_call]
+    if worker_key is not None and action == "in":
+        key_file, field = worker_key
+        words += ["--worker-key-file", key_file, "--worker-key-field", field]
     words += ["--timeout", str(timeout_s), action, *targets]
     yield shlex.join(words)
 
@@ -307,6 +314,7 @@ class ServeStep:
             "settle": None
             if api_drain is None or drain.settle_s is None
             else (drain.settle_s, api_drain.settle_update, api_drain.settle_applied),
+            "worker_key": drain.worker_key,
         }
 
     def _remove(self) -> None:

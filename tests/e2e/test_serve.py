@@ -268,6 +268,38 @@ def test_two_hosts_behind_one_router_and_the_api_key_stays_secret(
     assert {k: v for k, v in again.statuses.items() if v != "No changes"} == {}, again
     assert API_KEY not in again.output and CONTROL_KEY not in again.output
 
+    # A roll behind smg with the key: each of the first host's ranks drained out, restarted,
+    # and added back with the ranks' key (smg calls a worker POSTed without `api_key`
+    # unauthenticated, and the rank refuses it: smg 1.13.0 model_gateway/src/worker/
+    # service.rs:471-477), so every rank is listed ready again and serves through the router.
+    # (One host rolls: two testbed containers restarting units at the same instant sometimes
+    # get systemd's 219/CGROUP from the nested cgroup tree, a testbed limit, not the deploy's.)
+    status, listed = http(f"{url}/workers", key=CONTROL_KEY)
+    models = {w["url"]: w.get("model_id") for w in listed["workers"]}
+    rolled = {**common, "mem_fraction_static": 0.85}
+    roll = deploy(
+        tmp_path, {a: base_data(a, indexes, **rolled), b: base_data(b, indexes, **common)}
+    )
+    ok(roll)
+    backs = [k for k in serve_ops(roll) if "back into the router" in k]
+    assert len(backs) == 2, serve_ops(roll)  # a batch per rank of the first host
+    assert API_KEY not in roll.output and CONTROL_KEY not in roll.output
+    status, listed = http(f"{url}/workers", key=CONTROL_KEY)
+    assert status == 200, listed
+    assert sorted(w["status"] for w in listed["workers"]) == ["ready"] * 4, listed
+    # smg read each re-added rank's metadata as it read the ranks it started with: it sent the
+    # key (without it, the rank's 401 leaves smg an unknown model for the worker).
+    assert {w["url"]: w.get("model_id") for w in listed["workers"]} == models, (models, listed)
+    assert set(models.values()) == {"Qwen/Qwen3.6-27B"}, models
+    _, cmdlines, _ = a.ssh_run("cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '")
+    assert API_KEY not in cmdlines
+    status, body = http(
+        f"{url}/v1/chat/completions",
+        {"model": "Qwen/Qwen3.6-27B", "messages": [{"role": "user", "content": "hi"}]},
+        key=API_KEY,
+    )
+    assert status == 200, body
+
     converge(tmp_path, a, indexes)
 
 

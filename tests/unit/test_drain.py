@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import subprocess
 import sys
@@ -221,6 +222,63 @@ def test_behind_smg_the_plan_sets_a_short_settle_for_the_drained_rank_with_its_s
     old = with_router(version="0.3.2")
     plan, decision, _ = drain.decide("ct200", old, [("ct200", old)], kb.load())
     assert plan is not None and plan.settle_s is None and "settle" not in decision.value
+
+
+def test_behind_smg_each_re_add_carries_the_ranks_api_key_by_its_files_path() -> None:
+    """smg calls a worker POSTed without `api_key` unauthenticated (the knowledge base's
+    routers."1.13.0".worker_api_key): with an API key, the plan hands the drain script the key
+    file's path and the field, for the re-add only; never the key."""
+    from operations.steps.serve import host_argv, router_workers
+
+    s = dataclasses.replace(with_router(), api_key_file="/etc/keys/api-key")
+    plan, decision, _ = drain.decide("ct200", s, [("ct200", s)], kb.load())
+    assert plan is not None and plan.worker_key == ("/etc/sglang/secrets.yaml", "api_key")
+    assert "each re-add carries the ranks' API key (api_key" in decision.why
+    assert "worker_api_key: smg-1.13.0" in decision.why
+    common = {
+        "router": plan.router_url,
+        "api": ("GET /workers", "DELETE /workers/{id}", "POST /workers"),
+        "timeout_s": 5,
+        "worker_key": plan.worker_key,
+    }
+    back = host_argv(router_workers, action="in", targets=["u=http://127.0.0.1:9"], **common)
+    out = host_argv(router_workers, action="out", targets=["u=http://127.0.0.1:9="], **common)
+    keyed = ["--worker-key-file", "/etc/sglang/secrets.yaml", "--worker-key-field", "api_key"]
+    assert " ".join(keyed) in " ".join(back)
+    assert "--worker-key-file" not in out
+    # No key configured, or sglang-router 0.3.2 (its worker API is not known to take one).
+    old = dataclasses.replace(with_router(version="0.3.2"), api_key_file="/etc/k")
+    for settings in (with_router(), old):
+        plan, decision, _ = drain.decide("ct200", settings, [("ct200", settings)], kb.load())
+        assert plan is not None and plan.worker_key is None
+        assert "API key" not in decision.why
+
+
+@pytest.mark.integration
+def test_a_re_add_sends_the_ranks_api_key_read_on_the_host(tmp_path: Path) -> None:
+    """The drain script reads the key from SGLang's --config file and puts it in the POST's
+    body (what smg then sends the rank); it never prints it; an unreadable file fails the step
+    naming the file."""
+    key_file = tmp_path / "key"
+    key_file.write_text(KEY + "\n")
+    secrets = tmp_path / "secrets.yaml"
+    api_key = 'sk-rank-"key"-0123456789'
+    secrets.write_text(f"api-key: {json.dumps(api_key)}\n")  # as serve_plan.secrets_text
+    plane = ControlPlane(KEY)
+    rank = "http://127.0.0.1:9"
+    keyed = ("--worker-key-file", str(secrets), "--worker-key-field", "api_key")
+    try:
+        rc, out = run_drain(tmp_path, plane, key_file, *keyed, "in", f"u={rank}")
+        assert rc == 0 and "readmitted u" in out, out
+        assert [b for m, _, b in plane.bodies if m == "POST"] == [{"url": rank, "api_key": api_key}]
+        assert api_key not in out
+        secrets.chmod(0o000)
+        plane.workers.clear()
+        rc, out = run_drain(tmp_path, plane, key_file, *keyed, "in", f"u={rank}")
+        if os.geteuid() != 0:  # root reads it anyway
+            assert rc == 1 and f"the ranks' API key file {secrets}" in out, out
+    finally:
+        plane.stop()
 
 
 @pytest.mark.integration

@@ -300,9 +300,9 @@ def test_the_key_is_read_from_sglangs_config_file(tmp_path: Path) -> None:
     key = 'sk-"quoted"\\x'
     path = tmp_path / "secrets.yaml"
     path.write_text(f"api-key: {json.dumps(key)}\n")  # as operations/steps/serve.py writes it
-    assert script.read_key(str(path)) == key
-    assert script.read_key(str(tmp_path / "absent.yaml")) is None
-    assert script.read_key(None) is None
+    assert script.read_api_key(str(path)) == key
+    assert script.read_api_key(str(tmp_path / "absent.yaml")) is None
+    assert script.read_api_key(None) is None
 
 
 def test_a_failed_target_is_described_with_its_reason() -> None:
