@@ -1,8 +1,9 @@
 """Crash safety on real systemd (issue 31).
 
 A deploy killed (`kill -9` of pyinfra, which drops its SSH sessions with it) at a point inside
-each step of a roll 0.5.11 -> 0.5.19 behind the real sglang-router 0.3.2 with its control-plane
-key, one container for all of them, in the order a run reaches them: the engine install, the
+each step of a roll 0.5.11 -> 0.5.19 behind the real router with its control-plane key (smg
+1.13.0, the default, and sglang-router 0.3.2: one container for each, all kill points in it),
+in the order a run reaches them: the engine install, the
 copy of a changed model, the API key file's write, between a rank's unit write and its
 restart (rank drained out of the router), and after that rank's restart before it is put back
 into the router; then the host's SSH sessions dropped mid-roll (sshd's, by PID: the controller
@@ -290,17 +291,22 @@ def indexes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Indexes]:
     yield from release_indexes(tmp_path_factory, "crash", (RELEASE, NEW_RELEASE))
 
 
+@pytest.fixture(scope="module", params=["1.13.0", "0.3.2"], ids=["smg", "sglang-router"])
+def router_version(request: pytest.FixtureRequest) -> str:
+    """The router the roll drains through: smg (the default) and sglang-router 0.3.2."""
+    version: str = request.param
+    return version
+
+
 @pytest.fixture(scope="module")
-def host(testbed: tb.Testbed) -> Iterator[Container]:
+def host(testbed: tb.Testbed, router_version: str) -> Iterator[Container]:
     (container,) = testbed.boot(serving_spec())
     yield container
     testbed.destroy(container)
 
 
-def router_data(c: Container, indexes: Indexes, **extra: object) -> dict[str, object]:
-    # As the module says: behind sglang-router 0.3.2 (its kill points with smg's drain, the
-    # default router now, are not played here yet).
-    router = {"host": c.name, "port": ROUTER_PORT, "bind": c.address, "version": "0.3.2"}
+def router_data(c: Container, indexes: Indexes, version: str, **extra: object) -> dict[str, object]:
+    router = {"host": c.name, "port": ROUTER_PORT, "bind": c.address, "version": version}
     return base_data(c, indexes, router=router, **extra)
 
 
@@ -361,12 +367,12 @@ def lock_free(c: Container) -> bool:
 
 
 def test_a_deploy_killed_at_each_step_of_a_roll_or_its_ssh_sessions_dropped(
-    host: Container, indexes: Indexes, tmp_path: Path
+    host: Container, indexes: Indexes, router_version: str, tmp_path: Path
 ) -> None:
     c = host
-    ok(deploy(tmp_path, {c: router_data(c, indexes)}))
+    ok(deploy(tmp_path, {c: router_data(c, indexes, router_version)}))
     # Behind a router, a converged re-run changes nothing (issue 29).
-    again = deploy(tmp_path, {c: router_data(c, indexes)})
+    again = deploy(tmp_path, {c: router_data(c, indexes, router_version)})
     ok(again)
     assert {k: v for k, v in again.statuses.items() if v != "No changes"} == {}, again
     old_copies = served_copies(c)
@@ -380,7 +386,8 @@ def test_a_deploy_killed_at_each_step_of_a_roll_or_its_ssh_sessions_dropped(
     new = {"sglang_version": NEW_RELEASE, "api_key_file": str(key_file)}
 
     def roll(**extra: object) -> Callable[[], Deploying]:
-        return lambda: start_deploy(tmp_path, {c: router_data(c, indexes, **new, **extra)})
+        data = router_data(c, indexes, router_version, **new, **extra)
+        return lambda: start_deploy(tmp_path, {c: data})
 
     # 1. Killed inside the engine install: the new environment is made, not installed. Every
     # rank still serves the old release, all in the router; nothing names the partial one.
@@ -434,7 +441,7 @@ def test_a_deploy_killed_at_each_step_of_a_roll_or_its_ssh_sessions_dropped(
     assert mode.strip() == "640 root:sglang", mode
     assert running_release(c, 0) == RELEASE
     at_most_one_batch_out(c, 0)
-    status = run_status(tmp_path, c, router_data(c, indexes, **new))
+    status = run_status(tmp_path, c, router_data(c, indexes, router_version, **new))
     assert "pending restart" in status["ranks"][0]["state"], status["ranks"][0]
 
     # 5. Killed after rank 0 restarted on the new release, before it is put back into the
@@ -468,11 +475,12 @@ def test_a_deploy_killed_at_each_step_of_a_roll_or_its_ssh_sessions_dropped(
     at_most_one_batch_out(c, 3)
     # The dropped run's lock went with its session: the next run need not wait for it.
     wait_for(lambda: lock_free(c), timeout=30, what="the dropped run's deploy lock released")
-    status = run_status(tmp_path, c, router_data(c, indexes, **new))
+    status = run_status(tmp_path, c, router_data(c, indexes, router_version, **new))
     assert "pending restart" in status["ranks"][3]["state"], status["ranks"][3]
     assert [r["sglang_version"] for r in status["ranks"][:3]] == [NEW_RELEASE] * 3, status
 
-    finished = deploy(tmp_path, {c: router_data(c, indexes, **new, deploy_lock_wait_s=0)})
+    last = router_data(c, indexes, router_version, **new, deploy_lock_wait_s=0)
+    finished = deploy(tmp_path, {c: last})
     ok(finished)
     backs = [k for k in serve_ops(finished) if "back into the router" in k]
     assert len(backs) == 5, serve_ops(finished)  # ranks 3 to 7
@@ -486,10 +494,10 @@ def test_a_deploy_killed_at_each_step_of_a_roll_or_its_ssh_sessions_dropped(
     )
     assert not left.strip(), left
 
-    converged = deploy(tmp_path, {c: router_data(c, indexes, **new)})
+    converged = deploy(tmp_path, {c: router_data(c, indexes, router_version, **new)})
     ok(converged)
     assert {k: v for k, v in converged.statuses.items() if v != "No changes"} == {}, converged
-    status = run_status(tmp_path, c, router_data(c, indexes, **new))
+    status = run_status(tmp_path, c, router_data(c, indexes, router_version, **new))
     pids = unit_states(c, range(8))
     for row in status["ranks"]:
         assert row["state"] == "active (running)", row
