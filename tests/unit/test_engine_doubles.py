@@ -61,6 +61,8 @@ def test_wheels_carry_valid_records_and_the_knowledge_base_pins(tmp_path: Path) 
 
     assert sorted(p.name for p in built.values()) == [
         "cuda_python-12.9.4-py3-none-any.whl",  # the cu128 override (knowledge base)
+        # FlashInfer's prebuilt modules for cu128 (caches.yaml: available)
+        "flashinfer_jit_cache-0.6.8.post1+cu128-py3-none-any.whl",
         "flashinfer_python-0.6.8.post1-py3-none-any.whl",
         "sglang-0.5.11-py3-none-any.whl",
         "sglang_kernel-0.4.2+cu129-py3-none-any.whl",
@@ -70,6 +72,17 @@ def test_wheels_carry_valid_records_and_the_knowledge_base_pins(tmp_path: Path) 
     ]
     # Each carries its whole captured METADATA (test_every_double_carries_...).
     assert carried(built["torch"], snapshot_graph.captured("torch", "2.11.0+cu128")) == []
+    jit = built["flashinfer-jit-cache"]
+    assert carried(jit, snapshot_graph.captured("flashinfer-jit-cache", "0.6.8.post1+cu128")) == []
+    assert "Requires-Dist" not in wheels.metadata_of(jit)  # as the real one: no requirements
+    with zipfile.ZipFile(jit) as zf:  # the AOT module of each module the rank double builds
+        assert sorted(n for n in zf.namelist() if n.endswith(".so")) == [
+            "flashinfer_jit_cache/jit_cache/batch_decode_with_kv_cache/"
+            "batch_decode_with_kv_cache.so",
+            "flashinfer_jit_cache/jit_cache/batch_prefill_with_kv_cache/"
+            "batch_prefill_with_kv_cache.so",
+        ]
+    assert "flashinfer-jit-cache" not in wheels.release_wheels(tmp_path / "u", "0.5.19", "cu128")
     for wheel in built.values():
         with zipfile.ZipFile(wheel) as zf:
             record = next(n for n in zf.namelist() if n.endswith("RECORD"))
