@@ -151,3 +151,11 @@ def test_a_build_that_is_not_published_says_so() -> None:
     assert (choice.status, choice.used) == ("absent", False)
     assert "is not published" in choice.why
     assert any("pull/4469" in url for url in choice.sources), choice.sources
+
+
+def test_an_existing_engine_is_another_engine_with_it_and_the_same_one_without() -> None:
+    """The pin is in the engine's name (its digest covers the requirements): a host serving
+    0.5.11 from before the pin gets a new engine, installed beside the serving one; turned off,
+    the name is the one engines had before (0.5.11 on cu128 for Python 3.11, docs of main)."""
+    assert spec(flashinfer_jit_cache=False).name == "0.5.11-cu128-cp311-7267b59f"
+    assert spec().name == "0.5.11-cu128-cp311-d04a952f"
