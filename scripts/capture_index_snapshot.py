@@ -14,7 +14,10 @@ proxy on 127.0.0.1:
   the version given its local tag, and for torch the CUDA requirements of the lane (TORCH_CUDA,
   below, or the build matrix given with --build-matrix);
 - `sglang-<lane>/`: the kernel index's real file list with its sha256s, from a checkout of
-  github.com/sgl-project/whl (--whl-repo), each pinned wheel's METADATA that of its PyPI twin.
+  github.com/sgl-project/whl (--whl-repo), each pinned wheel's METADATA that of its PyPI twin;
+- `flashinfer-<lane>/`: flashinfer-jit-cache, the x86_64 wheels of FlashInfer's per-lane index
+  (https://flashinfer.ai/whl/<lane>/, unreachable here) with the sha256 its pages give
+  (JIT_CACHE_SHA256, below), each METADATA reconstructed from the project's pyproject.toml.
 
 Then keeps only what uv asked for (the pages it read, at the versions whose metadata it read,
 Linux x86_64 / abi3 / none-any files for CPython 3.10-3.13, and sdists), writes the tree, and
@@ -85,6 +88,45 @@ WHL_COMMIT = "2504c0ad5d878f1f1cfdda5cf560b7209ea13fee"  # tests/fixtures/sglang
 CPYTHONS = {f"cp3{m}" for m in range(10, 14)}
 INTERPRETERS = CPYTHONS | {"py3", "py2"} | {f"py3{m}" for m in range(14)}
 RANGE_BLOCK = 256 * 1024
+
+# flashinfer-jit-cache on FlashInfer's per-lane indexes, as github.com/flashinfer-ai/whl serves
+# them (cu128/flashinfer-jit-cache/index.html at 0d4607bec2167913df112b73d3fdc3f65f9ba086;
+# cu129/ and cu130/ at 0bdc76f9fd04ac28035e164e6cac74b3d7bfd753): the sha256 of the x86_64
+# wheel `flashinfer_jit_cache-<V>+<lane>-cp39-abi3-manylinux_2_28_x86_64.whl` of each build
+# operations/kb/knowledge/caches.yaml marks available for a FlashInfer a release pins.
+JIT_CACHE_SHA256 = {
+    ("cu128", "0.6.3"): "21eb1e549754b83edaa3fbaad312e52a2522776c08d7329ca2285740b9d02ba3",
+    ("cu128", "0.6.7.post2"): "7872403ba5c848b81f6b49c770453f990a94c96782251090742e0070d66fc0c9",
+    ("cu128", "0.6.7.post3"): "759d388d8b1796b877bc3c716aacedfa035db2f82a9db6ad835ccb61c75abdd7",
+    ("cu128", "0.6.8.post1"): "0616d524434c0b4617726877bd27d1ce5456a322f5677eaf7bb617d3875722ca",
+    ("cu128", "0.6.11.post1"): "6fc9dddf55034f74263503eb63e34581cc07dfff1a07cbe6468f83afc92a7150",
+    ("cu128", "0.6.12"): "5b9f19ff8715b272cba99400384dfb700be19ba19bee10025d921a040963b615",
+    ("cu128", "0.6.14"): "ed406f6b3447f43e9c5ce22769bdeb078cb8f441a69dceda3e901495cbea5830",
+    ("cu128", "0.6.15.post1"): "1af314fdf5a879b187a3e85c48c71a1f32c4d982ce520666b0d2795060b3e62b",
+    ("cu129", "0.6.18"): "e3bf1721ab19a7d8e64ae9df2596e9a4b6bbbf3808f243e37d03025137267040",
+    ("cu130", "0.6.8.post1"): "d060f085318d1f55278ce42724fd58e2d4fa2e34b6135e7f6982e1ea374fac6a",
+    ("cu130", "0.6.11.post1"): "fd689b3662521af9c38f77c33b4d8165037964d3adcd770da435f874089942f1",
+    ("cu130", "0.6.12"): "c7800a4d43bf53f0e11df627f249c13fc1e28b4a39e6ca2f237a01969ba16292",
+    ("cu130", "0.6.14"): "22b666dffe4cca7de0ea67668c16c0be819e8a67cdb34c404cf89abeb3d2b510",
+    ("cu130", "0.6.15.post1"): "2473dbb78f65002267c221be4d75eb50dbcde51acd5242542f5aea7d1bff1b23",
+    ("cu130", "0.6.17"): "e7dd1deecc7f348d41b1eb56217d945d4f1630f447ff9b0b9e7919b0e07c01f0",
+    ("cu130", "0.6.18"): "428a47a554ade93c30a818e142b781df58582bf056bab94611fb4c906cc366bf",
+}
+JIT_CACHE_SOURCE = (
+    "RECONSTRUCTED from flashinfer-ai/flashinfer v0.6.12 flashinfer-jit-cache/pyproject.toml: :7 "
+    "name, :11 requires-python >=3.9, :31 dependencies = [] (no Requires-Dist; the same at "
+    "v0.6.3, v0.6.8.post1, v0.6.17, v0.6.18rc7); the version is FlashInfer's plus the lane "
+    "(build_backend.py:51-54, .github/workflows/release.yml:192)"
+)
+
+
+def jit_cache_metadata(version: str) -> bytes:
+    """flashinfer-jit-cache's METADATA as its pyproject.toml defines it: no requirements."""
+    return (
+        f"Metadata-Version: 2.1\nName: flashinfer-jit-cache\nVersion: {version}\n"
+        "Requires-Python: >=3.9\n"
+    ).encode()
+
 
 # The CUDA requirements PyTorch writes into a torch wheel built for a CUDA version
 # (PYTORCH_EXTRA_INSTALL_REQUIREMENTS of .github/scripts/generate_binary_build_matrix.py at the
@@ -340,7 +382,18 @@ class Sources:
         lane = index.split("-", 1)[1]
         if index.startswith("pytorch-"):
             return self._torch_page(lane, project)
+        if index.startswith("flashinfer-"):
+            return self._jit_cache_page(lane, project)
         return self._kernel_page(lane, project)
+
+    def _jit_cache_page(self, lane: str, project: str) -> list[File] | None:
+        if project != "flashinfer-jit-cache":
+            return None
+        return [
+            File(f"flashinfer_jit_cache-{v}+{lane}-cp39-abi3-manylinux_2_28_x86_64.whl", None, h)
+            for (on, v), h in JIT_CACHE_SHA256.items()
+            if on == lane
+        ]
 
     def _pins(self, kind: str, lane: str, project: str) -> set[str]:
         return {
@@ -386,6 +439,9 @@ class Sources:
         if index == "main":
             assert f.upstream is not None
             return wheel_metadata(f.upstream, f.size)
+        if index.startswith("flashinfer-"):
+            self.citations[f"{index}/{f.filename}"] = JIT_CACHE_SOURCE
+            return jit_cache_metadata(str(f.version))
         version = str(f.version)
         public = version.split("+")[0]
         twin = next(

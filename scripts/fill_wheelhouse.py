@@ -1,6 +1,6 @@
 """Fill a wheelhouse with exactly the wheels an engine's lock names, for offline installs.
 
-    .venv/bin/python scripts/fill_wheelhouse.py locks/0.5.11-cu128-cp311-7267b59f.lock \
+    .venv/bin/python scripts/fill_wheelhouse.py locks/0.5.11-cu128-cp311-d04a952f.lock \
         WHEELHOUSE [--python 3.11] [--glibc 2.36] [--uv 0.13.9] [--router 0.3.2] [--hub] \
         [--lane cu128] [--cuda-url URL] [--cuda-manifest redistrib_12.8.1.json] [--no-cuda]
 

@@ -8,7 +8,8 @@ into tests/fixtures/index-snapshot/ and served here on loopback by `python3 -m h
 
 The snapshot tree is what an index serves: `<index>/<project>/index.html` (PEP 503 with PEP 658
 `data-core-metadata`) and `<file>.metadata` beside it; `<index>` is `main` (PyPI),
-`pytorch-<lane>` or `sglang-<lane>`, the names the engine project gives its indexes.
+`pytorch-<lane>`, `sglang-<lane>` or `flashinfer-<lane>`, the names the engine project gives
+its indexes.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ def production_spec(case: LockCase, base_url: str, kb: Knowledge) -> tuple[str, 
         package_index_url=f"{base_url}/main/",
         torch_index_url=f"{base_url}/pytorch-{{lane}}/",
         kernel_index_url=f"{base_url}/sglang-{{lane}}/",
+        flashinfer_index_url=f"{base_url}/flashinfer-{{lane}}/",
     )
     spec = _engine_spec(settings, kb, case.python)
     if case.without_override is not None:

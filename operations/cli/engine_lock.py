@@ -151,6 +151,7 @@ def uv_problem(said: str, settings: Settings, spec: EngineSpec) -> str:
     settings_of = {
         "torch": "torch_index_url",
         "kernel": "kernel_index_url",
+        "flashinfer": "flashinfer_index_url",
     }
     pins = {pin.index_name: pin.index for pin in spec.pins if pin.index_name}
     for index in indexes(settings, spec):

@@ -41,6 +41,7 @@ _SHOWN = {
     "engine override",
     "engine exclude",
     "engine compiler",
+    "prebuilt kernels",  # its pin is in the engine row; why (or why not): --why
     "attention backend",
     "model staging",
     "compile cache",  # one row for the engine's caches (_cache_row); each with its why: --why

@@ -6,12 +6,13 @@ Loaded once into frozen dataclasses and checked; every problem is named by its k
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal, TypedDict, cast, get_args
+from typing import Literal, NotRequired, TypedDict, cast, get_args
 
 import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -49,6 +50,15 @@ class RawTriton(TypedDict):
 class RawFlashinferVersion(TypedDict):
     cubin_on_pypi: bool
     jit_cache: dict[str, str]
+    jit_cache_source: NotRequired[RawCites]
+
+
+class RawJitCache(TypedDict):
+    project: str
+    module: str
+    source: RawCites
+    download_gb: dict[str, str]
+    download_source: RawCites
 
 
 class RawFlashinfer(TypedDict):
@@ -58,6 +68,7 @@ class RawFlashinfer(TypedDict):
     source: RawCites
     versions: dict[str, RawFlashinferVersion]
     versions_source: RawCites
+    jit_cache: RawJitCache
 
 
 class RawWatchdog(TypedDict):
@@ -96,6 +107,18 @@ class AutotuneCache:
 class FlashinferPrebuilt:
     cubin_on_pypi: bool
     jit_cache: Mapping[str, JitCache]  # lane -> available | absent | unverified
+    jit_cache_source: tuple[str, ...]  # the sources of its available and absent cells
+
+
+@dataclass(frozen=True)
+class JitCacheProject:
+    """flashinfer-jit-cache: FlashInfer's prebuilt JIT modules, one wheel per lane."""
+
+    project: str  # flashinfer-jit-cache
+    module: str  # flashinfer_jit_cache, what flashinfer looks for
+    source: tuple[str, ...]  # what the wheel is and how flashinfer uses it
+    download_gb: Mapping[str, str]  # lane -> the wheel's size, as read
+    download_source: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -115,6 +138,7 @@ class CacheKnowledge:
     flashinfer_workspace_variable: str
     flashinfer_cache_under_base: str
     flashinfer: Mapping[str, FlashinferPrebuilt]
+    jit_cache: JitCacheProject
     sources: Mapping[str, RawSource]
     watchdog_timeout: Lever
     weight_load_overlap: Lever
@@ -129,6 +153,7 @@ class ReleaseCaches:
     flashinfer_cubin_pinned: bool  # flashinfer-cubin is a requirement of the release
     flashinfer_cubin_on_pypi: bool
     flashinfer_jit_cache: Mapping[str, JitCache]  # lane -> status
+    flashinfer_jit_cache_source: tuple[str, ...]  # the sources of those statuses
     torch: str | None
     triton: str | None  # the Triton its torch installs
     triton_autotune_cache: bool  # that Triton reads TRITON_CACHE_AUTOTUNING
@@ -150,6 +175,13 @@ def _problems(raw: RawCaches, knowledge: Knowledge) -> Iterator[str]:
         ("triton.autotune_cache", raw["triton"]["autotune_cache"]["source"]),
         ("flashinfer", raw["flashinfer"]["source"]),
         ("flashinfer.versions_source", raw["flashinfer"]["versions_source"]),
+        ("flashinfer.jit_cache", raw["flashinfer"]["jit_cache"]["source"]),
+        ("flashinfer.jit_cache.download_source", raw["flashinfer"]["jit_cache"]["download_source"]),
+        *(
+            (f"flashinfer.versions.{v}.jit_cache_source", e["jit_cache_source"])
+            for v, e in raw["flashinfer"]["versions"].items()
+            if "jit_cache_source" in e
+        ),
         *((f"triton.torch_pins.{t}", p["source"]) for t, p in raw["triton"]["torch_pins"].items()),
         ("levers.watchdog_timeout", raw["levers"]["watchdog_timeout"]["source"]),
         ("levers.weight_load_overlap", raw["levers"]["weight_load_overlap"]["source"]),
@@ -176,6 +208,11 @@ def _problems(raw: RawCaches, knowledge: Knowledge) -> Iterator[str]:
                     f"caches.yaml flashinfer.versions.{fi}.jit_cache.{lane}: {status!r}; "
                     f"accepted: {', '.join(JIT_CACHE)}"
                 )
+            else:
+                yield from _jit_cache_cited(raw, fi, lane, status)
+    for lane in raw["flashinfer"]["jit_cache"]["download_gb"]:
+        if lane not in knowledge.lanes:
+            yield f"caches.yaml flashinfer.jit_cache.download_gb: {lane} is not a lane"
     for release, entry in knowledge.releases.items():
         pinned = entry.pin("flashinfer-python")
         if pinned is not None and pinned not in raw["flashinfer"]["versions"]:
@@ -187,6 +224,25 @@ def _problems(raw: RawCaches, knowledge: Knowledge) -> Iterator[str]:
         if torch_pin is not None and torch_pin not in raw["triton"]["torch_pins"]:
             yield (
                 f"releases.{release} pins torch {torch_pin}: caches.yaml triton.torch_pins lacks it"
+            )
+
+
+def _jit_cache_cited(raw: RawCaches, fi: str, lane: str, status: str) -> Iterator[str]:
+    """An available or absent cell cites a source; an available one a source whose text names
+    that version and that lane (what was read, not a guess)."""
+    if status == "unverified":
+        return
+    key = f"caches.yaml flashinfer.versions.{fi}"
+    cites = _cites(raw["flashinfer"]["versions"][fi].get("jit_cache_source", []))
+    if not cites:
+        yield f"{key}.jit_cache.{lane}: {status} without a jit_cache_source"
+        return
+    if status == "available":
+        texts = [raw["sources"][c]["what"] for c in cites if c in raw["sources"]]
+        if not any(re.search(rf"{re.escape(fi)}\b", t) and lane in t for t in texts):
+            yield (
+                f"{key}.jit_cache.{lane}: available, but no source of {', '.join(cites)} names "
+                f"{fi} on {lane}; cite the index page that lists it, or mark it unverified"
             )
 
 
@@ -224,6 +280,7 @@ def _load_caches(knowledge: Knowledge, path: Path) -> CacheKnowledge:
     fi = raw["flashinfer"]
     watchdog = raw["levers"]["watchdog_timeout"]
     overlap = raw["levers"]["weight_load_overlap"]
+    jit = fi["jit_cache"]
     return CacheKnowledge(
         autotune=AutotuneCache(
             variable=autotune["variable"],
@@ -243,9 +300,17 @@ def _load_caches(knowledge: Knowledge, path: Path) -> CacheKnowledge:
                     jit_cache=MappingProxyType(
                         {lane: cast(JitCache, s) for lane, s in e["jit_cache"].items()}
                     ),
+                    jit_cache_source=_cites(e.get("jit_cache_source", [])),
                 )
                 for v, e in fi["versions"].items()
             }
+        ),
+        jit_cache=JitCacheProject(
+            project=jit["project"],
+            module=jit["module"],
+            source=_cites(jit["source"]),
+            download_gb=MappingProxyType(dict(jit["download_gb"])),
+            download_source=_cites(jit["download_source"]),
         ),
         sources=MappingProxyType(dict(raw["sources"])),
         watchdog_timeout=Lever(
@@ -279,6 +344,7 @@ def release_caches(knowledge: Knowledge, release: str) -> ReleaseCaches:
         flashinfer_cubin_pinned=lines.pins.get("flashinfer-cubin") is not None,
         flashinfer_cubin_on_pypi=prebuilt.cubin_on_pypi if prebuilt else False,
         flashinfer_jit_cache=prebuilt.jit_cache if prebuilt else MappingProxyType({}),
+        flashinfer_jit_cache_source=prebuilt.jit_cache_source if prebuilt else (),
         torch=torch,
         triton=triton,
         triton_autotune_cache=triton is not None and Version(triton) >= caches.autotune.since,

@@ -5,18 +5,20 @@ resolver computes it once per host (ResolvedHost.engine) and the engine step car
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import NotRequired, TypedDict
+from typing import NotRequired, TypedDict, cast
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
 from operations.kb import PLACEHOLDER, Compiler, CompilerArchive, Knowledge, cite
 from operations.layout import EngineTree
+from operations.plan import jit_cache
 from operations.programs.exact_pins import exact
 from operations.settings import Settings, controller_files
 from operations.settings.controller_files import ControllerFile
@@ -30,6 +32,7 @@ MODULES = {
     "sgl-kernel": "sgl_kernel",
     "sglang-kernel": "sgl_kernel",
     "flashinfer-python": "flashinfer",
+    "flashinfer-jit-cache": "flashinfer_jit_cache",  # FlashInfer's prebuilt JIT modules
 }
 # The marker on which the lock is resolved: the hosts this tool provisions (Linux on x86_64,
 # the only platform sglang's CUDA lanes publish for every package) keep the lock small.
@@ -100,16 +103,7 @@ class Toolkit:
             "release": self.release,
             "root": self.root,
             "url": self.url,
-            "archives": [
-                {
-                    "name": a.name,
-                    "version": a.version,
-                    "path": a.path,
-                    "sha256": a.sha256,
-                    "size": a.size,
-                }
-                for a in self.archives
-            ],
+            "archives": [cast(ArchiveJson, dataclasses.asdict(a)) for a in self.archives],
             "checksums": self.checksums,
         }
 
@@ -259,7 +253,7 @@ class Pin:
 
     name: str
     version: str
-    index: str  # "torch", "kernel" or "main"
+    index: str  # "torch", "kernel", "flashinfer" or "main"
     index_lane: str
 
     @property
@@ -269,7 +263,9 @@ class Pin:
     @property
     def index_name(self) -> str | None:
         """The uv index it is pinned to (None: the main index)."""
-        prefix = {"torch": "pytorch", "kernel": "sglang"}.get(self.index)
+        prefix = {"torch": "pytorch", "kernel": "sglang", "flashinfer": "flashinfer"}.get(
+            self.index
+        )
         return f"{prefix}-{self.index_lane}" if prefix else None
 
 
@@ -472,18 +468,19 @@ def engine_spec(
         )
     gpu = kb.gpus.get(settings.gpu_compute_cap)
     compiler = build.lane.compiler
-    tools = (
-        toolkit(compiler, settings, manifest, settings.cuda_redist_manifest)
-        if compiler is not None
-        else None
-    )
+    where = settings.cuda_redist_manifest
+    tools = toolkit(compiler, settings, manifest, where) if compiler is not None else None
+    pins = [Pin(p.name, p.version, p.index, p.index_lane) for p in build.packages]
+    jit = jit_cache.jit_cache_choice(settings, kb, release.version, build.lane.name)
+    if jit.used:  # FlashInfer's prebuilt JIT modules (operations/plan/jit_cache.py)
+        pins.append(Pin(jit.project, jit.version, jit_cache.INDEX, build.lane.name))
     return EngineSpec(
         release=release.version,
         lane=build.lane.name,
         cuda=build.lane.cuda,
         min_driver=build.lane.min_driver,
         python=minor,
-        pins=tuple(Pin(p.name, p.version, p.index, p.index_lane) for p in build.packages),
+        pins=tuple(pins),
         overrides=tuple(o.requirement for o in build.overrides),
         arch=gpu.arch if gpu else None,
         compute_cap=settings.gpu_compute_cap,
@@ -503,7 +500,11 @@ class Index:
 def indexes(settings: Settings, spec: EngineSpec) -> list[Index]:
     """The explicit indexes the pins read: a template's `{lane}` is filled with each pin's own
     index lane (the kernel of the cu128 lane reads SGLang's cu129 index)."""
-    templates = {"torch": settings.torch_index_url, "kernel": settings.kernel_index_url}
+    templates = {
+        "torch": settings.torch_index_url,
+        "kernel": settings.kernel_index_url,
+        jit_cache.INDEX: settings.flashinfer_index_url,
+    }
     found: dict[str, Index] = {}
     for pin in spec.pins:
         if pin.index_name is not None and pin.index_name not in found:

@@ -193,6 +193,8 @@ class Settings:
     engine_lock_dir: str
     torch_index_url: str
     kernel_index_url: str
+    flashinfer_index_url: str
+    flashinfer_jit_cache: bool
     cuda_redist_url: str
     cuda_wheels_url: str
     cuda_redist_manifest: str | None

@@ -55,6 +55,12 @@ ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOT = ROOT / "tests" / "fixtures" / "index-snapshot"
 CAPTURE_SCRIPT = ROOT / "scripts" / "capture_index_snapshot.py"
 KNOWLEDGE_FILE = ROOT / "operations" / "kb" / "knowledge" / "sglang.yaml"
+# What else decides the production project's pins: the flashinfer-jit-cache pin comes from
+# caches.yaml and the default of the setting flashinfer_jit_cache.
+PIN_FILES = (
+    ROOT / "operations" / "kb" / "knowledge" / "caches.yaml",
+    ROOT / "operations" / "settings" / "settings.schema.json",
+)
 # The containers' Python (Debian 12): an engine is locked for the host's Python alone.
 E2E_PYTHON = "3.11"
 # The (release, lane) builds the e2e tests deploy: 0.5.11 and its pin-change target 0.5.19 on
@@ -68,7 +74,7 @@ _PREFERRED = ("cp311-cp311", "abi3", "py3-none", "py2.py3-none")
 class Captured:
     """The METADATA of one file of one index, as the snapshot (or RECONSTRUCTED) holds it."""
 
-    index: str  # main, pytorch-<lane>, sglang-<lane>: the snapshot's folder
+    index: str  # main, pytorch-<lane>, sglang-<lane>, flashinfer-<lane>: the snapshot's folder
     filename: str  # the wheel it is the METADATA of
     metadata: str
     source: str  # the snapshot file it copies, relative to the repository, or the reconstruction
@@ -368,13 +374,14 @@ def _pins(lock_text: str) -> tuple[Pin, ...]:
 
 
 def _key() -> str:
-    """What the graph depends on: the snapshot, the knowledge base (overrides, pins), this
-    module and the capture script (the reconstructions), and uv."""
+    """What the graph depends on: the snapshot, the knowledge base (overrides, pins, the
+    jit-cache's availability and setting), this module and the capture script (the
+    reconstructions), and uv."""
     from tests.snapshot_index import uv_binary
 
     digest = hashlib.sha256()
     files = sorted(p for p in SNAPSHOT.rglob("*") if p.is_file())
-    for path in [*files, KNOWLEDGE_FILE, Path(__file__), CAPTURE_SCRIPT]:
+    for path in [*files, KNOWLEDGE_FILE, *PIN_FILES, Path(__file__), CAPTURE_SCRIPT]:
         digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
     uv = subprocess.run([uv_binary(), "--version"], capture_output=True, check=True, timeout=60)
     digest.update(uv.stdout)

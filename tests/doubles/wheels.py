@@ -13,7 +13,9 @@ Three kinds of wheel stand in the e2e indexes (tests/e2e/deploying.py make_index
 - GPU doubles, with double code: what the engine check (operations/programs/engine_check.py) or the
   server double imports and what needs a GPU: torch, torchvision, torchaudio, the SGLang kernel
   package, flashinfer, cuda-python (its `cuda.bindings.driver` double; the real one ships it in
-  cuda-bindings, which is an index double here) and sglang (its launch_server double). The
+  cuda-bindings, which is an index double here), sglang (its launch_server double) and, where
+  the knowledge base lists one for the release's FlashInfer on the lane, flashinfer-jit-cache
+  (the prebuilt modules the rank-start double loads instead of building them). The
   sources live in tests/doubles/packages/; the values of one build (version, CUDA build,
   architectures) go into a generated `_double_build.py`, and the sglang wheel embeds the
   release's real option table from operations/kb/knowledge/cli/.
@@ -32,6 +34,7 @@ Three kinds of wheel stand in the e2e indexes (tests/e2e/deploying.py make_index
 
 from __future__ import annotations
 
+import ast
 import base64
 import hashlib
 import json
@@ -261,6 +264,33 @@ def flashinfer_wheel(outdir: Path, version: str) -> Path:
     )  # fmt: skip
 
 
+def _startup_modules() -> tuple[str, ...]:
+    """The FlashInfer modules the rank-start double JIT-compiles (its MODULES), read from its
+    source: the jit-cache double holds exactly those."""
+    source = (PACKAGES / "sglang" / "_startup_double.py").read_text()
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "MODULES":
+            found: tuple[str, ...] = ast.literal_eval(node.value)
+            return found
+    raise LookupError("the rank-start double names no MODULES")
+
+
+def jit_cache_wheel(outdir: Path, version: str) -> Path:
+    """flashinfer-jit-cache `version` ("0.6.8.post1+cu128"): the captured METADATA (as the real
+    one, no Requires-Dist) and the AOT module of every module the rank-start double builds,
+    at jit_cache/<name>/<name>.so (flashinfer jit/core.py:256-257)."""
+    files = _package_files("flashinfer_jit_cache", {"VERSION": version})
+    for name in _startup_modules():
+        files[f"flashinfer_jit_cache/jit_cache/{name}/{name}.so"] = (
+            f"TEST DOUBLE of FlashInfer's prebuilt module {name} ({version})\n".encode()
+        )
+    return build_wheel(
+        outdir, "flashinfer-jit-cache", version, files,
+        summary="TEST DOUBLE of flashinfer-jit-cache (FlashInfer's prebuilt JIT modules)",
+        metadata=double_metadata("flashinfer-jit-cache", version),
+    )  # fmt: skip
+
+
 def cuda_python_wheel(outdir: Path, version: str) -> Path:
     """cuda-python with the CUDA driver API the engine check calls (`cuda.bindings.driver`,
     tests/doubles/packages/cuda: the testbed's GPUs as the torch double sees them). The real
@@ -287,7 +317,7 @@ REAL = ("openai", "httpx")
 # The packages with double code (release_wheels' roles by project); every other package of a
 # lock is REAL or an index double.
 DOUBLED = ("sglang", "torch", "torchvision", "torchaudio", "sgl-kernel", "sglang-kernel",
-           "flashinfer-python", "cuda-python")  # fmt: skip
+           "flashinfer-python", "cuda-python", "flashinfer-jit-cache")  # fmt: skip
 
 
 def sglang_wheel(outdir: Path, release: str) -> Path:
@@ -339,7 +369,22 @@ def release_wheels(
             version = newest(project, _specifier(pins["requires"], project))
         maker = flashinfer_wheel if role == "flashinfer" else cuda_python_wheel
         out[role] = maker(outdir, version)
+    jit = jit_cache_version(release, lane)
+    if jit is not None:
+        out["flashinfer-jit-cache"] = jit_cache_wheel(outdir, jit)
     return out
+
+
+def jit_cache_version(release: str, lane: str) -> str | None:
+    """The flashinfer-jit-cache an engine of `release` on `lane` pins with the default settings
+    (operations/plan/jit_cache.py decides it): None where it pins none."""
+    from operations import kb
+    from operations.plan.jit_cache import jit_cache_choice
+    from operations.settings import Layer, load
+
+    settings = load("doubles", [Layer("doubles", {"model_source": "/m", "cuda_lane": lane})])
+    choice = jit_cache_choice(settings, kb.load(), release, lane)
+    return choice.version if choice.used else None
 
 
 def _specifier(requires: list[str], project: str) -> str:

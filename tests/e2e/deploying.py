@@ -38,12 +38,14 @@ REDIST_PATH = "nvidia-redist"
 
 @dataclass
 class Indexes:
-    """The three indexes of the cu128 lane: main (sglang, flashinfer, uv), torch, kernel; the
-    main one's server also serves the double of NVIDIA's compiler archives under REDIST_PATH."""
+    """The four indexes of the cu128 lane: main (sglang, flashinfer, uv), torch, kernel and
+    FlashInfer's (flashinfer-jit-cache, per lane); the main one's server also serves the double
+    of NVIDIA's compiler archives under REDIST_PATH."""
 
     main: LocalIndex
     torch: LocalIndex
     kernel: LocalIndex
+    flashinfer: LocalIndex
     redist: cuda_redist.Redist | None = None
 
     def data(self) -> dict[str, Any]:
@@ -51,6 +53,7 @@ class Indexes:
             "package_index_url": self.main.url,
             "torch_index_url": self.torch.base + "/{lane}",
             "kernel_index_url": self.kernel.base + "/{lane}",
+            "flashinfer_index_url": self.flashinfer.base + "/{lane}",
         }
         if self.redist is not None:
             found["cuda_redist_url"] = f"{self.main.base}/{REDIST_PATH}"
@@ -58,10 +61,10 @@ class Indexes:
         return found
 
     def all(self) -> list[LocalIndex]:
-        return [self.main, self.torch, self.kernel]
+        return [self.main, self.torch, self.kernel, self.flashinfer]
 
     def requests(self) -> int:
-        """How many requests the three servers have logged so far."""
+        """How many requests the four servers have logged so far."""
         total = 0
         for index in self.all():
             log = index.root.parent / f"{index.root.name}.http.log"
@@ -131,15 +134,19 @@ def make_indexes(
     start: bool = True,
     other_lanes: dict[str, dict[str, dict[str, Path]]] | None = None,
 ) -> Indexes:
-    """The three indexes laid out like the real ones (see above), holding, for each release
+    """The four indexes laid out like the real ones (see above), holding, for each release
     and lane, every package its lock against the index snapshot holds where that lock found
     it: the double-code wheels `wheels` (placed where the knowledge base says), the REAL ones
     and the index doubles (graph_wheels); and the double of NVIDIA's compiler archives for
     `lane` (tests/doubles/cuda_redist.py)."""
     indexes = Indexes(
-        LocalIndex(root / "main"), LocalIndex(root / "torch"), LocalIndex(root / "kernel")
+        LocalIndex(root / "main"),
+        LocalIndex(root / "torch"),
+        LocalIndex(root / "kernel"),
+        LocalIndex(root / "flashinfer"),
     )
-    by_name = {"torch": indexes.torch, "kernel": indexes.kernel}
+    by_name = {"torch": indexes.torch, "kernel": indexes.kernel, "flashinfer": indexes.flashinfer}
+    by_kind = {"pytorch": indexes.torch, "sglang": indexes.kernel, "flashinfer": indexes.flashinfer}
     graph_dir = root / "graph-wheels"
     for each_lane, by_release in {lane: wheels, **(other_lanes or {})}.items():
         for release, built in by_release.items():
@@ -151,12 +158,14 @@ def make_indexes(
                     by_name[index].add(built[role], sub=index_lane)
             for role in ("sglang", "flashinfer", "cuda-python"):
                 indexes.main.add(built[role])
+            if "flashinfer-jit-cache" in built:  # FlashInfer's prebuilt modules, per lane
+                indexes.flashinfer.add(built["flashinfer-jit-cache"], sub=each_lane)
             graph = graph_wheels(graph_dir, release, each_lane)
             indexes.main.add(*(w for index, w in graph if index == "main"))
             for index, wheel in graph:
-                if index != "main":  # pytorch-<lane>, sglang-<lane>: none today
+                if index != "main":  # pytorch-<lane>, sglang-<lane>, flashinfer-<lane>: none today
                     kind, _, sub = index.partition("-")
-                    by_name["torch" if kind == "pytorch" else "kernel"].add(wheel, sub=sub)
+                    by_kind[kind].add(wheel, sub=sub)
     extras = root / "extras"
     mirrored = pypi_wheel("typing_extensions", MIRRORED_TYPING_EXTENSIONS, "any")
     for sub in ("cu128", "cu129", "cu130"):

@@ -95,6 +95,10 @@ def test_lock_on_the_controller_fill_the_wheelhouse_then_deploy_with_every_index
     )
     assert filled.returncode == 0, filled.stderr
     assert not [w for w in house.glob("*.whl") if "-cp312-" in w.name or "-cp310-" in w.name]
+    # FlashInfer's prebuilt modules for the lane are in the lock, so in the wheelhouse too.
+    assert [w.name for w in house.glob("flashinfer_jit_cache-*.whl")] == [
+        "flashinfer_jit_cache-0.6.8.post1+cu128-py3-none-any.whl"
+    ]
     # ... and beside it the compiler's archives by file name, where the offline deploy looks.
     assert indexes.redist is not None
     assert sorted(p.name for p in (tmp_path / "cuda-redist").iterdir()) == sorted(
@@ -118,5 +122,9 @@ def test_lock_on_the_controller_fill_the_wheelhouse_then_deploy_with_every_index
         "torch.__version__)'"
     )
     assert (rc, out.split()) == (0, [RELEASE, "2.11.0+cu128"]), err
+    rc, out, err = target.ssh_run(
+        f"{ROOT}/current/bin/python -c 'import flashinfer_jit_cache as j; print(j.__version__)'"
+    )
+    assert (rc, out.strip()) == (0, "0.6.8.post1+cu128"), err
     rc, out, err = target.ssh_run(f"{ROOT}/cuda/*/bin/nvcc --version")
     assert rc == 0 and "release 12.8, V12.8.93" in out, out + err

@@ -173,13 +173,20 @@ def test_fresh_install_then_a_second_run_changes_nothing(
     assert envs(target, root) == {name: True}
     assert installed_versions(target, root) == (OLD, "2.11.0+cu128", "12.8")
     # Each package from its own index: the kernel's cu129 build, the main index's
-    # typing-extensions (not PyTorch's lagging mirror), never the kernel index's dev sglang.
+    # typing-extensions (not PyTorch's lagging mirror), never the kernel index's dev sglang;
+    # FlashInfer's prebuilt modules for the lane from FlashInfer's index.
     found = sh(
         target,
         f"{root}/current/bin/python -c 'from importlib.metadata import version as v; "
-        'print(v("sglang-kernel"), v("torchvision"), v("typing-extensions"))\'',
+        'print(v("sglang-kernel"), v("torchvision"), v("typing-extensions"), '
+        'v("flashinfer-jit-cache"))\'',
     )
-    assert found.split() == ["0.4.2+cu129", "0.26.0+cu128", MAIN_TYPING_EXTENSIONS]
+    assert found.split() == [
+        "0.4.2+cu129",
+        "0.26.0+cu128",
+        MAIN_TYPING_EXTENSIONS,
+        "0.6.8.post1+cu128",
+    ]
     # The index URLs are in a root-only file, never on a command line.
     assert sh(target, f"stat -c %a {root}/projects/{name}/pyproject.toml") == "600"
     # The lock came back to the controller and is the environment's own.
@@ -233,6 +240,7 @@ def test_pin_change_switches_and_pin_back_is_instant_without_an_index(
         "package_index_url": dead + "/simple",
         "torch_index_url": dead + "/{lane}",
         "kernel_index_url": dead + "/{lane}",
+        "flashinfer_index_url": dead + "/{lane}",
         "cuda_redist_url": dead,
         "cuda_redist_manifest": indexes.data()["cuda_redist_manifest"],
     }
@@ -381,6 +389,7 @@ def test_offline_install_from_the_wheelhouse(
         "package_index_url": dead + "/simple",
         "torch_index_url": dead + "/{lane}",
         "kernel_index_url": dead + "/{lane}",
+        "flashinfer_index_url": dead + "/{lane}",
         "cuda_redist_url": dead,
         "cuda_redist_manifest": indexes.data()["cuda_redist_manifest"],
         "engine_root": root,
@@ -413,6 +422,13 @@ def test_offline_install_from_the_wheelhouse(
     assert installed_versions(target, root) == (OLD, "2.11.0+cu128", "12.8")
     synced = sh(target, f"ls {root}/wheelhouse").split()
     assert sorted(synced) == sorted(p.name for p in full.glob("*.whl"))
+    # FlashInfer's prebuilt modules came from the wheelhouse too.
+    assert "flashinfer_jit_cache-0.6.8.post1+cu128-py3-none-any.whl" in synced
+    jit = sh(
+        target,
+        f"{root}/current/bin/python -c 'import flashinfer; print(flashinfer.FLASHINFER_AOT_DIR)'",
+    )
+    assert jit.endswith("/site-packages/flashinfer_jit_cache/jit_cache"), jit
     uploaded = sh(target, f"ls {root}/cuda-redist").split()
     assert sorted(uploaded) == sorted(p.name for p in redist.iterdir())
     (_, nvcc) = toolkit_ops(indexes)

@@ -52,6 +52,7 @@ GOOD_DATA: dict[str, Any] = {
     "package_index_url": NO_INDEX,
     "torch_index_url": NO_INDEX,
     "kernel_index_url": NO_INDEX,
+    "flashinfer_index_url": NO_INDEX,
 }
 
 

@@ -8,6 +8,9 @@ the phase lines in the release's words), deployed with the real `pyinfra -y INVE
   tunes nothing;
 - a switch to another engine builds into that engine's own caches, and a switch back to the kept
   engine builds and tunes nothing;
+- an engine with FlashInfer's prebuilt modules (flashinfer-jit-cache, where the knowledge base
+  lists it) builds nothing on its first start: each rank loads them from the jit cache. The
+  other deploys turn it off (flashinfer_jit_cache: false), so that their engines compile;
 - the health wait reads each start phase by phase from the rank's journal, and a start past its
   budget fails by name with its last phase and the journal lines around it.
 """
@@ -42,6 +45,9 @@ pytestmark = pytest.mark.e2e
 RANKS = 2
 OTHER = "0.5.19"  # another engine (its own FlashInfer, 0.6.18), serving the same model
 BUILT = re.compile(r"\[double\] flashinfer jit: built (\S+) in (\S+)")
+LOADED = re.compile(r"\[double\] flashinfer jit: loaded (\S+) from (\S+)")
+# 0.5.11's FlashInfer 0.6.8.post1 has a cu128 jit cache: these deploys compile, without it.
+COMPILING = {"flashinfer_jit_cache": False}
 TUNED = "[double] triton autotune: tuned"
 DROP_IN = "/etc/systemd/system/sglang@1.service.d/slow.conf"
 
@@ -57,7 +63,7 @@ def served(
 ) -> Iterator[Container]:
     (container,) = testbed.boot(serving_spec())
     try:
-        data = base_data(container, indexes, dp_size=RANKS)
+        data = base_data(container, indexes, dp_size=RANKS, **COMPILING)
         ok(deploy(tmp_path_factory.mktemp("start-deploy"), {container: data}))
         yield container
     finally:
@@ -130,7 +136,7 @@ def test_a_switch_back_to_a_kept_engine_builds_and_tunes_nothing(
     served: Container, indexes: Indexes, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     c = served
-    data = base_data(c, indexes, dp_size=RANKS)
+    data = base_data(c, indexes, dp_size=RANKS, **COMPILING)
     _, before, _ = c.ssh_run(f"cat {layout.unit_path(layout.unit_name(0))}")
 
     ok(deploy(tmp_path_factory.mktemp("other-engine"), {c: {**data, "sglang_version": OTHER}}))
@@ -156,6 +162,37 @@ def test_a_switch_back_to_a_kept_engine_builds_and_tunes_nothing(
         assert "ready to roll" in journal, journal
         # The kept engine's caches survived the other engine's run: nothing compiled or tuned.
         assert BUILT.search(journal) is None and TUNED not in journal, (rank, journal)
+
+
+def test_an_engine_with_the_jit_cache_builds_nothing_on_its_first_start(
+    served: Container, indexes: Indexes, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    c = served
+    _, before, _ = c.ssh_run(f"cat {layout.unit_path(layout.unit_name(0))}")
+    data = base_data(c, indexes, dp_size=RANKS)  # flashinfer_jit_cache: the default, on
+
+    ok(deploy(tmp_path_factory.mktemp("jit-cache"), {c: data}))
+
+    _, unit, _ = c.ssh_run(f"cat {layout.unit_path(layout.unit_name(0))}")
+    assert unit != before and f"{RELEASE}-{LANE}" in unit, unit  # another engine of 0.5.11
+    env = re.search(r"(/\S+/envs/[^/\s]+)/bin/python", unit)
+    assert env is not None, unit
+    _, version, _ = c.ssh_run(
+        f"{env.group(1)}/bin/python -c 'from importlib.metadata import version; "
+        'print(version("flashinfer-jit-cache"))\''
+    )
+    assert version.strip() == "0.6.8.post1+cu128"
+    for rank in range(RANKS):
+        journal = invocation_journal(c, rank)
+        assert "ready to roll" in journal, journal
+        # Nothing compiled: each module loaded from the installed jit cache's AOT directory.
+        assert BUILT.search(journal) is None, (rank, journal)
+        loaded = {m.group(1): m.group(2) for m in LOADED.finditer(journal)}
+        assert sorted(loaded) == ["batch_decode_with_kv_cache", "batch_prefill_with_kv_cache"]
+        assert all(
+            where.startswith(env.group(1)) and where.endswith("/flashinfer_jit_cache/jit_cache")
+            for where in loaded.values()
+        ), loaded
 
 
 def test_a_start_past_its_budget_fails_by_name_with_its_last_phase(served: Container) -> None:

@@ -35,7 +35,7 @@ DOUBLES = Path(__file__).resolve().parents[1] / "doubles"
 
 @pytest.fixture(scope="module")
 def unpacked(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The four double wheels of 0.5.11/cu128 unpacked into one directory (a PYTHONPATH)."""
+    """The double wheels of 0.5.11/cu128 unpacked into one directory (a PYTHONPATH)."""
     out = tmp_path_factory.mktemp("double-wheels")
     site = out / "site"
     for wheel in wheels.release_wheels(out, RELEASE, "cu128").values():
@@ -61,6 +61,8 @@ def test_wheels_carry_valid_records_and_the_knowledge_base_pins(tmp_path: Path) 
 
     assert sorted(p.name for p in built.values()) == [
         "cuda_python-12.9.4-py3-none-any.whl",  # the cu128 override (knowledge base)
+        # FlashInfer's prebuilt modules for cu128 (caches.yaml: available)
+        "flashinfer_jit_cache-0.6.8.post1+cu128-py3-none-any.whl",
         "flashinfer_python-0.6.8.post1-py3-none-any.whl",
         "sglang-0.5.11-py3-none-any.whl",
         "sglang_kernel-0.4.2+cu129-py3-none-any.whl",
@@ -70,6 +72,17 @@ def test_wheels_carry_valid_records_and_the_knowledge_base_pins(tmp_path: Path) 
     ]
     # Each carries its whole captured METADATA (test_every_double_carries_...).
     assert carried(built["torch"], snapshot_graph.captured("torch", "2.11.0+cu128")) == []
+    jit = built["flashinfer-jit-cache"]
+    assert carried(jit, snapshot_graph.captured("flashinfer-jit-cache", "0.6.8.post1+cu128")) == []
+    assert "Requires-Dist" not in wheels.metadata_of(jit)  # as the real one: no requirements
+    with zipfile.ZipFile(jit) as zf:  # the AOT module of each module the rank double builds
+        assert sorted(n for n in zf.namelist() if n.endswith(".so")) == [
+            "flashinfer_jit_cache/jit_cache/batch_decode_with_kv_cache/"
+            "batch_decode_with_kv_cache.so",
+            "flashinfer_jit_cache/jit_cache/batch_prefill_with_kv_cache/"
+            "batch_prefill_with_kv_cache.so",
+        ]
+    assert "flashinfer-jit-cache" not in wheels.release_wheels(tmp_path / "u", "0.5.19", "cu128")
     for wheel in built.values():
         with zipfile.ZipFile(wheel) as zf:
             record = next(n for n in zf.namelist() if n.endswith("RECORD"))
@@ -216,6 +229,38 @@ def test_torch_double_reports_its_build_and_the_captured_hosts_gpus(
     assert (count, len(nodes)) == (8, 8)
     assert [f"{major}.{minor}" for major, minor in found] == caps == ["12.0"] * 8
     assert value == 8.0
+
+
+def test_a_rank_loads_the_jit_caches_modules_and_builds_only_without_it(
+    unpacked: Path, tmp_path: Path
+) -> None:
+    """The rank-start double with 0.5.11's wheels (flashinfer-jit-cache 0.6.8.post1+cu128
+    among them) loads both modules from the jit cache's AOT directory; without the jit cache it
+    builds them into FlashInfer's workspace; a jit cache whose version does not start with
+    flashinfer's makes `import flashinfer` raise (flashinfer jit/env.py:100-132)."""
+    code = "from sglang import _startup_double as d; d.jit(0)"
+    home = {"HOME": str(tmp_path / "home")}
+    said = run_python(unpacked, code, home)
+    aot = unpacked / "flashinfer_jit_cache" / "jit_cache"
+    assert said.splitlines() == [
+        f"[double] flashinfer jit: loaded batch_prefill_with_kv_cache from {aot}",
+        f"[double] flashinfer jit: loaded batch_decode_with_kv_cache from {aot}",
+    ]
+    built = wheels.release_wheels(tmp_path / "w", RELEASE, "cu128")
+    bare, other = tmp_path / "bare", tmp_path / "other"
+    for role in ("sglang", "flashinfer"):
+        for site in (bare, other):
+            zipfile.ZipFile(built[role]).extractall(site)
+    assert run_python(bare, code, home).count("flashinfer jit: built ") == 2
+    files = wheels._package_files("flashinfer_jit_cache", {"VERSION": "0.6.8+cu128"})
+    zipfile.ZipFile(
+        wheels.build_wheel(tmp_path / "x", "flashinfer-jit-cache", "0.6.8+cu128", files)
+    ).extractall(other)
+    error = run_python(other, code, home, check=False)
+    assert error.splitlines()[-1].startswith(
+        "RuntimeError: flashinfer-jit-cache version (0.6.8+cu128) does not match flashinfer "
+        "version (0.6.8.post1)"
+    ), error
 
 
 def test_torch_double_without_a_driver_sees_no_gpu(unpacked: Path, tmp_path: Path) -> None:

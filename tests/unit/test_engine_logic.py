@@ -61,12 +61,15 @@ def test_cu128_takes_torch_and_companions_from_cu128_and_the_kernel_from_cu129()
         "torchvision==0.26.0+cu128",
         "torchaudio==2.11.0+cu128",
         "sglang-kernel==0.4.2+cu129",
+        # FlashInfer 0.6.8.post1's prebuilt JIT modules for cu128 (knowledge/caches.yaml)
+        "flashinfer-jit-cache==0.6.8.post1+cu128",
     )
     assert [(p.name, p.index, p.index_lane) for p in s.pins] == [
         ("torch", "torch", "cu128"),
         ("torchvision", "torch", "cu128"),
         ("torchaudio", "torch", "cu128"),
         ("sglang-kernel", "kernel", "cu129"),
+        ("flashinfer-jit-cache", "flashinfer", "cu128"),
     ]
     assert s.cuda == "12.8" and s.arch == "sm_120" and s.gpu_count == 8
 
@@ -192,6 +195,7 @@ def test_each_index_template_is_filled_with_its_own_pins_lane() -> None:
     assert found == {
         "pytorch-cu128": "https://download.pytorch.org/whl/cu128",
         "sglang-cu129": "https://docs.sglang.io/whl/cu129",
+        "flashinfer-cu128": "https://flashinfer.ai/whl/cu128",
     }
 
 
@@ -205,11 +209,17 @@ def test_the_project_pins_every_cuda_package_to_its_explicit_index() -> None:
     assert named["main"]["default"] is True and "explicit" not in named["main"]
     assert named["pytorch-cu128"]["explicit"] is True
     assert named["sglang-cu129"]["explicit"] is True
+    assert named["flashinfer-cu128"] == {
+        "name": "flashinfer-cu128",
+        "url": "https://flashinfer.ai/whl/cu128",
+        "explicit": True,
+    }
     assert uv["sources"] == {
         "torch": {"index": "pytorch-cu128"},
         "torchvision": {"index": "pytorch-cu128"},
         "torchaudio": {"index": "pytorch-cu128"},
         "sglang-kernel": {"index": "sglang-cu129"},
+        "flashinfer-jit-cache": {"index": "flashinfer-cu128"},
     }
     assert data["project"]["dependencies"][0] == "sglang==0.5.11"
 
@@ -375,8 +385,9 @@ PINS: dict[str, str | None] = {
     "torchaudio": "2.11.0+cu128",
     "sglang-kernel": "0.4.2+cu129",
     "flashinfer-python": "0.6.8.post1",
+    "flashinfer-jit-cache": "0.6.8.post1+cu128",
 }
-MODULES = ["torch", "torchvision", "torchaudio", "sgl_kernel", "flashinfer"]
+MODULES = ["torch", "torchvision", "torchaudio", "sgl_kernel", "flashinfer_jit_cache", "flashinfer"]
 
 
 @pytest.mark.integration

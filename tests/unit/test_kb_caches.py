@@ -66,7 +66,15 @@ def test_cubin_and_triton_by_release() -> None:
     assert release_caches(knowledge, "0.5.23").triton == "3.8.0"
     # every Triton a release installs reads TRITON_CACHE_AUTOTUNING (3.4.0 and later)
     assert all(release_caches(knowledge, r).triton_autotune_cache for r in knowledge.releases)
-    assert set(release_caches(knowledge, "0.5.19").flashinfer_jit_cache.values()) == {"unverified"}
+    # flashinfer-jit-cache as FlashInfer's index pages list it (caches.yaml's jit-cache-* sources)
+    assert dict(release_caches(knowledge, "0.5.19").flashinfer_jit_cache) == {
+        "cu128": "unverified",
+        "cu129": "available",
+        "cu130": "available",
+    }
+    assert set(release_caches(knowledge, "0.5.11").flashinfer_jit_cache.values()) == {"available"}
+    assert release_caches(knowledge, "0.5.23").flashinfer_jit_cache["cu130"] == "unverified"
+    assert release_caches(knowledge, "0.5.23").flashinfer_jit_cache["cu128"] == "absent"
 
 
 def test_levers_by_release() -> None:
@@ -102,6 +110,19 @@ def _broken(tmp_path: Path, edit: str, new: str) -> Path:
         ("cu129: unverified", "cu129: maybe", "'maybe'"),
         ('"0.7.2": {', '"0.7.3": {', "pins flashinfer-python 0.7.2"),
         ("source: triton-autotune-cache", "source: nowhere", "'nowhere'"),
+        # An available (or absent) cell cites a source, and an available one a source that
+        # names its version on its lane.
+        (
+            '"0.6.17": {cubin_on_pypi: false, jit_cache_source: [jit-cache-cu129-cu130]',
+            '"0.6.17": {cubin_on_pypi: false',
+            "0.6.17.jit_cache.cu129: available without a jit_cache_source",
+        ),
+        (
+            "jit_cache: {cu128: unverified, cu129: available, cu130: available}}",
+            "jit_cache: {cu128: available, cu129: available, cu130: available}}",
+            "no source of jit-cache-cu129-cu130 names 0.6.17 on cu128",
+        ),
+        ("download_gb: {cu128:", "download_gb: {cu127:", "download_gb: cu127 is not a lane"),
     ],
 )
 def test_broken_data_is_named(tmp_path: Path, edit: str, new: str, named: str) -> None:

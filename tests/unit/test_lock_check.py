@@ -34,6 +34,7 @@ def sources(main: str = f"{BASE}/main/") -> LockSources:
         package_index_url=main,
         torch_index_url=f"{BASE}/pytorch-{{lane}}/",
         kernel_index_url=f"{BASE}/sglang-{{lane}}/",
+        flashinfer_index_url=f"{BASE}/flashinfer-{{lane}}/",
     )
     return lock_sources(settings, engine_spec(settings, kbmod.load(), "3.11"))
 
@@ -65,7 +66,8 @@ def test_a_package_from_another_index_is_refused() -> None:
     )
     assert check_lock(lock, sources()) == [
         "aiohttp 3.14.5: from https://evil.example/simple, not one of the configured indexes "
-        f"({BASE}/main/, {BASE}/pytorch-cu128/, {BASE}/sglang-cu129/)"
+        f"({BASE}/main/, {BASE}/pytorch-cu128/, {BASE}/sglang-cu129/, "
+        f"{BASE}/flashinfer-cu128/)"
     ]
 
 

@@ -384,6 +384,7 @@ def test_lock_names_the_setting_of_an_index_it_cannot_reach(tmp_path: Path) -> N
         *data(
             f"torch_index_url={closed}/whl/{{lane}}",
             f"kernel_index_url={closed}/k/{{lane}}",
+            f"flashinfer_index_url={closed}/fi/{{lane}}",
             f"package_index_url={closed}/simple",
             f"engine_lock_dir={tmp_path / 'locks'}",
         ),
@@ -392,7 +393,7 @@ def test_lock_names_the_setting_of_an_index_it_cannot_reach(tmp_path: Path) -> N
     assert rc == 1
     errors = [ln for ln in out.splitlines() if ln.startswith("error: ")]
     assert len(errors) == 1, out
-    keys = ("kernel_index_url", "torch_index_url", "package_index_url")
+    keys = ("kernel_index_url", "torch_index_url", "package_index_url", "flashinfer_index_url")
     assert any(f"{closed}/" in errors[0] and f"({key})" in errors[0] for key in keys), out
     assert "uv: " in out  # uv's own lines, shown as they came
     assert not (tmp_path / "locks").exists()
@@ -430,6 +431,25 @@ def test_the_kernel_index_is_named_by_its_setting() -> None:
     )
     assert uv_problem(said, settings, spec) == (
         "uv could not read http://127.0.0.1:9/k/cu129 (kernel_index_url): "
+        "Connection refused (os error 111)"
+    )
+
+
+def test_flashinfers_index_is_named_by_its_setting() -> None:
+    """uv's words (0.13.9, as for the kernel index) for FlashInfer's index on a closed port."""
+    from operations import kb
+    from operations.cli.engine_lock import uv_problem
+    from operations.plan.engine_spec import engine_spec
+
+    settings = make_settings(flashinfer_index_url="http://127.0.0.1:9/fi/{lane}")
+    spec = engine_spec(settings, kb.load(), "3.11")
+    said = (
+        "error: Request failed after 3 retries in 6.2s\n"
+        "  cause: Failed to fetch: http://127.0.0.1:9/fi/cu128/flashinfer-jit-cache/\n"
+        "  cause: Connection refused (os error 111)"
+    )
+    assert uv_problem(said, settings, spec) == (
+        "uv could not read http://127.0.0.1:9/fi/cu128 (flashinfer_index_url): "
         "Connection refused (os error 111)"
     )
 

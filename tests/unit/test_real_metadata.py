@@ -30,6 +30,7 @@ from tests.snapshot_index import (
     build_cases,
     find_python,
     lock,
+    production_spec,
 )
 
 pytestmark = pytest.mark.integration  # resolves locks with uv against local indexes
@@ -86,11 +87,10 @@ def _lock(
     return lock(case, index.base, tmp_path / "project", uv_cache, KB)
 
 
-def _explicit_indexes(case: LockCase) -> set[str]:
-    build = KB.releases[case.release].build(case.lane)
-    assert build is not None
-    prefix = {"torch": "pytorch", "kernel": "sglang"}
-    return {f"{prefix[p.index]}-{p.index_lane}" for p in build.packages if p.index in prefix}
+def _explicit_indexes(case: LockCase, base: str) -> set[str]:
+    """The explicit indexes production's project names (engine_spec's pins)."""
+    _, spec = production_spec(case, base, KB)
+    return {p.index_name for p in spec.pins if p.index_name is not None}
 
 
 def _packages(project: Path) -> dict[str, dict[str, Any]]:
@@ -127,13 +127,24 @@ def test_build_locks_against_the_real_metadata(
     torch = next(p for p in build.packages if p.name == "torch")
     assert packages["torch"]["version"] == torch.version
     assert packages["torch"]["source"] == {"registry": f"{index.base}/pytorch-{torch.index_lane}/"}
+    # FlashInfer's prebuilt JIT modules where the knowledge base lists them: from FlashInfer's
+    # index, with the sha256 its page gives, and nothing else (no requirements).
+    _, spec = production_spec(case, index.base, KB)
+    jit = spec.pin("flashinfer-jit-cache")
+    if jit is not None:
+        locked = packages["flashinfer-jit-cache"]
+        assert locked["version"] == jit.version
+        assert locked["source"] == {"registry": f"{index.base}/flashinfer-{case.lane}/"}
+        assert "dependencies" not in locked, locked
+    else:
+        assert "flashinfer-jit-cache" not in packages
     if KB.lanes[case.lane].cuda.startswith("12."):
         bindings = packages["cuda-bindings"]["version"]
         assert Version(bindings) < Version("13"), f"cuda-bindings {bindings} on {case.lane}"
     # The controller would keep this lock (operations/plan/engine_lock_check.py) but for the PyTorch
     # wheels, whose sha256 the snapshot does not know (tests/fixtures/index-snapshot/SOURCE.md):
     # download.pytorch.org's pages announce one, and a lock without it is refused.
-    lanes = {f"{index.base}/{n}/" for n in _explicit_indexes(case)}
+    lanes = {f"{index.base}/{n}/" for n in _explicit_indexes(case, index.base)}
     sources = LockSources((f"{index.base}/main/", *sorted(lanes)))
     problems = check_lock((tmp_path / "project" / "uv.lock").read_text(), sources)
     unhashed = {p.split(" ", 1)[0] for p in problems if p.endswith("has no hash")}

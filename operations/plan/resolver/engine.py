@@ -13,6 +13,7 @@ from operations.plan.engine_spec import (
     indexes,
     redist_manifest,
 )
+from operations.plan.jit_cache import jit_cache_choice
 from operations.plan.resolver.context import Resolution, src
 from operations.plan.vocabulary import Decision
 from operations.redact import redact
@@ -159,6 +160,10 @@ def plan_engine(ctx: Resolution) -> None:
         ctx.plan.decisions.append(Decision("engine pin", pin.requirement, f"only from {where}"))
     ctx.plan.decisions.append(
         Decision("engine pin", f"sglang=={spec.release}", f"and everything else only from {main}")
+    )
+    jit = jit_cache_choice(ctx.s, ctx.kb, spec.release, spec.lane)
+    ctx.plan.decisions.append(
+        Decision("prebuilt kernels", jit.value, f"{jit.why} (source: {'; '.join(jit.sources)})")
     )
     build = release.build(spec.lane)
     for override in build.overrides if build else ():

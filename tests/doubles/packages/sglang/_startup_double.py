@@ -10,7 +10,12 @@ autotuner do to their caches, with the costs a test can see. Standard library on
   cached_ops/tmp/<name>.lock (jit/core.py:309-318; PRs #539, #1467): the first rank builds,
   the others wait on the lock and then find it built. A build costs SGLANG_DOUBLE_JIT_SECONDS
   (default 0.5; 28-31 s each on real GPUs, flashinfer#1038) and prints
-  `[double] flashinfer jit: built NAME`.
+  `[double] flashinfer jit: built NAME`. A module the installed flashinfer-jit-cache holds is
+  loaded from it instead, never built: its path is FLASHINFER_AOT_DIR/<name>/<name>.so
+  (flashinfer jit/core.py:256-261 at v0.6.12; build_and_load() loads it, :307-309), and the AOT
+  directory is the jit-cache's own once its version starts with FlashInfer's (jit/env.py:100-132,
+  the flashinfer double's FLASHINFER_AOT_DIR); it prints `[double] flashinfer jit: loaded NAME
+  from DIR`.
 - Triton's autotuner: with TRITON_CACHE_AUTOTUNING=1 (Triton >= 3.4) the timings are read from
   $TRITON_CACHE_DIR (else ~/.triton/cache) /<key>/<fn>.autotune.json if there (triton 3.6.0
   runtime/autotuner.py:170-200), else benchmarked and written through a temporary directory and
@@ -58,20 +63,26 @@ def _home() -> str:
     return os.environ.get("HOME") or os.path.expanduser("~")
 
 
-def _flashinfer_version() -> str:
+def _flashinfer() -> tuple[str, str | None]:
+    """FlashInfer's version and its AOT directory (None: no flashinfer). A jit-cache of another
+    version makes the import raise, as the real one's does."""
     try:
         import flashinfer
-
-        return str(flashinfer.__version__)
     except ImportError:
-        return "0"
+        return "0", None
+    return str(flashinfer.__version__), str(flashinfer.FLASHINFER_AOT_DIR)
 
 
 def jit(seconds: float) -> None:
+    version, aot = _flashinfer()
     base = os.environ.get("FLASHINFER_WORKSPACE_BASE") or _home()
-    ops = os.path.join(base, ".cache", "flashinfer", _flashinfer_version(), ARCH, "cached_ops")
+    ops = os.path.join(base, ".cache", "flashinfer", version, ARCH, "cached_ops")
     os.makedirs(os.path.join(ops, "tmp"), exist_ok=True)
     for name in MODULES:
+        prebuilt = os.path.join(aot, name, f"{name}.so") if aot else ""
+        if prebuilt and os.path.exists(prebuilt):  # the jit-cache's: loaded, not built
+            print(f"[double] flashinfer jit: loaded {name} from {aot}", flush=True)
+            continue
         with open(os.path.join(ops, "tmp", f"{name}.lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
             built = os.path.join(ops, name, f"{name}.so")
