@@ -341,16 +341,22 @@ def fetch_release(work: Path, dist: str, version: str) -> Path:
     return found[0]
 
 
-def generate_stubbed(package: str, version: str, cache_dir: Path) -> str:
-    target = TARGETS[package]
-    work = cache_dir / f"{package}-{version}-stubbed"
-    wheel = fetch_release(work, target.dist, version)
+def unpacked_release(work: Path, dist: str, version: str) -> tuple[Path, Path]:
+    """(the release's wheel, its files unpacked once into `work`/src)."""
+    wheel = fetch_release(work, dist, version)
     src = work / "src"
     if not (src / ".unpacked").exists():
         shutil.rmtree(src, ignore_errors=True)
         with zipfile.ZipFile(wheel) as zf:
             zf.extractall(src)
         (src / ".unpacked").write_text(wheel.name + "\n")
+    return wheel, src
+
+
+def generate_stubbed(package: str, version: str, cache_dir: Path) -> str:
+    target = TARGETS[package]
+    work = cache_dir / f"{package}-{version}-stubbed"
+    wheel, src = unpacked_release(work, target.dist, version)
     pins = exact_pins(wheel)
     light = work / "light"
     if package == "sglang" and not (light / ".installed").exists():

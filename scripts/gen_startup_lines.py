@@ -31,7 +31,6 @@ import ast
 import email.parser
 import json
 import re
-import shutil
 import sys
 import zipfile
 from collections.abc import Iterator
@@ -355,14 +354,7 @@ def pins(wheel: Path) -> dict[str, str | None]:
 
 def unpacked(release: str, cache_dir: Path) -> tuple[Path, Path]:
     work = cache_dir / f"sglang-{release}-stubbed"
-    wheel = gen_cli_table.fetch_release(work, "sglang", release)
-    src = work / "src"
-    if not (src / ".unpacked").exists():
-        shutil.rmtree(src, ignore_errors=True)
-        with zipfile.ZipFile(wheel) as zf:
-            zf.extractall(src)
-        (src / ".unpacked").write_text(wheel.name + "\n")
-    return wheel, src
+    return gen_cli_table.unpacked_release(work, "sglang", release)
 
 
 def generate(release: str, cache_dir: Path) -> str:

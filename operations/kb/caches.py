@@ -255,23 +255,11 @@ def _read(path: Path) -> RawCaches:
     return cast(RawCaches, yaml.load(path.read_text(), Loader=_SAFE_LOADER))
 
 
-# (the knowledge, the file) -> its checked caches: checked once per process, however many of the
-# plan's steps ask (a plan asked 21 times, each check ~2 ms: bench/serve_bench.py). The
-# knowledge is held with its answer, so its id cannot name another one.
-_checked: dict[tuple[int, Path], tuple[Knowledge, CacheKnowledge]] = {}
-
-
+# Checked once per process for each knowledge (hashed by identity) and file, however many of the
+# plan's steps ask (a plan asked 21 times, each check ~2 ms: bench/serve_bench.py).
+@cache
 def load_caches(knowledge: Knowledge, path: Path = CACHES_FILE) -> CacheKnowledge:
     """caches.yaml, checked against the knowledge base's releases and lanes."""
-    kept = _checked.get((id(knowledge), path))
-    if kept is not None and kept[0] is knowledge:
-        return kept[1]
-    checked = _load_caches(knowledge, path)
-    _checked[(id(knowledge), path)] = (knowledge, checked)
-    return checked
-
-
-def _load_caches(knowledge: Knowledge, path: Path) -> CacheKnowledge:
     raw = _read(path)
     problems = list(_problems(raw, knowledge))
     if problems:

@@ -112,8 +112,10 @@ def read_key(path: str) -> str | None:
 
 
 def worker_key(path: str, field: str) -> tuple[str, str] | None:
-    """(field, the ranks' key) from `path` (SGLang's --config file); None without a path or a
-    key. An unreadable file fails the step, naming the file, never the key."""
+    """(field, the ranks' key) from `path` (SGLang's --config file); None without a path, a
+    field or a key. An unreadable file fails the step, naming the file, never the key."""
+    if not path or not field:
+        return None
     try:
         key = read_api_key(path)
     except OSError as error:
@@ -395,7 +397,7 @@ def main() -> int:
     parser.add_argument("--add", required=True)
     parser.add_argument("--key-file", default="")
     parser.add_argument("--worker-key-file", default="")
-    parser.add_argument("--worker-key-field", default="api_key")
+    parser.add_argument("--worker-key-field", default="")
     parser.add_argument("--draining", default="")
     parser.add_argument("--settle", type=int)
     parser.add_argument("--update", default="")
