@@ -206,6 +206,14 @@ class Settings:
     smoke_requests: bool
     smoke_router_requests: int
     smoke_timeout_s: int
+    throughput_check: str
+    throughput_guard: str
+    throughput_max_slowdown: float
+    throughput_input_len: int
+    throughput_output_len: int
+    throughput_concurrency_per_rank: int
+    throughput_prompts_per_rank: int
+    throughput_timeout_s: int
     router: Router | None
     deploy_lock_wait_s: int
     pve_ctid: int | None
@@ -425,6 +433,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "model_cache_dir": _path,
     "engine_root": _path,
     "mem_fraction_static": float,
+    "throughput_max_slowdown": float,
     "ram_per_rank_gb": float,
     "model_stage_bwlimit_mbps": _number,
     "extra_server_args": tuple,
