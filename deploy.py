@@ -10,6 +10,9 @@ Steps, in order, each converging (a converged host reports no change):
   5. smoke (operations/steps/smoke.py): each rank this run (re)started, and the router, answers a
   chat
      request as a client sends it (API key, served model name); off with smoke_requests: false.
+  6. throughput (operations/steps/throughput.py): after a run that (re)started ranks, SGLang's own
+     benchmark client measures the host, a record is kept and a slower run fails the deploy;
+     throughput_check: after_change | always | off.
 """
 
 import sys
@@ -39,6 +42,7 @@ from operations.steps.engine import install_engine  # noqa: E402
 from operations.steps.model import stage_model  # noqa: E402
 from operations.steps.serve import serve  # noqa: E402
 from operations.steps.smoke import smoke  # noqa: E402
+from operations.steps.throughput import throughput  # noqa: E402
 
 report = plan_or_refuse(state, host) if lock.taken() else None
 if report is not None:
@@ -48,3 +52,5 @@ if report is not None:
     serve(report)
     # Healthy is not yet serving: a client's request must get this model's answer.
     smoke(report)
+    # Serving is not yet serving fast: the engine's own client measures it.
+    throughput(report)

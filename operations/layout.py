@@ -73,6 +73,10 @@ STAGE_SCRIPT = f"{SCRIPT_DIR}/stage_model.py"
 SMOKE_SCRIPT = f"{SCRIPT_DIR}/smoke.py"
 ROUTER_WORKERS_SCRIPT = f"{SCRIPT_DIR}/router_workers.py"
 ROLL_BATCH_SCRIPT = f"{SCRIPT_DIR}/roll_batch.py"
+# The throughput check (programs/throughput.py) and its records, one JSON line per run, kept on
+# the host across deploys and engines (root's, 644: no secret in them).
+THROUGHPUT_SCRIPT = f"{SCRIPT_DIR}/throughput.py"
+THROUGHPUT_RECORDS = "/var/lib/sglang-deploy/throughput.jsonl"
 # The router's control-plane key (root only, mode 600): systemd hands it to the router unit as
 # the credential CONTROL_PLANE_CREDENTIAL (LoadCredential=), the launcher reads it from there
 # and the drain script from here (docs/security.md "The router's control plane").
@@ -338,6 +342,7 @@ def managed_files(settings: Settings) -> tuple[ManagedFile, ...]:
         ManagedFile(SMOKE_SCRIPT, "serve", "755"),
         ManagedFile(ROUTER_WORKERS_SCRIPT, "serve", "755"),
         ManagedFile(ROLL_BATCH_SCRIPT, "serve", "755"),
+        ManagedFile(THROUGHPUT_SCRIPT, "serve", "755"),
         ManagedFile(SECRETS_FILE, "serve", "640", user, True, dir_mode="750", dir_group=user),
         ManagedFile(unit_path(TARGET), "serve"),
         ManagedFile(TARGETS_FILE, "serve"),
@@ -530,6 +535,18 @@ def metrics_url(address: str, port: int) -> str:
 
 def rank_api_base(settings: Settings, rank: int) -> str:
     return api_base(settings.server_host, settings.base_port + rank)
+
+
+def rank_server_url(settings: Settings, rank: int) -> str:
+    """A rank's server root (no /v1), as its host reaches it: the benchmark client's --base-url
+    and where /metrics is."""
+    return local_url(settings.server_host, settings.base_port + rank)
+
+
+def router_server_url(settings: Settings) -> str | None:
+    """The router's server root (no /v1), as its own host reaches it; None without a router."""
+    router = settings.router
+    return local_url(router.bind, router.port) if router is not None else None
 
 
 def router_api_base(settings: Settings) -> str | None:

@@ -30,10 +30,11 @@ from typing import Any
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gen_cli_table import default_cache_dir, unpacked_release  # noqa: E402
-
 REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+from scripts.gen_cli_table import default_cache_dir, unpacked_release  # noqa: E402
+
 KNOWLEDGE = REPO_ROOT / "operations" / "kb" / "knowledge"
 OUT_DIR = KNOWLEDGE / "bench"
 
@@ -82,7 +83,9 @@ AUTH_ENV = ("OPENAI_API_KEY", "API_KEY")
 AUTH_FILES = (MOVED, "sglang/benchmark/utils.py", "sglang/bench_serving.py")
 
 
-def _line_of(lines: list[str], pattern: str, start: int = 0, window: int | None = None) -> int | None:
+def _line_of(
+    lines: list[str], pattern: str, start: int = 0, window: int | None = None
+) -> int | None:
     stop = len(lines) if window is None else min(len(lines), start + window)
     for index in range(start, stop):
         if pattern in lines[index]:
@@ -145,7 +148,9 @@ def read_release(src: Path, release: str, wheel: str) -> dict[str, Any]:
 
 def releases() -> list[str]:
     data = yaml.safe_load((KNOWLEDGE / "sglang.yaml").read_text())
-    return sorted(data["releases"], key=lambda v: [int(p) if p.isdigit() else p for p in re.split(r"[.]", v)])
+    return sorted(
+        data["releases"], key=lambda v: [int(p) if p.isdigit() else p for p in re.split(r"[.]", v)]
+    )
 
 
 def render(release: str, cache_dir: Path) -> str:

@@ -29,6 +29,7 @@ from operations.plan import (
     resolver,
     router_step,
     serve_plan,
+    throughput_plan,
 )
 from operations.plan.engine_probe import Driver
 from operations.plan.resolver.router import open_binds
@@ -67,6 +68,8 @@ class HostReport:
     # model_plan.py); None while the host is refused.
     engine_step: engine_plan.EnginePlan | None = None
     model_step: model_plan.ModelPlan | None = None
+    # What the throughput step does (operations/plan/throughput_plan.py).
+    throughput: throughput_plan.ThroughputPlan | None = None
 
     @property
     def errors(self) -> list[str]:
@@ -84,6 +87,7 @@ class HostReport:
                 else []
             )
             + (self.serve.errors if self.serve is not None else [])
+            + (self.throughput.errors if self.throughput is not None else [])
         )
 
     @property
@@ -112,6 +116,8 @@ class HostReport:
             data["serve"] = self.serve.to_json()
         data["engine_step"] = self.engine_step.to_json() if self.engine_step else None
         data["model_step"] = self.model_step.to_json() if self.model_step else None
+        if self.throughput is not None:
+            data["throughput"] = self.throughput.to_json()
         return data
 
 
@@ -202,6 +208,7 @@ def decide(
     decision = None
     serve = None
     engine_step, model_step = None, None
+    throughput = None
     if not failures:
         kept = rank_state.referenced_models(facts.serving)
         decision = decide_stage(
@@ -215,6 +222,15 @@ def decide(
         if serve.router is not None and serve.router.restart:
             plan.decisions.append(router_step.router_change(serve.router))
         engine_step, model_step = _step_plans(settings, plan, facts, decision)
+        changed = bool(serve.roll.start or serve.roll.rolled) or serve.router_restart
+        throughput = throughput_plan.throughput_plan(
+            settings,
+            plan.ranks,
+            changed,
+            router is not None,
+            facts.model_key,
+            serve_plan.file_digests(facts.serving),
+        )
     return HostReport(
         settings,
         plan,
@@ -231,6 +247,7 @@ def decide(
         serve=serve,
         engine_step=engine_step,
         model_step=model_step,
+        throughput=throughput,
     )
 
 

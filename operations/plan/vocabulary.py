@@ -87,6 +87,19 @@ class MonitoringJson(TypedDict):
     targets: list[TargetGroupJson]
 
 
+class ThroughputRunJson(TypedDict):
+    argv: list[str]
+    through: str
+
+
+class ThroughputJson(TypedDict):
+    """operations/plan/throughput_plan.py ThroughputPlan.to_json."""
+
+    run: ThroughputRunJson | None
+    skip: str
+    errors: list[str]
+
+
 class PlanJson(TypedDict):
     """One host's plan as `python -m operations.plan --json` prints it."""
 
@@ -106,6 +119,7 @@ class PlanJson(TypedDict):
     # model_plan.py); None while preflight refuses the host.
     engine_step: NotRequired[EngineStepJson | None]
     model_step: NotRequired[ModelStepJson | None]
+    throughput: NotRequired[ThroughputJson]
 
 
 class StagingJson(TypedDict):

@@ -1,0 +1,180 @@
+"""What the throughput step does, decided in the plan (docs/operations.md "Throughput").
+
+- whether it runs: `throughput_check` off never, always every run, after_change (default) when
+  this run (re)started a rank or the router (the serve plan's roll and router restart);
+- with what: the serving engine's interpreter and its benchmark client, the module and the file
+  the knowledge base names for the release (knowledge/bench/, read from the wheel: kb/
+  bench_client.py); a release whose client lacks a flag the check passes or a field it reads is
+  refused before any change;
+- against what: through the router when this host runs it (one run, concurrency and prompts
+  per rank times the ranks), else each rank on its own; every rank's counters are read
+  (programs/throughput.py);
+- what the record says of the run: release, engine, model digest, the ranks' flag digest, and
+  the workload (the settings, the model digest, the ranks and the way), which decides which
+  earlier record it is compared with (programs/throughput_guard.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from operations import layout
+from operations.kb.bench_client import load_bench_client
+from operations.plan.planned_files import PlannedFile, planned
+from operations.plan.resolver.types import Rank
+from operations.plan.vocabulary import ThroughputJson
+from operations.programs.throughput_guard import Meta, Workload
+from operations.render.host_scripts import script_text
+from operations.settings import Settings
+
+# What programs/throughput.py passes the client and reads of its --output-file line (each
+# found, with its line, in knowledge/bench/sglang-<v>.json by scripts/gen_bench_client.py).
+CLIENT_FLAGS = (
+    "--backend",
+    "--base-url",
+    "--model",
+    "--tokenizer",
+    "--dataset-name",
+    "--random-input-len",
+    "--random-output-len",
+    "--random-range-ratio",
+    "--num-prompts",
+    "--max-concurrency",
+    "--output-file",
+    "--disable-tqdm",
+    "--seed",
+)
+RESULT_FIELDS = (
+    "duration",
+    "completed",
+    "output_throughput",
+    "total_throughput",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "median_itl_ms",
+    "p99_itl_ms",
+    "median_e2e_latency_ms",
+    "p99_e2e_latency_ms",
+)
+
+
+@dataclass(frozen=True)
+class ThroughputRun:
+    """One run of programs/throughput.py: its whole command line but the key (read from the
+    secrets file on the host)."""
+
+    argv: list[str]
+    through: str  # "router" or "ranks"
+
+
+@dataclass(frozen=True)
+class ThroughputPlan:
+    files: list[PlannedFile] = field(default_factory=list)
+    run: ThroughputRun | None = None
+    # Why nothing runs (a line for host.noop).
+    skip: str = ""
+    errors: list[str] = field(default_factory=list)
+
+    def to_json(self) -> ThroughputJson:
+        return {
+            "run": None
+            if self.run is None
+            else {"argv": self.run.argv, "through": self.run.through},
+            "skip": self.skip,
+            "errors": self.errors,
+        }
+
+
+def workload(s: Settings, model_key: str | None, ranks: int, through: str) -> Workload:
+    """The settings of a run and what it runs on: records with equal workloads are compared."""
+    return {
+        "input_len": s.throughput_input_len,
+        "output_len": s.throughput_output_len,
+        "concurrency_per_rank": s.throughput_concurrency_per_rank,
+        "prompts_per_rank": s.throughput_prompts_per_rank,
+        "model": s.model_name,
+        "model_digest": model_key,
+        "ranks": ranks,
+        "through": through,
+    }
+
+
+def flags_digest(ranks: Sequence[Rank]) -> str:
+    """The ranks' command lines, digested (the record names which flags served the run)."""
+    text = json.dumps([r.argv for r in ranks])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def throughput_plan(
+    s: Settings,
+    ranks: Sequence[Rank],
+    changed: bool,
+    router_here: bool,
+    model_key: str | None,
+    digests: Mapping[str, str],
+) -> ThroughputPlan:
+    """The step's decision for this host (see the docstring). `changed`: this run (re)starts a
+    rank or the router; `router_here`: the router runs on this host."""
+    if s.throughput_check == "off" or not ranks:
+        return ThroughputPlan(skip="throughput_check: off" if ranks else "no rank")
+    client = load_bench_client(s.sglang_version)
+    if client is None:
+        return ThroughputPlan(
+            errors=[
+                f"throughput_check: sglang {s.sglang_version} has no benchmark client in the "
+                "knowledge base (knowledge/bench/): run scripts/gen_bench_client.py "
+                f"{s.sglang_version} on the controller, or set throughput_check: off"
+            ]
+        )
+    missing = client.missing(CLIENT_FLAGS, RESULT_FIELDS)
+    if missing:
+        return ThroughputPlan(
+            errors=[
+                f"throughput_check: sglang {s.sglang_version}'s {client.module} lacks "
+                f"{', '.join(missing)} (knowledge/bench/sglang-{s.sglang_version}.json); set "
+                "throughput_check: off on the controller"
+            ]
+        )
+    entry = layout.managed_file(s, layout.THROUGHPUT_SCRIPT)
+    script = planned("throughput script", entry, script_text("throughput.py"), digests)
+    if s.throughput_check == "after_change" and not changed:
+        return ThroughputPlan(
+            files=[script],
+            skip="no rank or router (re)started in this run (throughput_check: after_change)",
+        )
+    first = ranks[0]
+    router = layout.router_server_url(s) if router_here else None
+    targets = (
+        [f"router={router}"]
+        if router
+        else [f"{r.unit_name}={layout.rank_server_url(s, r.rank)}" for r in ranks]
+    )
+    through = "router" if router else "ranks"
+    meta: Meta = {
+        "release": s.sglang_version,
+        "engine": first.engine_env,
+        "model_digest": model_key,
+        "flags_digest": flags_digest(ranks),
+        "workload": workload(s, model_key, len(ranks), through),
+    }
+    # The host's python3 runs the program (stdlib only); the engine's runs the client.
+    argv = ["python3", layout.THROUGHPUT_SCRIPT]
+    argv += ["--python", layout.env_python(first.engine_env)]
+    argv += ["--module", client.module, "--module-file", client.file]
+    argv += ["--model", s.model_name, "--tokenizer", first.model_path]
+    for target in targets:
+        argv += ["--target", target]
+    for r in ranks:
+        argv += ["--rank", f"{r.unit_name}={layout.rank_server_url(s, r.rank)}"]
+    argv += ["--input-len", str(s.throughput_input_len)]
+    argv += ["--output-len", str(s.throughput_output_len)]
+    argv += ["--concurrency-per-rank", str(s.throughput_concurrency_per_rank)]
+    argv += ["--prompts-per-rank", str(s.throughput_prompts_per_rank)]
+    argv += ["--timeout", str(s.throughput_timeout_s)]
+    argv += ["--key-file", layout.SECRETS_FILE, "--service-user", s.service_user]
+    argv += ["--records", layout.THROUGHPUT_RECORDS, "--meta", json.dumps(meta, sort_keys=True)]
+    argv += ["--max-slowdown", str(s.throughput_max_slowdown), "--guard", s.throughput_guard]
+    return ThroughputPlan(files=[script], run=ThroughputRun(argv, through))

@@ -1,0 +1,186 @@
+"""The throughput check's decisions, pure: records in, a verdict out (no file, no clock).
+
+A record is one run of the benchmark client as programs/throughput.py writes it (one JSON line
+of layout.THROUGHPUT_RECORDS). Two records measure the same thing when their `workload` (the
+run's settings, the model copy's digest, the ranks count and whether it went through the
+router) is equal: the release, the engine and the ranks' flags are what a run compares across.
+
+- `previous`: the last record of the same workload, or None (a first run: nothing to compare).
+- `judge`: a run more than `max_slowdown` below that record's output tokens/s is slower; the
+  ranks whose own output tokens/s fell by more than that are named. `guard` "fail" fails,
+  "warn" passes with a warning.
+- `starved`: through the router each rank must carry its share: a rank whose generated tokens
+  are under MIN_SHARE of an even share (1/N of the run's) took (almost) no load.
+
+Shared by the host program (which decides the run's exit) and the status command (which shows
+the last record beside the one before it); stdlib only, as every file of this folder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TypedDict
+
+# Under half of an even share through the router: the router is not spreading the load (a rank
+# it does not list, or one whose requests all fail and are retried elsewhere).
+MIN_SHARE = 0.5
+
+
+class Workload(TypedDict):
+    """What a run measures: its settings and what it runs on (plan/throughput_plan.workload)."""
+
+    input_len: int
+    output_len: int
+    concurrency_per_rank: int
+    prompts_per_rank: int
+    model: str
+    model_digest: str | None
+    ranks: int
+    through: str  # "router" or "ranks"
+
+
+class Meta(TypedDict):
+    """What the plan says of a run (the record's first fields)."""
+
+    release: str
+    engine: str
+    model_digest: str | None
+    flags_digest: str
+    workload: Workload
+
+
+class Percentiles(TypedDict):
+    p50: float | None
+    p99: float | None
+
+
+class RankShare(TypedDict):
+    generated: float  # sglang:generation_tokens_total, after minus before
+    requests: float  # sglang:num_requests_total, after minus before
+    output_tok_s: float
+
+
+class Outcome(TypedDict):
+    ok: bool
+    ratio: float | None
+    fell: list[str]
+
+
+class Record(Meta, total=False):
+    """One line of layout.THROUGHPUT_RECORDS (programs/throughput.py writes it)."""
+
+    time: str
+    ranks: int
+    through: str
+    prompts: int
+    completed: int
+    errors: int
+    first_error: str | None
+    duration_s: float
+    output_tok_s: float
+    total_tok_s: float
+    per_rank: dict[str, RankShare]
+    ttft_ms: Percentiles
+    itl_ms: Percentiles
+    e2e_ms: Percentiles
+    verdict: Outcome
+
+
+def workload_key(record: Record) -> str:
+    """What must match for two records to be compared (see the docstring)."""
+    workload = record.get("workload") or {}
+    return repr(sorted(workload.items()))
+
+
+def previous(history: list[Record], current: Record) -> Record | None:
+    """The last record of `history` (oldest first) with `current`'s workload."""
+    key = workload_key(current)
+    found: Record | None = None
+    for record in reversed(history):
+        if workload_key(record) == key:
+            found = record
+            break
+    return found
+
+
+def starved(generated: dict[str, float], min_share: float = MIN_SHARE) -> list[str]:
+    """The ranks (by name) whose generated tokens are under `min_share` of an even share."""
+    total = sum(generated.values())
+    if not generated or total <= 0:
+        return sorted(generated)
+    even = total / len(generated)
+    return sorted(name for name, tokens in generated.items() if tokens < min_share * even)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    line: str
+    previous: Record | None = None
+    ratio: float | None = None
+    fell: list[str] = field(default_factory=list)
+    warning: bool = False
+
+
+def describe(record: Record) -> str:
+    """One record in a few words: when, which release and engine, output and total tok/s."""
+    return (
+        f"{record.get('time', '?')} sglang {record.get('release', '?')} "
+        f"({record.get('engine', '?')}, flags {str(record.get('flags_digest', '?'))[:12]}): "
+        f"{float(record.get('output_tok_s') or 0):.1f} output tok/s, "
+        f"{float(record.get('total_tok_s') or 0):.1f} total"
+    )
+
+
+def _rank_rates(record: Record) -> dict[str, float]:
+    ranks = record.get("per_rank") or {}
+    return {name: float(r.get("output_tok_s") or 0) for name, r in ranks.items()}
+
+
+def judge(
+    current: Record,
+    history: list[Record],
+    max_slowdown: float,
+    guard: str,
+) -> Verdict:
+    """The guard's verdict on `current` against the last record of its workload (see the
+    docstring); `history` oldest first, without `current`."""
+    if int(current.get("errors") or 0) > 0 or not current.get("completed"):
+        return Verdict(
+            False,
+            f"throughput: {current.get('errors')} of {current.get('prompts')} requests failed "
+            f"({current.get('first_error') or 'no request completed'})",
+        )
+    last = previous(history, current)
+    now = float(current.get("output_tok_s") or 0)
+    if last is None:
+        return Verdict(
+            True,
+            f"throughput: {now:.1f} output tok/s; a first run of this workload on this host: "
+            "nothing to compare",
+        )
+    before = float(last.get("output_tok_s") or 0)
+    ratio = now / before if before > 0 else 1.0
+    was, is_ = _rank_rates(last), _rank_rates(current)
+    fell = sorted(
+        name
+        for name, rate in is_.items()
+        if was.get(name, 0) > 0 and rate < (1 - max_slowdown) * was[name]
+    )
+    change = f"{(ratio - 1) * 100:+.1f}%"
+    if ratio >= 1 - max_slowdown:
+        return Verdict(
+            True,
+            f"throughput: {now:.1f} output tok/s, {change} against the last record",
+            last,
+            ratio,
+        )
+    line = (
+        f"throughput: {now:.1f} output tok/s is {change} against the last record of this "
+        f"workload, past throughput_max_slowdown {max_slowdown:g} (ratio {ratio:.3f}); "
+        f"ranks that fell: {', '.join(fell) or 'none alone'}; "
+        f"last: {describe(last)}; this run: {describe(current)}"
+    )
+    if guard == "warn":
+        return Verdict(True, "WARNING " + line, last, ratio, fell, warning=True)
+    return Verdict(False, line, last, ratio, fell)

@@ -1,0 +1,53 @@
+"""Step 6 of the deploy: how fast the host serves, with the engine's own benchmark client.
+
+After the smoke step, when the plan says so (operations/plan/throughput_plan.py: throughput_check
+after_change when this run (re)started a rank or the router, always, or off), the host runs
+programs/throughput.py: SGLang's client from the serving engine, offline, through the router or
+per rank, bounded by throughput_timeout_s. It appends a record to layout.THROUGHPUT_RECORDS and
+prints it with one short line; a run more than throughput_max_slowdown below the last record of
+the same workload fails the deploy (throughput_guard: fail) with both records, the ratio and the
+ranks that fell, or passes with a warning (warn); through the router a rank that took (almost)
+no load fails it by name. The ranks are never touched: a failed or interrupted check leaves them
+serving, and the next run checks again.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra.api.exceptions import OperationError
+from pyinfra.api.operation import operation
+from pyinfra.context import host
+
+from operations.plan.host_plan import HostReport
+from operations.runtime.host_call import Commands
+from operations.steps.host_files import put_planned
+
+
+@operation(is_idempotent=False)
+def throughput_run(argv: list[str], skip: str = "") -> Commands:
+    """
+    Run the throughput check (programs/throughput.py); fail with its verdict.
+
+    + argv: the program's command line (no secret: the key is read from the secrets file)
+    + skip: why nothing runs (empty argv)
+    """
+    if not argv:
+        host.noop(f"throughput: not measured: {skip}")
+        return
+    yield shlex.join(argv)
+
+
+def throughput(report: HostReport) -> None:
+    """Ship the script; run what the plan says (HostReport.throughput)."""
+    decided = report.throughput
+    if decided is None:
+        raise OperationError("the throughput step needs the plan's ThroughputPlan (host_plan)")
+    for file in decided.files:
+        put_planned(file)
+    run = decided.run
+    throughput_run(
+        name="Throughput | benchmark client",
+        argv=run.argv if run is not None else [],
+        skip=decided.skip,
+    )
