@@ -62,21 +62,6 @@ REQUESTS = "sglang:num_requests_total"
 ROUTER = "router"
 # What the client's tokenizer load needs in the model copy (transformers' AutoTokenizer).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
-# The --output-file fields read (knowledge/bench/sglang-<v>.json "fields", each with its line).
-RESULT_FIELDS = (
-    "duration",
-    "completed",
-    "total_input_tokens",
-    "total_output_tokens",
-    "output_throughput",
-    "total_throughput",
-    "median_ttft_ms",
-    "p99_ttft_ms",
-    "median_itl_ms",
-    "p99_itl_ms",
-    "median_e2e_latency_ms",
-    "p99_e2e_latency_ms",
-)
 
 
 class Refused(Exception):
@@ -154,16 +139,19 @@ def run_client(
     }
     if key:
         env["OPENAI_API_KEY"] = key
-    proc = subprocess.Popen(
-        words,
-        cwd=work,
-        env=env,
-        user=args.service_user,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    try:
+        proc = subprocess.Popen(
+            words,
+            cwd=work,
+            env=env,
+            user=args.service_user,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+    except OSError as error:
+        return 126, f"cannot start {words[0]} as {args.service_user}: {error}"
     try:
         out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:

@@ -57,6 +57,10 @@ It behaves like the real server where a deploy can observe it, with the standard
   (parser/reasoning_parser.py, Qwen3Detector), and no answer comes within the smoke's few tokens:
   the content is an unfinished <think> block, finish_reason "length".
 
+- POST /v1/completions (the benchmark client's `sglang-oai` backend) generates tokens at a
+  configured rate, streamed or not, with `usage`, counted in /metrics with the gauges
+  sglang:gen_throughput and sglang:token_usage (sglang/_generate_double.py).
+
 Test-only knob: SGLANG_DOUBLE_REPLY (set in a unit drop-in) makes this rank answer garbage, as a
 broken or misconfigured server would: "malformed" (200, a cut-off JSON body), "empty" (200, no
 body), "wrong-model" (it serves another model: /v1/models and the reply name it), "wrong-sum"
@@ -79,6 +83,7 @@ from importlib import resources
 from typing import Any
 
 from sglang._double_build import VERSION
+from sglang._generate_double import Gen, complete
 from sglang._startup_double import start_up
 
 LOAD_SECONDS_ENV = "SGLANG_DOUBLE_LOAD_SECONDS"
@@ -184,6 +189,7 @@ class _State:
         self.flowing = threading.Event()
         self.flowing.set()
         self.queued = 0
+        self.gen = Gen()  # what /v1/completions generated (sglang/_generate_double.py)
 
     def toggle_wedged(self) -> None:
         if self.flowing.is_set():
@@ -200,6 +206,7 @@ def metrics_text(state: _State) -> str:
     """Prometheus text as prometheus_client writes SGLang's counters (see the docstring)."""
     label = f'{{model_name="{state.served_model}"}}'
     n = state.requests
+    gen = state.gen
     lines = [
         "# HELP sglang:num_running_reqs The number of running requests.",
         "# TYPE sglang:num_running_reqs gauge",
@@ -207,11 +214,19 @@ def metrics_text(state: _State) -> str:
         "# HELP sglang:num_queue_reqs The number of requests in the waiting queue.",
         "# TYPE sglang:num_queue_reqs gauge",
         f"sglang:num_queue_reqs{label} {float(state.queued)}",
+        "# HELP sglang:gen_throughput The generation throughput (token/s).",
+        "# TYPE sglang:gen_throughput gauge",
+        f"sglang:gen_throughput{label} {gen.gen_throughput()}",
+        "# HELP sglang:token_usage The token usage.",
+        "# TYPE sglang:token_usage gauge",
+        f"sglang:token_usage{label} {gen.token_usage()}",
     ]
+    prompt = n * PROMPT_TOKENS + gen.prompt_tokens
+    generated = n * COMPLETION_TOKENS + gen.generated
     for name, doc, value in (
-        ("prompt_tokens", "Number of prefill tokens processed.", n * PROMPT_TOKENS),
-        ("generation_tokens", "Number of generation tokens processed.", n * COMPLETION_TOKENS),
-        ("num_requests", "Number of requests processed.", n),
+        ("prompt_tokens", "Number of prefill tokens processed.", prompt),
+        ("generation_tokens", "Number of generation tokens processed.", generated),
+        ("num_requests", "Number of requests processed.", n + gen.requests),
     ):
         lines += [
             f"# HELP sglang:{name}_total {doc}",
@@ -324,6 +339,20 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             path = self.path.split("?", 1)[0]
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
+            if path == "/v1/completions" and state.ready:
+                try:
+                    request = json.loads(raw or b"{}")
+                except ValueError:
+                    self._send(400, {"error": "invalid JSON"})
+                    return
+                with state.lock:
+                    state.running += 1
+                try:
+                    complete(self, state.gen, request, request.get("model") or state.served_model)
+                finally:
+                    with state.lock:
+                        state.running -= 1
+                return
             if path != "/v1/chat/completions":
                 self._send(404, {"detail": "Not Found"})
                 return
