@@ -56,6 +56,7 @@ FLAGS = (
     "--output-file",
     "--disable-tqdm",
     "--seed",
+    "--extra-request-body",
 )
 # (flag, choice, text, near): the values the check picks. --backend's choices are the keys of
 # ASYNC_REQUEST_FUNCS (`"sglang-oai": async_request_openai_completions`, anywhere in the file);

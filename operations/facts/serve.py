@@ -165,6 +165,8 @@ class Serving:
     gpus: list[GpuUsage] = field(default_factory=list)
     # What nvidia-smi said when it failed; None when it answered or was not asked.
     gpu_error: str | None = None
+    # status only: the last throughput records' lines (facts/throughput.py parses them).
+    throughput_lines: list[str] = field(default_factory=list)
     # Unit -> `systemctl is-enabled` ("enabled", "disabled", "" when unknown), for the units
     # asked with `enabled=` (the stage unit: a converged run needs no SystemdStatus fact).
     enabled: dict[str, str] = field(default_factory=dict)

@@ -15,6 +15,7 @@ import json
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.facts import FactBase
 
+from operations import layout
 from operations.facts.serve import (
     GpuUsage,
     RankLoad,
@@ -25,6 +26,7 @@ from operations.facts.serve import (
     router_list_words,
     serving_words,
 )
+from operations.facts.throughput import RECORDS_READ
 from operations.render import host_scripts
 
 ROUTER_KEY = "router"  # the router's key among the ranks' in health_urls and Serving.health
@@ -32,7 +34,9 @@ PROBE_SCRIPT = "serving_probe.py"
 GPU_QUERY = "index,name,memory.used,memory.total"
 GPU_TIMEOUT_S = 10  # a wedged driver must not hang the status
 # The first word of each line the probes print (the rest is parse_serving's).
-_PROBE_WORDS = frozenset({"health", "health_unavailable", "metrics", "phases", "gpu", "gpu_rc"})
+_PROBE_WORDS = frozenset(
+    {"health", "health_unavailable", "metrics", "phases", "gpu", "gpu_rc", "throughput"}
+)
 
 
 def probe_words(
@@ -131,6 +135,16 @@ def _gpu(line: str) -> GpuUsage | None:
     )
 
 
+def throughput_words(read: bool) -> Words:
+    """The host's last throughput records ("throughput JSON" lines: layout.THROUGHPUT_RECORDS)."""
+    if not read:
+        return []
+    return [
+        f"tail -n {RECORDS_READ} {layout.THROUGHPUT_RECORDS} 2>/dev/null |",
+        "sed 's/^/throughput /';",
+    ]
+
+
 def _gpus(rc: str | None, lines: list[str]) -> tuple[list[GpuUsage], str | None]:
     if rc is None:
         return [], None
@@ -155,6 +169,7 @@ def parse_status(lines: list[str]) -> Serving:
     load: dict[str, RankLoad] = {}
     starts: dict[str, RankStart] = {}
     gpu_lines: list[str] = []
+    throughput_lines: list[str] = []
     values: dict[str, str] = {}
     rest_lines: list[str] = []
     for line in lines:
@@ -172,6 +187,8 @@ def parse_status(lines: list[str]) -> Serving:
             starts[probe] = parse_start(answer.strip())
         elif word == "gpu":
             gpu_lines.append(rest.strip())
+        elif word == "throughput":
+            throughput_lines.append(rest.strip())
         else:
             values[word] = rest.strip()
     gpus, gpu_error = _gpus(values.get("gpu_rc"), gpu_lines)
@@ -183,6 +200,7 @@ def parse_status(lines: list[str]) -> Serving:
         starts=starts,
         gpus=gpus,
         gpu_error=gpu_error,
+        throughput_lines=throughput_lines,
     )
 
 
@@ -209,6 +227,7 @@ class ServingStatus(FactBase[Serving]):
     + start_units, phases: rank number -> its unit, and the release's start-up regexes as JSON
       (plan/startup.py startup_patterns): each rank's last start read from its journal
       (`Serving.starts`); "" or None: not read
+    + throughput: whether to read the last throughput records (`Serving.throughput_lines`)
     """
 
     def command(
@@ -224,12 +243,14 @@ class ServingStatus(FactBase[Serving]):
         timeout_s: float = 2.0,
         start_units: dict[str, str] | None = None,
         phases: str = "",
+        throughput: bool = False,
     ) -> StringCommand:
         return StringCommand(
             *serving_words(engine_root, model_link, ranks=ranks, router=router),
             *probe_words(health_urls, metrics_urls, timeout_s, start_units, phases),
             *router_list_words(router_list, timeout_s),
             *gpu_words(gpus),
+            *throughput_words(throughput),
             "true",
         )
 

@@ -46,6 +46,7 @@ CLIENT_FLAGS = (
     "--output-file",
     "--disable-tqdm",
     "--seed",
+    "--extra-request-body",
 )
 RESULT_FIELDS = (
     "duration",

@@ -124,6 +124,11 @@ def client_words(args: argparse.Namespace, url: str, ranks: int, out: str) -> li
     words += ["--num-prompts", str(args.prompts_per_rank * ranks)]
     words += ["--max-concurrency", str(args.concurrency_per_rank * ranks)]
     words += ["--output-file", out, "--disable-tqdm", "--seed", "1"]
+    # The client sends `"best_of": 1` with `"stream": true` (0.5.11 bench_serving.py:242), which
+    # smg refuses with 400 "best_of is not supported when stream is enabled" (its
+    # CompletionRequest check `req.stream && req.best_of.is_some()`); the extra body is merged
+    # last (payload.update, :259): null is no best_of for smg and SGLang alike.
+    words += ["--extra-request-body", json.dumps({"best_of": None})]
     return words
 
 
@@ -140,11 +145,16 @@ def run_client(
     if key:
         env["OPENAI_API_KEY"] = key
     try:
+        # The service user's own groups too: the model copy is readable by its group (0o640,
+        # stage_copy.py), and Popen(user=) alone keeps root's groups.
+        uid, gid = _ids(args.service_user)
         proc = subprocess.Popen(
             words,
             cwd=work,
             env=env,
-            user=args.service_user,
+            user=uid,
+            group=gid,
+            extra_groups=os.getgrouplist(args.service_user, gid),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -54,6 +54,9 @@ class Indexes:
             "torch_index_url": self.torch.base + "/{lane}",
             "kernel_index_url": self.kernel.base + "/{lane}",
             "flashinfer_index_url": self.flashinfer.base + "/{lane}",
+            # The throughput check costs each deploy that starts ranks a benchmark run, and the
+            # testbed's models have no tokenizer: only tests/e2e/test_throughput.py turns it on.
+            "throughput_check": "off",
         }
         if self.redist is not None:
             found["cuda_redist_url"] = f"{self.main.base}/{REDIST_PATH}"

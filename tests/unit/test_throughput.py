@@ -391,3 +391,25 @@ def test_no_tokenizer_is_refused_before_the_client_runs(
         "set throughput_check: off"
     ]
     assert not (tmp_path / "records").exists()
+
+
+# -- status: the last record and the one before it -------------------------------------------
+
+
+def test_status_shows_the_last_record_beside_the_one_before_it_of_its_workload() -> None:
+    from operations.cli.status.throughput import ThroughputView
+    from operations.facts.throughput import parse_records
+
+    older = record(1000, {"sglang@0.service": 500, "sglang@1.service": 500})
+    other = record(5000, {"sglang@0.service": 2500}, output_len=64)
+    last = record(900, {"sglang@0.service": 450, "sglang@1.service": 450})
+    lines = [json.dumps(older), '{"cut by a cra', json.dumps(other), json.dumps(last)]
+    view = ThroughputView.of(parse_records(lines))
+    assert view.last == last and view.before == older and view.ratio == pytest.approx(0.9)
+    shown = view.lines()
+    assert "900.0 output tok/s" in shown[0] and "per rank (output tok/s): 0 450, 1 450" in shown[0]
+    assert shown[1].endswith("(-10.0% now)")
+    assert view.to_json()["ratio"] == pytest.approx(0.9)
+    assert ThroughputView.of([]).lines() == [
+        "  throughput: no record on this host (the deploy's check has not run)"
+    ]

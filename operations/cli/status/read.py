@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from operations import kb as kbmod
 from operations.cli.status.rows import HostResult, fact_args, host_result, probe_args, with_probe
+from operations.cli.status.throughput import ThroughputView
 from operations.facts.serve_status import ServingStatus
 from operations.facts.smoke import Probe, SmokeProbe
+from operations.facts.throughput import parse_records
 from operations.plan.drain import router_list_url
 from operations.runtime.inventory import Session, one_line, open_session, quiet_pyinfra
 
@@ -47,6 +49,7 @@ def read_hosts(session: Session, probe: bool = False) -> list[HostResult]:
             results.append(HostResult(host.name, reachable=True, error=error))
             continue
         result = host_result(host.name, settings, status)
+        result.throughput = ThroughputView.of(parse_records(status.throughput_lines))
         if probe:
             try:
                 answers = host.get_fact(SmokeProbe, **probe_args(settings, host.name, status))

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 from operations import layout
+from operations.cli.status.throughput import ThroughputJson, ThroughputView
 from operations.facts.serve import RankLoad, RankStart, Serving, UnitState
 from operations.facts.serve_status import ROUTER_KEY
 from operations.facts.smoke import Probe, ProbeAnswer
@@ -37,6 +38,7 @@ class ServingArgs(TypedDict):
     timeout_s: float
     start_units: dict[str, str]
     phases: str
+    throughput: bool
 
 
 class ProbeArgs(TypedDict):
@@ -76,6 +78,7 @@ class HostJson(TypedDict):
     probed: bool
     ranks: list[dict[str, object]]  # asdict(RankStatus)
     router: dict[str, object] | None  # asdict(RouterStatus)
+    throughput: NotRequired[ThroughputJson]
 
 
 class StatusJson(TypedDict):
@@ -163,6 +166,8 @@ class HostResult:
     invalid_settings: bool = False
     # --probe asked its ranks a chat question (each row says how it answered).
     probed: bool = False
+    # The last throughput record and the one before it (status/throughput.py).
+    throughput: ThroughputView | None = None
 
     @property
     def counted(self) -> list[RankStatus]:
@@ -215,7 +220,7 @@ class HostResult:
         return line
 
     def to_json(self) -> HostJson:
-        return {
+        data: HostJson = {
             "reachable": self.reachable,
             "error": self.error,
             "healthy": self.healthy,
@@ -223,6 +228,9 @@ class HostResult:
             "ranks": [asdict(r) for r in self.ranks],
             "router": asdict(self.router) if self.router is not None else None,
         }
+        if self.throughput is not None:
+            data["throughput"] = self.throughput.to_json()
+        return data
 
 
 # -- from settings and the fact to rows (pure) ----------------------------------------------
@@ -283,6 +291,7 @@ def fact_args(settings: Settings, host_name: str, router_list: str | None = None
         "timeout_s": PROBE_TIMEOUT_S,
         "start_units": {str(rank): layout.unit_name(rank) for rank in range(settings.dp_size)},
         "phases": startup_patterns(settings.sglang_version),
+        "throughput": True,
     }
 
 

@@ -7,7 +7,8 @@ field, in every release, are in operations/kb/knowledge/bench/sglang-<v>.json):
   :1923, `--dataset-name` :1943 with `random-ids` :1952, `--model` :1965, `--tokenizer` :1975,
   `--num-prompts` :1980, `--random-input-len` :1998, `--random-output-len` :2004,
   `--random-range-ratio` :2010, `--max-concurrency` :2062, `--output-file` :2074,
-  `--disable-tqdm` :2084, `--seed` :2122); an option it does not know exits 2 as argparse does;
+  `--disable-tqdm` :2084, `--seed` :2122, `--extra-request-body` :2129, merged into each
+  request last, :259); an option it does not know exits 2 as argparse does;
 - the tokenizer is loaded from --tokenizer (transformers' AutoTokenizer, benchmark/utils.py:44-62):
   a directory without tokenizer files fails (exit 1), as an offline load does;
 - `sglang-oai` posts to BASE/v1/completions (:870, async_request_openai_completions :226-336)
@@ -58,6 +59,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--output-file")
     p.add_argument("--disable-tqdm", action="store_true")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--extra-request-body")
     return p
 
 
@@ -96,6 +98,9 @@ def one_request(url: str, body: dict[str, Any]) -> dict[str, Any]:
                         itls.append(now - last)
                     last = now
                     output_len = (data.get("usage") or {}).get("completion_tokens", output_len)
+    except urllib.error.HTTPError as error:
+        # As the real client's output.error: reason, then the body (:330-333).
+        return {"success": False, "error": f"{error.reason}: {error.read().decode()[:500]}"}
     except (urllib.error.URLError, OSError, ValueError) as error:
         return {"success": False, "error": str(error)}
     return {
@@ -124,6 +129,8 @@ def main(argv: list[str]) -> int:
         "temperature": 0.0,
         "ignore_eos": True,
     }
+    # Merged last, overriding the defaults (payload.update(extra_request_body), :259).
+    body.update(json.loads(args.extra_request_body) if args.extra_request_body else {})
     lock = threading.Lock()
     outputs: list[dict[str, Any]] = []
 

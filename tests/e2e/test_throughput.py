@@ -1,0 +1,124 @@
+"""The deploy's throughput check end to end: real `pyinfra -y INVENTORY deploy.py` runs against a
+testbed container serving two ranks of the SGLang server double behind the real router (smg),
+measured by the benchmark client double installed in the engine (tests/doubles/packages/sglang:
+the release's module, its real flags and --output-file fields) as the service user, with the
+ranks' key. The double generates tokens at SGLANG_DOUBLE_TOKENS_PER_S, set here in a runtime
+drop-in every rank unit reads: a change of the ranks' flags that comes with a slower double is
+what a slower release looks like to the check.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from operations import layout
+from tests import testbed as tb
+from tests.e2e.deploying import MODEL_CONFIG, Indexes, Run
+from tests.e2e.serving import ROUTER_PORT, base_data, deploy, ok
+from tests.e2e.serving import serving_indexes as serving_indexes  # the `indexes` fixture
+from tests.testbed import Container, ContainerSpec
+
+pytestmark = pytest.mark.e2e
+
+MODEL_DIR = "/srv/models/qwen-tok"
+DROPIN = "/run/systemd/system/sglang@.service.d/tokens.conf"
+OP = "benchmark client"
+
+
+@pytest.fixture(scope="module")
+def host(testbed: tb.Testbed) -> Iterator[Container]:
+    spec = ContainerSpec(
+        extra_files={
+            f"{MODEL_DIR}/config.json": MODEL_CONFIG,
+            f"{MODEL_DIR}/tokenizer.json": b"{}",
+            f"{MODEL_DIR}/model-00001-of-00001.safetensors": b"\0" * 4096,
+        }
+    )
+    (container,) = testbed.boot(spec)
+    yield container
+    testbed.destroy(container)
+
+
+def data(c: Container, indexes: Indexes, **extra: Any) -> dict[str, Any]:
+    router = {"host": c.name, "port": ROUTER_PORT, "bind": c.address, "policy": "round_robin"}
+    workload = {
+        "throughput_check": "after_change",
+        "throughput_input_len": 8,
+        "throughput_output_len": 32,
+        "throughput_concurrency_per_rank": 2,
+        "throughput_prompts_per_rank": 4,
+        "throughput_timeout_s": 120,
+    }
+    return base_data(
+        c, indexes, model_source=MODEL_DIR, dp_size=2, router=router, **{**workload, **extra}
+    )
+
+
+def rate(c: Container, tokens_per_s: int) -> None:
+    """The double's decode rate for the ranks' next start (a runtime drop-in)."""
+    rc, _, err = c.ssh_run(
+        f"mkdir -p {Path(DROPIN).parent} && printf '[Service]\\n"
+        f"Environment=SGLANG_DOUBLE_TOKENS_PER_S={tokens_per_s}\\n' > {DROPIN}"
+        " && systemctl daemon-reload"
+    )
+    assert rc == 0, err
+
+
+def records(c: Container) -> list[dict[str, Any]]:
+    _, out, _ = c.ssh_run(f"cat {layout.THROUGHPUT_RECORDS} 2>/dev/null; true")
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def line(run: Run) -> str:
+    return next((x for x in run.output.splitlines() if "throughput: " in x), "")
+
+
+def test_a_deploy_measures_a_slower_change_fails_by_name_and_warn_passes(
+    host: Container, indexes: Indexes, tmp_path: Path
+) -> None:
+    c = host
+    c.ssh_run(f"systemctl stop 'sglang@*.service' sglang-router.service; rm -f {DROPIN}; true")
+    rate(c, 2000)
+    first = deploy(tmp_path, {c: data(c, indexes)})
+    ok(first)
+    assert first.status(OP).startswith("Success"), first
+    (rec,) = records(c)
+    assert rec["through"] == "router" and rec["release"] == "0.5.11" and rec["errors"] == 0
+    assert rec["workload"]["ranks"] == 2 and rec["workload"]["output_len"] == 32
+    # Every rank carried load through the router, read from its own counters.
+    assert sorted(rec["per_rank"]) == ["sglang@0.service", "sglang@1.service"]
+    assert all(r["generated"] >= 32 for r in rec["per_rank"].values()), rec
+    assert rec["output_tok_s"] > 0 and rec["ttft_ms"]["p50"] is not None
+
+    # Nothing changed: nothing measured, nothing recorded.
+    again = deploy(tmp_path, {c: data(c, indexes)})
+    ok(again)
+    assert "not measured" in again.output or again.status(OP).startswith("No changes"), again
+    assert len(records(c)) == 1
+
+    # A change of the ranks' flags, and the double 20 times slower: the deploy fails by name.
+    rate(c, 100)
+    slower = deploy(tmp_path, {c: data(c, indexes, mem_fraction_static=0.85)})
+    assert slower.rc != 0, slower
+    assert "past throughput_max_slowdown 0.1" in slower.output, slower
+    assert "ranks that fell: sglang@0.service, sglang@1.service" in slower.output, slower
+    assert "last: " in slower.output and "this run: " in slower.output
+    kept = records(c)
+    assert len(kept) == 2 and kept[1]["output_tok_s"] < 0.9 * kept[0]["output_tok_s"]
+    assert kept[1]["flags_digest"] != kept[0]["flags_digest"]
+    # The ranks still serve: the check touched none.
+    _, out, _ = c.ssh_run("systemctl is-active sglang@0.service sglang@1.service")
+    assert out.split() == ["active", "active"], out
+
+    # warn: slower again, with another flag change: passes with a warning, recorded.
+    rate(c, 25)
+    warned = deploy(
+        tmp_path, {c: data(c, indexes, mem_fraction_static=0.8, throughput_guard="warn")}
+    )
+    ok(warned)
+    assert len(records(c)) == 3
