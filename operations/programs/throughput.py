@@ -49,10 +49,12 @@ from typing import cast
 from operations.programs.api_key_file import read_api_key
 from operations.programs.rank_metrics import sample
 from operations.programs.throughput_guard import (
+    Ceilings,
     Meta,
     Percentiles,
     RankShare,
     Record,
+    beside_ceilings,
     judge,
     starved,
 )
@@ -300,6 +302,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-slowdown", type=float, required=True)
     parser.add_argument("--guard", choices=("fail", "warn"), required=True)
     parser.add_argument("--time", default=None)
+    # The card's ceilings as JSON (throughput_guard.Ceilings); absent: not shown.
+    parser.add_argument("--ceilings", default=None)
     return parser.parse_args(argv)
 
 
@@ -334,6 +338,10 @@ def main(argv: list[str]) -> int:
             f"; rank(s) {', '.join(hungry)} took (almost) no load through the router "
             f"(generated tokens {counts}; an even share is {1 / len(args.rank):.0%})"
         )
+    ceilings = cast(Ceilings, json.loads(args.ceilings)) if args.ceilings else None
+    beside = beside_ceilings(record, ceilings)
+    if beside is not None:
+        line += f"; {beside}"
     record["verdict"] = {"ok": ok, "ratio": verdict.ratio, "fell": verdict.fell}
     os.makedirs(os.path.dirname(args.records), exist_ok=True)
     with open(args.records, "a", encoding="utf-8") as fh:

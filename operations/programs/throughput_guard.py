@@ -184,3 +184,28 @@ def judge(
     if guard == "warn":
         return Verdict(True, "WARNING " + line, last, ratio, fell, warning=True)
     return Verdict(False, line, last, ratio, fell)
+
+
+class Ceilings(TypedDict):
+    """The card's ceilings for the served model (knowledge with sources, from the plan): one
+    stream's decode bound by memory bandwidth, and a full batch's tokens/s bound by compute,
+    per GPU."""
+
+    one_stream_tok_s: float
+    full_batch_tok_s: float
+    source: str
+
+
+def beside_ceilings(record: Record, ceilings: Ceilings | None) -> str | None:
+    """The run beside the card's ceilings, per rank; None when the plan has none for this card
+    and model (today: the hook for the knowledge another change brings)."""
+    if ceilings is None:
+        return None
+    ranks = int(record.get("ranks") or 1)
+    per_gpu = float(record.get("total_tok_s") or 0) / max(1, ranks)
+    share = per_gpu / ceilings["full_batch_tok_s"] if ceilings["full_batch_tok_s"] > 0 else 0.0
+    return (
+        f"per GPU {per_gpu:.0f} tokens/s (input and output), {share:.0%} of the compute ceiling "
+        f"{ceilings['full_batch_tok_s']:.0f}; one stream's decode ceiling "
+        f"{ceilings['one_stream_tok_s']:.0f} tok/s ({ceilings['source']})"
+    )

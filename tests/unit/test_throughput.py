@@ -407,9 +407,25 @@ def test_status_shows_the_last_record_beside_the_one_before_it_of_its_workload()
     view = ThroughputView.of(parse_records(lines))
     assert view.last == last and view.before == older and view.ratio == pytest.approx(0.9)
     shown = view.lines()
-    assert "900.0 output tok/s" in shown[0] and "per rank (output tok/s): 0 450, 1 450" in shown[0]
+    assert (
+        "900.0 output tok/s" in shown[0]
+        and "per rank (output tok/s): sglang@0.service 450, sglang@1.service 450" in shown[0]
+    )
     assert shown[1].endswith("(-10.0% now)")
     assert view.to_json()["ratio"] == pytest.approx(0.9)
     assert ThroughputView.of([]).lines() == [
         "  throughput: no record on this host (the deploy's check has not run)"
     ]
+
+
+def test_the_ceilings_hook_says_nothing_without_ceilings_and_the_share_with_them() -> None:
+    now = record(1000, {"a": 500, "b": 500})  # total 3000 tok/s over 2 ranks
+    now["ranks"] = 2
+    assert guard.beside_ceilings(now, None) is None
+    ceilings: guard.Ceilings = {
+        "one_stream_tok_s": 33.0,
+        "full_batch_tok_s": 9300.0,
+        "source": "knowledge",
+    }
+    said = guard.beside_ceilings(now, ceilings)
+    assert said is not None and said.startswith("per GPU 1500 tokens/s (input and output), 16%")

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import NotRequired, TypedDict
 
 from operations import layout
-from operations.cli.status.throughput import ThroughputJson, ThroughputView
+from operations.cli.status.throughput import RecordsJson, ThroughputView
 from operations.facts.serve import RankLoad, RankStart, Serving, UnitState
 from operations.facts.serve_status import ROUTER_KEY
 from operations.facts.smoke import Probe, ProbeAnswer
@@ -78,7 +78,7 @@ class HostJson(TypedDict):
     probed: bool
     ranks: list[dict[str, object]]  # asdict(RankStatus)
     router: dict[str, object] | None  # asdict(RouterStatus)
-    throughput: NotRequired[ThroughputJson]
+    throughput: NotRequired[RecordsJson]
 
 
 class StatusJson(TypedDict):

@@ -10,7 +10,7 @@ from typing import TypedDict
 from operations.programs.throughput_guard import Record, describe, previous
 
 
-class ThroughputJson(TypedDict):
+class RecordsJson(TypedDict):
     last: Record | None
     before: Record | None
     ratio: float | None
@@ -40,8 +40,7 @@ class ThroughputView:
             return ["  throughput: no record on this host (the deploy's check has not run)"]
         last = self.last
         ranks = ", ".join(
-            f"{name.removeprefix('sglang@').removesuffix('.service')} "
-            f"{float(r.get('output_tok_s') or 0):.0f}"
+            f"{name} {float(r.get('output_tok_s') or 0):.0f}"
             for name, r in sorted((last.get("per_rank") or {}).items())
         )
         lines = [f"  throughput: {describe(last)}; per rank (output tok/s): {ranks or '-'}"]
@@ -53,5 +52,5 @@ class ThroughputView:
             lines.append(f"  before it: {describe(self.before)}{change}")
         return lines
 
-    def to_json(self) -> ThroughputJson:
+    def to_json(self) -> RecordsJson:
         return {"last": self.last, "before": self.before, "ratio": self.ratio}
