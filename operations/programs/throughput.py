@@ -85,9 +85,10 @@ def preconditions(python: str, module_file: str, tokenizer: str) -> None:
     found = glob.glob(os.path.join(env, "lib", "python3*", "site-packages", module_file))
     if not found:
         raise Refused(
-            f"the engine {env} has no {module_file}, SGLang's benchmark client for this release: "
-            "reinstall the engine (on the controller: the next deploy, or `python -m "
-            "operations.cli.engine_lock`), or set throughput_check: off"
+            f"the engine {env} has no {module_file}, SGLang's benchmark client for this release "
+            "(knowledge/bench/ names it from the release's wheel): the engine is not the "
+            "release's; on the host remove that environment and deploy again from the "
+            "controller, or set throughput_check: off"
         )
 
 

@@ -15,13 +15,31 @@ from __future__ import annotations
 
 import shlex
 
+from pyinfra import logger
+from pyinfra.api.arguments import ConnectorArguments
 from pyinfra.api.exceptions import OperationError
+from pyinfra.api.host import Host
 from pyinfra.api.operation import operation
+from pyinfra.api.state import State
 from pyinfra.context import host
 
 from operations.plan.host_plan import HostReport
-from operations.runtime.host_call import Commands
+from operations.runtime.host_call import Commands, HostCall, run
 from operations.steps.host_files import put_planned
+
+
+def _measure(state: State, host: Host, arguments: ConnectorArguments, command: str) -> bool:
+    """Run the program; its last line is the deploy's one line (an error when it failed)."""
+    status, output = run(host, arguments, command)
+    lines = [x for x in output.stdout.splitlines() if x.strip()]
+    said = next((x for x in reversed(lines) if x.startswith(("throughput", "WARNING"))), "")
+    said = said or (output.stderr.strip().splitlines() or ["throughput: no output"])[-1]
+    if not status:
+        logger.error(f"{host.print_prefix}{said} (the ranks keep serving, untouched)")
+        return False
+    log = logger.warning if said.startswith("WARNING") else logger.info
+    log(f"{host.print_prefix}{said}")
+    return True
 
 
 @operation(is_idempotent=False)
@@ -35,7 +53,7 @@ def throughput_run(argv: list[str], skip: str = "") -> Commands:
     if not argv:
         host.noop(f"throughput: not measured: {skip}")
         return
-    yield shlex.join(argv)
+    yield HostCall(_measure, (shlex.join(argv),), {})
 
 
 def throughput(report: HostReport) -> None:

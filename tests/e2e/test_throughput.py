@@ -87,6 +87,8 @@ def test_a_deploy_measures_a_slower_change_fails_by_name_and_warn_passes(
     first = deploy(tmp_path, {c: data(c, indexes)})
     ok(first)
     assert first.status(OP).startswith("Success"), first
+    # The deploy's one line.
+    assert "throughput: " in first.output and "nothing to compare" in first.output, first
     (rec,) = records(c)
     assert rec["through"] == "router" and rec["release"] == "0.5.11" and rec["errors"] == 0
     assert rec["workload"]["ranks"] == 2 and rec["workload"]["output_len"] == 32
@@ -121,4 +123,24 @@ def test_a_deploy_measures_a_slower_change_fails_by_name_and_warn_passes(
         tmp_path, {c: data(c, indexes, mem_fraction_static=0.8, throughput_guard="warn")}
     )
     ok(warned)
+    assert "WARNING throughput: " in warned.output and "ratio " in warned.output, warned
     assert len(records(c)) == 3
+
+
+def test_a_rank_that_takes_no_load_through_the_router_fails_the_deploy_by_name(
+    host: Container, indexes: Indexes, tmp_path: Path
+) -> None:
+    c = host
+    rate(c, 2000)
+    refuse = "/run/systemd/system/sglang@1.service.d/refuse.conf"
+    c.ssh_run(
+        f"mkdir -p {Path(refuse).parent} && printf '[Service]\\n"
+        f"Environment=SGLANG_DOUBLE_COMPLETIONS=refuse\\n' > {refuse} && systemctl daemon-reload"
+    )
+    try:
+        run = deploy(tmp_path, {c: data(c, indexes, mem_fraction_static=0.75)})
+    finally:
+        c.ssh_run(f"rm -f {refuse}; systemctl daemon-reload")
+    assert run.rc != 0, run
+    assert "rank(s) sglang@1.service took (almost) no load through the router" in run.output, run
+    assert records(c)[-1]["per_rank"]["sglang@1.service"]["generated"] == 0

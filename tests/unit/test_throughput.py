@@ -308,7 +308,13 @@ def servers(engine: Path, tmp_path: Path) -> Iterator[tuple[list[str], Path]]:
 
 
 def run_program(
-    engine: Path, tmp: Path, urls: list[str], model: Path, targets: list[str], through: str
+    engine: Path,
+    tmp: Path,
+    urls: list[str],
+    model: Path,
+    targets: list[str],
+    through: str,
+    module: str = "sglang.bench_serving",
 ) -> tuple[int, list[str]]:
     program = tmp / "throughput.py"
     program.write_text(script_text("throughput.py"))
@@ -324,7 +330,7 @@ def run_program(
     }
     meta["workload"] = {**workload, "model": "m", "model_digest": "d", "through": through}
     words = [sys.executable, str(program), "--python", str(engine / "bin" / "python")]
-    words += ["--module", "sglang.bench_serving", "--module-file", "sglang/bench_serving.py"]
+    words += ["--module", module, "--module-file", module.replace(".", "/") + ".py"]
     words += ["--model", "m", "--tokenizer", str(model)]
     for target in targets:
         words += ["--target", target]
@@ -429,3 +435,18 @@ def test_the_ceilings_hook_says_nothing_without_ceilings_and_the_share_with_them
     }
     said = guard.beside_ceilings(now, ceilings)
     assert said is not None and said.startswith("per GPU 1500 tokens/s (input and output), 16%")
+
+
+@pytest.mark.integration
+def test_an_engine_without_the_client_module_is_refused_before_the_client_runs(
+    engine: Path, servers: tuple[list[str], Path], tmp_path: Path
+) -> None:
+    urls, model = servers
+    # 0.5.11's engine has no sglang.benchmark.serving (the double's wheel leaves it out, as
+    # the real 0.5.11 wheel has none).
+    module = "sglang.benchmark.serving"
+    code, out = run_program(engine, tmp_path, urls, model, [f"r0={urls[0]}"], "ranks", module)
+    assert code == 2 and len(out) == 1
+    assert out[0].startswith(f"throughput: refused: the engine {engine} has no ")
+    assert "sglang/benchmark/serving.py, SGLang's benchmark client for this release" in out[0]
+    assert not (tmp_path / "records").exists()

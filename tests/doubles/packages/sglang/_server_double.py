@@ -60,6 +60,8 @@ It behaves like the real server where a deploy can observe it, with the standard
 - POST /v1/completions (the benchmark client's `sglang-oai` backend) generates tokens at a
   configured rate, streamed or not, with `usage`, counted in /metrics with the gauges
   sglang:gen_throughput and sglang:token_usage (sglang/_generate_double.py).
+  Test-only knob: SGLANG_DOUBLE_COMPLETIONS=refuse answers it 503 (chat still answers): a rank
+  that generates nothing for the benchmark while it passes the smoke.
 
 Test-only knob: SGLANG_DOUBLE_REPLY (set in a unit drop-in) makes this rank answer garbage, as a
 broken or misconfigured server would: "malformed" (200, a cut-off JSON body), "empty" (200, no
@@ -89,6 +91,7 @@ from sglang._startup_double import start_up
 LOAD_SECONDS_ENV = "SGLANG_DOUBLE_LOAD_SECONDS"
 REPLY_ENV = "SGLANG_DOUBLE_REPLY"
 GENERATE_SECONDS_ENV = "SGLANG_DOUBLE_GENERATE_SECONDS"
+COMPLETIONS_ENV = "SGLANG_DOUBLE_COMPLETIONS"
 REPLIES = ("", "malformed", "empty", "wrong-model", "wrong-sum")
 # The prompt contract (see the docstring): two integers joined by `+`.
 SUM_QUESTION = re.compile(r"(-?\d+)\s*\+\s*(-?\d+)")
@@ -339,6 +342,10 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             path = self.path.split("?", 1)[0]
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
+            if path == "/v1/completions" and os.environ.get(COMPLETIONS_ENV) == "refuse":
+                # Test-only (see the docstring): a rank whose generation fails.
+                self._send(503, {"error": "the double refuses completions"})
+                return
             if path == "/v1/completions" and state.ready:
                 try:
                     request = json.loads(raw or b"{}")
