@@ -231,6 +231,8 @@ def decide(
             facts.model_key,
             serve_plan.file_digests(facts.serving),
         )
+        if throughput.decision is not None:
+            plan.decisions.append(throughput.decision)
     return HostReport(
         settings,
         plan,

@@ -25,7 +25,7 @@ from operations import layout
 from operations.kb.bench_client import load_bench_client
 from operations.plan.planned_files import PlannedFile, planned
 from operations.plan.resolver.types import Rank
-from operations.plan.vocabulary import ThroughputJson
+from operations.plan.vocabulary import Decision, ThroughputJson
 from operations.programs.throughput_guard import Meta, Workload
 from operations.render.host_scripts import script_text
 from operations.settings import Settings
@@ -78,6 +78,8 @@ class ThroughputPlan:
     # Why nothing runs (a line for host.noop).
     skip: str = ""
     errors: list[str] = field(default_factory=list)
+    # What `plan --why` says of it.
+    decision: Decision | None = None
 
     def to_json(self) -> ThroughputJson:
         return {
@@ -178,4 +180,19 @@ def throughput_plan(
     argv += ["--key-file", layout.SECRETS_FILE, "--service-user", s.service_user]
     argv += ["--records", layout.THROUGHPUT_RECORDS, "--meta", json.dumps(meta, sort_keys=True)]
     argv += ["--max-slowdown", str(s.throughput_max_slowdown), "--guard", s.throughput_guard]
-    return ThroughputPlan(files=[script], run=ThroughputRun(argv, through))
+    what = (
+        f"{client.module} {'through the router' if router else 'per rank'}: "
+        f"{s.throughput_input_len} in / {s.throughput_output_len} out, "
+        f"{s.throughput_concurrency_per_rank} in flight and {s.throughput_prompts_per_rank} "
+        f"requests per rank x {len(ranks)}, guard {s.throughput_guard} past "
+        f"{s.throughput_max_slowdown:g} slower"
+    )
+    why = (
+        f"throughput_check {s.throughput_check}; the release's client and flags from its wheel "
+        f"(knowledge/bench/sglang-{s.sglang_version}.json)"
+    )
+    return ThroughputPlan(
+        files=[script],
+        run=ThroughputRun(argv, through),
+        decision=Decision("throughput check", what, why),
+    )
