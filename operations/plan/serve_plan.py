@@ -38,7 +38,7 @@ from operations.plan.planned_files import PlannedFile, planned, sha256
 from operations.plan.resolver import Rank, RouterPlan
 from operations.plan.resolver.router import control_key_text
 from operations.plan.resolver.router import key_changes as router_key_changes
-from operations.plan.router_step import RouterStep, router_change
+from operations.plan.router_step import RouterOrder, RouterStep, router_change, router_order
 from operations.plan.startup import RANK_SILENCE_S, startup_patterns
 from operations.plan.vocabulary import FileJson, ServeJson, SmokeJson
 from operations.render import units
@@ -240,6 +240,8 @@ class ServePlan:
     control_plane_key_source: KeySource | None = None
     # On the router's host.
     router: RouterStep | None = None
+    # Whether the router's restart and the control-plane key come before the ranks roll.
+    order: RouterOrder = field(default_factory=lambda: RouterOrder(False))
     # Why the plan cannot be carried out (a release with no pinned requirements).
     errors: list[str] = field(default_factory=list)
     # The release's start-up lines for the health wait (plan/startup.py), and how long a start
@@ -273,6 +275,8 @@ class ServePlan:
             parts.append(f"stop and remove rank(s) {', '.join(map(str, plan.remove))}")
         if self.router is not None and self.router.restart:
             parts.append(router_change(self.router).value)
+        if self.order.said and (plan.batches or self.router is not None):
+            parts.append(self.order.said)
         if self.readmit:
             parts.append(
                 f"put rank(s) {', '.join(map(str, self.readmit))} back into the router "
@@ -314,6 +318,7 @@ class ServePlan:
                 else None
             ),
             "router_step": self.router.to_json() if self.router is not None else None,
+            "router_first": self.order.first,
         }
 
 
@@ -382,6 +387,17 @@ def serve_plan(
             )
         except PinError as e:
             errors.append(f"router version {router.version!r}: {e}")
+    remove_secret = not s.api_key_file and layout.SECRETS_FILE in serving.files
+    order = router_order(
+        None
+        if router is None
+        else serving.router is not None and serving.router.active == "active",
+        router_step is not None and bool(router_step.retired) and router_restart,
+        key_due,
+        secret_changed or remove_secret,
+    )
+    if order.refused and roll.batches:
+        errors.append(order.refused)
     serve_files, smoke_files = _serve_files(
         write, secret, drain, batch_smoke, watched, rolls=bool(roll.batches)
     )
@@ -400,7 +416,8 @@ def serve_plan(
         readmit=left_out(roll, serving, drain),
         secret=secret,
         secret_changed=secret_changed,
-        remove_secret=not s.api_key_file and layout.SECRETS_FILE in serving.files,
+        remove_secret=remove_secret,
+        order=order,
         router_restart=router_restart,
         batch_smoke=batch_smoke,
         smoke=smoke,

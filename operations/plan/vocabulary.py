@@ -183,6 +183,8 @@ class ServeJson(TypedDict):
     # Where the router's control-plane key is kept on the controller (never its content).
     control_plane_key_source: KeySourceJson | None
     router_step: RouterStepJson | None
+    # The router's restart and the control-plane key come before the ranks roll.
+    router_first: bool
 
 
 # -- the engine and model steps' plans (operations/plan/engine_plan.py,

@@ -449,13 +449,23 @@ class ServeStep:
 def _serve(report: HostReport) -> ServeStep:
     step = ServeStep(report)
     host.log(f"ranks: {step.summary()}", logger.info)
+    decided = step.decided
+    # The router and its control-plane key before the ranks or after them, as the plan's
+    # RouterOrder says: every drain speaks the API, with the key, of the router then running.
+    if decided.order.first:
+        _router_and_key(report.settings, decided)
     step.run()
-    # After the ranks' work: this run's drains used the key the running router has.
-    if step.decided.control_plane_key is not None:
-        put_planned(step.decided.control_plane_key)
-    if step.decided.router is not None:
-        _route(report.settings, step.decided.router)
+    if not decided.order.first:
+        _router_and_key(report.settings, decided)
     return step
+
+
+def _router_and_key(s: Settings, decided: ServePlan) -> None:
+    """The control-plane key (when this run writes it), then the router (on its host)."""
+    if decided.control_plane_key is not None:
+        put_planned(decided.control_plane_key)
+    if decided.router is not None:
+        _route(s, decided.router)
 
 
 # @deploy types every call as returning OperationMeta; this step returns its ServeStep.
