@@ -141,6 +141,7 @@ def test_a_host_the_previous_version_served_behind_sglang_router_upgrades_under_
         # The load goes on through smg after the upgrade.
         wait_for(lambda: load.sent >= after + 4 * CLIENTS, 60, "answers through smg")
     print(load.report(f"upgrade {PREVIOUS_VERSION} -> this tree in {took:.1f}s"))
+    print(f"client-visible window: {load.window_s():.2f}s")
     ok(run)
     assert API_KEY not in run.output
     # The plan announced the move and its window before any change.
