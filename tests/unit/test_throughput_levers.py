@@ -15,7 +15,8 @@ from operations.plan.resolver import ResolvedHost, resolve
 from tests.unit.builders import QWEN36, facts, make_settings
 
 MTP = {"algorithm": "EAGLE", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4}
-# Written before this change by a default inventory (tests/unit/test_resolver.py pins the rest).
+# Options a default inventory never wrote: these levers keep it so (a changed command line
+# restarts every rank on upgrade).
 LEVER_OPTIONS = ("--max-running-requests", "--chunked-prefill-size", "--cuda-graph-max-bs")
 
 
@@ -134,3 +135,11 @@ def test_an_fp8_checkpoint_the_user_names_is_said_with_its_trade_off() -> None:
     assert not [a for a in p.ranks[0].argv if a.startswith("--quantization")]
     # The bf16 model's decision names the FP8 checkpoint of the same architecture.
     assert "Qwen/Qwen3.6-27B-FP8" in decision(plan(), "weights")[1]
+
+
+def test_another_quantization_is_said_as_the_checkpoint_has_it() -> None:
+    awq = Model(exists=True, architecture=QWEN36.architecture, quantization="awq")
+    p = plan(awq, model_name="someone/Qwen3.6-27B-AWQ")
+    value, why = decision(p, "weights")
+    assert value == "awq (from the checkpoint; no option written)"
+    assert "throughput.yaml sglang-quant-from-config" in why

@@ -219,7 +219,12 @@ def _weights(ctx: Resolution, arch: Architecture | None) -> Decision:
             "weights", "fp8 (from the checkpoint; no option written)", _why(lever, where)
         )
     if quant is not None:
-        return Decision("weights", f"{quant} (from the checkpoint; no option written)", "")
+        return Decision(
+            "weights",
+            f"{quant} (from the checkpoint; no option written)",
+            f"SGLang reads the quantization from the checkpoint's config.json "
+            f"({cited(lever.source[:1])})",
+        )
     name = arch.name if arch is not None else (known.architecture.name if known else None)
     fp8 = [
         m.name
