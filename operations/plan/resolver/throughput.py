@@ -41,7 +41,10 @@ def _set_in(ctx: Resolution, key: str) -> str:
 def _release_default(ctx: Resolution, lever: ThroughputLever) -> str:
     if lever.release_default is None or not _in_defaults_tier(ctx):
         return ""
-    return f"sglang's own default on these GPUs (90-160 GiB each): {lever.release_default}"
+    return (
+        f"sglang's own default on these GPUs (90-160 GiB each): {lever.release_default} "
+        "(read in 0.5.11 and 0.5.23)"
+    )
 
 
 def _given(ctx: Resolution, option: str) -> str | None:
