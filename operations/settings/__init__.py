@@ -177,6 +177,8 @@ class Settings:
     mem_fraction_static: float
     mamba_cache_strategy: str
     cuda_graph_max_bs: int | None
+    max_running_requests: int | None
+    chunked_prefill_size: int | None
     speculative: Speculative | None
     enable_metrics: bool
     extra_server_args: tuple[str, ...]

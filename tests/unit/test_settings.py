@@ -131,6 +131,9 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
     ("host with a space", {"server_host": "0.0.0.0 "}, "server_host", "IP address or host name"),
     ("metrics as text", {"enable_metrics": "yes"}, "enable_metrics", "true or false"),
     ("graph batch zero", {"cuda_graph_max_bs": 0}, "cuda_graph_max_bs", "positive integer"),
+    ("running zero", {"max_running_requests": 0}, "max_running_requests", "positive integer"),
+    ("running as text", {"max_running_requests": "64"}, "max_running_requests", "positive"),
+    ("prefill chunk zero", {"chunked_prefill_size": 0}, "chunked_prefill_size", "positive"),
     ("service user uppercase", {"service_user": "SGLang"}, "service_user", "system user name"),
 ]
 
