@@ -298,9 +298,9 @@ def cuda_downloads(
     deploy takes them: operations/plan/engine_plan.redist_dir)."""
     from operations import kb as kbmod
     from operations import settings as settings_mod
+    from operations.plan.engine_plan import redist_dir
     from operations.plan.engine_spec import EngineError, read_redist_manifest, toolkit
     from operations.settings import Settings
-    from operations.plan.engine_plan import redist_dir
 
     entry = kbmod.load().lanes.get(lane)
     if entry is None:

@@ -1,8 +1,7 @@
 """What the serve and smoke steps do, decided in the plan from the ServingState fact.
 
-host_plan.decide calls `serve_plan` once per host; the HostReport carries the ServePlan, the
-plan command shows it (`python -m operations.plan --json`: "serve"), and operations/steps/serve.py
-and
+host_plan.decide calls `serve_plan` once per host; the HostReport carries the ServePlan, the plan
+command shows it (`python -m operations.plan --json`: "serve"), and operations/steps/serve.py and
 operations/steps/smoke.py carry it out without deciding again:
 
 - ranks that are not serving start together (`RollPlan.start`);

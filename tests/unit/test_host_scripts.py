@@ -1,6 +1,5 @@
 """The host scripts as the host gets them (operations/render/host_scripts.py): one self-contained
-text
-each, the shared modules inlined, nothing of this project imported. Each bundle runs in a bare
+text each, the shared modules inlined, nothing of this project imported. Each bundle runs in a bare
 interpreter (`python3 -I`, from an empty directory), and the staging script also inline as the
 ModelStaging fact sends it, within the kernel's limit on one argument."""
 
