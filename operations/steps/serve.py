@@ -365,7 +365,7 @@ class ServeStep:
         self._in([r.rank for r in start], "start")
 
     def _roll(self, batch: list[Rank], what: str, asked: SmokeRequests | None) -> None:
-        """One batch, as one host command (roll_batch, files/roll_batch.py): out of the router
+        """One batch, as one host command (roll_batch, programs/roll_batch.py): out of the router
         and drained, its changed unit files written, systemd reloaded while it stops, started
         (restart_command), /health, a chat request, back into the router; a step that fails
         stops the batch there (a batch is never restarted undrained, never put back unhealthy)
@@ -383,7 +383,7 @@ class ServeStep:
         )
         drain = self.drain
         ranks = [r.rank for r in batch]
-        # (name, argv, modules a waiting interpreter imports first): files/roll_batch.py
+        # (name, argv, modules a waiting interpreter imports first): programs/roll_batch.py
         steps: list[tuple[RollStep, list[str], list[str]]] = []
         writes: list[str] = []
         written: list[PlannedFile] = []

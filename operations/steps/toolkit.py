@@ -6,7 +6,7 @@ so a converged host costs no round trip here.
 
 Online, the host downloads each archive from the toolkit's URL (NVIDIA's redist, or PyPI's file
 host for the CUDA 13 wheels); offline (setting wheelhouse), the controller's `cuda-redist/`
-directory beside the wheelhouse is uploaded first. Either way files/cuda_toolkit.py checks each
+directory beside the wheelhouse is uploaded first. Either way programs/cuda_toolkit.py checks each
 archive's size and sha256 before unpacking it, and renames the toolkit into place only when
 its nvcc runs.
 """
