@@ -3,7 +3,7 @@ a reader who follows one spelled before files/ became operations/programs/ finds
 
 What is read: the comments and docstrings (every string statement) of the Python files of
 operations/, deploy.py, pve.py, bench/, scripts/ and tests/ (read with tokenize and ast, nothing
-imported), and every tracked Markdown file but the fixtures' (README.md, docs/*.md,
+imported), and every Markdown file but the fixtures' and the changelog's (README.md, docs/*.md,
 bench/README.md, the READMEs under operations/).
 
 What counts as a path of this repository: a word whose first component is one of its top-level
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import ast
 import io
+import os
 import re
-import subprocess
 import tokenize
 from collections.abc import Iterator
 from pathlib import Path
@@ -130,19 +130,29 @@ def python_prose(source: str) -> Iterator[tuple[int, str]]:
             yield token.start[0], token.string
 
 
-def tracked(*patterns: str) -> list[Path]:
-    listed = subprocess.run(
-        ["git", "ls-files", "--", *patterns], cwd=ROOT, capture_output=True, text=True, check=True
-    )
-    return [ROOT / name for name in listed.stdout.split() if (ROOT / name).is_file()]
+def markdown_files() -> list[Path]:
+    """Every Markdown file of the checkout: hidden folders (.git, .venv), caches, the test
+    fixtures (captured from elsewhere) and CHANGELOG.md (each version's entry names the paths of
+    that version) aside."""
+    found = []
+    for folder, subfolders, names in os.walk(ROOT):
+        subfolders[:] = sorted(
+            d for d in subfolders if not d.startswith(".") and d not in ("__pycache__", "fixtures")
+        )
+        found += [
+            Path(folder) / n
+            for n in sorted(names)
+            if n.endswith(".md") and Path(folder, n) != ROOT / "CHANGELOG.md"
+        ]
+    return found
 
 
 def read_files() -> list[Path]:
     python = [ROOT / "deploy.py", ROOT / "pve.py"]
     for folder in ("operations", "bench", "scripts", "tests"):
         python += sorted((ROOT / folder).rglob("*.py"))
-    markdown = [p for p in tracked("*.md") if "fixtures" not in p.relative_to(ROOT).parts]
-    return [p for p in python if "fixtures" not in p.relative_to(ROOT).parts] + markdown
+    python = [p for p in python if "fixtures" not in p.relative_to(ROOT).parts]
+    return python + markdown_files()
 
 
 def stale_citations() -> list[str]:
