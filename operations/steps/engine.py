@@ -447,8 +447,8 @@ def fetch_lock(
 ) -> Commands:
     """
     Copy an engine's lock from the host to the controller, so every later build of that engine
-    installs exactly it: downloaded beside DEST (DEST.HOST.partial), kept (renamed to DEST; the
-    last host's when several fetch at once) only if it passes the lock check
+    installs exactly it: downloaded beside DEST (DEST.HOST.partial), kept (renamed to DEST;
+    the last host's when several fetch at once) only if it passes the lock check
     (operations/plan/engine_lock_check.py), else deleted and the step fails naming each package and
     what is wrong.
 
