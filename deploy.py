@@ -2,14 +2,13 @@
 
 Steps, in order, each converging (a converged host reports no change):
   1. gate (operations/runtime/plan_step.py): settings checked for every host, facts gathered,
-  preflight and
-     the resolved plan printed; a host that fails gets no change at all.
+     preflight and the resolved plan printed; a host that fails gets no change at all.
   2. engine (operations/steps/engine.py): the pinned SGLang for the host's CUDA lane.
   3. model (operations/steps/model.py): the weights staged in /dev/shm.
   4. serve (operations/steps/serve.py): one systemd unit per rank, health-gated; the router.
-  5. smoke (operations/steps/smoke.py): each rank this run (re)started, and the router, answers a
-  chat
-     request as a client sends it (API key, served model name); off with smoke_requests: false.
+  5. smoke (operations/steps/smoke.py): each rank this run (re)started, and the router, answers
+     a chat request as a client sends it (API key, served model name); off with
+     smoke_requests: false.
 """
 
 import sys

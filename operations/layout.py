@@ -392,7 +392,7 @@ def env_requirements(env: str) -> str:
 
 @dataclass(frozen=True)
 class StageTree:
-    """STAGE_DIR/models on a host (the staging script, files/stage_model.py, makes it):
+    """STAGE_DIR/models on a host (the staging script, programs/stage_model.py, makes it):
 
     models/SLUG -> .SLUG@KEY   the newest complete copy (for people and status)
     models/.SLUG@KEY/          one complete copy: what a rank unit names

@@ -61,7 +61,8 @@ class HostReport:
     model_key: str | None = None
     # The ServingState fact as the plan read it (the model step's `sha256_now`s; never shown).
     serving: Serving | None = None
-    # What the serve and smoke steps do (operations/serve_plan.py); None while preflight refuses.
+    # What the serve and smoke steps do (operations/plan/serve_plan.py); None while preflight
+    # refuses.
     serve: serve_plan.ServePlan | None = None
     # What the engine and model steps do, every file they write (engine_plan.py,
     # model_plan.py); None while the host is refused.

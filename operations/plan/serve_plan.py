@@ -1,8 +1,7 @@
 """What the serve and smoke steps do, decided in the plan from the ServingState fact.
 
-host_plan.decide calls `serve_plan` once per host; the HostReport carries the ServePlan, the
-plan command shows it (`python -m operations.plan --json`: "serve"), and operations/steps/serve.py
-and
+host_plan.decide calls `serve_plan` once per host; the HostReport carries the ServePlan, the plan
+command shows it (`python -m operations.plan --json`: "serve"), and operations/steps/serve.py and
 operations/steps/smoke.py carry it out without deciding again:
 
 - ranks that are not serving start together (`RollPlan.start`);
@@ -46,7 +45,7 @@ from operations.render.dashboard import dashboard_text
 from operations.render.host_scripts import script_text
 from operations.settings import Settings
 
-ROUTER_TARGET = "router"  # files/smoke.py ROUTER: judged by its chat answers alone
+ROUTER_TARGET = "router"  # programs/smoke.py ROUTER: judged by its chat answers alone
 
 
 def batches(ranks: Sequence[Rank], size: int) -> list[list[Rank]]:
@@ -160,7 +159,7 @@ def smoke_targets(
 def ranks_behind_router(settings: Settings) -> list[str]:
     """The script's --router-worker UNIT=URL arguments: every rank of this host, as the host
     reaches it. A request through the router carries the key on to a rank, so each one that
-    listens is checked as the router is (files/smoke.py)."""
+    listens is checked as the router is (programs/smoke.py)."""
     return [
         f"{layout.unit_name(rank)}={layout.rank_api_base(settings, rank)}"
         for rank in range(settings.dp_size)
@@ -169,7 +168,7 @@ def ranks_behind_router(settings: Settings) -> list[str]:
 
 @dataclass(frozen=True)
 class SmokeRequests:
-    """One run of files/smoke.py: the interpreter it runs with (an engine environment's, for
+    """One run of programs/smoke.py: the interpreter it runs with (an engine environment's, for
     httpx), its NAME=URL[*COUNT] targets (no targets: nothing is asked), and when the router
     is asked, this host's ranks it forwards to."""
 

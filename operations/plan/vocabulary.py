@@ -2,11 +2,9 @@
 prints a host's plan in (`PlanJson` and its parts, `ServeJson` for the serve and smoke steps).
 
 The resolver (operations/plan/resolver/), the serve plan (operations/plan/serve_plan.py), the drain
-plan
-(operations/plan/drain.py) and the host report (operations/plan/host_plan.py) all speak them; they
-live
-here, importing nothing of the package, so none of those modules has to import another to name
-them (tests/unit/test_import_graph.py: no circles). Each of them imports them from here: no
+plan (operations/plan/drain.py) and the host report (operations/plan/host_plan.py) all speak them;
+they live here, importing nothing of the package, so none of those modules has to import another to
+name them (tests/unit/test_import_graph.py: no circles). Each of them imports them from here: no
 module re-exports them (tests/unit/test_vocabulary_imports.py).
 """
 

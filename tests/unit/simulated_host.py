@@ -123,7 +123,7 @@ def remember(image: dict[str, Any], command: str, stdin: object) -> None:
     """What an operation's command leaves on the imaged host."""
     if f"{layout.ROLL_BATCH_SCRIPT} --batch" in command:
         # roll_batch.py ... STEPS_JSON: each step's argv as its own command, a `write` step
-        # with the next line of the batch's stdin (files/roll_batch.py).
+        # with the next line of the batch's stdin (programs/roll_batch.py).
         steps = json.loads(shlex.split(command[command.index(layout.ROLL_BATCH_SCRIPT) :])[-1])
         lines = iter(str(stdin or "").splitlines())
         for name, argv, *_ in steps:

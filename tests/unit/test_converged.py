@@ -227,7 +227,7 @@ def test_a_rank_a_killed_drain_left_out_of_the_router_is_put_back(tmp_path: Path
 
 def test_a_roll_behind_a_router_is_one_host_command_per_batch(tmp_path: Path) -> None:
     """Issue 31: each batch is drained, written, restarted (systemd reloaded while it stops),
-    health-gated, asked and put back by one host command (files/roll_batch.py), in that order;
+    health-gated, asked and put back by one host command (programs/roll_batch.py), in that order;
     the host then holds the new units and lists every rank, and the run after changes
     nothing."""
     names, data = CONFIGURATIONS["router on the same host"]

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from operations.runtime.pyinfra_internals import connector_data_keys
 from operations.settings import COMMAND_LINE, Layer, SettingsError, defaults, load
 
 GOOD = {"model_source": "/mnt/models/Qwen3.6-27B"}
@@ -62,6 +63,8 @@ def test_command_line_numbers_become_text_for_text_settings() -> None:
 
 
 def test_pyinfra_connector_keys_are_not_ours_to_judge() -> None:
+    """The keys pyinfra's connectors read come in as a value, as the inventory session hands
+    them (settings import nothing of runtime/)."""
     settings = load(
         "ct200",
         [
@@ -69,6 +72,7 @@ def test_pyinfra_connector_keys_are_not_ours_to_judge() -> None:
                 ORIGIN, {**GOOD, "ssh_user": "root", "ssh_port": 22, "_sudo": True, "fake_delay": 0}
             )
         ],
+        connector_keys=connector_data_keys(),
     )
     assert settings.model_source == GOOD["model_source"]
 
