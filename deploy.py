@@ -36,6 +36,7 @@ lock = deploy_lock.ask(state, host)
 from operations.runtime.plan_step import plan_or_refuse  # noqa: E402
 from operations.steps.engine import install_engine  # noqa: E402
 from operations.steps.model import stage_model  # noqa: E402
+from operations.steps.record import record_version  # noqa: E402
 from operations.steps.serve import serve  # noqa: E402
 from operations.steps.smoke import smoke  # noqa: E402
 
@@ -47,3 +48,5 @@ if report is not None:
     serve(report)
     # Healthy is not yet serving: a client's request must get this model's answer.
     smoke(report)
+    # Last: the toolkit version, recorded only when every step before it succeeded.
+    record_version(report)

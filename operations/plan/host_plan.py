@@ -29,6 +29,7 @@ from operations.plan import (
     resolver,
     router_step,
     serve_plan,
+    toolkit_version,
 )
 from operations.plan.engine_probe import Driver
 from operations.plan.resolver.router import open_binds
@@ -68,6 +69,9 @@ class HostReport:
     # model_plan.py); None while the host is refused.
     engine_step: engine_plan.EnginePlan | None = None
     model_step: model_plan.ModelPlan | None = None
+    # The toolkit version the host's record names and the record this run writes
+    # (plan/toolkit_version.py); None while preflight refuses the host.
+    toolkit: toolkit_version.VersionPlan | None = None
 
     @property
     def errors(self) -> list[str]:
@@ -113,6 +117,8 @@ class HostReport:
             data["serve"] = self.serve.to_json()
         data["engine_step"] = self.engine_step.to_json() if self.engine_step else None
         data["model_step"] = self.model_step.to_json() if self.model_step else None
+        if self.toolkit is not None:
+            data["toolkit"] = self.toolkit.to_json()
         return data
 
 
@@ -140,6 +146,9 @@ class Gathered:
     hub_token: str | None = field(default=None, repr=False)
     # The commands the deploy runs on the controller (rsync, ssh); None: not asked.
     tools: preflight.ControllerTools | None = None
+    # The controller's date (YYYY-MM-DD, UTC) when it gathered: the toolkit record's date for a
+    # version the host has not recorded yet (plan/toolkit_version.py); None: not known.
+    today: str | None = None
 
 
 def model_key(
@@ -203,7 +212,12 @@ def decide(
     decision = None
     serve = None
     engine_step, model_step = None, None
+    toolkit = None
     if not failures:
+        toolkit = toolkit_version.decide(
+            settings, facts.serving.toolkit, facts.serving.files, facts.today
+        )
+        plan.decisions.append(toolkit.decision())
         kept = rank_state.referenced_models(facts.serving)
         decision = decide_stage(
             settings, resources, facts.model_key, facts.staging, kept, facts.controller
@@ -232,6 +246,7 @@ def decide(
         serve=serve,
         engine_step=engine_step,
         model_step=model_step,
+        toolkit=toolkit,
     )
 
 

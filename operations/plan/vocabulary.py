@@ -104,6 +104,19 @@ class PlanJson(TypedDict):
     # model_plan.py); None while preflight refuses the host.
     engine_step: NotRequired[EngineStepJson | None]
     model_step: NotRequired[ModelStepJson | None]
+    # The toolkit version that last deployed the host and what this run records
+    # (plan/toolkit_version.py); absent while preflight refuses the host.
+    toolkit: NotRequired[VersionJson]
+
+
+class VersionJson(TypedDict):
+    version: str
+    recorded_version: str | None
+    recorded_date: str | None
+    change: str
+    changelog: str
+    said: str
+    changes: bool | None
 
 
 class StagingJson(TypedDict):

@@ -182,6 +182,8 @@ def test_a_converged_host_reports_no_change(tmp_path: Path, configuration: str) 
     for name in names:
         written = json.loads(image.read_text())[f"@fake/{name}"]["files"]
         assert layout.unit_path(layout.unit_name(0)) in written, first
+        # The last step recorded the toolkit version (read back by the second run's fact).
+        assert layout.TOOLKIT_RECORD in written, first
         # The allow-list: every file a step wrote is in the registry (the rank units too).
         unlisted = [p for p in written if p not in registry]
         assert unlisted == [], f"written but not in layout.managed_files: {unlisted}"
