@@ -2,17 +2,16 @@
 
 Steps, in order, each converging (a converged host reports no change):
   1. gate (operations/runtime/plan_step.py): settings checked for every host, facts gathered,
-  preflight and
-     the resolved plan printed; a host that fails gets no change at all.
+     preflight and the resolved plan printed; a host that fails gets no change at all.
   2. engine (operations/steps/engine.py): the pinned SGLang for the host's CUDA lane.
   3. model (operations/steps/model.py): the weights staged in /dev/shm.
   4. serve (operations/steps/serve.py): one systemd unit per rank, health-gated; the router.
-  5. smoke (operations/steps/smoke.py): each rank this run (re)started, and the router, answers a
-  chat
-     request as a client sends it (API key, served model name); off with smoke_requests: false.
-  6. throughput (operations/steps/throughput.py): after a run that (re)started ranks, SGLang's own
-     benchmark client measures the host, a record is kept and a slower run fails the deploy;
-     throughput_check: after_change | always | off.
+  5. smoke (operations/steps/smoke.py): each rank this run (re)started, and the router, answers
+     a chat request as a client sends it (API key, served model name); off with
+     smoke_requests: false.
+  6. throughput (operations/steps/throughput.py): after a run that (re)started ranks, SGLang's
+     own benchmark client measures the host, a record is kept and a slower run fails the
+     deploy; throughput_check: after_change | always | off.
 """
 
 import sys
@@ -40,6 +39,7 @@ lock = deploy_lock.ask(state, host)
 from operations.runtime.plan_step import plan_or_refuse  # noqa: E402
 from operations.steps.engine import install_engine  # noqa: E402
 from operations.steps.model import stage_model  # noqa: E402
+from operations.steps.record import record_version  # noqa: E402
 from operations.steps.serve import serve  # noqa: E402
 from operations.steps.smoke import smoke  # noqa: E402
 from operations.steps.throughput import throughput  # noqa: E402
@@ -54,3 +54,5 @@ if report is not None:
     smoke(report)
     # Serving is not yet serving fast: the engine's own client measures it.
     throughput(report)
+    # Last: the toolkit version, recorded only when every step before it succeeded.
+    record_version(report)

@@ -65,6 +65,9 @@ def service_home(user: str) -> str:
 
 CONFIG_DIR = "/etc/sglang"
 SECRETS_FILE = f"{CONFIG_DIR}/secrets.yaml"
+# The toolkit version that last deployed the host and the date it was first recorded, written by
+# the deploy's last step once the run succeeded (operations/plan/toolkit_version.py).
+TOOLKIT_RECORD = f"{CONFIG_DIR}/toolkit.json"
 SCRIPT_DIR = "/usr/local/lib/sglang-deploy"
 # systemd's PATH for services: a rank's unit puts its engine's CUDA_HOME/bin before it.
 SYSTEMD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -316,7 +319,7 @@ class ManagedFile:
     whatever the fact says."""
 
     path: str
-    step: str  # "engine", "model", "serve", "router"
+    step: str  # "engine", "model", "serve", "router", "record"
     mode: str = "644"
     group: str = "root"
     secret: bool = False
@@ -362,6 +365,8 @@ def managed_files(settings: Settings) -> tuple[ManagedFile, ...]:
         # Written only for a hub download that is still to do (no run after it needs them).
         ManagedFile(HUB_TOKEN_FILE, "model", "600", secret=True, checksummed=False, dir_mode="700"),
         ManagedFile(hub_cli_requirements(settings.model_hub_cli), "model", checksummed=False),
+        # In CONFIG_DIR as the secrets are, so its directory is made as theirs is.
+        ManagedFile(TOOLKIT_RECORD, "record", dir_mode="750", dir_group=user),
     )
     if settings.router is None:
         return files
@@ -397,7 +402,7 @@ def env_requirements(env: str) -> str:
 
 @dataclass(frozen=True)
 class StageTree:
-    """STAGE_DIR/models on a host (the staging script, files/stage_model.py, makes it):
+    """STAGE_DIR/models on a host (the staging script, programs/stage_model.py, makes it):
 
     models/SLUG -> .SLUG@KEY   the newest complete copy (for people and status)
     models/.SLUG@KEY/          one complete copy: what a rank unit names

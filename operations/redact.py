@@ -6,7 +6,7 @@ segment, `?token=`): settings errors, the engine's log line and `status --json` 
 they show through `redact_text`. Journal text (a failed rank's last lines, which hold SGLang's
 `server_args=ServerArgs(..., api_key='...')`) goes through `mask_journal`. Both are the host
 scripts' own masking (operations/programs/hostsafe.py, standard library only), imported here: the
-host scripts that print a journal (files/wait_healthy.py, files/smoke.py) get it inlined
+host scripts that print a journal (programs/wait_healthy.py, programs/smoke.py) get it inlined
 (operations/render/host_scripts.py), so there is one copy.
 """
 

@@ -295,12 +295,12 @@ def cuda_downloads(
     lane: str, wheelhouse: Path, url: str | None, manifest_path: str | None
 ) -> list[Download]:
     """The lane's compiler archives, to cuda-redist/ beside the wheelhouse (where the offline
-    deploy takes them: operations/steps/toolkit.redist_dir)."""
+    deploy takes them: operations/plan/engine_plan.redist_dir)."""
     from operations import kb as kbmod
     from operations import settings as settings_mod
+    from operations.plan.engine_plan import redist_dir
     from operations.plan.engine_spec import EngineError, read_redist_manifest, toolkit
     from operations.settings import Settings
-    from operations.steps.toolkit import redist_dir
 
     entry = kbmod.load().lanes.get(lane)
     if entry is None:

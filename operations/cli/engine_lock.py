@@ -70,11 +70,10 @@ def uv_binary() -> str:
 
 def lock_engine(settings: Settings, spec: EngineSpec, dest: Path, uv: str) -> None:
     """Resolve `spec`'s project with uv against the settings' indexes and write its lock to
-    `dest`. The project file may hold index credentials: it lives in a private temporary
-    directory, is mode 600 before its first byte, and never reaches a command line. The lock
-    passes the same check as a host's (operations/plan/engine_lock_check.py) before it is written:
-    a lock
-    that fails is not kept."""
+    `dest`. The project file may hold index credentials: it lives in a private temporary directory,
+    is mode 600 before its first byte, and never reaches a command line. The lock passes the same
+    check as a host's (operations/plan/engine_lock_check.py) before it is written: a lock that
+    fails is not kept."""
     with tempfile.TemporaryDirectory(prefix="sglang-lock-") as work:
         project = Path(work) / "pyproject.toml"
         fd = os.open(project, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -49,6 +49,12 @@ _SHOWN = {
     "watchdog timeout",
     "weight load mode",
     "graph batch size",
+    # The throughput levers (operations/plan/resolver/throughput.py), the same way.
+    "max running requests",
+    "chunked prefill",
+    "memory fraction",
+    "speculative decoding",
+    "weights",
 }
 # What the compact view calls the other decisions (short labels keep the value column wide).
 _LABELS = {"rank environment": "env"}

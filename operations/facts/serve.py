@@ -20,6 +20,7 @@ from pyinfra.api.facts import FactBase
 from operations import layout
 from operations.facts.engine import MARKER, EngineHost, parse_engine_state, state_script
 from operations.facts.once import gathered
+from operations.facts.toolkit_record import MAX_BYTES, ToolkitRecord, parse_record
 from operations.render import execstart, host_scripts
 from operations.settings import Settings
 
@@ -184,6 +185,9 @@ class Serving:
     router_stalled: dict[str, str] = field(default_factory=dict)
     # The router environments under ENGINE_ROOT/router (sglang-router-0.3.2, smg-1.13.0), by path.
     router_envs: list[str] = field(default_factory=list)
+    # The toolkit version that last deployed the host (layout.TOOLKIT_RECORD, facts/
+    # toolkit_record.py); None: no record.
+    toolkit: ToolkitRecord | None = None
 
 
 def _int(text: str) -> int | None:
@@ -309,6 +313,8 @@ def parse_serving(lines: list[str]) -> Serving:
                 stalled[url] = reason
         elif word == "router_env":
             router_envs.append(rest.strip())
+        elif word == "toolkit":
+            values["toolkit"] = rest
         elif word:
             values[word] = rest.strip()
     if block:
@@ -347,6 +353,7 @@ def parse_serving(lines: list[str]) -> Serving:
         router_states=states,
         router_stalled=stalled,
         router_envs=router_envs,
+        toolkit=parse_record(values.get("toolkit", "")),
     )
 
 
@@ -409,6 +416,15 @@ def links_words(engine_root: str, model_link: str) -> Words:
     ]
 
 
+def record_words() -> Words:
+    """The toolkit's record on one line ("toolkit TEXT"; the text empty: no record)."""
+    return [
+        f'echo "toolkit $(head -c {MAX_BYTES}',
+        QuoteString(layout.TOOLKIT_RECORD),
+        "2>/dev/null | tr -d '\\n')\";",
+    ]
+
+
 def serving_words(
     engine_root: str,
     model_link: str,
@@ -423,6 +439,7 @@ def serving_words(
         *checksum_words(paths),
         *user_words(user),
         *links_words(engine_root, model_link),
+        *record_words(),
     ]
 
 

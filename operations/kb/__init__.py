@@ -6,7 +6,9 @@ typed objects and checked. One module per job:
 - loader.py: the schema check, the reader and the cross-checks: `build()`, `load()`;
 - cli.py: the command-line tables (`CliTable`, `load_cli_table`);
 - startup.py: each release's start-up log lines, read from its wheel (`load_startup`);
-- caches.py: compile caches and start-up levers by release (`release_caches`).
+- caches.py: compile caches and start-up levers by release (`release_caches`);
+- throughput.py: the throughput levers, the card's ceilings and public reference figures
+  (`load_throughput`, `ceilings`).
 
 Consumers import from here (`from operations.kb import Knowledge`, `kb.load()`).
 """
@@ -41,6 +43,14 @@ from operations.kb.startup import (
     StartupLines,
     load_startup,
     startup_problems,
+)
+from operations.kb.throughput import (
+    GpuCeiling,
+    ReferenceFigure,
+    ThroughputKnowledge,
+    ThroughputLever,
+    ceilings,
+    load_throughput,
 )
 from operations.kb.types import (
     PLACEHOLDER,
@@ -115,6 +125,7 @@ __all__ = [
     "Flag",
     "Flags",
     "Gpu",
+    "GpuCeiling",
     "GpuRule",
     "HybridBackends",
     "Knowledge",
@@ -131,6 +142,7 @@ __all__ = [
     "PythonSupport",
     "RankEnvironment",
     "RankMetrics",
+    "ReferenceFigure",
     "Release",
     "ReleaseCaches",
     "RouterControlPlane",
@@ -146,8 +158,11 @@ __all__ = [
     "Spelling",
     "StartAssert",
     "StartupLines",
+    "ThroughputKnowledge",
+    "ThroughputLever",
     "Unproven",
     "build",
+    "ceilings",
     "cite",
     "cli_table_path",
     "in_range",
@@ -155,6 +170,7 @@ __all__ = [
     "load_caches",
     "load_cli_table",
     "load_startup",
+    "load_throughput",
     "release_caches",
     "router_package",
     "startup_problems",

@@ -1,6 +1,6 @@
 """The knowledge base as it lies on disk: where its files are (knowledge/sglang.yaml, schema.json,
-cli/*.json), the shapes schema.json admits (TypedDicts, as the loader reads them), and the error
-for data that is broken.
+knowledge/cli/*.json), the shapes schema.json admits (TypedDicts, as the loader reads them), and
+the error for data that is broken.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ refuses to re-add it until then: the roll sets the drained worker's own settle t
 first (the release's `settle_update`, once that job is done), and the re-add's POST carries it.
 Every call sends the router's control-plane key (layout.CONTROL_PLANE_KEY_FILE, read on the host;
 resolver/router.py says how sglang-router checks it). The serve step carries this out with
-files/router_workers.py; this module only decides it (pure: settings and knowledge in, DrainPlan
+programs/router_workers.py; this module only decides it (pure: settings and knowledge in, DrainPlan
 out), so `operations.plan` shows it.
 
 Without a router, clients talk to the ranks directly: a roll restarts each batch as before, and
@@ -51,7 +51,7 @@ class DrainPlan:
     timeout_s: int
     # How long the router may take to list a re-added rank healthy.
     readmit_timeout_s: int
-    # The control-plane key on this host, which every call sends (files/router_workers.py).
+    # The control-plane key on this host, which every call sends (programs/router_workers.py).
     key_file: str = layout.CONTROL_PLANE_KEY_FILE
     # The router's drain settle for a drained worker, set before its removal and on its re-add
     # (smg); None: the release has no per-worker settle (sglang-router 0.3.2 removes at once).

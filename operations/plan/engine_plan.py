@@ -30,7 +30,28 @@ from operations.plan.engine_spec import (
 from operations.plan.planned_files import PlannedFile
 from operations.plan.vocabulary import EngineStepJson
 from operations.settings import Settings
-from operations.steps.toolkit import toolkit_arguments
+
+# The compiler's archives for offline installs: beside the wheelhouse on the controller, under
+# ENGINE_ROOT on the host.
+REDIST_DIR = "cuda-redist"
+
+
+def redist_dir(wheelhouse: str) -> str:
+    """The controller's directory of compiler archives for offline installs."""
+    return os.path.join(os.path.dirname(os.path.abspath(wheelhouse.rstrip("/"))), REDIST_DIR)
+
+
+def toolkit_arguments(engine_root: str, tools: Toolkit, offline: bool) -> str:
+    """What programs/cuda_toolkit.py is given (ENGINE_ROOT/cuda/.NAME.json, root-only): the
+    engine plan lists it among its files, steps/toolkit.install_toolkit writes it."""
+    arguments = {
+        "home": tools.home(engine_root),
+        "source": EngineTree(engine_root).redist(REDIST_DIR) if offline else tools.url,
+        "root": tools.root,
+        "archives": [{"path": a.path, "sha256": a.sha256, "size": a.size} for a in tools.archives],
+        "marker": {"version": tools.version, "archives": [a.file_name for a in tools.archives]},
+    }
+    return json.dumps(arguments, indent=1) + "\n"
 
 
 def no_engine() -> EngineHost:

@@ -1,4 +1,4 @@
-"""The engine check's result, read and judged: files/engine_check.py runs on the host with the
+"""The engine check's result, read and judged: programs/engine_check.py runs on the host with the
 new environment's own Python and prints one `@@probe {...}` line; `parse_probe` reads it into a
 `Probe`, and `evaluate` judges it against the EngineSpec and the host's driver, each failed
 check naming the package, its CUDA build, the driver and the fix. Pure: operations/steps/engine.py

@@ -30,6 +30,7 @@ from operations.plan import (
     router_step,
     serve_plan,
     throughput_plan,
+    toolkit_version,
 )
 from operations.plan.engine_probe import Driver
 from operations.plan.resolver.router import open_binds
@@ -62,7 +63,8 @@ class HostReport:
     model_key: str | None = None
     # The ServingState fact as the plan read it (the model step's `sha256_now`s; never shown).
     serving: Serving | None = None
-    # What the serve and smoke steps do (operations/serve_plan.py); None while preflight refuses.
+    # What the serve and smoke steps do (operations/plan/serve_plan.py); None while preflight
+    # refuses.
     serve: serve_plan.ServePlan | None = None
     # What the engine and model steps do, every file they write (engine_plan.py,
     # model_plan.py); None while the host is refused.
@@ -70,6 +72,9 @@ class HostReport:
     model_step: model_plan.ModelPlan | None = None
     # What the throughput step does (operations/plan/throughput_plan.py).
     throughput: throughput_plan.ThroughputPlan | None = None
+    # The toolkit version the host's record names and the record this run writes
+    # (plan/toolkit_version.py); None while preflight refuses the host.
+    toolkit: toolkit_version.VersionPlan | None = None
 
     @property
     def errors(self) -> list[str]:
@@ -118,6 +123,8 @@ class HostReport:
         data["model_step"] = self.model_step.to_json() if self.model_step else None
         if self.throughput is not None:
             data["throughput"] = self.throughput.to_json()
+        if self.toolkit is not None:
+            data["toolkit"] = self.toolkit.to_json()
         return data
 
 
@@ -145,6 +152,9 @@ class Gathered:
     hub_token: str | None = field(default=None, repr=False)
     # The commands the deploy runs on the controller (rsync, ssh); None: not asked.
     tools: preflight.ControllerTools | None = None
+    # The controller's date (YYYY-MM-DD, UTC) when it gathered: the toolkit record's date for a
+    # version the host has not recorded yet (plan/toolkit_version.py); None: not known.
+    today: str | None = None
 
 
 def model_key(
@@ -209,7 +219,12 @@ def decide(
     serve = None
     engine_step, model_step = None, None
     throughput = None
+    toolkit = None
     if not failures:
+        toolkit = toolkit_version.decide(
+            settings, facts.serving.toolkit, facts.serving.files, facts.today
+        )
+        plan.decisions.append(toolkit.decision())
         kept = rank_state.referenced_models(facts.serving)
         decision = decide_stage(
             settings, resources, facts.model_key, facts.staging, kept, facts.controller
@@ -250,6 +265,7 @@ def decide(
         engine_step=engine_step,
         model_step=model_step,
         throughput=throughput,
+        toolkit=toolkit,
     )
 
 

@@ -1,6 +1,6 @@
 """A file a step's plan writes: where, what (its content and digest), what the host holds now,
 with what mode and owners, and whether it is a secret. Every step's plan lists one per file
-its step writes (engine_plan.py, model_plan.py, roll.py's ServePlan and RouterStep); `plan
+its step writes (engine_plan.py, model_plan.py, serve_plan.py's ServePlan and RouterStep); `plan
 --json` shows them (a secret's content and digest never) and the steps write exactly them
 (host_files.put_planned for the files the controller gives).
 """

@@ -61,6 +61,58 @@ class RouterStep:
 ROUTER_RESTART_WINDOW_S = 2
 
 
+@dataclass(frozen=True)
+class RouterOrder:
+    """Whether the router's restart and the control-plane key come before the ranks roll
+    (`first`), what the plan says of it, and why the run cannot keep both promises (`refused`)."""
+
+    first: bool
+    said: str = ""
+    refused: str = ""
+
+
+def router_order(
+    router_running: bool | None, moves: bool, key_changes: bool, api_key_changes: bool
+) -> RouterOrder:
+    """Before or after the ranks: every drain must speak the API, and send the control-plane
+    key, of the router that is running when it drains.
+
+    - The router moves to another release or package (`moves`: the router's host has another
+      release's environment), or its control-plane key changes (`key_changes`): the router
+      restarts FIRST, so that the ranks then roll through the router this run leaves (the drains
+      speak the new router's API with the new key; sglang-router 0.3.2 answers smg's settle
+      update 405). The key is written on every host behind it before its ranks roll.
+    - The ranks' API key changes (`api_key_changes`: the key file's text, or no key any more):
+      the router restarts LAST, as smg holds that key for the ranks it starts with
+      (render/units.router_unit) and the old ranks answer a new key 401; a rolled rank is
+      re-added with its own key (drain.py). A move in the same run is refused: it needs the
+      router first and the key change needs it last.
+    - A router that is not running now (a first deploy: smg is ready only once a rank is)
+      starts last.
+
+    router_running: the router unit is active on this host (None: the router runs on another
+    host; its hosts decide the key's place alike: first when the key changes, unless the API
+    key changes too)."""
+    if api_key_changes:
+        if moves:
+            return RouterOrder(
+                False,
+                refused="the router moves to another release in the same run as the ranks' "
+                "API key changes (api_key_file): the drains need the new router before the "
+                "ranks roll, and it would refuse the old ranks with the new key; deploy the "
+                "move first with the API key as it was, then the new key",
+            )
+        return RouterOrder(False)
+    if router_running is False or not (moves or key_changes):
+        return RouterOrder(False)
+    what = "moves" if moves else "takes its new control-plane key"
+    return RouterOrder(
+        True,
+        said=f"the router {what} before the ranks roll, so that every drain speaks the API "
+        "of the router then running, with its key",
+    )
+
+
 def router_change(step: RouterStep) -> Decision:
     """What a router restart does and what its clients see (a move between releases or
     packages names both)."""

@@ -1,8 +1,7 @@
 """What the serve and smoke steps do, decided in the plan from the ServingState fact.
 
-host_plan.decide calls `serve_plan` once per host; the HostReport carries the ServePlan, the
-plan command shows it (`python -m operations.plan --json`: "serve"), and operations/steps/serve.py
-and
+host_plan.decide calls `serve_plan` once per host; the HostReport carries the ServePlan, the plan
+command shows it (`python -m operations.plan --json`: "serve"), and operations/steps/serve.py and
 operations/steps/smoke.py carry it out without deciding again:
 
 - ranks that are not serving start together (`RollPlan.start`);
@@ -38,7 +37,7 @@ from operations.plan.planned_files import PlannedFile, planned, sha256
 from operations.plan.resolver import Rank, RouterPlan
 from operations.plan.resolver.router import control_key_text
 from operations.plan.resolver.router import key_changes as router_key_changes
-from operations.plan.router_step import RouterStep, router_change
+from operations.plan.router_step import RouterOrder, RouterStep, router_change, router_order
 from operations.plan.startup import RANK_SILENCE_S, startup_patterns
 from operations.plan.vocabulary import FileJson, ServeJson, SmokeJson
 from operations.render import units
@@ -46,7 +45,7 @@ from operations.render.dashboard import dashboard_text
 from operations.render.host_scripts import script_text
 from operations.settings import Settings
 
-ROUTER_TARGET = "router"  # files/smoke.py ROUTER: judged by its chat answers alone
+ROUTER_TARGET = "router"  # programs/smoke.py ROUTER: judged by its chat answers alone
 
 
 def batches(ranks: Sequence[Rank], size: int) -> list[list[Rank]]:
@@ -160,7 +159,7 @@ def smoke_targets(
 def ranks_behind_router(settings: Settings) -> list[str]:
     """The script's --router-worker UNIT=URL arguments: every rank of this host, as the host
     reaches it. A request through the router carries the key on to a rank, so each one that
-    listens is checked as the router is (files/smoke.py)."""
+    listens is checked as the router is (programs/smoke.py)."""
     return [
         f"{layout.unit_name(rank)}={layout.rank_api_base(settings, rank)}"
         for rank in range(settings.dp_size)
@@ -169,7 +168,7 @@ def ranks_behind_router(settings: Settings) -> list[str]:
 
 @dataclass(frozen=True)
 class SmokeRequests:
-    """One run of files/smoke.py: the interpreter it runs with (an engine environment's, for
+    """One run of programs/smoke.py: the interpreter it runs with (an engine environment's, for
     httpx), its NAME=URL[*COUNT] targets (no targets: nothing is asked), and when the router
     is asked, this host's ranks it forwards to."""
 
@@ -240,6 +239,8 @@ class ServePlan:
     control_plane_key_source: KeySource | None = None
     # On the router's host.
     router: RouterStep | None = None
+    # Whether the router's restart and the control-plane key come before the ranks roll.
+    order: RouterOrder = field(default_factory=lambda: RouterOrder(False))
     # Why the plan cannot be carried out (a release with no pinned requirements).
     errors: list[str] = field(default_factory=list)
     # The release's start-up lines for the health wait (plan/startup.py), and how long a start
@@ -273,6 +274,8 @@ class ServePlan:
             parts.append(f"stop and remove rank(s) {', '.join(map(str, plan.remove))}")
         if self.router is not None and self.router.restart:
             parts.append(router_change(self.router).value)
+        if self.order.said and (plan.batches or self.router is not None):
+            parts.append(self.order.said)
         if self.readmit:
             parts.append(
                 f"put rank(s) {', '.join(map(str, self.readmit))} back into the router "
@@ -314,6 +317,7 @@ class ServePlan:
                 else None
             ),
             "router_step": self.router.to_json() if self.router is not None else None,
+            "router_first": self.order.first,
         }
 
 
@@ -382,6 +386,17 @@ def serve_plan(
             )
         except PinError as e:
             errors.append(f"router version {router.version!r}: {e}")
+    remove_secret = not s.api_key_file and layout.SECRETS_FILE in serving.files
+    order = router_order(
+        None
+        if router is None
+        else serving.router is not None and serving.router.active == "active",
+        router_step is not None and bool(router_step.retired) and router_restart,
+        key_due,
+        secret_changed or remove_secret,
+    )
+    if order.refused and roll.batches:
+        errors.append(order.refused)
     serve_files, smoke_files = _serve_files(
         write, secret, drain, batch_smoke, watched, rolls=bool(roll.batches)
     )
@@ -400,7 +415,8 @@ def serve_plan(
         readmit=left_out(roll, serving, drain),
         secret=secret,
         secret_changed=secret_changed,
-        remove_secret=not s.api_key_file and layout.SECRETS_FILE in serving.files,
+        remove_secret=remove_secret,
+        order=order,
         router_restart=router_restart,
         batch_smoke=batch_smoke,
         smoke=smoke,

@@ -2,11 +2,9 @@
 prints a host's plan in (`PlanJson` and its parts, `ServeJson` for the serve and smoke steps).
 
 The resolver (operations/plan/resolver/), the serve plan (operations/plan/serve_plan.py), the drain
-plan
-(operations/plan/drain.py) and the host report (operations/plan/host_plan.py) all speak them; they
-live
-here, importing nothing of the package, so none of those modules has to import another to name
-them (tests/unit/test_import_graph.py: no circles). Each of them imports them from here: no
+plan (operations/plan/drain.py) and the host report (operations/plan/host_plan.py) all speak them;
+they live here, importing nothing of the package, so none of those modules has to import another to
+name them (tests/unit/test_import_graph.py: no circles). Each of them imports them from here: no
 module re-exports them (tests/unit/test_vocabulary_imports.py).
 """
 
@@ -120,6 +118,19 @@ class PlanJson(TypedDict):
     engine_step: NotRequired[EngineStepJson | None]
     model_step: NotRequired[ModelStepJson | None]
     throughput: NotRequired[ThroughputJson]
+    # The toolkit version that last deployed the host and what this run records
+    # (plan/toolkit_version.py); absent while preflight refuses the host.
+    toolkit: NotRequired[VersionJson]
+
+
+class VersionJson(TypedDict):
+    version: str
+    recorded_version: str | None
+    recorded_date: str | None
+    change: str
+    changelog: str
+    said: str
+    changes: bool | None
 
 
 class StagingJson(TypedDict):
@@ -197,6 +208,8 @@ class ServeJson(TypedDict):
     # Where the router's control-plane key is kept on the controller (never its content).
     control_plane_key_source: KeySourceJson | None
     router_step: RouterStepJson | None
+    # The router's restart and the control-plane key come before the ranks roll.
+    router_first: bool
 
 
 # -- the engine and model steps' plans (operations/plan/engine_plan.py,

@@ -7,8 +7,7 @@ capability and one small CUDA operation, and a small kernel compiled for `arch` 
 CUDA_HOME's nvcc, as SGLang's and FlashInfer's JIT do, then loaded and run on each GPU
 through the CUDA driver API of the environment's own cuda-python, `cuda.bindings.driver`).
 operations/plan/engine_probe.py judges the result; this script only observes, so an import that
-fails
-or a GPU that cannot run is reported, never raised. Only the standard library and the
+fails or a GPU that cannot run is reported, never raised. Only the standard library and the
 environment's own packages: it runs inside the environment on the host.
 """
 

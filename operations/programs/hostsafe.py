@@ -2,7 +2,7 @@
 they print, and who listens on a port.
 
 Not run on its own: operations/render/host_scripts.py inlines it into each script that imports it
-(files/smoke.py, files/wait_healthy.py), so the host gets one self-contained file. The
+(programs/smoke.py, programs/wait_healthy.py), so the host gets one self-contained file. The
 controller imports the masking from here too (operations/redact.py): one copy.
 """
 

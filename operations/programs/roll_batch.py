@@ -20,11 +20,10 @@ one's output going to this script's own (pyinfra shows it with -vvv, and always 
   starts, which on a busy host was a third of a second a step;
 - ARGV `/ABS/bin/python /ABS/SCRIPT.py ...` (another interpreter: the smoke's, an engine
   environment's) starts when the batch starts, as this script with --wait (roll_waiting.py),
-  imports PRELOAD (module names: what the script imports late, httpx for smoke.py), compiles
-  the script and waits; its step only lets it go,
-  so its start, imports and compile overlap the steps before it, and it exits without an
-  interpreter's teardown once the script is done. A batch that stops first ends it (by its
-  PID);
+  imports PRELOAD (module names: what the script imports late, httpx for smoke.py), compiles the
+  script and waits; its step only lets it go, so its start, imports and compile overlap the steps
+  before it, and it exits without an interpreter's teardown once the script is done. A batch that
+  stops first ends it (by its PID);
 - any other ARGV runs as a process (no shell unless ARGV is one).
 
 A step named `write` gets one line of this script's stdin as its stdin (a file's content,

@@ -66,7 +66,7 @@ from operations.programs.api_key_file import read_api_key
 from operations.programs.polling import backoff
 from operations.programs.rank_metrics import requests_in_flight
 
-# Polls back off (files/polling.py): a removal the router makes at once, a rank whose last
+# Polls back off (programs/polling.py): a removal the router makes at once, a rank whose last
 # request ends in a few ms, a worker listed healthy soon after it is added: each seen within
 # milliseconds; what takes longer is asked every MAX_POLL_S.
 FIRST_POLL_S = 0.01

@@ -1,4 +1,4 @@
-"""The staging script's copy (files/stage_model.py, which the host gets with this inlined:
+"""The staging script's copy (programs/stage_model.py, which the host gets with this inlined:
 operations/render/host_scripts.py): files copied in the kernel with progress and a rate limit, given
 to the servers' group, and verified by sha256."""
 

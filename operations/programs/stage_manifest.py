@@ -1,7 +1,6 @@
-"""The staging script's source side (files/stage_model.py, which the host gets with this
+"""The staging script's source side (programs/stage_model.py, which the host gets with this
 inlined: operations/render/host_scripts.py): a model directory's manifest, read by stat only, its
-files
-opened by the one link rule (resolve), and a staged copy's manifest read back.
+files opened by the one link rule (resolve), and a staged copy's manifest read back.
 
 The link rule (docs/model.md "Links in the source"): a link in the source is resolved here,
 component by component (readlink, never the kernel's following), inside the source's root: the
@@ -320,8 +319,8 @@ def open_source(root: str, rel: str) -> int:
 def describe(source: str) -> list[str]:
     """The ModelSource fact's answer (operations/facts/host.py parse_model): "exists", the
     bytes a stage run would take (blank when the scan refuses, and then SCAN_ERROR_MARKER and
-    why: preflight names it), and
-    config.json by the link rule; "missing" when source is no directory."""
+    why: preflight names it), and config.json by the link rule; "missing" when source is no
+    directory."""
     if not os.path.isdir(source):
         return ["missing"]
     refused: list[str] = []

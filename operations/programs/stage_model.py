@@ -24,8 +24,7 @@ Subcommands (output is JSON on the last stdout line; progress lines go before it
 Its parts are modules beside it, one job each: stage_manifest.py (the source's manifest),
 stage_tree.py (the copies under STAGE_DIR/models, the lock, the prune), stage_copy.py (copy and
 verify), stage_run.py (plan and stage); operations/render/host_scripts.py inlines them, so the host
-gets
-one file (and the ModelStaging fact one `python3 -c` argument).
+gets one file (and the ModelStaging fact one `python3 -c` argument).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The staging script's run (files/stage_model.py, which the host gets with this inlined:
+"""The staging script's run (programs/stage_model.py, which the host gets with this inlined:
 operations/render/host_scripts.py): `plan`, what a stage run would do (the ModelStaging fact), and
 `stage`, the run: leftovers removed, what changed copied beside (or in place), verified,
 switched to."""

@@ -1,7 +1,6 @@
-"""The staging script's tree (files/stage_model.py, which the host gets with this inlined:
+"""The staging script's tree (programs/stage_model.py, which the host gets with this inlined:
 operations/render/host_scripts.py): STAGE_DIR/models made and checked, its copies (Layout), which
-are
-leftovers (survey: the one rule plan and stage share), the lock, the switch and the prune."""
+are leftovers (survey: the one rule plan and stage share), the lock, the switch and the prune."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 A host script (operations/programs/*.py) runs with the host's python3 and the standard library
 only, as one file the deploy writes (`host_files.put_file`) or as one `python3 -c` argument
 (the ModelStaging fact, before anything is installed). What scripts share lives in modules
-beside them (files/hostsafe.py: the masking and the listener check; files/stage_*.py: the
+beside them (programs/hostsafe.py: the masking and the listener check; programs/stage_*.py: the
 staging script's parts), which a script imports at its top level as
 `from operations.programs.NAME import ...`.
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from datetime import UTC, datetime
 from typing import cast
 
 from pyinfra.api.host import Host
@@ -101,6 +102,7 @@ def gather(host: Host, settings: Settings, router_list: str | None = None) -> Ga
         hub_cli_installed=cli,
         hub_token=hub_token(),
         tools=controller_tools(host),
+        today=today(),
     )
 
 
@@ -190,6 +192,12 @@ def controller_tools(host: Host) -> ControllerTools:
         else "other"
     )
     return ControllerTools(shutil.which("rsync"), shutil.which("ssh"), connector)
+
+
+def today() -> str:
+    """The controller's date (UTC, YYYY-MM-DD): the toolkit record's date for a version the host
+    has not recorded yet (plan/toolkit_version.py); the plan reads no clock."""
+    return datetime.now(UTC).date().isoformat()
 
 
 def hub_token() -> str | None:

@@ -46,7 +46,7 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import State
 
 from operations import settings as settings_mod
-from operations.runtime.pyinfra_internals import fail_host
+from operations.runtime.pyinfra_internals import connector_data_keys, fail_host
 
 # -- under pyinfra's CLI: deploy.py and pve.py -----------------------------------------------
 
@@ -60,7 +60,7 @@ def inventory_settings(state: State) -> list[tuple[str, settings_mod.Settings]]:
     problem ends the run: each is logged once, one line naming the host and the key, and the
     run exits 1 with nothing changed."""
     if id(state) not in _inventory_settings:
-        loaded, problems = settings_mod.load_inventory(state.inventory)
+        loaded, problems = settings_mod.load_inventory(state.inventory, connector_data_keys())
         _inventory_settings[id(state)] = (list(loaded.items()), problems)
         if problems:
             logger.error("invalid settings, nothing was changed:")
@@ -276,7 +276,7 @@ def open_session(inventory_path: str, override: dict[str, object]) -> Session:
     settings checked before any host is contacted. InventoryError: one line."""
     state = load_state(inventory_path, override)
     hosts = list(state.inventory)
-    loaded, problems = settings_mod.load_inventory(hosts)
+    loaded, problems = settings_mod.load_inventory(hosts, connector_data_keys())
     by_host: dict[str, list[str]] = {}
     names = sorted((h.name for h in hosts), key=len, reverse=True)
     for problem in problems:

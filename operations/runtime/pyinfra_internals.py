@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Iterator
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 import gevent
@@ -109,9 +110,12 @@ def add_callback_once(state: State, handler: BaseStateCallback) -> None:
         state.add_callback_handler(handler)
 
 
+@cache
 def connector_data_keys() -> frozenset[str]:
     """Host data keys that pyinfra's connectors read (each connector's `data_meta`, from the
-    registry pyinfra/api/connectors.py get_all_connectors)."""
+    registry pyinfra/api/connectors.py get_all_connectors). Read once a process: the inventory
+    session hands them to the settings check (settings.load_inventory), which judges every
+    other key."""
     from pyinfra.api.connectors import get_all_connectors
 
     keys: set[str] = set()

@@ -40,7 +40,6 @@ from operations.settings.schema_json import (
     SettingsSchema,
     defaults,
     describe,
-    pyinfra_keys,
     schema,
 )
 
@@ -177,6 +176,8 @@ class Settings:
     mem_fraction_static: float
     mamba_cache_strategy: str
     cuda_graph_max_bs: int | None
+    max_running_requests: int | None
+    chunked_prefill_size: int | None
     speculative: Speculative | None
     enable_metrics: bool
     extra_server_args: tuple[str, ...]
@@ -289,18 +290,26 @@ def _merge(layers: Iterable[Layer]) -> tuple[dict[str, object], dict[str, str]]:
     return merged, origins
 
 
-def load(host_name: str, layers: list[Layer], *, make_key: bool = False) -> Settings:
+def load(
+    host_name: str,
+    layers: list[Layer],
+    *,
+    make_key: bool = False,
+    connector_keys: frozenset[str] = frozenset(),
+) -> Settings:
     """Merge the layers, validate, apply defaults; raise SettingsError listing every problem.
     `make_key`: a router's control-plane key file that is not set and not there yet is made
     beside the engine locks before it is read (a run of the toolkit's commands, never a test's
-    plain settings)."""
+    plain settings). `connector_keys`: the host data keys pyinfra's connectors read, not ours
+    to judge (the inventory session hands them in:
+    runtime/pyinfra_internals.connector_data_keys)."""
     merged, origins = _merge(layers)
     props = schema()["properties"]
     ours = {k: v for k, v in merged.items() if k in props}
     problems: list[str] = []
 
     for key in sorted(merged):
-        if key in props or key in pyinfra_keys() or key.startswith("_"):
+        if key in props or key in connector_keys or key.startswith("_"):
             continue
         close = difflib.get_close_matches(key, list(props), n=1, cutoff=0.6)
         hint = (
@@ -459,21 +468,24 @@ def layers_for_host(host: Host, group_data_dir: Path | None = None) -> list[Laye
     return layers
 
 
-def load_for_host(host: Host) -> Settings:
+def load_for_host(host: Host, connector_keys: frozenset[str]) -> Settings:
     """A host's settings for a run of the toolkit: its router's control-plane key is made on
     the controller when it is not set and not there yet (the first run, by whichever host comes
     first; the others read it)."""
-    return load(host.name, layers_for_host(host), make_key=True)
+    return load(host.name, layers_for_host(host), make_key=True, connector_keys=connector_keys)
 
 
-def load_inventory(hosts: Iterable[Any]) -> tuple[dict[str, Settings], list[str]]:
-    """Every host's settings, and every problem of every host (the whole inventory at once)."""
+def load_inventory(
+    hosts: Iterable[Any], connector_keys: frozenset[str]
+) -> tuple[dict[str, Settings], list[str]]:
+    """Every host's settings, and every problem of every host (the whole inventory at once).
+    `connector_keys`: the host data keys pyinfra's connectors read (load's)."""
     loaded: dict[str, Settings] = {}
     problems: list[str] = []
     hosts = list(hosts)
     for host in hosts:
         try:
-            loaded[host.name] = load_for_host(host)
+            loaded[host.name] = load_for_host(host, connector_keys)
         except SettingsError as exc:
             problems.extend(exc.problems)
             continue

@@ -41,14 +41,6 @@ def defaults() -> dict[str, object]:
     return {k: p["default"] for k, p in schema()["properties"].items() if "default" in p}
 
 
-@cache
-def pyinfra_keys() -> frozenset[str]:
-    """Host data keys that pyinfra's connectors read: these are not ours to judge."""
-    from operations.runtime.pyinfra_internals import connector_data_keys
-
-    return connector_data_keys()
-
-
 def describe(
     error: jsonschema.ValidationError, props: Mapping[str, PropertySchema]
 ) -> tuple[str, str]:

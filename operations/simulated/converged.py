@@ -27,6 +27,7 @@ import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from operations import kb as kbmod
@@ -43,6 +44,8 @@ from operations.simulated import ct200, group_data
 # The simulated clock: the ranks started ten minutes before "now".
 NOW = 1796066650
 STARTED = NOW - 600
+# The controller's date on the run that converged the host (the toolkit record's).
+TODAY = datetime.fromtimestamp(STARTED, UTC).date().isoformat()
 # Pieces of the facts' own commands that pick their answer (the @fake connector's matchers).
 SERVING_SIGNATURE = f"for u in {layout.RANK_UNIT_GLOB}"
 STAGING_SIGNATURE = "Stage a model directory into a tmpfs"
@@ -89,6 +92,8 @@ class Image:
     key: str
     staging: StagedCopy
     listed: list[str] = field(default_factory=list)
+    # The toolkit record's text (layout.TOOLKIT_RECORD); None: the host has none.
+    record: str | None = None
 
 
 def serving_lines(
@@ -134,6 +139,7 @@ def serving_lines(
     lines.append(f"engine_current envs/{engine.name}")
     lines.append(f"model_target .{image.slug}@{image.key}")
     lines.append(f"enabled {layout.STAGE_UNIT} enabled")
+    lines.append(f"toolkit {(image.record or '').strip()}")
     lines += [
         f"engine env={engine.name} {STARTED}",
         f"engine current=envs/{engine.name}",
@@ -179,7 +185,9 @@ def bare_plan(settings: Settings, host: str = HOST) -> tuple[HostReport, Staging
     key = host_plan.model_key(settings, staged, None)
     model = found.model
     assert model is not None, "the simulated CT200 has the model mounted"
-    facts = Gathered(host=found, serving=Serving(), staging=staged, model=model, model_key=key)
+    facts = Gathered(
+        host=found, serving=Serving(), staging=staged, model=model, model_key=key, today=TODAY
+    )
     return host_plan.decide(host, settings, facts, kbmod.load()), staged
 
 
@@ -191,6 +199,8 @@ def written(report: HostReport) -> list[PlannedFile]:
     files += [model.script, model.unit]
     if serve.router is not None:
         files += serve.router.files
+    if report.toolkit is not None:
+        files.append(report.toolkit.file)
     return [f for f in files if f.content is not None and not f.secret]
 
 
@@ -223,6 +233,7 @@ def image(settings: Settings, host: str = HOST) -> Image:
             files=source.files,
             models=layout.stage_tree(settings).models,
         ),
+        record=report.toolkit.file.text if report.toolkit is not None else None,
     )
 
 

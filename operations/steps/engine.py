@@ -55,7 +55,7 @@ from pyinfra.operations import files
 
 from operations.kb.pins import PinError, uv_requirement
 from operations.layout import LOCK_FILE, EngineTree, env_python
-from operations.plan.engine_plan import EnginePlan
+from operations.plan.engine_plan import REDIST_DIR, EnginePlan, redist_dir
 from operations.plan.engine_spec import EngineError, EngineSpec, indexes
 from operations.plan.host_plan import HostReport
 from operations.plan.vocabulary import EnvNow
@@ -67,13 +67,7 @@ from operations.runtime.pyinfra_internals import temp_filename
 from operations.settings import Settings
 from operations.steps.engine_check import verify_env
 from operations.steps.host_files import new_file, put_planned
-from operations.steps.toolkit import (
-    REDIST_DIR,
-    host_packages,
-    install_toolkit,
-    redist_dir,
-    sync_archives,
-)
+from operations.steps.toolkit import host_packages, install_toolkit, sync_archives
 from operations.steps.users import service_user
 
 # -- operations -----------------------------------------------------------------------------
@@ -433,12 +427,13 @@ def _compiler(s: Settings, plan: EnginePlan) -> None:
             dest=EngineTree(plan.root).redist(REDIST_DIR),
             tools=tools.to_json(),
         )
+    args_file = EngineTree(plan.root).toolkit_args(tools.name)
     install_toolkit(
         name=f"nvcc {tools.version}",
         engine_root=plan.root,
         tools=tools.to_json(),
         installed=[tools.name] if compiler.toolkit_installed else [],
-        offline=bool(plan.wheelhouse),
+        arguments="" if compiler.toolkit_installed else plan.file(args_file).text,
     )
 
 
@@ -455,8 +450,7 @@ def fetch_lock(
     installs exactly it: downloaded beside DEST (DEST.HOST.partial), kept (renamed to DEST;
     the last host's when several fetch at once) only if it passes the lock check
     (operations/plan/engine_lock_check.py), else deleted and the step fails naming each package and
-    what
-    is wrong.
+    what is wrong.
 
     + src: the lock in the environment on the host
     + dest: the lock's path on the controller

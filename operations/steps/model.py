@@ -298,5 +298,5 @@ def _stage_model(report: HostReport) -> None:
 
 
 # @deploy types every call as returning OperationMeta; this step returns nothing (a rank
-# restarts when its unit, which names the staged copy by path, changes: roll.py).
+# restarts when its unit, which names the staged copy by path, changes: plan/serve_plan.py).
 stage_model = cast(Callable[[HostReport], None], _stage_model)

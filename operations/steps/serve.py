@@ -1,10 +1,9 @@
 """Step 4 of the deploy: one systemd unit per rank, started or rolled health-gated; the router.
 
-What each rank runs (argv, environment, unit text) was decided by the resolver, and each unit
-names its own engine environment and staged model copy by path. The plan
-(operations/plan/serve_plan.py,
-decided in host_plan.decide) turned "what should run" and the ServingState fact into the
-fewest changes and every file to write (`ServePlan`); this module carries it out:
+What each rank runs (argv, environment, unit text) was decided by the resolver, and each unit names
+its own engine environment and staged model copy by path. The plan (operations/plan/serve_plan.py,
+decided in host_plan.decide) turned "what should run" and the ServingState fact into the fewest
+changes and every file to write (`ServePlan`); this module carries it out:
 
 - ranks that are not serving start together, then must all answer /health;
 - a serving rank restarts when and only when its own unit file changes (or the API key file it
@@ -16,7 +15,7 @@ fewest changes and every file to write (`ServePlan`); this module carries it out
 - once every batch is healthy, staged model copies no unit names any more are removed.
 Behind a router (the plan's DrainPlan, operations/plan/drain.py), each batch (and each rank a shrink
 removes) first leaves the router and finishes its in-flight requests; a rolled batch rejoins
-only after /health and a chat request (files/router_workers.py), and a batch that fails stays
+only after /health and a chat request (programs/router_workers.py), and a batch that fails stays
 out. Ranks started from stopped are put back when the router does not list them.
 Nothing here asks a fact or takes a fact's value (tests/unit/test_steps_read_no_fact.py): a
 converged host changes nothing.
@@ -181,11 +180,10 @@ def restart_command(units: str) -> str:
     crash-restart of one runs that. A stop systemd refuses fails the step with nothing
     stopped: the old processes serve on, the batch stays out of the router. A start refused at
     the start limit (a crash loop left the unit `failed`) is retried once after `reset-failed`,
-    as a deploy starts afresh; `|| true`: see ServeStep._start, the health wait judges the
-    batch and shows how to go back. A failed
-    reload still starts the units, on what systemd had loaded (the old release, with
-    NeedDaemonReload: "pending restart" for the next run), and fails the step, so the batch
-    stays out of the router and the roll stops."""
+    as a deploy starts afresh; `|| true`: see ServeStep._start, the health wait judges the batch
+    and shows how to go back. A failed reload still starts the units, on what systemd had loaded
+    (the old release, with NeedDaemonReload: "pending restart" for the next run), and fails the
+    step, so the batch stays out of the router and the roll stops."""
     return (
         f"systemctl stop --no-block {units} || exit; "
         "systemctl daemon-reload; reloaded=$?; "
@@ -234,8 +232,7 @@ def pruned_model_copies(stage_dir: str, slug: str, keep: list[str], doomed: list
 
 class ServeStep:
     """Carries out the plan's ServePlan (operations/plan/serve_plan.py): which ranks start, restart
-    (in what
-    batches) and go, the files it writes (each with the digest the plan read), the staged
+    (in what batches) and go, the files it writes (each with the digest the plan read), the staged
     copies no unit names. It reads no fact and decides nothing."""
 
     def __init__(self, report: HostReport) -> None:
@@ -368,7 +365,7 @@ class ServeStep:
         self._in([r.rank for r in start], "start")
 
     def _roll(self, batch: list[Rank], what: str, asked: SmokeRequests | None) -> None:
-        """One batch, as one host command (roll_batch, files/roll_batch.py): out of the router
+        """One batch, as one host command (roll_batch, programs/roll_batch.py): out of the router
         and drained, its changed unit files written, systemd reloaded while it stops, started
         (restart_command), /health, a chat request, back into the router; a step that fails
         stops the batch there (a batch is never restarted undrained, never put back unhealthy)
@@ -386,7 +383,7 @@ class ServeStep:
         )
         drain = self.drain
         ranks = [r.rank for r in batch]
-        # (name, argv, modules a waiting interpreter imports first): files/roll_batch.py
+        # (name, argv, modules a waiting interpreter imports first): programs/roll_batch.py
         steps: list[tuple[RollStep, list[str], list[str]]] = []
         writes: list[str] = []
         written: list[PlannedFile] = []
@@ -449,13 +446,23 @@ class ServeStep:
 def _serve(report: HostReport) -> ServeStep:
     step = ServeStep(report)
     host.log(f"ranks: {step.summary()}", logger.info)
+    decided = step.decided
+    # The router and its control-plane key before the ranks or after them, as the plan's
+    # RouterOrder says: every drain speaks the API, with the key, of the router then running.
+    if decided.order.first:
+        _router_and_key(report.settings, decided)
     step.run()
-    # After the ranks' work: this run's drains used the key the running router has.
-    if step.decided.control_plane_key is not None:
-        put_planned(step.decided.control_plane_key)
-    if step.decided.router is not None:
-        _route(report.settings, step.decided.router)
+    if not decided.order.first:
+        _router_and_key(report.settings, decided)
     return step
+
+
+def _router_and_key(s: Settings, decided: ServePlan) -> None:
+    """The control-plane key (when this run writes it), then the router (on its host)."""
+    if decided.control_plane_key is not None:
+        put_planned(decided.control_plane_key)
+    if decided.router is not None:
+        _route(s, decided.router)
 
 
 # @deploy types every call as returning OperationMeta; this step returns its ServeStep.

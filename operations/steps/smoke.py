@@ -4,7 +4,7 @@
 model with *this* key? After the serve step, each rank the step started or rolled gets one
 request (GET /v1/models must list the served name, then one chat completion), and on the
 router's host a few go through the router, all sent on the host by the shipped script
-(files/smoke.py) with the engine environment's httpx (the openai client's transport). Each asks
+(programs/smoke.py) with the engine environment's httpx (the openai client's transport). Each asks
 "What is A + B? Reply with the number only." with two 3-digit integers drawn on the host for
 that request (greedy, thinking off through the chat template), and the reply must hold the sum.
 A wrong answer (a wrong or missing sum, an empty or malformed body, another model's name, an
@@ -14,7 +14,7 @@ changes nothing. `smoke_requests: false` turns it off; the script is shipped eit
 `python -m operations.status --probe`.
 
 Nothing is sent to a listener that is not the service user's or whose unit is not active (the
-script checks each before every request, files/smoke.py): the step fails naming the port and its
+script checks each before every request, programs/smoke.py): the step fails naming the port and its
 owner.
 """
 

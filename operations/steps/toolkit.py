@@ -6,14 +6,13 @@ so a converged host costs no round trip here.
 
 Online, the host downloads each archive from the toolkit's URL (NVIDIA's redist, or PyPI's file
 host for the CUDA 13 wheels); offline (setting wheelhouse), the controller's `cuda-redist/`
-directory beside the wheelhouse is uploaded first. Either way files/cuda_toolkit.py checks each
+directory beside the wheelhouse is uploaded first. Either way programs/cuda_toolkit.py checks each
 archive's size and sha256 before unpacking it, and renames the toolkit into place only when
 its nvcc runs.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from shlex import quote as _q
 
@@ -31,13 +30,6 @@ from operations.runtime.pyinfra_internals import temp_filename
 from operations.steps.host_files import put_file
 
 INSTALL_SCRIPT = script_text("cuda_toolkit.py")
-# Beside the wheelhouse on the controller; on the host, under ENGINE_ROOT.
-REDIST_DIR = "cuda-redist"
-
-
-def redist_dir(wheelhouse: str) -> str:
-    """The controller's directory of compiler archives for offline installs."""
-    return os.path.join(os.path.dirname(os.path.abspath(wheelhouse.rstrip("/"))), REDIST_DIR)
 
 
 @operation()
@@ -95,25 +87,12 @@ def sync_archives(src: str, dest: str, tools: ToolkitJson) -> Commands:
         yield StringCommand("mv", "-f", _q(partial), _q(f"{dest}/{archive.file_name}"))
 
 
-def toolkit_arguments(engine_root: str, tools: Toolkit, offline: bool) -> str:
-    """What files/cuda_toolkit.py is given (ENGINE_ROOT/cuda/.NAME.json, root-only): the
-    engine plan lists it (engine_plan.py), install_toolkit writes it."""
-    arguments = {
-        "home": tools.home(engine_root),
-        "source": EngineTree(engine_root).redist(REDIST_DIR) if offline else tools.url,
-        "root": tools.root,
-        "archives": [{"path": a.path, "sha256": a.sha256, "size": a.size} for a in tools.archives],
-        "marker": {"version": tools.version, "archives": [a.file_name for a in tools.archives]},
-    }
-    return json.dumps(arguments, indent=1) + "\n"
-
-
 @operation()
 def install_toolkit(
     engine_root: str,
     tools: ToolkitJson,
     installed: list[str],
-    offline: bool = False,
+    arguments: str,
 ) -> Commands:
     """
     Unpack the lane's compiler into ENGINE_ROOT/cuda/<name>, each archive checked against its
@@ -122,7 +101,9 @@ def install_toolkit(
     + engine_root: the engine root on the host
     + tools: the plan's toolkit (engine_spec.Toolkit), as its to_json()
     + installed: the complete toolkits under ENGINE_ROOT/cuda (the EngineState fact)
-    + offline: take the archives from ENGINE_ROOT/cuda-redist instead of the toolkit's URL
+    + arguments: the text of ENGINE_ROOT/cuda/.NAME.json, what cuda_toolkit.py is given (the
+      plan's file: engine_plan.toolkit_arguments; its archives' source, offline
+      ENGINE_ROOT/cuda-redist, else the toolkit's URL); unused when installed
     """
     toolkit = Toolkit.from_json(tools)
     home = toolkit.home(engine_root)
@@ -132,7 +113,7 @@ def install_toolkit(
     # Root-only, never on a command line: a mirror's URL may carry a token.
     args_file = EngineTree(engine_root).toolkit_args(toolkit.name)
     yield from put_file._inner(
-        src=toolkit_arguments(engine_root, toolkit, offline),
+        src=arguments,
         dest=args_file,
         mode="600",
         dir_mode="755",

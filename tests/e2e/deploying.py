@@ -262,16 +262,18 @@ def start_deploy(
     deploy_file: str = "deploy.py",
     inventory: str = "inventory.py",
     env: dict[str, str] | None = None,
+    repo: Path = REPO,
 ) -> Deploying:
     """`pyinfra -y INVENTORY DEPLOY_FILE ARGS` over the containers, started; deploy_file is
-    relative to the repository (deploy.py, pve.py, tests/e2e/...)."""
+    relative to the repository (deploy.py, pve.py, tests/e2e/...); repo: another tree of this
+    repository (an earlier version's, tests/e2e/test_upgrade.py), run with this one's venv."""
     path = inventory_file(tmp_path, data, filename=inventory)
     proc = subprocess.Popen(
-        [str(PYINFRA), "-y", str(path), str(REPO / deploy_file), *args],
+        [str(PYINFRA), "-y", str(path), str(repo / deploy_file), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        cwd=REPO,
+        cwd=repo,
         # rich sizes its tables to COLUMNS when not on a terminal: wide enough that no cell wraps.
         env={**os.environ, "COLUMNS": "1000", **(env or {})},
     )
@@ -286,11 +288,12 @@ def run_deploy(
     inventory: str = "inventory.py",
     env: dict[str, str] | None = None,
     timeout: float = DEPLOY_TIMEOUT_S,
+    repo: Path = REPO,
 ) -> Run:
     """`pyinfra -y INVENTORY deploy.py` over the containers, to its end; statuses are the
     first host's."""
     started = start_deploy(
-        tmp_path, data, *args, deploy_file=deploy_file, inventory=inventory, env=env
+        tmp_path, data, *args, deploy_file=deploy_file, inventory=inventory, env=env, repo=repo
     )
     try:
         return started.finish(timeout)

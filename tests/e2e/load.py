@@ -28,6 +28,8 @@ class Load:
     """CLIENTS threads sending chat requests back to back through the router until stopped."""
 
     url: str
+    # The ranks' API key, sent as a client does (Authorization: Bearer); None: none asked.
+    key: str | None = None
     statuses: Counter[str] = field(default_factory=Counter)
     failures: list[str] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
@@ -53,6 +55,8 @@ class Load:
             f"{self.url}/v1/chat/completions", data=body.encode(), method="POST"
         )
         request.add_header("Content-Type", "application/json")
+        if self.key:
+            request.add_header("Authorization", f"Bearer {self.key}")
         sent = time.monotonic()
         try:
             with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:

@@ -201,7 +201,7 @@ exec /usr/bin/base64 "$@"
 """
 # systemctl: the health wait's first `systemctl show` of `rank` after the batch restarted it
 # (operations/programs/wait_healthy.py, a step of the batch's one host command,
-# files/roll_batch.py): the rank runs the new release, out of the router, not yet re-added.
+# programs/roll_batch.py): the rank runs the new release, out of the router, not yet re-added.
 # (The re-add itself runs inside the batch script's own process: no double can hold it; a
 # controller killed here ends the script at its next line of output, before the re-add.)
 RESTARTED = "/run/crash-test-restarted"

@@ -25,6 +25,7 @@ from operations.cli.status import fact_args
 from operations.facts.serve_status import ServingStatus, parse_status
 from operations.plan import monitoring
 from operations.settings import Layer, load
+from operations.version import VERSION
 from tests import testbed as tb
 from tests.e2e.deploying import LANE, Indexes
 from tests.e2e.index import wait_for
@@ -113,11 +114,18 @@ def test_all_ranks_healthy(served: tuple[Container, dict[str, Any]], tmp_path: P
     assert f"{c.name}: 8/8 ranks healthy, router healthy" in out, out
     assert "all healthy" in out
     assert f"{RELEASE} {LANE}" in out and "Qwen/Qwen3.6-27B@" in out and GPU_NAME in out
+    # The deploy's last step recorded this toolkit version on the host, which status shows.
+    deployed_by = rf"deployed by toolkit {re.escape(VERSION)} \(recorded \d{{4}}-\d\d-\d\d\)"
+    assert re.search(deployed_by, out), out
 
     rc, doc = status_json(path)
     assert rc == 0 and doc["healthy"] is True, doc
     host = doc["hosts"][c.name]
     assert host["reachable"] is True and host["error"] is None
+    toolkit = host["toolkit"]
+    assert toolkit["version"] == VERSION and toolkit["problem"] is None, toolkit
+    _, recorded, _ = c.ssh_run(f"cat {layout.TOOLKIT_RECORD}")
+    assert json.loads(recorded) == {"recorded": toolkit["recorded"], "version": VERSION}
     pids = unit_states(c, range(8))
     ranks = host["ranks"]
     assert [r["rank"] for r in ranks] == list(range(8))

@@ -1,6 +1,5 @@
 """The host scripts as the host gets them (operations/render/host_scripts.py), for tests that run
-them
-as the deploy does: each written once per test run to a private directory, removed at exit."""
+them as the deploy does: each written once per test run to a private directory, removed at exit."""
 
 from __future__ import annotations
 

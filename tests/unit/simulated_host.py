@@ -86,6 +86,7 @@ def image_of(image: dict[str, Any]) -> Image:
             staged.get("hub_revision"),
         ),
         listed=image.get("listed", []),
+        record=image.get("record"),
     )
 
 
@@ -123,7 +124,7 @@ def remember(image: dict[str, Any], command: str, stdin: object) -> None:
     """What an operation's command leaves on the imaged host."""
     if f"{layout.ROLL_BATCH_SCRIPT} --batch" in command:
         # roll_batch.py ... STEPS_JSON: each step's argv as its own command, a `write` step
-        # with the next line of the batch's stdin (files/roll_batch.py).
+        # with the next line of the batch's stdin (programs/roll_batch.py).
         steps = json.loads(shlex.split(command[command.index(layout.ROLL_BATCH_SCRIPT) :])[-1])
         lines = iter(str(stdin or "").splitlines())
         for name, argv, *_ in steps:
@@ -141,6 +142,8 @@ def remember(image: dict[str, Any], command: str, stdin: object) -> None:
         unit = dest.rsplit("/", 1)[-1]
         if dest == layout.unit_path(unit) and layout.rank_of(unit) is not None:
             image.setdefault("units", {})[unit] = data.decode()
+        if dest == layout.TOOLKIT_RECORD:
+            image["record"] = data.decode()
     if f"{layout.ROUTER_WORKERS_SCRIPT} --router" in command:
         # router_workers.py ... in UNIT=URL...: the router lists them from then on (out:
         # it does not).

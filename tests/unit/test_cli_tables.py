@@ -54,6 +54,8 @@ RELEASE_SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
 # Every setting that adds an option, at once.
 EVERYTHING: dict[str, Any] = {
     "cuda_graph_max_bs": 256,
+    "max_running_requests": 256,
+    "chunked_prefill_size": 8192,
     "api_key_file": "/etc/keys/sglang",
     "enable_metrics": True,
     "speculative": {"algorithm": "EAGLE", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4},
@@ -106,9 +108,10 @@ def test_every_option_the_resolver_writes_is_a_current_option_of_the_release(rel
     assert p.errors == []
     options = table(release).options
     written = written_options(p)
-    assert {"--model-path", "--attention-backend", "--config", "--speculative-algorithm"} <= set(
-        written
-    )
+    assert {
+        *("--model-path", "--attention-backend", "--config", "--speculative-algorithm"),
+        *("--max-running-requests", "--chunked-prefill-size"),
+    } <= set(written)
     for option in written:
         assert option in options, option
         assert not options[option].deprecated, option

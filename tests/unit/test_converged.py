@@ -182,6 +182,8 @@ def test_a_converged_host_reports_no_change(tmp_path: Path, configuration: str) 
     for name in names:
         written = json.loads(image.read_text())[f"@fake/{name}"]["files"]
         assert layout.unit_path(layout.unit_name(0)) in written, first
+        # The last step recorded the toolkit version (read back by the second run's fact).
+        assert layout.TOOLKIT_RECORD in written, first
         # The allow-list: every file a step wrote is in the registry (the rank units too).
         unlisted = [p for p in written if p not in registry]
         assert unlisted == [], f"written but not in layout.managed_files: {unlisted}"
@@ -227,7 +229,7 @@ def test_a_rank_a_killed_drain_left_out_of_the_router_is_put_back(tmp_path: Path
 
 def test_a_roll_behind_a_router_is_one_host_command_per_batch(tmp_path: Path) -> None:
     """Issue 31: each batch is drained, written, restarted (systemd reloaded while it stops),
-    health-gated, asked and put back by one host command (files/roll_batch.py), in that order;
+    health-gated, asked and put back by one host command (programs/roll_batch.py), in that order;
     the host then holds the new units and lists every rank, and the run after changes
     nothing."""
     names, data = CONFIGURATIONS["router on the same host"]

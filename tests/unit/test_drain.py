@@ -375,7 +375,7 @@ def launch_router(args):
 
 
 def run_launcher(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """files/router_launch.py as the router unit runs it, with a stand-in for sglang_router's
+    """programs/router_launch.py as the router unit runs it, with a stand-in for sglang_router's
     parse_router_args/launch_router (launch_router.py:63-105 in the 0.3.2 sdist) that records
     the list it is given and the process's own command line."""
     package = tmp_path / "site" / "sglang_router"

@@ -109,7 +109,7 @@ def test_the_lanes_compiler_archives_land_beside_the_wheelhouse_checked(
     index: LocalIndex, tmp_path: Path
 ) -> None:
     """The offline deploy takes them from cuda-redist/ beside the wheelhouse
-    (operations/steps/toolkit.redist_dir), each checked against the manifest's sha256."""
+    (operations/plan/engine_plan.redist_dir), each checked against the manifest's sha256."""
     redist = cuda_redist.build(index.root / "redist", "cu128")
     lock = lock_for(index, tmp_path)
     named = lock.rename(tmp_path / "0.5.11-cu128-cp311-00000000.lock")

@@ -431,3 +431,22 @@ def test_a_host_behind_sglang_router_0_3_2_moves_to_smg_in_one_run() -> None:
     )
     assert back.serve is not None and back.serve.router is not None
     assert back.serve.router.retired == [new] and back.serve.router.package == "sglang-router"
+
+
+def test_a_running_router_that_moves_goes_before_the_ranks_roll() -> None:
+    """A host the previous version left behind sglang-router 0.3.2: the router moves first, so
+    the drains speak smg's API (0.3.2 answers smg's settle update 405); the plan says so."""
+    old = "/opt/sglang/router/sglang-router-0.3.2"
+    running = UnitState(load="loaded", active="active", sub="running")
+    result = report(
+        make_settings(router=ROUTER),
+        gathered(Serving(router=running, router_envs=[old]), staging(None)),
+    )
+    assert result.serve is not None and result.serve.order.first
+    assert result.serve.to_json()["router_first"] is True
+    assert "the router moves before the ranks roll" in result.serve.summary()
+    # Not running yet (a first deploy): it starts after the ranks, as smg needs one ready.
+    fresh = report(
+        make_settings(router=ROUTER), gathered(Serving(router_envs=[old]), staging(None))
+    )
+    assert fresh.serve is not None and not fresh.serve.order.first

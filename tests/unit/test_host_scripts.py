@@ -1,6 +1,5 @@
 """The host scripts as the host gets them (operations/render/host_scripts.py): one self-contained
-text
-each, the shared modules inlined, nothing of this project imported. Each bundle runs in a bare
+text each, the shared modules inlined, nothing of this project imported. Each bundle runs in a bare
 interpreter (`python3 -I`, from an empty directory), and the staging script also inline as the
 ModelStaging fact sends it, within the kernel's limit on one argument."""
 
@@ -134,7 +133,7 @@ def runtime_imports(text: str) -> set[str]:
 
 def test_the_model_source_script_imports_typing_for_the_checker_only() -> None:
     """The ModelSource fact runs with every deploy, and importing typing costs it more than its
-    scan (files/stage_manifest.py): the staging types it shares are the checker's alone."""
+    scan (programs/stage_manifest.py): the staging types it shares are the checker's alone."""
     text = host_scripts.script_text("stage_source.py")
     assert "typing" in imports_of(text)  # the checker's: under TYPE_CHECKING
     assert "typing" not in runtime_imports(text)

@@ -9,13 +9,18 @@ names every one of them), and each piece fits in a head. Read from the source (n
 - each folder of operations/ says what it holds: a docstring'd __init__.py, or a README.md
   where it is no package of the controller's (operations/programs/: every *.py there is a host
   program or a part the bundler inlines into one, render/host_scripts.py globs them; an
-  __init__.py would run on the controller's import and never on the host).
+  __init__.py would run on the controller's import and never on the host);
+- data flows down the picture: no folder imports one below it (the plan no step and nothing
+  of runtime/, settings nothing of runtime/, nothing in operations/ a step), every import
+  counted (function-local and TYPE_CHECKING ones too: test_import_graph.graph).
 """
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+from tests.unit.test_import_graph import graph
 
 ROOT = Path(__file__).resolve().parents[2]
 OPERATIONS = ROOT / "operations"
@@ -161,3 +166,69 @@ def test_the_architecture_picture_names_every_folder_and_top_module() -> None:
     names += [p.name for p in OPERATIONS.glob("*.py") if p.name != "__init__.py"]
     missing = sorted(n for n in names if n not in picture)
     assert missing == [], f"not in docs/architecture.md's picture: {missing}"
+
+
+# docs/architecture.md's picture, top to bottom: settings (with kb beside it), facts, plan,
+# render, runtime, steps. Values go down: a folder never imports one below it. kb and settings
+# read a little of each other (settings the uv pins, kb the schema's verdicts); render is
+# called by the plan, and the facts decode ExecStart= with it, so it imports neither; cli/ and
+# simulated/ (the controller's commands, the quick start's hosts) may read any folder but the
+# steps, which only deploy.py and pve.py run.
+BELOW: dict[str, tuple[str, ...]] = {
+    "settings": ("facts", "plan", "render", "runtime", "steps"),
+    "kb": ("facts", "plan", "render", "runtime", "steps"),
+    "facts": ("plan", "runtime", "steps"),
+    "render": ("facts", "plan", "runtime", "steps"),
+    "plan": ("runtime", "steps"),
+    "runtime": ("steps",),
+    "cli": ("steps",),
+    "simulated": ("steps",),
+}
+# The one import down the picture: a fact is a pyinfra class and reaches pyinfra beyond its
+# documented API (at_once, current_host) through the one module that may.
+DOORS = {"facts": frozenset({"operations.runtime.pyinfra_internals"})}
+
+
+def _folder(module: str) -> str:
+    """A module's folder of operations/ (a module directly in operations/: its own name)."""
+    return module.split(".")[1] if "." in module else module
+
+
+def imports_upstream(edges: dict[str, set[str]]) -> list[str]:
+    """Each import of a folder below the importing one, named: module, what it imports, and
+    the rule it breaks."""
+    found = []
+    for module, targets in sorted(edges.items()):
+        below = BELOW.get(_folder(module), ())
+        for target in sorted(targets):
+            if _folder(target) in below and target not in DOORS.get(_folder(module), ()):
+                found.append(
+                    f"{module} imports {target}: {_folder(module)}/ imports nothing of "
+                    f"{_folder(target)}/ (docs/architecture.md: values go down the picture, "
+                    "pass what it needs in as a value)"
+                )
+    return found
+
+
+def test_the_direction_check_names_each_import_up_the_picture() -> None:
+    """The two seams issue 44 closed, as they were, and the facts' one door."""
+    edges = {
+        "operations.plan.engine_plan": {"operations.steps.toolkit", "operations.plan.engine_spec"},
+        "operations.settings.schema_json": {"operations.runtime.pyinfra_internals"},
+        "operations.facts.once": {"operations.runtime.pyinfra_internals"},
+        "operations.facts.serve": {"operations.runtime.gather"},
+        "operations.steps.engine": {"operations.plan.engine_plan"},
+        "operations.cli.plan": {"operations.runtime.inventory"},
+    }
+    assert [line.split(":")[0] for line in imports_upstream(edges)] == [
+        "operations.facts.serve imports operations.runtime.gather",
+        "operations.plan.engine_plan imports operations.steps.toolkit",
+        "operations.settings.schema_json imports operations.runtime.pyinfra_internals",
+    ]
+
+
+def test_values_go_down_the_picture() -> None:
+    """The plan imports no step and nothing of runtime/, settings nothing of runtime/, no
+    folder a step: what a module needs from below comes in as a value (issue 44)."""
+    found = imports_upstream(graph())
+    assert found == [], "imports up the picture:\n" + "\n".join(found)

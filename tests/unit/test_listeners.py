@@ -130,7 +130,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self._answer({"data": [{"id": MODEL}]} if self.path.endswith("/models") else {})
     def do_POST(self):
         self._answer(self._sum)
-    def _sum(self):  # the smoke's question (files/smoke.py QUESTION), answered right
+    def _sum(self):  # the smoke's question (programs/smoke.py QUESTION), answered right
         text = json.loads(self.request_body)["messages"][-1]["content"]
         a, b = text.removeprefix("What is ").split("?")[0].split(" + ")
         message = {"role": "assistant", "content": str(int(a) + int(b))}

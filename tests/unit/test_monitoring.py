@@ -150,6 +150,44 @@ def test_every_dashboard_query_names_a_metric_sglang_exports() -> None:
     assert sources == {json.dumps({"type": "prometheus", "uid": "${datasource}"})}
 
 
+def test_each_ranks_throughput_gauges_have_a_panel_with_one_line_per_rank() -> None:
+    """Generation throughput, running and queued requests and KV cache usage, from each rank's
+    own gauges (0.5.11 observability/metrics_collector.py:200-245), one line per rank: the
+    running and queued totals are the priority="" series (:891-903), so a rank with priority
+    scheduling is not drawn once per priority; the host's sum of generation throughput too."""
+    dashboard = json.loads(monitoring.DASHBOARD_SOURCE.read_text())
+    per_rank = {
+        re.findall(r"sglang:\w+", t["expr"])[0]: t
+        for p in dashboard["panels"]
+        for t in p["targets"]
+        if t.get("legendFormat") == "{{host}} rank {{rank}}"
+    }
+    gauges = ("gen_throughput", "num_running_reqs", "num_queue_reqs", "token_usage")
+    assert {f"sglang:{g}" for g in gauges} <= set(per_rank)
+    for gauge in gauges:
+        expr = per_rank[f"sglang:{gauge}"]["expr"]
+        assert 'rank=~"$rank"' in expr and "sum" not in expr, expr
+    for gauge in ("num_running_reqs", "num_queue_reqs"):
+        assert 'priority=""' in per_rank[f"sglang:{gauge}"]["expr"]
+    host = [
+        t["expr"]
+        for p in dashboard["panels"]
+        for t in p["targets"]
+        if t.get("legendFormat") == "{{host}}"
+    ]
+    assert host == ['sum by (host) (sglang:gen_throughput{host=~"$host", rank=~"$rank"})']
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    # No two panels overlap on the grid.
+    cells = [
+        (p["gridPos"]["x"] + dx, p["gridPos"]["y"] + dy)
+        for p in dashboard["panels"]
+        for dx in range(p["gridPos"]["w"])
+        for dy in range(p["gridPos"]["h"])
+    ]
+    assert len(cells) == len(set(cells))
+
+
 def test_every_router_metric_the_dashboard_names_is_one_the_real_smg_serves() -> None:
     """The router's panels name only metric families the real smg 1.13.0 served on its
     Prometheus listener (tests/fixtures/smg/metrics-1.13.0.json, written by

@@ -286,8 +286,9 @@ def test_make_demo_fits_80_lines_at_80_columns() -> None:
     shown = sum(max(1, -(-len(line.rstrip()) // 80)) for line in lines)
     # 80 until the engine's compile caches (two operations: made, pruned) and the explicit
     # --watchdog-timeout added their lines; folding the caches' operations into the engine's
-    # directories and prune would bring it back.
-    assert shown <= 85, "\n".join(lines)
+    # directories and prune would bring it back. +2 for the toolkit version: the plan's row
+    # ("no toolkit version recorded ...") and the operation that records it.
+    assert shown <= 87, "\n".join(lines)
     assert "--port PORT" in result.stdout + result.stderr
 
 

@@ -25,8 +25,8 @@ def test_quick_start_is_exactly_the_two_make_commands() -> None:
 
 
 def test_every_setting_is_documented_with_its_default() -> None:
-    """docs/configuration.md has a row for every key of operations/settings.schema.json (read
-    here, so a key another change adds needs only its row: `| `key` | `default` | meaning |`)
+    """docs/configuration.md has a row for every key of operations/settings/settings.schema.json
+    (read here, so a key another change adds needs only its row: `| `key` | `default` | meaning |`)
     and none for a key the schema no longer has."""
     rows = {
         m.group(1): m.group(2)

@@ -1,7 +1,6 @@
-"""The serve step's roll decisions (operations/steps/serve.py roll_plan), from the resolved ranks
-and
-the ServingState fact alone: which ranks start, which restart in which batches, what a failed
-batch leaves behind and what a re-run (or a reboot in the middle of a roll) does next."""
+"""The serve step's roll decisions (operations/plan/serve_plan.py roll_plan), from the resolved
+ranks and the ServingState fact alone: which ranks start, which restart in which batches, what a
+failed batch leaves behind and what a re-run (or a reboot in the middle of a roll) does next."""
 
 from __future__ import annotations
 

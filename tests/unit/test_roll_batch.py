@@ -1,7 +1,7 @@
 """A roll batch as one host command (operations/programs/roll_batch.py, run as the host gets it):
 its steps in order, a write step fed its own line of stdin through host_files' writer, the
 first failing step stopping the rest, and each step's seconds on the last line; the polls'
-backoff (files/polling.py)."""
+backoff (programs/polling.py)."""
 
 from __future__ import annotations
 

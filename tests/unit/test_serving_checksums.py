@@ -42,7 +42,7 @@ def test_every_managed_file_is_read_back_under_its_path(tmp_path: Path) -> None:
 
 def test_the_routers_worker_list_is_read_in_the_same_command(tmp_path: Path) -> None:
     """`router_list`: the router's GET list answer (sglang-router's {"workers": [{"url",
-    "is_healthy"}]}, as files/router_workers.py reads it), served here by a real HTTP server;
+    "is_healthy"}]}, as programs/router_workers.py reads it), served here by a real HTTP server;
     a router that does not answer is an error, not an empty list."""
     import json
     import threading

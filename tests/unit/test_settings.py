@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from operations.runtime.pyinfra_internals import connector_data_keys
 from operations.settings import COMMAND_LINE, Layer, SettingsError, defaults, load
 
 GOOD = {"model_source": "/mnt/models/Qwen3.6-27B"}
@@ -62,6 +63,8 @@ def test_command_line_numbers_become_text_for_text_settings() -> None:
 
 
 def test_pyinfra_connector_keys_are_not_ours_to_judge() -> None:
+    """The keys pyinfra's connectors read come in as a value, as the inventory session hands
+    them (settings import nothing of runtime/)."""
     settings = load(
         "ct200",
         [
@@ -69,6 +72,7 @@ def test_pyinfra_connector_keys_are_not_ours_to_judge() -> None:
                 ORIGIN, {**GOOD, "ssh_user": "root", "ssh_port": 22, "_sudo": True, "fake_delay": 0}
             )
         ],
+        connector_keys=connector_data_keys(),
     )
     assert settings.model_source == GOOD["model_source"]
 
@@ -131,6 +135,9 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
     ("host with a space", {"server_host": "0.0.0.0 "}, "server_host", "IP address or host name"),
     ("metrics as text", {"enable_metrics": "yes"}, "enable_metrics", "true or false"),
     ("graph batch zero", {"cuda_graph_max_bs": 0}, "cuda_graph_max_bs", "positive integer"),
+    ("running zero", {"max_running_requests": 0}, "max_running_requests", "positive integer"),
+    ("running as text", {"max_running_requests": "64"}, "max_running_requests", "positive"),
+    ("prefill chunk zero", {"chunked_prefill_size": 0}, "chunked_prefill_size", "positive"),
     ("service user uppercase", {"service_user": "SGLang"}, "service_user", "system user name"),
 ]
 

@@ -410,7 +410,7 @@ def test_the_routers_requests_go_at_once_each_guarded_and_judged(
 def test_every_units_state_comes_from_one_systemctl_call(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """units_active (files/hostsafe.py) asks systemd once for all units (a block each, in the
+    """units_active (programs/hostsafe.py) asks systemd once for all units (a block each, in the
     order named); an answer without one state per unit is asked again unit by unit."""
     calls = tmp_path / "calls"
     bin_dir = tmp_path / "bin"

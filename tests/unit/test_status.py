@@ -226,6 +226,7 @@ def test_json_document_shape() -> None:
         "probed": False,
         "ranks": [],
         "router": None,
+        "toolkit": None,
     }
     host = doc["hosts"]["ct200"]
     assert host["reachable"] is True and host["error"] is None and host["healthy"] is True

@@ -15,7 +15,8 @@ from operations.plan.startup import startup_patterns
 from tests.unit.builders import make_settings
 from tests.unit.test_status import output
 
-# The probe's line for 0.5.10's journal (tests/facts/serve_status.ServingStatus/start-up-phases).
+# The probe's line for 0.5.10's journal
+# (tests/facts/serve_status.ServingStatus/start-up-phases.json).
 CASE = "start-up-phases"
 
 

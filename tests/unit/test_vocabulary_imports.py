@@ -1,9 +1,8 @@
 """The plan's words (operations/plan/vocabulary.py: `Decision`, the `*Json` shapes) have one home,
-and
-every module imports them from it: none re-exports them (issue 29, point 5). A re-export is a
+and every module imports them from it: none re-exports them (issue 29, point 5). A re-export is a
 second name for one thing, and what made the resolver package the place the plan's shapes were
-imported from, with the import circle that came with it. Read from the source with `ast`
-(nothing imported); tests, bench and scripts count too."""
+imported from, with the import circle that came with it. Read from the source with `ast` (nothing
+imported); tests, bench and scripts count too."""
 
 from __future__ import annotations
 

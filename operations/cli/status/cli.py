@@ -5,11 +5,10 @@
 Loads the inventory as pyinfra does (operations/runtime/inventory.py), reads one fact per host
 (operations/facts/serve_status.py: the deploy's own serving reading, one SSH round trip whatever
 the number of ranks; with it each rank's /health and its running and queued requests from /metrics)
-and prints a table
-per host, or one JSON document with --json. Exit status: 0 when every configured rank of every
-host (and each host's router) is healthy, 1 when any is not or a host could not be read, 2 when
-the command itself could not run (no such inventory, one that does not load or names no host,
-bad arguments).
+and prints a table per host, or one JSON document with --json. Exit status: 0 when every configured
+rank of every host (and each host's router) is healthy, 1 when any is not or a host could not be
+read, 2 when the command itself could not run (no such inventory, one that does not load or names
+no host, bad arguments).
 
 --probe also sends each rank (and the router) one chat request as a client does, on the host,
 with the deploy's smoke script (operations/facts/smoke.py: a second round trip per host), and

@@ -1,6 +1,5 @@
 """Reading the hosts: the inventory session (operations/runtime/inventory.py: loaded as pyinfra
-does,
-settings checked, hosts connected), then one ServingStatus fact per host (and one SmokeProbe
+does, settings checked, hosts connected), then one ServingStatus fact per host (and one SmokeProbe
 with --probe); a host that cannot be read is its own result, never a traceback."""
 
 from __future__ import annotations

@@ -13,10 +13,12 @@ from operations.cli.status.throughput import RecordsJson, ThroughputView
 from operations.facts.serve import RankLoad, RankStart, Serving, UnitState
 from operations.facts.serve_status import ROUTER_KEY
 from operations.facts.smoke import Probe, ProbeAnswer
+from operations.facts.toolkit_record import ToolkitRecord
 from operations.plan import rank_state
 from operations.plan.resolver.router import worker_urls
 from operations.plan.serve_plan import ranks_behind_router
 from operations.plan.startup import startup_patterns
+from operations.plan.toolkit_version import NONE_RECORDED
 from operations.redact import redact_data
 from operations.settings import Settings
 
@@ -71,6 +73,15 @@ class AnswerRow(TypedDict):
     answer: str | None
 
 
+class ToolkitRow(TypedDict):
+    """The host's toolkit record (layout.TOOLKIT_RECORD): the version that last deployed it,
+    the date it was first recorded, or why the record is unreadable."""
+
+    version: str | None
+    recorded: str | None
+    problem: str | None
+
+
 class HostJson(TypedDict):
     reachable: bool
     error: str | None
@@ -78,6 +89,8 @@ class HostJson(TypedDict):
     probed: bool
     ranks: list[dict[str, object]]  # asdict(RankStatus)
     router: dict[str, object] | None  # asdict(RouterStatus)
+    # The toolkit version that last deployed the host, from its record (None: no record).
+    toolkit: ToolkitRow | None
     throughput: NotRequired[RecordsJson]
 
 
@@ -166,8 +179,19 @@ class HostResult:
     invalid_settings: bool = False
     # --probe asked its ranks a chat question (each row says how it answered).
     probed: bool = False
+    # The toolkit version that last deployed the host (its record); None: no record.
+    toolkit: ToolkitRecord | None = None
     # The last throughput record and the one before it (status/throughput.py).
     throughput: ThroughputView | None = None
+
+    def deployed_by(self) -> str:
+        """The status's line of the toolkit version that last deployed the host."""
+        found = self.toolkit
+        if found is None:
+            return NONE_RECORDED
+        if found.version is None:
+            return f"toolkit record {layout.TOOLKIT_RECORD} unreadable: {found.problem}"
+        return f"deployed by toolkit {found.version} (recorded {found.recorded or 'with no date'})"
 
     @property
     def counted(self) -> list[RankStatus]:
@@ -227,6 +251,15 @@ class HostResult:
             "probed": self.probed,
             "ranks": [asdict(r) for r in self.ranks],
             "router": asdict(self.router) if self.router is not None else None,
+            "toolkit": (
+                {
+                    "version": self.toolkit.version,
+                    "recorded": self.toolkit.recorded,
+                    "problem": self.toolkit.problem,
+                }
+                if self.toolkit is not None
+                else None
+            ),
         }
         if self.throughput is not None:
             data["throughput"] = self.throughput.to_json()
@@ -437,6 +470,7 @@ def host_result(name: str, settings: Settings, status: Serving) -> HostResult:
         reachable=True,
         ranks=rank_rows(settings, status),
         router=router_row(settings, name, status),
+        toolkit=status.toolkit,
     )
 
 

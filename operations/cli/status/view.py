@@ -241,6 +241,7 @@ def print_results(results: list[HostResult], console: Any = None) -> None:
         console.print(host_table(result, console.width))
         style = "bold green" if result.healthy else "bold red"
         console.print(Text(result.summary(), style=style))
+        console.print(Text(f"  {result.deployed_by()}"))
         for line in result.throughput.lines() if result.throughput is not None else []:
             console.print(Text(line))
         if result.router is not None:

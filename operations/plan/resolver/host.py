@@ -1,6 +1,6 @@
 """One host's resolution, check by check in the order the plan shows its decisions: the
 release and lane (and so the engine), the GPU, the model and its weights, the attention
-backend, the command line, and then each rank."""
+backend, the command line (its start-up and throughput levers), and then each rank."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from operations.plan.resolver.engine import check_lane, check_release
 from operations.plan.resolver.levers import startup_levers
 from operations.plan.resolver.model import check_weights, gpu_entry, model_architecture
 from operations.plan.resolver.ranks import explain_environment, ranks
+from operations.plan.resolver.throughput import throughput_levers
 from operations.plan.resolver.types import Facts, ResolvedHost
 from operations.settings import Settings
 
@@ -33,6 +34,7 @@ def run(ctx: Resolution) -> ResolvedHost:
         check_no_buffer(ctx, backend)
     check_extra_args(ctx)
     args = server_args(ctx, hybrid, backend) + startup_levers(ctx, arch)
+    args += throughput_levers(ctx, arch)
     check_against_cli(ctx, args, "resolved command line")
     check_against_cli(ctx, list(ctx.s.extra_server_args), "extra_server_args")
     if ctx.plan.errors:

@@ -1,14 +1,14 @@
 """The release's own start-up levers, each a decision with its source: an explicit watchdog
-timeout, whether the weight load overlaps graph capture, and the graph batch size option where
-a setting asks for one (knowledge/caches.yaml `levers`, the release's start-up file and CLI
-table)."""
+timeout and whether the weight load overlaps graph capture (knowledge/caches.yaml `levers`, the
+release's start-up file and CLI table). The graph batch size and the other throughput levers
+are operations/plan/resolver/throughput.py's."""
 
 from __future__ import annotations
 
 from operations.kb import Architecture
 from operations.kb.caches import load_caches, release_caches
 from operations.kb.startup import load_startup
-from operations.plan.resolver.context import Resolution, src
+from operations.plan.resolver.context import Resolution
 from operations.plan.vocabulary import Decision
 
 WATCHDOG = "--watchdog-timeout"
@@ -49,7 +49,6 @@ def startup_levers(ctx: Resolution, arch: Architecture | None) -> list[str]:
             )
         )
     decide(_overlap(ctx, arch, facts.weight_load_modes if facts else ()))
-    decide(_graph_bs(ctx))
     return args
 
 
@@ -91,25 +90,4 @@ def _overlap(ctx: Resolution, arch: Architecture | None, modes: tuple[str, ...])
         what,
         "serial (the default, not written)",
         f"{lever.why}; {verdict} ({_cited(ctx, lever.source)})",
-    )
-
-
-def _graph_bs(ctx: Resolution) -> Decision:
-    what = "graph batch size"
-    flag = ctx.kb.flags.cuda_graph_max_bs
-    if ctx.s.cuda_graph_max_bs is None:
-        return Decision(
-            what,
-            "the release's own (no option written)",
-            "cuda_graph_max_bs is not set; no default of ours "
-            f"({src(ctx.kb.sources_for('sglang-argparse'))})",
-        )
-    spelling = flag.spelling(ctx.s.sglang_version)
-    option = spelling.option if spelling is not None else None
-    return Decision(
-        what,
-        f"{option or 'not written'} {ctx.s.cuda_graph_max_bs}",
-        f"cuda_graph_max_bs {ctx.where('cuda_graph_max_bs')}, spelled as sglang "
-        f"{ctx.s.sglang_version} spells it"
-        + (f" ({src(spelling.source)})" if spelling is not None else ""),
     )

@@ -18,9 +18,9 @@ autotuner do to their caches, with the costs a test can see. Standard library on
   from DIR`.
 - Triton's autotuner: with TRITON_CACHE_AUTOTUNING=1 (Triton >= 3.4) the timings are read from
   $TRITON_CACHE_DIR (else ~/.triton/cache) /<key>/<fn>.autotune.json if there (triton 3.6.0
-  runtime/autotuner.py:170-200), else benchmarked and written through a temporary directory and
-  os.replace, without a lock (runtime/cache.py:100-121); without the variable it benchmarks on
-  every start. A benchmark costs SGLANG_DOUBLE_TUNE_SECONDS (default 0.3) and prints
+  triton/runtime/autotuner.py:170-200), else benchmarked and written through a temporary directory
+  and os.replace, without a lock (triton/runtime/cache.py:100-121); without the variable it
+  benchmarks on every start. A benchmark costs SGLANG_DOUBLE_TUNE_SECONDS (default 0.3) and prints
   `[double] triton autotune: tuned NAME`.
 The sleeps are the double's simulated work, not synchronisation.
 """
