@@ -245,6 +245,11 @@ def decide(
             router is not None,
             facts.model_key,
             serve_plan.file_digests(facts.serving),
+            throughput_plan.card_ceilings(
+                gpu.gpus[0].name if gpu is not None and gpu.gpus else None,
+                model.size_bytes if model is not None else None,
+                model.quantization if model is not None else None,
+            ),
         )
         if throughput.decision is not None:
             plan.decisions.append(throughput.decision)

@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 
 from operations import layout
 from operations.kb.bench_client import load_bench_client
+from operations.kb.throughput import ceilings, load_throughput
 from operations.plan.planned_files import PlannedFile, planned
 from operations.plan.resolver.types import Rank
 from operations.plan.vocabulary import Decision, ThroughputJson
-from operations.programs.throughput_guard import Meta, Workload
+from operations.programs.throughput_guard import Ceilings, Meta, Workload
 from operations.render.host_scripts import script_text
 from operations.settings import Settings
 
@@ -105,6 +106,24 @@ def workload(s: Settings, model_key: str | None, ranks: int, through: str) -> Wo
     }
 
 
+def card_ceilings(
+    gpu_name: str | None, model_bytes: int | None, quantization: str | None
+) -> Ceilings | None:
+    """The card's ceilings for this model (kb/throughput.py ceilings, knowledge/throughput.yaml);
+    None for a card the knowledge base does not list or a model of unknown size. The parameter
+    count is the weights' bytes over bytes per parameter (1 for an FP8 checkpoint, else 2 for
+    bf16): what the issue's "54 GB of bf16 weights, ~54 GFLOP a token" reads."""
+    if not gpu_name or not model_bytes:
+        return None
+    gpu = load_throughput().gpu_named(gpu_name)
+    if gpu is None:
+        return None
+    params = model_bytes / (1 if quantization == "fp8" else 2)
+    single, full = ceilings(gpu, model_bytes, params)
+    source = f"knowledge/throughput.yaml gpus.{gpu.key}"
+    return {"one_stream_tok_s": single, "full_batch_tok_s": full, "source": source}
+
+
 def flags_digest(ranks: Sequence[Rank]) -> str:
     """The ranks' command lines, digested (the record names which flags served the run)."""
     text = json.dumps([r.argv for r in ranks])
@@ -118,6 +137,7 @@ def throughput_plan(
     router_here: bool,
     model_key: str | None,
     digests: Mapping[str, str],
+    card: Ceilings | None = None,
 ) -> ThroughputPlan:
     """The step's decision for this host (see the docstring). `changed`: this run (re)starts a
     rank or the router; `router_here`: the router runs on this host."""
@@ -180,6 +200,8 @@ def throughput_plan(
     argv += ["--key-file", layout.SECRETS_FILE, "--service-user", s.service_user]
     argv += ["--records", layout.THROUGHPUT_RECORDS, "--meta", json.dumps(meta, sort_keys=True)]
     argv += ["--max-slowdown", str(s.throughput_max_slowdown), "--guard", s.throughput_guard]
+    if card is not None:
+        argv += ["--ceilings", json.dumps(card, sort_keys=True)]
     what = (
         f"{client.module} {'through the router' if router else 'per rank'}: "
         f"{s.throughput_input_len} in / {s.throughput_output_len} out, "

@@ -197,8 +197,8 @@ class Ceilings(TypedDict):
 
 
 def beside_ceilings(record: Record, ceilings: Ceilings | None) -> str | None:
-    """The run beside the card's ceilings, per rank; None when the plan has none for this card
-    and model (today: the hook for the knowledge another change brings)."""
+    """The run beside the card's ceilings, per GPU; None when the plan has none for this card
+    and model (plan/throughput_plan.card_ceilings)."""
     if ceilings is None:
         return None
     ranks = int(record.get("ranks") or 1)

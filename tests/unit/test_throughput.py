@@ -450,3 +450,17 @@ def test_an_engine_without_the_client_module_is_refused_before_the_client_runs(
     assert out[0].startswith(f"throughput: refused: the engine {engine} has no ")
     assert "sglang/benchmark/serving.py, SGLang's benchmark client for this release" in out[0]
     assert not (tmp_path / "records").exists()
+
+
+def test_the_plan_passes_the_cards_ceilings_from_the_knowledge_base() -> None:
+    card = tp.card_ceilings("NVIDIA RTX PRO 6000 Blackwell Server Edition", 54 * 10**9, None)
+    assert card is not None
+    # 1,792 GB/s over 54 GB of bf16 weights; ~504 dense TFLOPS over 2 x 27e9 FLOP a token.
+    assert card["one_stream_tok_s"] == pytest.approx(33.2, abs=0.1)
+    assert 9000 < card["full_batch_tok_s"] < 9600
+    assert tp.card_ceilings("a card nobody listed", 54 * 10**9, None) is None
+    assert tp.card_ceilings(None, 54 * 10**9, None) is None
+    s = make_settings()
+    decided = tp.throughput_plan(s, ranks(), True, False, "d", {}, card)
+    assert decided.run is not None
+    assert json.loads(_arg(decided.run.argv, "--ceilings")[0]) == card
