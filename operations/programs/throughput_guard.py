@@ -93,11 +93,13 @@ def workload_key(record: Record) -> str:
 
 
 def previous(history: list[Record], current: Record) -> Record | None:
-    """The last record of `history` (oldest first) with `current`'s workload."""
+    """The last record of `history` (oldest first) with `current`'s workload; a run whose
+    requests failed measured nothing and is never compared with."""
     key = workload_key(current)
     found: Record | None = None
     for record in reversed(history):
-        if workload_key(record) == key:
+        measured = int(record.get("errors") or 0) == 0 and bool(record.get("completed"))
+        if measured and workload_key(record) == key:
             found = record
             break
     return found

@@ -104,6 +104,14 @@ def test_only_the_same_workload_is_compared() -> None:
     assert verdict.ok and verdict.previous is None
 
 
+def test_a_run_whose_requests_failed_is_never_the_one_compared_with() -> None:
+    good = record(1000, {"a": 500, "b": 500})
+    failed = record(0, {"a": 0, "b": 0})
+    failed["errors"], failed["completed"] = 64, 0
+    verdict = guard.judge(record(500, {"a": 250, "b": 250}), [good, failed], 0.1, "fail")
+    assert not verdict.ok and verdict.previous is good
+
+
 def test_failed_requests_fail_the_check() -> None:
     now = record(1000, {"a": 500, "b": 500})
     now["errors"], now["first_error"] = 3, "router: the client exited 1"
