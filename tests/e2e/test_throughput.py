@@ -10,6 +10,8 @@ what a slower release looks like to the check.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from tests import testbed as tb
 from tests.e2e.deploying import MODEL_CONFIG, Indexes, Run
 from tests.e2e.serving import ROUTER_PORT, base_data, deploy, ok
 from tests.e2e.serving import serving_indexes as serving_indexes  # the `indexes` fixture
-from tests.testbed import Container, ContainerSpec
+from tests.testbed import Container, ContainerSpec, inventory_file
 
 pytestmark = pytest.mark.e2e
 
@@ -103,6 +105,21 @@ def test_a_deploy_measures_a_slower_change_fails_by_name_and_warn_passes(
     assert "not measured" in again.output or again.status(OP).startswith("No changes"), again
     assert len(records(c)) == 1
 
+    # On demand: `operations.bench` measures again, under the deploy lock, and compares.
+    inventory = inventory_file(tmp_path, {c: data(c, indexes)}, filename="bench.py")
+    bench = subprocess.run(
+        [sys.executable, "-m", "operations.bench", str(inventory)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=Path(__file__).resolve().parents[2],
+        check=False,
+    )
+    said = bench.stdout + bench.stderr  # pyinfra logs to stderr
+    assert bench.returncode == 0, said
+    assert "against the last record" in said, said
+    assert len(records(c)) == 2
+
     # A change of the ranks' flags, and the double 20 times slower: the deploy fails by name.
     rate(c, 100)
     slower = deploy(tmp_path, {c: data(c, indexes, mem_fraction_static=0.85)})
@@ -111,8 +128,8 @@ def test_a_deploy_measures_a_slower_change_fails_by_name_and_warn_passes(
     assert "ranks that fell: sglang@0.service, sglang@1.service" in slower.output, slower
     assert "last: " in slower.output and "this run: " in slower.output
     kept = records(c)
-    assert len(kept) == 2 and kept[1]["output_tok_s"] < 0.9 * kept[0]["output_tok_s"]
-    assert kept[1]["flags_digest"] != kept[0]["flags_digest"]
+    assert len(kept) == 3 and kept[2]["output_tok_s"] < 0.9 * kept[1]["output_tok_s"]
+    assert kept[2]["flags_digest"] != kept[1]["flags_digest"]
     # The ranks still serve: the check touched none.
     _, out, _ = c.ssh_run("systemctl is-active sglang@0.service sglang@1.service")
     assert out.split() == ["active", "active"], out
@@ -124,7 +141,7 @@ def test_a_deploy_measures_a_slower_change_fails_by_name_and_warn_passes(
     )
     ok(warned)
     assert "WARNING throughput: " in warned.output and "ratio " in warned.output, warned
-    assert len(records(c)) == 3
+    assert len(records(c)) == 4
 
 
 def test_a_rank_that_takes_no_load_through_the_router_fails_the_deploy_by_name(

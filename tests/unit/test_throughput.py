@@ -472,3 +472,21 @@ def test_the_plan_passes_the_cards_ceilings_from_the_knowledge_base() -> None:
     decided = tp.throughput_plan(s, ranks(), True, False, "d", {}, card)
     assert decided.run is not None
     assert json.loads(_arg(decided.run.argv, "--ceilings")[0]) == card
+
+
+def test_bench_runs_the_throughput_step_alone_always_and_refuses_a_locked_host_at_once() -> None:
+    from operations.cli.bench import pyinfra_words
+
+    words = pyinfra_words("inv.py", ["throughput_check=off", "model_name=x"])
+    assert words[1:4] == ["-y", "inv.py", str(ROOT / "throughput.py")]
+    # The user's --data first; the bench's own last, so they win (pyinfra keeps the last).
+    assert words[4:] == [
+        "--data",
+        "throughput_check=off",
+        "--data",
+        "model_name=x",
+        "--data",
+        "throughput_check=always",
+        "--data",
+        "deploy_lock_wait_s=0",
+    ]
