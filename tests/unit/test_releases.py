@@ -226,6 +226,14 @@ def test_the_table_fits_80_columns_says_each_reason_once_and_marks_the_pin(
     rows = {line.split()[0]: line for line in lines if line.startswith("  0.5.")}
     assert set(rows) == set(KNOWLEDGE.supported_releases())
     assert out.count("cannot run CUDA 13.0") == 1
+    # Each unproven reason once, with the range of versions it holds for (it was one note a
+    # kernel version: 81 lines for 19 releases).
+    prose = " ".join(out.split())
+    assert prose.count("is a CUDA 12.9 build") == 1
+    assert prose.count("is not on SGLang's cu129 kernel index") == 1
+    assert prose.count("left out (CUDA 13 builds only)") == 1
+    assert "sglang-kernel 0.4.1 to 0.4.4+cu129 is a CUDA 12.9 build" in prose
+    assert len(lines) <= 2 * len(rows) + 15, len(lines)
     # group_data pins 0.5.11 on cu128 for the demo CT200: that cell, and only it, is marked.
     assert [r for r, line in rows.items() if "<" in line] == ["0.5.11"]
     assert "this host's pin (sglang_version 0.5.11, cuda_lane cu128)" in out
@@ -260,3 +268,25 @@ def test_behind_the_router_every_release_is_judged_and_smgs_pairing_is_said(
     for (release, _), v in found.items():
         if v["fits"] and release not in engines.tested:
             assert any("over HTTP" in u for u in v["unproven"]), (release, v)
+
+
+def test_a_reason_about_each_release_s_own_version_is_one_note_with_the_range() -> None:
+    """The same sentence about each release's kernel, or about what each release leaves out,
+    is one reason; a different sentence (or source) is another."""
+    kernel = "sglang-kernel {} is a CUDA 12.9 build: whether it loads (source: https://a/)"
+    why, parts = releases_mod.reason(kernel.format("0.4.1"))
+    assert (why, parts) == (releases_mod.reason(kernel.format("0.4.4+cu129"))[0], ["0.4.1"])
+    assert releases_mod.said(why, {"0.4.1": "0.5.10", "0.4.4+cu129": "0.5.15"}) == kernel.format(
+        "0.4.1 to 0.4.4+cu129"
+    )
+    assert releases_mod.reason(kernel.replace("a/", "b/").format("0.4.1"))[0] != why
+    left = "left out (CUDA 13 builds only): {}; the paths that use them are unavailable"
+    one, first = releases_mod.reason(left.format("sgl-deep-gemm"))
+    two, second = releases_mod.reason(left.format("sgl-deep-ep, sgl-deep-gemm"))
+    assert one == two and (first, second) == (["sgl-deep-gemm"], ["sgl-deep-ep", "sgl-deep-gemm"])
+    parts_ = {"sgl-deep-gemm": "0.5.16", "sgl-deep-ep": "0.5.18"}
+    assert releases_mod.said(one, parts_) == left.format(
+        "sgl-deep-gemm (from 0.5.16), sgl-deep-ep (from 0.5.18)"
+    )
+    plain = "SGLang's last CUDA 12 image is v0.5.19-cu129"
+    assert releases_mod.said(releases_mod.reason(plain)[0], {}) == plain
