@@ -47,6 +47,7 @@ from operations.plan.router_step import RouterStep
 from operations.plan.serve_plan import ServePlan, SmokeRequests
 from operations.plan.vocabulary import DrainAction, RollStep
 from operations.runtime.host_call import Commands
+from operations.runtime.host_lines import host_text
 from operations.runtime.pyinfra_internals import first_command
 from operations.settings import Settings
 from operations.steps.host_files import line_writer, new_file, put_planned, show_change
@@ -448,7 +449,7 @@ class ServeStep:
 @deploy("Serve")
 def _serve(report: HostReport) -> ServeStep:
     step = ServeStep(report)
-    host.log(f"ranks: {step.summary()}", logger.info)
+    logger.info(host_text(host, f"ranks: {step.summary()}"))
     step.run()
     # After the ranks' work: this run's drains used the key the running router has.
     if step.decided.control_plane_key is not None:
