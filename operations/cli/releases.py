@@ -7,9 +7,11 @@ Loads the inventory and gathers the facts as `python -m operations.plan` does (p
 connectors, @fake included; nothing is changed), then asks the plan itself
 (`host_plan.decide`, the one place that decides) for each release and lane the knowledge base
 knows, with the host's settings but that pin. A combination fits when its plan has no error;
-its unproven parts (what only the GPU settles) are listed either way. Exit status 0 when every
-host was asked; 1 when the inventory cannot be read (one line), or a host was not asked (its
-settings do not pass, one line per key, or it could not be reached).
+its unproven parts (what only the GPU settles) are listed either way, one note a reason (each
+note's sources under --why), and a build the engine check passed in on this host's GPUs is
+marked proven, with the day. Exit status 0 when every host was asked; 1 when the inventory
+cannot be read (one line), or a host was not asked (its settings do not pass, one line per key,
+or it could not be reached).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from operations import layout
 from operations import settings as settings_mod
 from operations.cli.report import unbroken, without_sources
 from operations.plan.host_plan import HostReport, decide
+from operations.plan.resolver import engine as resolver_engine
 from operations.plan.resolver.context import TRIED
 from operations.runtime.gather import gather
 
@@ -42,6 +45,8 @@ class Verdict(TypedDict):
     why: list[str]
     unproven: list[str]
     unlock: list[str]
+    # The day the engine check passed in this build on the host's GPUs (its record); None: not.
+    proven: str | None
 
 
 class Document(TypedDict):
@@ -89,6 +94,7 @@ def verdict(release: str, lane: str, report: HostReport, knowledge: kbmod.Knowle
     plan = report.to_json()
     errors = list(plan["errors"])
     unproven = [w.split(UNPROVEN, 1)[1] for w in plan["warnings"] if UNPROVEN in w]
+    proven = [d["value"] for d in plan["decisions"] if d["what"] == resolver_engine.PROVEN]
     return {
         "release": release,
         "lane": lane,
@@ -96,7 +102,14 @@ def verdict(release: str, lane: str, report: HostReport, knowledge: kbmod.Knowle
         "why": errors,
         "unproven": unproven,
         "unlock": unlock_hints(errors, knowledge, lane) if errors else [],
+        "proven": _day(proven[0]) if proven else None,
     }
+
+
+def _day(value: str) -> str:
+    """The day in the plan's decision for a build proven on the host's GPUs
+    (plan/resolver/engine.py, proven_decision: "on this host's GPUs on DATE (...)")."""
+    return value.split(resolver_engine.ON_GPUS, 1)[-1].split(" ", 1)[0]
 
 
 class Pin(NamedTuple):
@@ -202,6 +215,8 @@ def _cells(
             cell = "fits" + (f" u{','.join(map(str, sorted(marks)))}" if marks else "")
         else:
             cell = f"no ({notes.setdefault(_note_text(v), len(notes) + 1)})"
+        if v.get("proven"):
+            cell += " p"
         if pin is not None and (v["release"], v["lane"]) == pin:
             cell += " <"
         cells[(v["release"], v["lane"])] = cell
@@ -222,6 +237,14 @@ def render_host(entry: list[Verdict], pin: Pin | None, width: int, why: bool = F
         lines.append("  " + release.ljust(head) + row.rstrip())
     if pin is not None:
         lines.append(f"  <: this host's pin (sglang_version {pin.release}, cuda_lane {pin.lane})")
+    proven = [f"{v['release']} {v['lane']} on {v['proven']}" for v in entry if v.get("proven")]
+    if proven:
+        lines += unbroken(
+            f"p: proven on this host's GPUs: {'; '.join(proven)} (the engine check)",
+            width,
+            "     ",
+            "  ",
+        )
     shown = (lambda text: text) if why else without_sources
     lines += [""] if notes else []
     for text, n in notes.items():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from operations.kb.argv import cli_problems
 from operations.plan import host_plan
 from operations.plan.host_plan import Gathered, HostReport
 from operations.settings import Settings
+from operations.simulated import converged
 
 KNOWLEDGE = kb.load()
 REPO = Path(__file__).resolve().parents[2]
@@ -290,3 +292,28 @@ def test_a_reason_about_each_release_s_own_version_is_one_note_with_the_range() 
     )
     plain = "SGLang's last CUDA 12 image is v0.5.19-cu129"
     assert releases_mod.said(releases_mod.reason(plain)[0], {}) == plain
+
+
+def test_a_release_proven_on_the_host_is_marked_with_its_day(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 44: the day-2 CT200 (inventory/demo_day2.py) recorded that the engine check
+    passed in its 0.5.11 build on its GPUs: that row is marked proven, with the day, and no
+    longer points to the unproven kernel; the table still fits 80 columns."""
+    day2 = str(REPO / "inventory" / "demo_day2.py")
+    monkeypatch.setenv("COLUMNS", "80")
+    assert releases_mod.main([day2]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80, out
+    rows = {line.split()[0]: line for line in lines if line.startswith("  0.5.")}
+    assert [r for r, line in rows.items() if " p " in line + " "] == ["0.5.11"], out
+    assert "fits p <" in rows["0.5.11"]
+    day = time.strftime("%Y-%m-%d", time.gmtime(converged.STARTED))
+    assert f"p: proven on this host's GPUs: 0.5.11 cu128 on {day}" in out
+    found = _run(REPO / "inventory" / "demo_day2.py", capsys)
+    assert found[("0.5.11", "cu128")]["proven"] == day
+    assert found[("0.5.11", "cu128")]["unproven"] == []
+    assert found[("0.5.12", "cu128")]["proven"] is None
+    # The simulated CT200 of `make demo` has no record: nothing is marked.
+    assert all(v["proven"] is None for v in _run(REPO / "inventory" / "demo.py", capsys).values())
