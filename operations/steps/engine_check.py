@@ -155,8 +155,8 @@ def verify_env(
         host.noop(f"{engine.name} passed its check when it was installed")
         return
     tree = EngineTree(engine_root)
-    if gpus and driver_version:  # a record from an earlier check of this environment goes first
-        yield f"rm -f {_q(tree.env_proven(engine.name))}"
+    # A record from an earlier check of this environment goes first: only this check counts.
+    yield f"rm -f {_q(tree.env_proven(engine.name))}"
     yield HostCall(
         _verify,
         (tree.env(engine.name), engine.to_json(), [driver_version, driver_cuda], engine_root, user,
