@@ -215,7 +215,7 @@ def _cells(
             cell = "fits" + (f" u{','.join(map(str, sorted(marks)))}" if marks else "")
         else:
             cell = f"no ({notes.setdefault(_note_text(v), len(notes) + 1)})"
-        if v.get("proven"):
+        if v["proven"]:
             cell += " p"
         if pin is not None and (v["release"], v["lane"]) == pin:
             cell += " <"
@@ -236,8 +236,9 @@ def render_host(entry: list[Verdict], pin: Pin | None, width: int, why: bool = F
         row = "".join(cells.get((release, lane), "-").ljust(col) for lane in lanes)
         lines.append("  " + release.ljust(head) + row.rstrip())
     if pin is not None:
-        lines.append(f"  <: this host's pin (sglang_version {pin.release}, cuda_lane {pin.lane})")
-    proven = [f"{v['release']} {v['lane']} on {v['proven']}" for v in entry if v.get("proven")]
+        pinned = f"<: this host's pin (sglang_version {pin.release}, cuda_lane {pin.lane})"
+        lines += unbroken(pinned, width, "     ", "  ")
+    proven = [f"{v['release']} {v['lane']} on {v['proven']}" for v in entry if v["proven"]]
     if proven:
         lines += unbroken(
             f"p: proven on this host's GPUs: {'; '.join(proven)} (the engine check)",
@@ -252,10 +253,13 @@ def render_host(entry: list[Verdict], pin: Pin | None, width: int, why: bool = F
             lead = f"  ({n}) " if i == 0 else ""
             lines += unbroken(shown(part), width, "      ", lead.ljust(6))
     if unproven:
-        lines += ["", "  uN: unproven: only the GPUs settle it (the engine check, before any rank)"]
-    for n, (why_, parts) in enumerate(unproven.items(), 1):
+        lines.append("")
+        lines += unbroken(
+            "uN: unproven: only the GPUs settle it (the engine check, before any rank)", width, "  "
+        )
+    for n, (reason_of, parts) in enumerate(unproven.items(), 1):
         lead = f"  u{n} "
-        lines += unbroken(shown(said(why_, parts)), width, " " * len(lead), lead)
+        lines += unbroken(shown(said(reason_of, parts)), width, " " * len(lead), lead)
     if not why and (notes or unproven):
         lines.append("  (each note's sources: --why, or --json)")
     return lines
