@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, NamedTuple, TypedDict
 from operations import kb as kbmod
 from operations import layout
 from operations import settings as settings_mod
-from operations.cli.report import unbroken, without_sources
+from operations.cli.report import without_sources
+from operations.cli.wrapping import unbroken
 from operations.plan.host_plan import HostReport, decide
 from operations.plan.resolver import engine as resolver_engine
 from operations.plan.resolver.context import TRIED

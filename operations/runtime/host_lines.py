@@ -2,7 +2,7 @@
 
 pyinfra prints a host's line as `    [host] text`: its log formatter indents the first line of each
 message by 4 spaces (pyinfra_cli/log.py, LogFormatter.format) and `host.print_prefix` names the
-host. A line of ours is wrapped at spaces only (operations/cli/report.unbroken: a URL or a path is
+host. A line of ours is wrapped at spaces only (operations/cli/wrapping.unbroken: a URL or a path is
 never broken), its later lines indented under the text, so nothing we print is wider than the
 terminal (80 columns included).
 """
@@ -14,7 +14,7 @@ import shutil
 
 from pyinfra.api.host import Host
 
-from operations.cli.report import unbroken
+from operations.cli.wrapping import unbroken
 
 # pyinfra_cli/log.py, LogFormatter.format: `message = f"    {message}"` (the first line only).
 LOG_INDENT = "    "
