@@ -114,6 +114,9 @@ HUB_TOKEN_FILE = f"{HUB_TOKEN_DIR}/token"
 # Written into an environment only after it passed its checks: an environment without it is
 # partial (a cut download, a full disk, a failed check) and is removed by the next run.
 ENGINE_MARKER = "sglang-deploy.json"
+# Beside the marker: on which GPUs (nvidia-smi's names, the driver) and on which day the engine
+# check passed on this host, as the service user (facts/engine.py's Proven; steps/engine_check).
+ENGINE_PROVEN = "sglang-deploy-proven.json"
 # The resolved set, in each engine project (uv writes it) and environment (copied there).
 LOCK_FILE = "uv.lock"
 # The stage unit's interpreter: the host's own, present before any engine is installed.
@@ -189,6 +192,10 @@ class EngineTree:
     def env_marker(self, name: str) -> str:
         """The environment's marker (ENGINE_MARKER): complete once its check passed."""
         return f"{self.env(name)}/{ENGINE_MARKER}"
+
+    def env_proven(self, name: str) -> str:
+        """Where the engine check records that it passed on this host's GPUs (ENGINE_PROVEN)."""
+        return f"{self.env(name)}/{ENGINE_PROVEN}"
 
     def env_lock(self, name: str) -> str:
         """The lock an environment was installed from, kept inside it."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import textwrap
 from collections.abc import Mapping
 
 from rich.console import Console, Group, RenderableType
@@ -24,6 +23,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from operations.cli.wrapping import unbroken
 from operations.plan.host_plan import HostReport
 from operations.plan.preflight import Failure
 from operations.plan.resolver import RouterPlan
@@ -278,19 +278,6 @@ def why_lines(report: HostReport, width: int) -> list[Text]:
             lines.append(Text(a.file_name, style="bold"))
             lines.append(Text("    " + redact(f"{tools.url}/{a.path}")))
     return lines
-
-
-def unbroken(text: str, width: int, indent: str, first: str | None = None) -> list[str]:
-    """One paragraph at the terminal's width, wrapped at spaces only: a URL or a path is never
-    broken (a longer one runs on, and the terminal wraps it). `first`: the first line's lead."""
-    return textwrap.wrap(
-        text,
-        width=max(width, 40),
-        initial_indent=indent if first is None else first,
-        subsequent_indent=indent,
-        break_long_words=False,
-        break_on_hyphens=False,
-    )
 
 
 def host_panel(name: str, report: HostReport, why: bool = False, changes: bool = True) -> Panel:

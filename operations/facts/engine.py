@@ -5,13 +5,15 @@ trip; operations/steps/engine.py changes what these facts read.
 
 from __future__ import annotations
 
+import json
+import re
 import shlex
 from typing import NotRequired, TypedDict
 
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.facts import FactBase
 
-from operations.layout import ENGINE_MARKER, EngineTree
+from operations.layout import ENGINE_MARKER, ENGINE_PROVEN, EngineTree
 
 # An environment's marker (layout.ENGINE_MARKER): complete once its check passed.
 MARKER = ENGINE_MARKER
@@ -29,6 +31,38 @@ class EnvInfo(TypedDict):
     activated_at: int | None
 
 
+class Proven(TypedDict):
+    """What the engine step records beside an environment once the engine check passed on the
+    host's GPUs (layout.ENGINE_PROVEN, written by steps/engine_check.verify_env)."""
+
+    date: str  # the host's UTC day when it passed: YYYY-MM-DD
+    gpus: list[str]  # the GPUs' names by index, as nvidia-smi gave them to the plan
+    driver: str  # the driver's version, as nvidia-smi gave it
+    user: str  # who ran the check (the service user; root on a host without systemd)
+
+
+_DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
+def parse_proven(text: str) -> Proven | None:
+    """An environment's record (ENGINE_PROVEN's content); None when it is not one (a cut or
+    hand-edited file proves nothing)."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    date, gpus, driver, user = (data.get(k) for k in ("date", "gpus", "driver", "user"))
+    if not (isinstance(date, str) and _DAY.match(date) and isinstance(gpus, list) and gpus):
+        return None
+    if not (all(isinstance(g, str) for g in gpus) and isinstance(driver, str) and driver):
+        return None
+    if not isinstance(user, str):
+        return None
+    return {"date": date, "gpus": list(gpus), "driver": driver, "user": user}
+
+
 class EngineHost(TypedDict):
     current: str | None
     envs: dict[str, EnvInfo]
@@ -39,6 +73,8 @@ class EngineHost(TypedDict):
     packages: NotRequired[list[str]]
     # The compile-cache directories under ENGINE_ROOT/caches: environment name -> owner.
     caches: NotRequired[dict[str, str]]
+    # Environments the engine check passed on this host's GPUs: name -> its record.
+    proven: NotRequired[dict[str, Proven]]
 
 
 def parse_engine_state(lines: list[str]) -> EngineHost:
@@ -51,6 +87,10 @@ def parse_engine_state(lines: list[str]) -> EngineHost:
                 "complete": True,
                 "activated_at": int(stamp) if stamp.isdigit() else None,
             }
+        elif key == "proven" and value:
+            name, _, text = value.partition(" ")
+            if (record := parse_proven(text)) is not None:
+                state.setdefault("proven", {})[name] = record
         elif key == "partial" and value:
             state["envs"].setdefault(value, {"complete": False, "activated_at": None})
         elif key == "current" and value:
@@ -88,6 +128,14 @@ class EngineState(FactBase[EngineHost]):
             "toolkits": ["12.8.93-4c08ae3e"],
             "packages": ["libnuma1", "g++"],
             "caches": {"0.5.11-cu128-1a2b3c4d": "sglang"},
+            "proven": {
+                "0.5.11-cu128-1a2b3c4d": {
+                    "date": "2026-12-01",
+                    "gpus": ["NVIDIA RTX PRO 6000 Blackwell Server Edition"] * 8,
+                    "driver": "570.172.08",
+                    "user": "sglang",
+                },
+            },
         }
 
     + engine_root: where environments live (ENGINE_ROOT/envs/<name>, ENGINE_ROOT/current)
@@ -110,7 +158,9 @@ def state_script(engine_root: str) -> str:
         (
             f'for d in {envs}/*/; do [ -d "$d" ] || continue; n=${{d%/}}; n=${{n##*/}};',
             f'if [ -f "${{d}}{MARKER}" ]; then echo "env=$n $(stat -c %Y "${{d}}{MARKER}")";',
-            'else echo "partial=$n"; fi; done;',
+            'else echo "partial=$n"; fi;',
+            f'[ ! -f "${{d}}{ENGINE_PROVEN}" ] || echo "proven=$n $(head -c 4096',
+            f'"${{d}}{ENGINE_PROVEN}" | tr -d \'\\n\')"; done;',
             f'echo "current=$(readlink {shlex.quote(tree.current)} 2>/dev/null)";',
             f'echo "uv=$({shlex.quote(tree.uv)} --version 2>/dev/null)";',
             f'for d in {caches}/*/; do [ -d "$d" ] || continue; n=${{d%/}};',

@@ -257,6 +257,8 @@ def decide(
         files.append(PlannedFile(tree.env_lock(name), made_by=f"cp {tree.project_lock(name)}"))
         marker = json.dumps(spec.marker(), sort_keys=True) + "\n"
         files.append(PlannedFile(tree.env_marker(spec.name), marker))
+        # Beside it, once the check passed on the GPUs: their names, the driver, the day.
+        files.append(PlannedFile(tree.env_proven(name), made_by="the engine check, once passed"))
     if tools is not None and not compiler.toolkit_installed:
         files.append(
             PlannedFile(

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from operations import kb as kbmod
 from operations import layout
+from operations.facts.engine import EngineHost, Proven
 from operations.facts.gpu import NvidiaSmi
 from operations.facts.host import Model, Resources
 from operations.facts.model import Staging
@@ -173,6 +174,17 @@ def model_key(
     return staging.source.digest if staging is not None and staging.source else None
 
 
+def proven_envs(state: EngineHost) -> dict[str, Proven]:
+    """The records of the engine check passing on this host's GPUs, of complete environments
+    only (a partial one is rebuilt and checked again)."""
+    envs = state["envs"]
+    return {
+        name: record
+        for name, record in state.get("proven", {}).items()
+        if (env := envs.get(name)) is not None and env["complete"]
+    }
+
+
 def decide(
     host_name: str,
     settings: Settings,
@@ -195,6 +207,7 @@ def decide(
         model_key=facts.model_key,
         device_nodes=tuple(resources.device_nodes) if resources is not None else None,
         python=resources.python if resources is not None else None,
+        proven=proven_envs(facts.engine.state),
     )
     plan = resolver.resolve(settings, resolver_facts, knowledge)
     everyone = inventory_settings or [(host_name, settings)]

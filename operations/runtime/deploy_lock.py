@@ -47,6 +47,7 @@ from pyinfra.connectors.local import LocalConnector
 from pyinfra.connectors.ssh import SSHConnector
 
 from operations.render.host_scripts import script_text
+from operations.runtime.host_lines import host_text
 from operations.runtime.inventory import inventory_settings, refuse
 from operations.runtime.pyinfra_internals import add_callback_once, command_for_host, ssh_transport
 
@@ -124,7 +125,7 @@ class Request:
         if (id(state), host.name) not in _held:
             self.started = _start(state, host, holder_command(state, host, wait_s))
             if self.started is None and type(host.connector).__name__ != "FakeConnector":
-                logger.warning(f"{host.print_prefix}no deploy lock with this connector")
+                logger.warning(host_text(host, "no deploy lock with this connector"))
 
     def answer(self) -> str | None:
         """None once held (or when the connector holds none); otherwise why not, in one line,
@@ -141,20 +142,26 @@ class Request:
             if line == "locked":
                 _held[(id(state), host.name)] = handle
                 if time.monotonic() - self.began > 1 and not waited:
-                    logger.info(f"{host.print_prefix}deploy lock taken after {_since(self.began)}")
+                    logger.info(host_text(host, f"deploy lock taken after {_since(self.began)}"))
                 return None
             word, _, rest = line.partition(" ")
             if word == "released":
                 # The holder it waited for let go: its run ended, or its connection did.
                 logger.warning(
-                    f"{host.print_prefix}deploy lock taken after {_since(self.began)}: "
-                    f"released by {rest} (that run ended, or its connection to the host did)"
+                    host_text(
+                        host,
+                        f"deploy lock taken after {_since(self.began)}: released by {rest} "
+                        "(that run ended, or its connection to the host did)",
+                    )
                 )
                 waited = True
             elif word == "busy":
                 logger.warning(
-                    f"{host.print_prefix}another deploy holds this host ({rest}); waiting up to "
-                    f"{wait_s}s for it (deploy_lock_wait_s), nothing changed meanwhile"
+                    host_text(
+                        host,
+                        f"another deploy holds this host ({rest}); waiting up to {wait_s}s for it "
+                        "(deploy_lock_wait_s), nothing changed meanwhile",
+                    )
                 )
             elif word == "timeout":
                 _close(handle)

@@ -25,6 +25,7 @@ import atexit
 import json
 import shutil
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -65,6 +66,9 @@ class Engine:
     toolkits: tuple[str, ...]
     # The owner of its compile caches: the service user (the engine step makes them with it).
     cache_owner: str
+    # What the engine check recorded when it passed on the host's GPUs (layout.ENGINE_PROVEN,
+    # facts/engine.py's Proven), in the file's own JSON.
+    proven: str = ""
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,7 @@ def serving_lines(
         f"engine uv=uv {engine.uv}",
         *(f"engine toolkit={t}" for t in engine.toolkits),
         f"engine cache={engine.name} {engine.cache_owner}",
+        *([f"engine proven={engine.name} {engine.proven}"] if engine.proven else []),
         "engine package=libnuma1 installed",
         "engine package=g++ installed",
     ]
@@ -224,6 +229,7 @@ def image(settings: Settings, host: str = HOST) -> Image:
             uv=settings.uv_version,
             toolkits=tuple(sorted(homes)),
             cache_owner=settings.service_user,
+            proven=proven_record(report, settings),
         ),
         slug=layout.model_slug(settings),
         key=report.model_key,
@@ -235,6 +241,20 @@ def image(settings: Settings, host: str = HOST) -> Image:
         ),
         record=report.toolkit.file.text if report.toolkit is not None else None,
     )
+
+
+def proven_record(report: HostReport, settings: Settings) -> str:
+    """The record the engine step wrote once the check passed, as the service user, on the
+    bare host's GPUs (steps/engine_check.proven_command's JSON): the day the ranks started."""
+    gpu = report.gpu
+    assert gpu is not None and gpu.driver_version is not None
+    record = {
+        "date": time.strftime("%Y-%m-%d", time.gmtime(STARTED)),
+        "driver": gpu.driver_version,
+        "gpus": [g.name for g in sorted(gpu.gpus, key=lambda g: g.index)],
+        "user": settings.service_user,
+    }
+    return json.dumps(record, sort_keys=True)
 
 
 def fake_responses(settings: Settings | None = None) -> dict[str, list[str]]:

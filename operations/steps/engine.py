@@ -380,7 +380,8 @@ def _engine_deploy(report: HostReport) -> EngineStep:
     # engine built before engines had a compiler gets one without being rebuilt.
     _compiler(s, plan)
     if plan.install:
-        _install(s, plan)
+        gpu = report.gpu
+        _install(s, plan, [g.name for g in gpu.gpus] if gpu is not None and gpu.ok else [])
     elif plan.fetch_lock:
         _fetch_lock(plan)
     # One call for every host (pyinfra orders operations by where they are called): after the
@@ -474,7 +475,9 @@ def _fetch_lock(plan: EnginePlan) -> None:
     )
 
 
-def _install(s: Settings, plan: EnginePlan) -> None:
+def _install(s: Settings, plan: EnginePlan, gpus: list[str]) -> None:
+    """Build the environment, check it on the GPUs (`gpus`: their names, recorded once it
+    passed), then copy its lock back."""
     root, spec = plan.root, plan.spec
     tree = EngineTree(root)
     files.directory(name="directories", path=tree.envs, mode="755")
@@ -532,6 +535,7 @@ def _install(s: Settings, plan: EnginePlan) -> None:
         complete=False,
         user=plan.user,
         device_nodes=list(plan.device_nodes) if plan.device_nodes is not None else None,
+        gpus=gpus,
     )
     if plan.fetch_lock:
         _fetch_lock(plan)

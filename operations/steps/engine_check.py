@@ -25,6 +25,7 @@ from operations.plan.preflight import NESTING_FIX
 from operations.render import units
 from operations.render.host_scripts import script_text
 from operations.runtime.host_call import Commands, HostCall, run
+from operations.runtime.host_lines import host_text
 
 # The engine check, run on the host by verify_env; engine_probe.py reads and judges its output.
 CHECK_SCRIPT = script_text("engine_check.py")
@@ -109,15 +110,13 @@ def _verify(
     if not status and not problems:
         problems = [f"the engine check failed: {output.stderr.strip()[-500:]}"]
     if problems:
-        logger.error(
-            f"{host.print_prefix}engine {spec.name} failed its check on the GPUs; `current` "
-            "and the serving ranks are unchanged:" + "".join(f"\n    {p}" for p in problems)
-        )
+        said = f"engine {spec.name} failed its check on the GPUs; `current` and the serving "
+        said += "ranks are unchanged:" + "".join(f"\n    {p}" for p in problems)
+        logger.error(host_text(host, said))
         return False
     where = f" as {user}, in a rank's sandbox" if user else ""
-    logger.info(
-        f"{host.print_prefix}engine {spec.name} passed its check on {spec.gpu_count} GPU(s)" + where
-    )
+    passed = f"engine {spec.name} passed its check on {spec.gpu_count} GPU(s){where}"
+    logger.info(host_text(host, passed))
     return True
 
 
@@ -130,6 +129,7 @@ def verify_env(
     complete: bool = False,
     user: str | None = None,
     device_nodes: list[str] | None = None,
+    gpus: list[str] | None = None,
 ) -> Commands:
     """
     The engine check, before anything points at the new environment, as a rank runs (the
@@ -147,12 +147,16 @@ def verify_env(
     + complete: the environment passed its check when it was installed (the plan's)
     + user: the service user the check runs as (it must exist); None runs it as root, bare
     + device_nodes: the host's NVIDIA nodes (HostResources), for the optional DeviceAllow= lines
+    + gpus: the GPUs' names by index (preflight's nvidia-smi): once the check passed, they are
+      recorded beside the marker with the driver, the day and the user (layout.ENGINE_PROVEN)
     """
     engine = EngineSpec.from_json(spec)
     if complete:
         host.noop(f"{engine.name} passed its check when it was installed")
         return
     tree = EngineTree(engine_root)
+    # A record from an earlier check of this environment goes first: only this check counts.
+    yield f"rm -f {_q(tree.env_proven(engine.name))}"
     yield HostCall(
         _verify,
         (tree.env(engine.name), engine.to_json(), [driver_version, driver_cuda], engine_root, user,
@@ -163,4 +167,18 @@ def verify_env(
     path = tree.env_marker(engine.name)
     yield (
         f"printf '%s\\n' {_q(marker)} > {_q(path + '.tmp')} && mv -f {_q(path + '.tmp')} {_q(path)}"
+    )
+    if gpus and driver_version:
+        yield proven_command(tree.env_proven(engine.name), gpus, driver_version, user or "root")
+
+
+def proven_command(path: str, gpus: list[str], driver: str, user: str) -> str:
+    """Write the record that the check passed on these GPUs (facts/engine.py's Proven), the day
+    the host's clock says (UTC): after the check and the marker, so only a check that passed
+    leaves one."""
+    rest = json.dumps({"driver": driver, "gpus": gpus, "user": user}, sort_keys=True)
+    tmp = _q(path + ".tmp")
+    return (
+        f'printf \'{{"date": "%s", %s\\n\' "$(date -u +%Y-%m-%d)" {_q(rest[1:])} > {tmp} '
+        f"&& mv -f {tmp} {_q(path)}"
     )

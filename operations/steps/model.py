@@ -39,6 +39,7 @@ from operations.plan.host_plan import HostReport
 from operations.plan.model_plan import stage_command
 from operations.plan.vocabulary import StageMode
 from operations.runtime.host_call import Commands, HostCall, run
+from operations.runtime.host_lines import host_text
 from operations.settings import Settings
 from operations.steps.host_files import new_file, put_planned
 from operations.steps.users import service_user
@@ -281,7 +282,7 @@ def _stage_model(report: HostReport) -> None:
     if plan.make_user:
         service_user(name=f"service user {plan.user}", user=plan.user, make=not plan.user_exists)
     stage = plan.stage.plan
-    logger.info(f"{host.print_prefix}model {s.model_name}: {stage.mode}: {stage.why}")
+    logger.info(host_text(host, f"model {s.model_name}: {stage.mode}: {stage.why}"))
     staged(
         name=f"stage the copy ({stage.mode})",
         source_dir=s.source.target_dir,

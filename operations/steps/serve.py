@@ -46,6 +46,7 @@ from operations.plan.router_step import RouterStep
 from operations.plan.serve_plan import ServePlan, SmokeRequests
 from operations.plan.vocabulary import DrainAction, RollStep
 from operations.runtime.host_call import Commands
+from operations.runtime.host_lines import host_text
 from operations.runtime.pyinfra_internals import first_command
 from operations.settings import Settings
 from operations.steps.host_files import line_writer, new_file, put_planned, show_change
@@ -445,7 +446,7 @@ class ServeStep:
 @deploy("Serve")
 def _serve(report: HostReport) -> ServeStep:
     step = ServeStep(report)
-    host.log(f"ranks: {step.summary()}", logger.info)
+    logger.info(host_text(host, f"ranks: {step.summary()}"))
     decided = step.decided
     # The router and its control-plane key before the ranks or after them, as the plan's
     # RouterOrder says: every drain speaks the API, with the key, of the router then running.

@@ -9,6 +9,7 @@ sets up the state it needs and no test depends on another's order.
 
 from __future__ import annotations
 
+import json
 import shlex
 import shutil
 import urllib.request
@@ -20,6 +21,7 @@ import pytest
 
 from operations import kb as kbmod
 from operations.facts.engine import MARKER
+from operations.layout import ENGINE_PROVEN
 from operations.plan.engine_spec import Toolkit, engine_spec, read_redist_manifest
 from operations.settings import Layer, load
 from tests import testbed as tb
@@ -200,12 +202,19 @@ def test_fresh_install_then_a_second_run_changes_nothing(
     assert first.engine_ops()[nvcc] == "Success"
     home = f"{root}/cuda/{toolkit(indexes).name}"
     assert "release 12.8, V12.8.93" in sh(target, f"{home}/bin/nvcc --version")
+    # Issue 44: the check recorded that it passed on these GPUs, as the service user.
+    record = json.loads(sh(target, f"cat {root}/envs/{name}/{ENGINE_PROVEN}"))
+    assert record["user"] == "sglang" and record["gpus"] and record["driver"], record
 
     before = target.snapshot([root + "/envs", root + "/current"])
     requests_before = indexes.requests()
     second = deploy(target, tmp_path, data)
 
     ok(second)
+    # So the plan says it is proven on this host's GPUs, with the day, not unproven.
+    said = " ".join(second.output.split())
+    assert f"proven on this host's GPUs on {record['date']}" in said, second
+    assert "is unproven" not in said, second
     engine_ops = second.engine_ops()
     assert engine_ops == {
         **toolkit_ops(indexes),
@@ -317,6 +326,8 @@ def test_wrong_lane_torch_is_refused_and_current_stays(
     assert "The NVIDIA driver on your system is too old (found version 12080)" in run.output
     assert current(target, root) == serving
     assert envs(target, root)[env_name(NEW)] is False  # left partial, never pointed at
+    rc, _, _ = target.ssh_run(f"test -e {root}/envs/{env_name(NEW)}/{ENGINE_PROVEN}")
+    assert rc != 0, "a check that failed left a record that it passed"
 
     # 3. The next run with the right index removes the partial environment and succeeds.
     ok(deploy(target, tmp_path, {**indexes.data(), "engine_root": root, "sglang_version": NEW}))

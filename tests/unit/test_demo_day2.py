@@ -5,10 +5,13 @@ the roll, batch by batch; status shows 8 healthy ranks."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,15 +23,17 @@ from operations.facts.serve_status import parse_status
 from operations.plan import host_plan
 from operations.plan.engine_plan import EngineFacts
 from operations.plan.host_plan import Gathered
-from operations.settings import Layer, load
+from operations.settings import Layer, Settings, load
 from operations.simulated import converged, group_data
+from tests.unit.widths import ours_wider_than
 
 ROOT = Path(__file__).resolve().parents[2]
 PYINFRA = str(ROOT / ".venv" / "bin" / "pyinfra")
 
 
-def converged_plan(**data: object) -> host_plan.HostReport:
-    """The plan over the converged host's answers, as the facts' own parsers read them."""
+def converged_facts(**data: object) -> tuple[Settings, Gathered]:
+    """The settings (the repository's, `data` over them) and the converged host's facts, as the
+    facts' own parsers read its answers."""
     settings = converged.repository_settings()
     answers = converged.fake_responses(settings)
     found = parse_host_facts(answers[SECTION])
@@ -47,6 +52,12 @@ def converged_plan(**data: object) -> host_plan.HostReport:
     facts = Gathered(
         host=found, serving=serving, staging=staged, model=model, model_key=key, engine=engine
     )
+    return settings, facts
+
+
+def converged_plan(**data: object) -> host_plan.HostReport:
+    """The plan over the converged host's answers."""
+    settings, facts = converged_facts(**data)
     return host_plan.decide(converged.HOST, settings, facts, kb.load())
 
 
@@ -69,6 +80,49 @@ def test_another_pin_rolls_every_rank_in_batches() -> None:
     assert report.serve is not None
     batches = [[r.rank for r in batch] for batch in report.serve.roll.batches]
     assert batches == [[r] for r in range(8)], batches
+
+
+def _unproven(report: host_plan.HostReport) -> list[str]:
+    return [w for w in report.plan.warnings if "is unproven:" in w]
+
+
+def test_the_engine_the_check_passed_in_on_these_gpus_is_proven_not_unproven() -> None:
+    """Issue 44: the converged host's engine check passed on its GPUs and recorded it: the plan
+    says proven, with the day, instead of warning that 0.5.11's cu129 kernel is unproven."""
+    report = converged_plan()
+    assert _unproven(report) == [], report.plan.warnings
+    (proven,) = [d for d in report.plan.decisions if d.what == "proven"]
+    day = time.strftime("%Y-%m-%d", time.gmtime(converged.STARTED))
+    assert proven.value == f"on this host's GPUs on {day} (the engine check)", proven
+    assert "driver 570.172.08" in proven.why and "sglang-kernel 0.4.2+cu129" in proven.why
+    # Another release is another environment: nothing proves it yet.
+    assert _unproven(converged_plan(sglang_version="0.5.19"))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"driver": "580.65.06"},  # the node's driver moved since the check
+        {"gpus": ["NVIDIA H100 80GB HBM3"] * 8},  # other GPUs
+        {"gpus": ["NVIDIA RTX PRO 6000 Blackwell Server Edition"] * 7},  # one GPU fewer
+        None,  # no record: an engine built before the check recorded one
+    ],
+)
+def test_a_record_of_other_gpus_or_none_leaves_it_unproven(
+    change: dict[str, Any] | None,
+) -> None:
+    settings, facts = converged_facts()
+    state = facts.engine.state
+    proven = state.get("proven", {})
+    (name,) = proven
+    records: dict[str, Any] = {} if change is None else {name: {**proven[name], **change}}
+    engine = dataclasses.replace(facts.engine, state={**state, "proven": records})
+    report = host_plan.decide(
+        converged.HOST, settings, dataclasses.replace(facts, engine=engine), kb.load()
+    )
+    assert [d for d in report.plan.decisions if d.what == "proven"] == []
+    (warning,) = _unproven(report)
+    assert "sglang-kernel 0.4.2+cu129 is a CUDA 12.9 build" in warning
 
 
 def test_status_reads_eight_healthy_ranks() -> None:
@@ -107,11 +161,19 @@ def test_make_demo_day2_no_change_then_the_roll_then_status() -> None:
     plain = _run(PYINFRA, "inventory/demo_day2.py", "deploy.py", "--dry")
     assert _changed_rows(plain) == [], plain
     assert "nothing to restart" in plain, plain
+    # The engine check passed on this host's GPUs (its record is among the converged host's):
+    # proven, with the day, not "unproven".
+    assert "proven on this host's GPUs on " in " ".join(plain.split()), plain
+    assert "unproven" not in plain, plain
 
     rolled = _run(
         PYINFRA, "inventory/demo_day2.py", "deploy.py", "--dry", "--data", "sglang_version=0.5.19"
     )
-    assert "in batches [0] then [1] then [2]" in rolled, rolled
+    # Our lines wrap at the terminal's width (COLUMNS=80): read them as prose.
+    assert "in batches [0] then [1] then [2]" in " ".join(rolled.split()), rolled
+    assert "sglang 0.5.19 on cu128 is unproven" in " ".join(rolled.split()), rolled
+    for out in (plain, rolled):
+        assert ours_wider_than(80, out.splitlines()) == [], out
     rows = _changed_rows(rolled)
     for rank in range(8):
         assert any(f"restart batch {rank + 1}: restart sglang@{rank}.service" in r for r in rows)

@@ -151,7 +151,7 @@ def test_the_waiting_run_names_the_run_that_let_go(
     first.proc.stdin.close()
     with caplog.at_level(logging.INFO, logger="pyinfra"):
         assert request.answer() is None
-    said = caplog.text
+    said = " ".join(caplog.text.split())  # wrapped at the terminal's width
     assert "another deploy holds this host (deploy by first@laptop" in said, said
     assert "released by deploy by first@laptop (pyinfra pid 1), host pid" in said, said
     assert "(that run ended, or its connection to the host did)" in said, said

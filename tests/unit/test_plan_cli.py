@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from tests.unit.widths import ours_wider_than
+
 pytestmark = pytest.mark.integration  # runs the plan command and pyinfra
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -290,6 +292,8 @@ def test_make_demo_fits_80_lines_at_80_columns() -> None:
     # ("no toolkit version recorded ...") and the operation that records it.
     assert shown <= 87, "\n".join(lines)
     assert "--port PORT" in result.stdout + result.stderr
+    # Issue 44: every line of ours fits (the staging summary was 109 columns wide).
+    assert ours_wider_than(80, lines) == [], "\n".join(lines)
 
 
 def test_dry_deploy_shows_the_plan_and_changes_nothing(tmp_path: Path) -> None:

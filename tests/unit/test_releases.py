@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from operations.kb.argv import cli_problems
 from operations.plan import host_plan
 from operations.plan.host_plan import Gathered, HostReport
 from operations.settings import Settings
+from operations.simulated import converged
 
 KNOWLEDGE = kb.load()
 REPO = Path(__file__).resolve().parents[2]
@@ -226,6 +228,14 @@ def test_the_table_fits_80_columns_says_each_reason_once_and_marks_the_pin(
     rows = {line.split()[0]: line for line in lines if line.startswith("  0.5.")}
     assert set(rows) == set(KNOWLEDGE.supported_releases())
     assert out.count("cannot run CUDA 13.0") == 1
+    # Each unproven reason once, with the range of versions it holds for (it was one note a
+    # kernel version: 81 lines for 19 releases).
+    prose = " ".join(out.split())
+    assert prose.count("is a CUDA 12.9 build") == 1
+    assert prose.count("is not on SGLang's cu129 kernel index") == 1
+    assert prose.count("left out (CUDA 13 builds only)") == 1
+    assert "sglang-kernel 0.4.1 to 0.4.4+cu129 is a CUDA 12.9 build" in prose
+    assert len(lines) <= 2 * len(rows) + 15, len(lines)
     # group_data pins 0.5.11 on cu128 for the demo CT200: that cell, and only it, is marked.
     assert [r for r, line in rows.items() if "<" in line] == ["0.5.11"]
     assert "this host's pin (sglang_version 0.5.11, cuda_lane cu128)" in out
@@ -260,3 +270,50 @@ def test_behind_the_router_every_release_is_judged_and_smgs_pairing_is_said(
     for (release, _), v in found.items():
         if v["fits"] and release not in engines.tested:
             assert any("over HTTP" in u for u in v["unproven"]), (release, v)
+
+
+def test_a_reason_about_each_release_s_own_version_is_one_note_with_the_range() -> None:
+    """The same sentence about each release's kernel, or about what each release leaves out,
+    is one reason; a different sentence (or source) is another."""
+    kernel = "sglang-kernel {} is a CUDA 12.9 build: whether it loads (source: https://a/)"
+    why, parts = releases_mod.reason(kernel.format("0.4.1"))
+    assert (why, parts) == (releases_mod.reason(kernel.format("0.4.4+cu129"))[0], ["0.4.1"])
+    assert releases_mod.said(why, {"0.4.1": "0.5.10", "0.4.4+cu129": "0.5.15"}) == kernel.format(
+        "0.4.1 to 0.4.4+cu129"
+    )
+    assert releases_mod.reason(kernel.replace("a/", "b/").format("0.4.1"))[0] != why
+    left = "left out (CUDA 13 builds only): {}; the paths that use them are unavailable"
+    one, first = releases_mod.reason(left.format("sgl-deep-gemm"))
+    two, second = releases_mod.reason(left.format("sgl-deep-ep, sgl-deep-gemm"))
+    assert one == two and (first, second) == (["sgl-deep-gemm"], ["sgl-deep-ep", "sgl-deep-gemm"])
+    parts_ = {"sgl-deep-gemm": "0.5.16", "sgl-deep-ep": "0.5.18"}
+    assert releases_mod.said(one, parts_) == left.format(
+        "sgl-deep-gemm (from 0.5.16), sgl-deep-ep (from 0.5.18)"
+    )
+    plain = "SGLang's last CUDA 12 image is v0.5.19-cu129"
+    assert releases_mod.said(releases_mod.reason(plain)[0], {}) == plain
+
+
+def test_a_release_proven_on_the_host_is_marked_with_its_day(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 44: the day-2 CT200 (inventory/demo_day2.py) recorded that the engine check
+    passed in its 0.5.11 build on its GPUs: that row is marked proven, with the day, and no
+    longer points to the unproven kernel; the table still fits 80 columns."""
+    day2 = str(REPO / "inventory" / "demo_day2.py")
+    monkeypatch.setenv("COLUMNS", "80")
+    assert releases_mod.main([day2]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80, out
+    rows = {line.split()[0]: line for line in lines if line.startswith("  0.5.")}
+    assert [r for r, line in rows.items() if " p " in line + " "] == ["0.5.11"], out
+    assert "fits p <" in rows["0.5.11"]
+    day = time.strftime("%Y-%m-%d", time.gmtime(converged.STARTED))
+    assert f"p: proven on this host's GPUs: 0.5.11 cu128 on {day}" in out
+    found = _run(REPO / "inventory" / "demo_day2.py", capsys)
+    assert found[("0.5.11", "cu128")]["proven"] == day
+    assert found[("0.5.11", "cu128")]["unproven"] == []
+    assert found[("0.5.12", "cu128")]["proven"] is None
+    # The simulated CT200 of `make demo` has no record: nothing is marked.
+    assert all(v["proven"] is None for v in _run(REPO / "inventory" / "demo.py", capsys).values())

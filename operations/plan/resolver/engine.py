@@ -5,6 +5,8 @@ overrides and compiler), each shown as a decision."""
 from __future__ import annotations
 
 from operations import layout
+from operations.facts.engine import Proven
+from operations.facts.gpu import NvidiaSmi
 from operations.kb import Lane, cite, in_range, version
 from operations.plan.engine_spec import (
     EngineError,
@@ -183,11 +185,44 @@ def plan_engine(ctx: Resolution) -> None:
                 f"{spec.lane} ({src(exclude.source)})",
             )
         )
+    record = ctx.facts.proven.get(spec.name)
+    if record is not None and proven_here(record, ctx.facts.gpu):
+        ctx.plan.decisions.append(proven_decision(record, spec))
+        return
     for what in spec.unproven:
         ctx.plan.warnings.append(
             f"sglang {spec.release} on {spec.lane} is unproven: {what}; the engine check "
             "settles it on this host's GPUs before any rank uses it"
         )
+
+
+# The decision reads "proven  on this host's GPUs on DATE (the engine check)" in the plan.
+PROVEN = "proven"
+ON_GPUS = "on this host's GPUs on "
+
+
+def proven_here(record: Proven, gpu: NvidiaSmi | None) -> bool:
+    """The engine check passed on the GPUs the host has now: the same names, by index, under
+    the same driver (a GPU or a driver changed since is unproven again)."""
+    if gpu is None or not gpu.ok:
+        return False
+    now = [g.name for g in sorted(gpu.gpus, key=lambda g: g.index)]
+    return record["gpus"] == now and record["driver"] == gpu.driver_version
+
+
+def proven_decision(record: Proven, spec: EngineSpec) -> Decision:
+    """What the plan says of an engine the check passed in on this host's GPUs, instead of
+    warning that its unproven parts are."""
+    gpus = record["gpus"]
+    names = ", ".join(sorted(set(gpus)))
+    settled = "; ".join(spec.unproven) or "nothing was unproven"
+    return Decision(
+        PROVEN,
+        f"{ON_GPUS}{record['date']} (the engine check)",
+        f"the engine check passed as {record['user']} on {len(gpus)} x {names}, driver "
+        f"{record['driver']} ({layout.ENGINE_PROVEN} beside the environment); what it settled: "
+        f"{settled}",
+    )
 
 
 def explain_compiler(ctx: Resolution, spec: EngineSpec) -> None:

@@ -3,8 +3,10 @@ Decisions, Ranks and engine) and the shapes `python -m operations.plan --json` p
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from operations.facts.engine import Proven
 from operations.facts.gpu import NvidiaSmi
 from operations.facts.host import Model
 from operations.plan.engine_spec import EngineSpec
@@ -24,6 +26,9 @@ class Facts:
     device_nodes: tuple[str, ...] | None = None
     # The host's python3 version ("3.11.2", HostResources); None: not gathered.
     python: str | None = None
+    # The complete environments the engine check passed in on this host's GPUs (EngineState's
+    # `proven`): environment name -> its record.
+    proven: Mapping[str, Proven] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
