@@ -1,5 +1,5 @@
 """The toolkit's version: pyproject.toml's, and CHANGELOG.md's newest released heading
-(tests/unit/test_version.py holds the three equal).
+(tests/unit/test_toolkit_version.py holds the three equal).
 
 A constant, not a file read: the project is not installed as a package (pyproject.toml's
 `[tool.uv] package = false`, so importlib.metadata has no version to give), and the plan

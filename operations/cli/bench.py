@@ -2,9 +2,10 @@
 
     python -m operations.bench INVENTORY [--data KEY=VALUE ...]
 
-Runs the deploy's throughput step alone on every host of the inventory (throughput.py, through
-pyinfra as the deploy runs: `throughput_check` is `always` here), under the deploy lock: a host
-another deploy holds is refused at once (deploy_lock_wait_s 0), never measured mid-change. Each
+Runs the deploy's throughput step alone on every host of the inventory (the deploy file
+operations/bench_deploy.py, through pyinfra as the deploy runs: `throughput_check` is `always`
+here), under the deploy lock: a host another deploy holds is refused at once
+(deploy_lock_wait_s 0), never measured mid-change. Each
 host runs SGLang's client from its serving engine (docs/operations.md "Throughput"), keeps the
 record and compares it with the last one of the same workload; a slower run exits 1 as a deploy
 does (throughput_guard: warn passes). Exit status: pyinfra's.
@@ -27,7 +28,7 @@ def pyinfra_words(inventory: str, data: list[str]) -> list[str]:
         str(Path(sys.executable).parent / "pyinfra"),
         "-y",
         inventory,
-        str(ROOT / "throughput.py"),
+        str(ROOT / "operations" / "bench_deploy.py"),
     ]
     for item in data:
         words += ["--data", item]

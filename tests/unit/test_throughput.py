@@ -478,7 +478,7 @@ def test_bench_runs_the_throughput_step_alone_always_and_refuses_a_locked_host_a
     from operations.cli.bench import pyinfra_words
 
     words = pyinfra_words("inv.py", ["throughput_check=off", "model_name=x"])
-    assert words[1:4] == ["-y", "inv.py", str(ROOT / "throughput.py")]
+    assert words[1:4] == ["-y", "inv.py", str(ROOT / "operations" / "bench_deploy.py")]
     # The user's --data first; the bench's own last, so they win (pyinfra keeps the last).
     assert words[4:] == [
         "--data",

@@ -1,5 +1,5 @@
-"""Measure serving hosts on demand: `python -m operations.bench INVENTORY` runs
-`pyinfra -y INVENTORY throughput.py --data throughput_check=always --data deploy_lock_wait_s=0`.
+"""Measure serving hosts on demand: `python -m operations.bench INVENTORY` runs `pyinfra -y
+INVENTORY operations/bench_deploy.py --data throughput_check=always --data deploy_lock_wait_s=0`.
 
 The deploy's throughput step alone (operations/steps/throughput.py), under the deploy lock: a
 host a deploy holds is refused at once, and a bench holds off a deploy while it measures. The
