@@ -12,6 +12,8 @@ Steps, in order, each converging (a converged host reports no change):
   6. throughput (operations/steps/throughput.py): after a run that (re)started ranks, SGLang's
      own benchmark client measures the host, a record is kept and a slower run fails the
      deploy; throughput_check: after_change | always | off.
+  7. record (operations/steps/record.py): the toolkit version that deployed the host, written
+     only when every step before it succeeded (/etc/sglang/toolkit.json).
 """
 
 import sys
