@@ -57,7 +57,7 @@ _SHOWN = {
     "weights",
 }
 # What the compact view calls the other decisions (short labels keep the value column wide).
-_LABELS = {"rank environment": "env"}
+_LABELS = {"rank environment": "env", "throughput check": "bench"}
 # The command line's options are packed into lines this wide (an 80-column panel's inside).
 PACK_WIDTH = 72
 # "(source: URL; URL)" at the end of a reason: behind --why in the compact view.

@@ -162,7 +162,7 @@ def throughput_plan(
             ]
         )
     entry = layout.managed_file(s, layout.THROUGHPUT_SCRIPT)
-    script = planned("throughput script", entry, script_text("throughput.py"), digests)
+    script = planned("Throughput | script", entry, script_text("throughput.py"), digests)
     if s.throughput_check == "after_change" and not changed:
         return ThroughputPlan(
             files=[script],
@@ -202,12 +202,12 @@ def throughput_plan(
     argv += ["--max-slowdown", str(s.throughput_max_slowdown), "--guard", s.throughput_guard]
     if card is not None:
         argv += ["--ceilings", json.dumps(card, sort_keys=True)]
+    guard = "fails" if s.throughput_guard == "fail" else "warns"
     what = (
         f"{client.module} {'through the router' if router else 'per rank'}: "
-        f"{s.throughput_input_len} in / {s.throughput_output_len} out, "
-        f"{s.throughput_concurrency_per_rank} in flight and {s.throughput_prompts_per_rank} "
-        f"requests per rank x {len(ranks)}, guard {s.throughput_guard} past "
-        f"{s.throughput_max_slowdown:g} slower"
+        f"{s.throughput_input_len}/{s.throughput_output_len} tokens in/out, "
+        f"{s.throughput_concurrency_per_rank} at once, {s.throughput_prompts_per_rank} a rank "
+        f"x {len(ranks)}; {guard} past {s.throughput_max_slowdown:.0%} slower"
     )
     why = (
         f"throughput_check {s.throughput_check}; the release's client and flags from its wheel "

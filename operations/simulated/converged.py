@@ -197,13 +197,15 @@ def bare_plan(settings: Settings, host: str = HOST) -> tuple[HostReport, Staging
 
 
 def written(report: HostReport) -> list[PlannedFile]:
-    """Every file the plan's serve and model steps write whose content it gives."""
+    """Every file the plan's steps write whose content it gives."""
     serve, model = report.serve, report.model_step
     assert serve is not None and model is not None, report.errors
     files = [*serve.files, *serve.smoke_files, *serve.rank_units.values()]
     files += [model.script, model.unit]
     if serve.router is not None:
         files += serve.router.files
+    if report.throughput is not None:
+        files += report.throughput.files
     if report.toolkit is not None:
         files.append(report.toolkit.file)
     return [f for f in files if f.content is not None and not f.secret]

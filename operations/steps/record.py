@@ -1,4 +1,4 @@
-"""Step 6 of the deploy: the toolkit version that deployed the host, recorded on it.
+"""Step 7 of the deploy: the toolkit version that deployed the host, recorded on it.
 
 The last operation of a host's run: pyinfra runs none of a host's operations after one that
 failed, so the record (layout.TOOLKIT_RECORD) names a version only once every step before it
