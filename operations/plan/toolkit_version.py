@@ -73,7 +73,9 @@ def said(found: ToolkitRecord | None, version: str = VERSION) -> tuple[Change, s
     """What this run is to the host's record, and the plan's sentence for it."""
     entry = changelog_anchor(version)
     if found is None:
-        return "none recorded", NONE_RECORDED
+        # A host an earlier version serves reads as a new one: the changelog says what this
+        # version does to it.
+        return "none recorded", f"{NONE_RECORDED}: see {entry}"
     was = found.release()
     if found.version is None or was is None:
         return "unreadable", (

@@ -40,6 +40,7 @@ from tests.e2e.serving import (
     ok,
     release_indexes,
     serving_spec,
+    unit_states,
 )
 from tests.testbed import Container
 
@@ -144,6 +145,8 @@ def test_a_host_an_earlier_version_served_behind_its_router_upgrades_under_load(
     moves = router_env(c) == OLD_ROUTER_ENV
     assert moves or router_env(c) == NEW_ROUTER_ENV
     url = f"http://{c.address}:{ROUTER_PORT}"
+    pids = unit_states(c, range(8))
+    router_pid = c.ssh_run("systemctl show -p MainPID --value sglang-router.service")[1]
     with Load(url, key=API_KEY) as load:
         started = time.monotonic()
         run = run_deploy(tmp_path, {c: data})
@@ -171,7 +174,11 @@ def test_a_host_an_earlier_version_served_behind_its_router_upgrades_under_load(
         refused = [f for f in load.failures if not any(r in f for r in REFUSED)]
         assert refused == [], sorted(set(load.failures))
     else:
-        # No router move: the roll is drained, no request fails.
+        # From the previous version: as CHANGELOG.md says, no rank and no router restarts,
+        # and no request fails.
+        assert backs == [], run.statuses
+        assert unit_states(c, range(8)) == pids
+        assert c.ssh_run("systemctl show -p MainPID --value sglang-router.service")[1] == router_pid
         assert load.failed == 0, load.report("upgrade")
     assert router_env(c) == NEW_ROUTER_ENV
     assert c.ssh_run(f"test -d {OLD_ROUTER_ENV}")[0] != 0, "the old router's environment is left"

@@ -139,7 +139,10 @@ def test_the_same_version_keeps_its_date_and_changes_nothing() -> None:
 def test_a_host_with_no_record_is_told_so_and_gets_one() -> None:
     plan = decide(None)
     assert plan.change == "none recorded"
-    assert plan.said == "no toolkit version recorded (deployed before 0.12.0, or never)"
+    assert plan.said == (
+        "no toolkit version recorded (deployed before 0.12.0, or never): see "
+        "CHANGELOG.md#0120---2026-12-06"
+    )
     assert plan.file.text == record_text("0.12.0", TODAY) and plan.file.changes is True
     assert plan.file.path == layout.TOOLKIT_RECORD and plan.file.name == tv.NAME
 
@@ -191,3 +194,14 @@ def test_status_shows_the_version_that_last_deployed_the_host(
     assert f"  {line}\n" in console.export_text()
     doc = json.loads(json.dumps(st.to_json([result])))
     assert doc["hosts"]["ct200"]["toolkit"] == json_value
+
+
+def test_the_upgrade_test_pins_the_commits_this_changelog_names() -> None:
+    """tests/e2e/test_upgrade.py upgrades hosts earlier versions deployed: each (version,
+    commit) it pins is the one CHANGELOG.md names under that version's heading."""
+    from tests.e2e.test_upgrade import LAST_ON_SGLANG_ROUTER, PREVIOUS
+
+    text = (ROOT / "CHANGELOG.md").read_text()
+    for version, commit in (PREVIOUS, LAST_ON_SGLANG_ROUTER):
+        entry = text.split(f"## [{version}]", 1)[1].split("\n## [", 1)[0]
+        assert f"`{commit[:7]}`" in entry, (version, commit)
