@@ -150,6 +150,20 @@ def installed_versions(container: Container, root: str) -> tuple[str, str, str]:
     return sglang, torch, cuda
 
 
+def dead_indexes(indexes: Indexes, dead: str) -> dict[str, Any]:
+    """The testbed's data with every index at `dead` (nothing listens there): only what is
+    already on the host or in a wheelhouse can be installed. The rest of the data stays the
+    testbed's own (its throughput_check: off among it)."""
+    return {
+        **indexes.data(),
+        "package_index_url": dead + "/simple",
+        "torch_index_url": dead + "/{lane}",
+        "kernel_index_url": dead + "/{lane}",
+        "flashinfer_index_url": dead + "/{lane}",
+        "cuda_redist_url": dead,
+    }
+
+
 def ok(run: Run) -> None:
     assert run.rc == 0, str(run)
     failed = {
@@ -245,14 +259,7 @@ def test_pin_change_switches_and_pin_back_is_instant_without_an_index(
 
     # Every index is down: switching back can only work without downloading anything.
     dead = f"http://127.0.0.1:{free_port()}"
-    offline = {
-        "package_index_url": dead + "/simple",
-        "torch_index_url": dead + "/{lane}",
-        "kernel_index_url": dead + "/{lane}",
-        "flashinfer_index_url": dead + "/{lane}",
-        "cuda_redist_url": dead,
-        "cuda_redist_manifest": indexes.data()["cuda_redist_manifest"],
-    }
+    offline = dead_indexes(indexes, dead)
     back = deploy(target, tmp_path, {**offline, "engine_root": root, "sglang_version": OLD})
 
     ok(back)
@@ -397,12 +404,7 @@ def test_offline_install_from_the_wheelhouse(
     root = "/opt/sglang-offline"
     dead = f"http://127.0.0.1:{free_port()}"
     offline = {
-        "package_index_url": dead + "/simple",
-        "torch_index_url": dead + "/{lane}",
-        "kernel_index_url": dead + "/{lane}",
-        "flashinfer_index_url": dead + "/{lane}",
-        "cuda_redist_url": dead,
-        "cuda_redist_manifest": indexes.data()["cuda_redist_manifest"],
+        **dead_indexes(indexes, dead),
         "engine_root": root,
         "sglang_version": OLD,
     }

@@ -294,7 +294,8 @@ def test_pyinfras_change_table_fits_80_columns() -> None:
     assert any("Serve | start ranks 0-7" in row for row in rows), rows
     # One scheme: STEP | what, the step never repeated in the name (issue 30).
     names = [row.strip().split("  ")[0] for row in rows[1:]]
-    assert all(re.match(r"^(Engine|Model|Serve|Smoke|Record) \| [^|]+$", n) for n in names), names
+    steps = "Engine|Model|Serve|Smoke|Throughput|Record"
+    assert all(re.match(rf"^({steps}) \| [^|]+$", n) for n in names), names
     assert not [n for n in names if re.match(r"^(\w+) \| \1:", n)], names
     # At 80 columns (make demo at a terminal) no row wraps: the longest name leaves room for
     # pyinfra's two count columns.
