@@ -80,6 +80,9 @@ ROLL_BATCH_SCRIPT = f"{SCRIPT_DIR}/roll_batch.py"
 # the host across deploys and engines (root's, 644: no secret in them).
 THROUGHPUT_SCRIPT = f"{SCRIPT_DIR}/throughput.py"
 THROUGHPUT_RECORDS = "/var/lib/sglang-deploy/throughput.jsonl"
+# Present from the moment a throughput check starts until one passes (programs/throughput.py):
+# a check that failed or was cut off is run again by the next deploy (facts/serve.py reads it).
+THROUGHPUT_PENDING = "/var/lib/sglang-deploy/throughput.pending"
 # The router's control-plane key (root only, mode 600): systemd hands it to the router unit as
 # the credential CONTROL_PLANE_CREDENTIAL (LoadCredential=), the launcher reads it from there
 # and the drain script from here (docs/security.md "The router's control plane").
