@@ -13,6 +13,7 @@ from pyinfra.api.facts import FactBase
 from operations import layout
 from operations.programs.stage_manifest import CONFIG_MARKER as CONFIG_MARKER  # the fact's marker
 from operations.programs.stage_manifest import SCAN_ERROR_MARKER
+from operations.programs.stage_manifest import TOKENIZER_MARKER as TOKENIZER_MARKER
 from operations.render import host_scripts
 
 
@@ -211,6 +212,9 @@ class Model:
     # Why the staging copy's scan refuses the source (a link that leaves it, dangles or loops,
     # an unreadable file); its size is then unknown. None: the scan read it.
     scan_error: str | None = None
+    # The tokenizer files at the top of the directory (programs/tokenizer_files.py), as the
+    # scan found them; None: not known (no scan, or it refused the source).
+    tokenizer: tuple[str, ...] | None = None
 
 
 # Printed instead of the model's lines when the target has no python3 (the staging copy, and
@@ -230,16 +234,21 @@ def parse_model(lines: list[str]) -> Model:
     refused = None
     if len(lines) > 3 and lines[2] == SCAN_ERROR_MARKER:
         refused = lines[3].strip() or "the scan refused the source"
-    try:
-        start = lines.index(CONFIG_MARKER) + 1
-    except ValueError:
-        return Model(True, size, config_error="no readable config.json", scan_error=refused)
+    start = lines.index(CONFIG_MARKER) + 1 if CONFIG_MARKER in lines else len(lines) + 1
+    tokenizer = None
+    for line in lines[: start - 1]:
+        words = line.split()
+        if words[:1] == [TOKENIZER_MARKER]:
+            tokenizer = tuple(words[1:])
+    if start > len(lines):
+        why = "no readable config.json"
+        return Model(True, size, config_error=why, scan_error=refused, tokenizer=tokenizer)
     try:
         config = json.loads("\n".join(lines[start:]))
         arch = config["architectures"][0]
     except (ValueError, KeyError, IndexError, TypeError):
         why = "config.json has no architectures"
-        return Model(True, size, config_error=why, scan_error=refused)
+        return Model(True, size, config_error=why, scan_error=refused, tokenizer=tokenizer)
     quant = config.get("quantization_config")
     method = quant.get("quant_method") if isinstance(quant, dict) else None
     return Model(
@@ -248,6 +257,7 @@ def parse_model(lines: list[str]) -> Model:
         architecture=str(arch),
         quantization=str(method) if method is not None else None,
         scan_error=refused,
+        tokenizer=tokenizer,
     )
 
 

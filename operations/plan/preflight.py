@@ -18,6 +18,7 @@ from operations.plan.capacity import memory_needed as memory_needed
 from operations.plan.preflight_source import ControllerTools as ControllerTools
 from operations.plan.preflight_source import Failure as Failure
 from operations.plan.preflight_source import controller_failures, source_failures
+from operations.programs.tokenizer_files import TOKENIZER_FILES
 from operations.render import units
 from operations.settings import Settings
 
@@ -370,8 +371,9 @@ def node_failures(s: Settings, resources: Resources) -> list[Failure]:
 
 
 def model_failures(s: Settings, kb: Knowledge, model: Model, resources: Resources) -> list[Failure]:
-    """The model's config names its architecture, and its size fits the tmpfs and the memory
-    (no size while the scan refuses the source: source_failures names why)."""
+    """The model's config names its architecture, its tokenizer is there when the throughput
+    check will load it, and its size fits the tmpfs and the memory (no size while the scan
+    refuses the source: source_failures names why)."""
     failures = []
     source = s.source
     where = source.controller_dir if source.kind == "controller" else source.target_dir
@@ -389,6 +391,17 @@ def model_failures(s: Settings, kb: Knowledge, model: Model, resources: Resource
         )
     if model.scan_error is not None:
         return failures
+    if s.throughput_check != "off" and model.tokenizer == ():
+        failures.append(
+            Failure(
+                "model tokenizer",
+                f"{' or '.join(TOKENIZER_FILES)} in {where} (the throughput check's client "
+                "loads the tokenizer from the staged copy, offline)",
+                "none",
+                f"on {on}: put the model's tokenizer files in {where}, or on the controller "
+                "set throughput_check: off",
+            )
+        )
     size = model_bytes(s, kb, model.size_bytes)
     if size is not None:
         failures += room_failures(s, resources, size)

@@ -17,6 +17,8 @@ import errno
 import os
 import stat
 
+from operations.programs.tokenizer_files import tokenizer_files
+
 # typing only for the checker: importing it costs the ModelSource fact (stage_source.py, every
 # deploy) more than its scan (~40 ms on the 2-core testbed); mypy takes the name as true.
 TYPE_CHECKING = False
@@ -69,6 +71,9 @@ MAX_LINKS = 40
 CONFIG_MARKER = "@@config.json"
 # describe's line before the scan's refusal (a link it will not follow, an unreadable file).
 SCAN_ERROR_MARKER = "@@scan-error"
+# describe's line naming the tokenizer files at the top of the source (programs/
+# tokenizer_files.py), after the size; absent when the scan refused.
+TOKENIZER_MARKER = "@@tokenizer"
 EXIT_REFUSED = 3  # does not fit, source missing: the message says why; nothing was copied
 EXIT_CHANGED = 4  # a source file changed during the copy: staged nothing, re-run later
 
@@ -319,17 +324,20 @@ def open_source(root: str, rel: str) -> int:
 def describe(source: str) -> list[str]:
     """The ModelSource fact's answer (operations/facts/host.py parse_model): "exists", the
     bytes a stage run would take (blank when the scan refuses, and then SCAN_ERROR_MARKER and
-    why: preflight names it), and config.json by the link rule; "missing" when source is no
+    why: preflight names it), TOKENIZER_MARKER and the tokenizer files the scan found, and
+    config.json by the link rule; "missing" when source is no
     directory."""
     if not os.path.isdir(source):
         return ["missing"]
     refused: list[str] = []
     try:
-        size = str(sum(e["size"] for e in entries(source)))
+        found = entries(source)
+        size = str(sum(e["size"] for e in found))
+        tokenizer = [" ".join([TOKENIZER_MARKER, *tokenizer_files([e["path"] for e in found])])]
     except (StageError, OSError) as exc:
-        size = ""
+        size, tokenizer = "", []
         refused = [SCAN_ERROR_MARKER, " ".join(str(exc).split())]
-    lines = ["exists", size, *refused]
+    lines = ["exists", size, *refused, *tokenizer]
     config = _read_text(source, "config.json")
     if config is not None:
         lines += [CONFIG_MARKER, *config.splitlines()]

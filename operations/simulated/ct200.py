@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from operations.facts.host import CONFIG_MARKER
+from operations.facts.host import CONFIG_MARKER, TOKENIZER_MARKER
 from operations.facts.preflight import SECTION
 
 CAPTURED = Path(__file__).resolve().parent / "captured" / "ct200"
@@ -43,7 +43,9 @@ def fake_responses(
         "mismatched": [],
         "up_to_date": False,
     }
-    model = ["exists", str(model_bytes), CONFIG_MARKER, *config]
+    # The source's tokenizer file, as the copy above lists it (changed_files).
+    tokenizer = f"{TOKENIZER_MARKER} tokenizer.json"
+    model = ["exists", str(model_bytes), tokenizer, CONFIG_MARKER, *config]
     return {
         # PreflightFacts (operations/facts/preflight.py): the three parts, each after its line.
         SECTION: [

@@ -32,7 +32,10 @@ def gpu_facts(scenario: str) -> NvidiaSmi:
 
 
 QWEN36 = Model(
-    exists=True, size_bytes=53_800_000_000, architecture="Qwen3_5ForConditionalGeneration"
+    exists=True,
+    size_bytes=53_800_000_000,
+    architecture="Qwen3_5ForConditionalGeneration",
+    tokenizer=("tokenizer.json", "tokenizer_config.json"),
 )
 
 

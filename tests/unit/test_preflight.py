@@ -108,6 +108,19 @@ def test_model_without_config() -> None:
     assert f.check == "model config" and f.found == "no readable config.json"
 
 
+def test_a_model_without_a_tokenizer_is_refused_while_the_throughput_check_is_on() -> None:
+    """The benchmark client loads the tokenizer from the staged copy: without one the check
+    fails after the ranks restarted; refused here, before any change (issue 43.6)."""
+    bare = dataclasses.replace(QWEN36, tokenizer=())
+    f = only(failures(model=bare))
+    assert f.check == "model tokenizer" and f.found == "none"
+    assert "tokenizer.json" in f.expected and "/mnt/models/Qwen3.6-27B" in f.expected
+    assert "throughput_check: off" in f.fix
+    assert failures(model=bare, throughput_check="off") == []
+    # Not known (an older scan's answer, or none): nothing is claimed.
+    assert failures(model=dataclasses.replace(QWEN36, tokenizer=None)) == []
+
+
 def test_low_disk_for_engines() -> None:
     f = only(failures(resources=dataclasses.replace(CT200, engine_free_bytes=2 * GIB)))
     assert f.check == "disk for engines" and f.found == "2.0 GiB"

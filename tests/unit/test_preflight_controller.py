@@ -181,3 +181,17 @@ def test_every_fix_names_the_machine_where_it_is_made() -> None:
     assert len(checks) >= 18, sorted(checks)
     for f in found:
         assert any(machine in f.fix for machine in MACHINES), (f.check, f.fix)
+
+
+def test_the_scan_names_the_tokenizer_files_the_client_would_load(tmp_path: Path) -> None:
+    """The staging copy's own describe over a real directory: the tokenizer files at its top
+    (programs/tokenizer_files.py) reach the Model; a shard named like one deeper down does not
+    count (the client loads from the top)."""
+    source = tmp_path / "model"
+    (source / "sub").mkdir(parents=True)
+    (source / "config.json").write_text('{"architectures": ["Qwen3_5ForConditionalGeneration"]}')
+    (source / "sub" / "tokenizer.json").write_text("{}")
+    assert parse_model(describe(str(source))).tokenizer == ()
+    (source / "tokenizer_config.json").write_text("{}")
+    (source / "vocab.json").write_text("{}")
+    assert parse_model(describe(str(source))).tokenizer == ("tokenizer_config.json",)
