@@ -188,6 +188,9 @@ class Serving:
     # The toolkit version that last deployed the host (layout.TOOLKIT_RECORD, facts/
     # toolkit_record.py); None: no record.
     toolkit: ToolkitRecord | None = None
+    # A throughput check started and did not pass (layout.THROUGHPUT_PENDING: failed, or cut
+    # off): the next deploy runs it again (plan/throughput_plan.py).
+    throughput_pending: bool = False
 
 
 def _int(text: str) -> int | None:
@@ -354,6 +357,7 @@ def parse_serving(lines: list[str]) -> Serving:
         router_stalled=stalled,
         router_envs=router_envs,
         toolkit=parse_record(values.get("toolkit", "")),
+        throughput_pending=values.get("throughput_pending") == "yes",
     )
 
 
@@ -417,11 +421,15 @@ def links_words(engine_root: str, model_link: str) -> Words:
 
 
 def record_words() -> Words:
-    """The toolkit's record on one line ("toolkit TEXT"; the text empty: no record)."""
+    """The toolkit's record on one line ("toolkit TEXT"; the text empty: no record), and
+    whether a throughput check is pending ("throughput_pending yes", else empty)."""
     return [
         f'echo "toolkit $(head -c {MAX_BYTES}',
         QuoteString(layout.TOOLKIT_RECORD),
         "2>/dev/null | tr -d '\\n')\";",
+        'echo "throughput_pending $(test -e',
+        QuoteString(layout.THROUGHPUT_PENDING),
+        '&& echo yes)";',
     ]
 
 

@@ -263,6 +263,7 @@ def decide(
                 model.size_bytes if model is not None else None,
                 model.quantization if model is not None else None,
             ),
+            pending=facts.serving.throughput_pending,
         )
         if throughput.decision is not None:
             plan.decisions.append(throughput.decision)

@@ -1,7 +1,9 @@
 """What the throughput step does, decided in the plan (docs/operations.md "Throughput").
 
 - whether it runs: `throughput_check` off never, always every run, after_change (default) when
-  this run (re)started a rank or the router (the serve plan's roll and router restart);
+  this run (re)started a rank or the router (the serve plan's roll and router restart), or when
+  the last check did not pass (failed, or cut off: the host's layout.THROUGHPUT_PENDING, which
+  programs/throughput.py removes only when a check passes);
 - with what: the serving engine's interpreter and its benchmark client, the module and the file
   the knowledge base names for the release (knowledge/bench/, read from the wheel: kb/
   bench_client.py); a release whose client lacks a flag the check passes or a field it reads is
@@ -138,9 +140,11 @@ def throughput_plan(
     model_key: str | None,
     digests: Mapping[str, str],
     card: Ceilings | None = None,
+    pending: bool = False,
 ) -> ThroughputPlan:
     """The step's decision for this host (see the docstring). `changed`: this run (re)starts a
-    rank or the router; `router_here`: the router runs on this host."""
+    rank or the router; `router_here`: the router runs on this host; `pending`: the last check
+    on this host did not pass."""
     if s.throughput_check == "off" or not ranks:
         return ThroughputPlan(skip="throughput_check: off" if ranks else "no rank")
     client = load_bench_client(s.sglang_version)
@@ -163,7 +167,7 @@ def throughput_plan(
         )
     entry = layout.managed_file(s, layout.THROUGHPUT_SCRIPT)
     script = planned("Throughput | script", entry, script_text("throughput.py"), digests)
-    if s.throughput_check == "after_change" and not changed:
+    if s.throughput_check == "after_change" and not changed and not pending:
         return ThroughputPlan(
             files=[script],
             skip="no rank or router (re)started in this run (throughput_check: after_change)",
@@ -198,7 +202,8 @@ def throughput_plan(
     argv += ["--prompts-per-rank", str(s.throughput_prompts_per_rank)]
     argv += ["--timeout", str(s.throughput_timeout_s)]
     argv += ["--key-file", layout.SECRETS_FILE, "--service-user", s.service_user]
-    argv += ["--records", layout.THROUGHPUT_RECORDS, "--meta", json.dumps(meta, sort_keys=True)]
+    argv += ["--records", layout.THROUGHPUT_RECORDS, "--pending", layout.THROUGHPUT_PENDING]
+    argv += ["--meta", json.dumps(meta, sort_keys=True)]
     argv += ["--max-slowdown", str(s.throughput_max_slowdown), "--guard", s.throughput_guard]
     if card is not None:
         argv += ["--ceilings", json.dumps(card, sort_keys=True)]
@@ -209,9 +214,14 @@ def throughput_plan(
         f"{s.throughput_concurrency_per_rank} at once, {s.throughput_prompts_per_rank} a rank "
         f"x {len(ranks)}; {guard} past {s.throughput_max_slowdown:.0%} slower"
     )
+    again = (
+        "; again: the last check on this host did not pass (failed or cut off)"
+        if pending and not changed and s.throughput_check == "after_change"
+        else ""
+    )
     why = (
-        f"throughput_check {s.throughput_check}; the release's client and flags from its wheel "
-        f"(knowledge/bench/sglang-{s.sglang_version}.json)"
+        f"throughput_check {s.throughput_check}{again}; the release's client and flags from "
+        f"its wheel (knowledge/bench/sglang-{s.sglang_version}.json)"
     )
     return ThroughputPlan(
         files=[script],

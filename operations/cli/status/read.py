@@ -48,7 +48,9 @@ def read_hosts(session: Session, probe: bool = False) -> list[HostResult]:
             results.append(HostResult(host.name, reachable=True, error=error))
             continue
         result = host_result(host.name, settings, status)
-        result.throughput = ThroughputView.of(parse_records(status.throughput_lines))
+        result.throughput = ThroughputView.of(
+            parse_records(status.throughput_lines), status.throughput_pending
+        )
         if probe:
             try:
                 answers = host.get_fact(SmokeProbe, **probe_args(settings, host.name, status))
