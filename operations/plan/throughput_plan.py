@@ -65,6 +65,16 @@ RESULT_FIELDS = (
 )
 
 
+# Why `python -m operations.bench` measures no host whose ranks or router this inventory would
+# restart: it would measure what serves now and record it under the inventory's release, flags
+# and model.
+BENCH_REFUSAL = (
+    "bench: this inventory would restart ranks or the router on this host (not yet deployed: "
+    "`python -m operations.plan INVENTORY` shows what); deploy it first (pyinfra INVENTORY "
+    "deploy.py), then measure; nothing was measured"
+)
+
+
 @dataclass(frozen=True)
 class ThroughputRun:
     """One run of programs/throughput.py: its whole command line but the key (read from the
@@ -81,6 +91,9 @@ class ThroughputPlan:
     # Why nothing runs (a line for host.noop).
     skip: str = ""
     errors: list[str] = field(default_factory=list)
+    # This run (re)starts a rank or the router: the bench (operations/bench_deploy.py), which
+    # runs this step alone, refuses such a host with BENCH_REFUSAL; the deploy measures after.
+    serving_changes: bool = False
     # What `plan --why` says of it.
     decision: Decision | None = None
 
@@ -226,5 +239,6 @@ def throughput_plan(
     return ThroughputPlan(
         files=[script],
         run=ThroughputRun(argv, through),
+        serving_changes=changed,
         decision=Decision("throughput check", what, why),
     )

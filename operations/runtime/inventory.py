@@ -46,6 +46,7 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import State
 
 from operations import settings as settings_mod
+from operations.runtime.host_lines import host_text
 from operations.runtime.pyinfra_internals import connector_data_keys, fail_host
 
 # -- under pyinfra's CLI: deploy.py and pve.py -----------------------------------------------
@@ -86,9 +87,9 @@ def refuse(state: State, host: Host, summary: str) -> None:
     """Stop `host` here, before any change: every reason is logged (a first line, then one per
     line) and the host is failed; nothing is queued for it."""
     first, *rest = summary.splitlines() or [""]
-    logger.error(f"{host.print_prefix}refused: {first}")
+    logger.error(host_text(host, f"refused: {first}"))
     for line in rest:
-        logger.error(f"{host.print_prefix}  {line}")
+        logger.error(host_text(host, f"  {line}"))
     fail_host(state, host)
     _stop_if_none_left(state)
 

@@ -25,6 +25,7 @@ from pyinfra.context import host
 
 from operations.plan.host_plan import HostReport
 from operations.runtime.host_call import Commands, HostCall, run
+from operations.runtime.host_lines import host_text
 from operations.steps.host_files import put_planned
 
 
@@ -35,10 +36,10 @@ def _measure(state: State, host: Host, arguments: ConnectorArguments, command: s
     said = next((x for x in reversed(lines) if x.startswith(("throughput", "WARNING"))), "")
     said = said or (output.stderr.strip().splitlines() or ["throughput: no output"])[-1]
     if not status:
-        logger.error(f"{host.print_prefix}{said} (the ranks keep serving, untouched)")
+        logger.error(host_text(host, f"{said} (the ranks keep serving, untouched)"))
         return False
     log = logger.warning if said.startswith("WARNING") else logger.info
-    log(f"{host.print_prefix}{said}")
+    log(host_text(host, said))
     return True
 
 
