@@ -34,11 +34,15 @@ SNAPSHOT_PATHS = ("/etc/systemd/system", "/opt", "/dev/shm")
 
 MODEL = "/srv/models/tiny"
 BIG_MODEL = "/srv/models/big"
+# A model whose source lacks its tokenizer: the throughput check's client could not load it.
+NO_TOKENIZER_MODEL = "/srv/models/no-tokenizer"
 # A controller source, written on the controller by the test (a Bad's data names it so).
 CONTROLLER_MODEL = "@controller-model"
 MODEL_FILES: dict[str, str | bytes] = {
     f"{MODEL}/config.json": json.dumps({"architectures": ["Qwen3_5ForConditionalGeneration"]}),
     f"{MODEL}/model-00001-of-00001.safetensors": bytes(range(256)) * 16,
+    # A real model's tokenizer (its content is not read before the throughput check's client).
+    f"{MODEL}/tokenizer.json": "{}",
 }
 # What the containers can really offer: a few GB of /dev/shm and the machine's RAM. The model's
 # size (a few KiB, measured on the host) is what the capacity checks use; one rank keeps the
@@ -76,8 +80,13 @@ def hosts(testbed: tb.Testbed) -> Iterator[Hosts]:
         shm = int(ssh(bad, "df -B1 --output=size /dev/shm | tail -n1"))
         ssh(
             bad,
-            f"mkdir -p {BIG_MODEL} && cp {MODEL}/config.json {BIG_MODEL}/ && "
-            f"truncate -s {shm + 2**30} {BIG_MODEL}/model-00001-of-00001.safetensors",
+            f"mkdir -p {BIG_MODEL} && cp {MODEL}/config.json {MODEL}/tokenizer.json {BIG_MODEL}/ "
+            f"&& truncate -s {shm + 2**30} {BIG_MODEL}/model-00001-of-00001.safetensors",
+        )
+        ssh(
+            bad,
+            f"mkdir -p {NO_TOKENIZER_MODEL} && cp {MODEL}/config.json "
+            f"{MODEL}/model-00001-of-00001.safetensors {NO_TOKENIZER_MODEL}/",
         )
         yield Hosts(good, bad, no_uvm)
     finally:
@@ -254,6 +263,15 @@ BAD = {
         ),
         data=(("model_source", f"controller:{CONTROLLER_MODEL}"),),
         hide=("rsync",),
+    ),
+    "model-without-tokenizer": Bad(
+        "bad",
+        (
+            "model tokenizer",
+            f"tokenizer.json or tokenizer_config.json or tokenizer.model in {NO_TOKENIZER_MODEL}",
+            "or on the controller set throughput_check: off",
+        ),
+        data=(("model_source", NO_TOKENIZER_MODEL), ("throughput_check", "after_change")),
     ),
     "shm-too-small": Bad(
         "bad",

@@ -63,6 +63,9 @@ def inventory(tmp_path: Path, names: list[str], data: dict[str, Any]) -> Path:
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
     (model / "config.json").write_text((simulated_ct200.CAPTURED / "model-config.json").read_text())
+    # A real model's tokenizer: preflight refuses a source without one while the throughput
+    # check is on (programs/tokenizer_files.py).
+    (model / "tokenizer.json").write_text("{}\n")
     # The engine's lock on the controller: a converged controller has it (engine_spec.lock_path).
     locks = tmp_path / "locks"
     locks.mkdir(exist_ok=True)
