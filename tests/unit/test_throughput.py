@@ -490,3 +490,21 @@ def test_bench_runs_the_throughput_step_alone_always_and_refuses_a_locked_host_a
         "--data",
         "deploy_lock_wait_s=0",
     ]
+
+
+# -- the guard's baseline: a failed check is not one -----------------------------------------
+
+
+def test_a_record_whose_verdict_failed_is_never_the_baseline_and_a_warned_one_is() -> None:
+    good = record(1000, {"a": 500, "b": 500})  # an older record: no verdict, it counts
+    refused = record(500, {"a": 250, "b": 250})
+    refused["verdict"] = {"ok": False, "ratio": 0.5, "fell": ["a", "b"]}
+    # A second slower run is compared with the last good one, not with the refused one.
+    verdict = guard.judge(record(500, {"a": 250, "b": 250}), [good, refused], 0.1, "fail")
+    assert not verdict.ok and verdict.previous is good
+    # Accepted once with throughput_guard: warn (ok true): the new rate is the baseline.
+    warned = record(500, {"a": 250, "b": 250})
+    warned["verdict"] = {"ok": True, "ratio": 0.5, "fell": ["a", "b"]}
+    history = [good, refused, warned]
+    verdict = guard.judge(record(500, {"a": 250, "b": 250}), history, 0.1, "fail")
+    assert verdict.ok and verdict.previous is warned
