@@ -60,9 +60,11 @@ class Percentiles(TypedDict):
 
 
 class RankShare(TypedDict):
-    generated: float  # sglang:generation_tokens_total, after minus before
-    requests: float  # sglang:num_requests_total, after minus before
-    output_tok_s: float
+    """A rank's share of a run; each None when its /metrics could not be read after it."""
+
+    generated: float | None  # sglang:generation_tokens_total, after minus before
+    requests: float | None  # sglang:num_requests_total, after minus before
+    output_tok_s: float | None
 
 
 class Outcome(TypedDict):
@@ -144,8 +146,13 @@ def describe(record: Record) -> str:
 
 
 def _rank_rates(record: Record) -> dict[str, float]:
+    """Each rank's output tok/s; a rank whose share is unknown (None) is left out."""
     ranks = record.get("per_rank") or {}
-    return {name: float(r.get("output_tok_s") or 0) for name, r in ranks.items()}
+    return {
+        name: float(rate)
+        for name, r in ranks.items()
+        if (rate := r.get("output_tok_s")) is not None
+    }
 
 
 def judge(
