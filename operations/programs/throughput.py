@@ -7,50 +7,86 @@ root; the client itself runs as the service user (no root process talks to the r
         --module-file sglang/bench_serving.py --model NAME --tokenizer MODEL_DIR
         --target router=URL | --target UNIT=URL ... --rank UNIT=URL ...
         --input-len I --output-len O --concurrency-per-rank C --prompts-per-rank N
-        --timeout S --key-file SECRETS --service-user USER --records FILE
+        --timeout S --key-file SECRETS --service-user USER --records FILE [--pending FILE]
         --meta '{"release": ..., "engine": ..., "model_digest": ..., "flags_digest": ...}'
         --max-slowdown F --guard fail|warn
 
-1. Refused before anything runs, with the fix: no tokenizer in the model copy (the client loads
-   it from there, offline), an engine without the client module (the file the knowledge base
-   names for the release: operations/kb/knowledge/bench/).
+1. Refused before anything runs (exit 2, one line `throughput: refused: ...`, no record), with
+   the fix: a command line, --meta or --ceilings the plan could not have written, records that
+   cannot be read, no tokenizer in the model copy (the client loads it from there, offline), an
+   engine without the client module (the file the knowledge base names for the release:
+   operations/kb/knowledge/bench/). The key goes only to the service user's listeners, as the
+   smoke's does (docs/security.md "Who is sent the API key"): every --target and every --rank
+   (through the router the router forwards the key to them) must be listened on, and only by
+   USER (hostsafe.listening and owner_problem, on /proc/net/tcp and tcp6), before the key is
+   read or a client starts; a rank whose /metrics cannot be read is refused too.
 2. Each rank's counters are read before and after (`sglang:generation_tokens_total`,
    `sglang:num_requests_total`: series_total, on rank_metrics.sample), for its share of the run.
+   A rank whose page cannot be read after the run has its share unknown (None in per_rank): the
+   record keeps what was measured and the check fails naming it.
 3. The client runs once through the router (`--target router=URL`: concurrency and prompts are
    per rank times the ranks), or once per rank, all at once (one --target per rank), with
    `--backend sglang-oai --dataset-name random-ids --random-range-ratio 1.0`: fixed-length
    random token ids, nothing downloaded (HF_HUB_OFFLINE). The key reaches it as the environment
    variable OPENAI_API_KEY, which it sends as `Authorization: Bearer KEY` (0.5.11
    sglang/bench_serving.py:114-121, get_auth_headers; API_KEY alone would be sent without
-   "Bearer", which SGLang refuses). It is stopped (its process group) past --timeout.
+   "Bearer", which SGLang refuses). It is stopped (its process group) past --timeout. It works
+   in a temporary directory of the service user's, removed whatever happens; its result file
+   is read without following a link (it is the service user's to make).
 4. The record (one JSON line) is appended to --records either way; the verdict
-   (throughput_guard.judge, and starved ranks through the router) decides the exit status.
-   One line `throughput {...}` (the record and the verdict) and one short line are printed.
+   (throughput_guard.judge, starved ranks through the router, ranks unread) decides the exit
+   status. One line `throughput {...}` (the record and the verdict) and one short line are
+   printed. Everything printed or kept is masked (hostsafe.mask_journal, the key itself
+   included): the client's last lines in first_error, every error line.
+5. --pending FILE (layout.THROUGHPUT_PENDING): one JSON line {"started": TIME}, root's, 0644,
+   written once the files are found (before the listeners are judged: a refused check is not a
+   passed one) and before any client starts, through a new file renamed over it (never written
+   through a link); removed only when the verdict is ok (a warning included). A check that
+   fails, is refused or is cut off leaves it, and the next deploy runs the check again.
 
+No traceback: what is not one of these lines is one `throughput: failed: TYPE: MESSAGE` (exit 1).
 Stopping the client leaves every rank as it was: nothing here restarts or reconfigures a rank.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
+import http.client
 import json
 import os
 import pwd
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import cast
 
 from operations.programs.api_key_file import read_api_key
+from operations.programs.hostsafe import (
+    Listener,
+    listening,
+    mask_journal,
+    owner_problem,
+    read_listeners,
+)
 from operations.programs.rank_metrics import sample
+from operations.programs.throughput_args import (
+    Refused,
+    pairs,
+    parse,
+    read_ceilings,
+    read_meta,
+    read_records,
+)
 from operations.programs.throughput_guard import (
-    Ceilings,
-    Meta,
     Percentiles,
     RankShare,
     Record,
@@ -64,14 +100,12 @@ REQUESTS = "sglang:num_requests_total"
 ROUTER = "router"
 # What the client's tokenizer load needs in the model copy (transformers' AutoTokenizer).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
-
-
-class Refused(Exception):
-    """Bad input found before anything ran: one line, with its fix."""
-
-
-def _pairs(values: list[str]) -> dict[str, str]:
-    return dict(v.split("=", 1) for v in values)
+WHO_GETS_THE_KEY = (
+    "the key is sent only to the service user's listeners; docs/security.md "
+    '"Who is sent the API key"'
+)
+# The most of a client's result file read (its last line is the result; a few MiB at most).
+RESULT_MAX = 64 * 2**20
 
 
 def preconditions(python: str, module_file: str, tokenizer: str) -> None:
@@ -92,6 +126,26 @@ def preconditions(python: str, module_file: str, tokenizer: str) -> None:
         )
 
 
+def owner_refusal(
+    targets: dict[str, str], ranks: dict[str, str], service_user: str, found: list[Listener]
+) -> str | None:
+    """Why the key may not be sent: a --target, or a --rank (through the router, one the router
+    forwards the key to), that nothing listens on or that a listener of another user than the
+    service user may take (hostsafe.owner_problem); None when every one is the service user's."""
+    through = ROUTER in targets
+    named = [(n, u, "") for n, u in targets.items()]
+    named += [(n, u, "the router forwards to " if through else "") for n, u in ranks.items()]
+    for name, url, how in named:
+        try:
+            where, reaching = listening(url, found)
+        except (OSError, ValueError) as error:
+            return f"{how}{name}: {url} names no address of this host ({error})"
+        why = owner_problem(where, reaching, service_user)
+        if why is not None:
+            return f"{how}{name}: {why}"
+    return None
+
+
 def series_total(text: str, name: str) -> float | None:
     """A counter on a rank's /metrics page summed over its series (rank_metrics.sample reads
     each line); None when the page has no sample of it."""
@@ -104,18 +158,35 @@ def series_total(text: str, name: str) -> float | None:
 
 
 def metrics(base: str) -> str:
-    with urllib.request.urlopen(base.rstrip("/") + "/metrics", timeout=10) as resp:
+    # The ranks are this host's own: no proxy from the environment may answer for them.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(base.rstrip("/") + "/metrics", timeout=10) as resp:
         text: str = resp.read().decode("utf-8", "replace")
         return text
 
 
-def counters(ranks: dict[str, str]) -> dict[str, tuple[float, float]]:
-    def one(item: tuple[str, str]) -> tuple[str, tuple[float, float]]:
-        text = metrics(item[1])
+Counts = tuple[float, float]  # a rank's generated tokens and requests (the two counters)
+
+
+def counters(ranks: dict[str, str]) -> tuple[dict[str, Counts], dict[str, str]]:
+    """Each rank's counters, and why not for each rank whose /metrics could not be read."""
+
+    def one(item: tuple[str, str]) -> tuple[str, Counts | str]:
+        try:
+            text = metrics(item[1])
+        except (OSError, ValueError, http.client.HTTPException) as error:
+            return item[0], f"{type(error).__name__}: {error}"
         return item[0], (series_total(text, GENERATED) or 0.0, series_total(text, REQUESTS) or 0.0)
 
+    read: dict[str, Counts] = {}
+    failed: dict[str, str] = {}
     with ThreadPoolExecutor(max_workers=max(1, len(ranks))) as pool:
-        return dict(pool.map(one, ranks.items()))
+        for name, got in pool.map(one, ranks.items()):
+            if isinstance(got, str):
+                failed[name] = got
+            else:
+                read[name] = got
+    return read, failed
 
 
 def client_words(args: argparse.Namespace, url: str, ranks: int, out: str) -> list[str]:
@@ -136,7 +207,12 @@ def client_words(args: argparse.Namespace, url: str, ranks: int, out: str) -> li
 
 
 def run_client(
-    args: argparse.Namespace, words: list[str], key: str | None, work: str, deadline: float
+    args: argparse.Namespace,
+    words: list[str],
+    key: str | None,
+    work: str,
+    deadline: float,
+    ids: tuple[int, int],
 ) -> tuple[int, str]:
     env = {
         "PATH": "/usr/bin:/bin",
@@ -150,7 +226,7 @@ def run_client(
     try:
         # The service user's own groups too: the model copy is readable by its group (0o640,
         # stage_copy.py), and Popen(user=) alone keeps root's groups.
-        uid, gid = _ids(args.service_user)
+        uid, gid = ids
         proc = subprocess.Popen(
             words,
             cwd=work,
@@ -161,6 +237,7 @@ def run_client(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            errors="replace",
             start_new_session=True,
         )
     except OSError as error:
@@ -182,53 +259,74 @@ def _num(value: object) -> float:
 
 
 def _read_result(path: str) -> Result | None:
+    """The client's result: the last line of its output file, a JSON object; None when there is
+    none. The file is in the service user's directory: a link is not followed and only a regular
+    file is read (a FIFO would hold root here)."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            lines = [line for line in fh.read().splitlines() if line.strip()]
-    except FileNotFoundError:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
         return None
-    if not lines:
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        lines = [x for x in fh.read(RESULT_MAX).decode("utf-8", "replace").splitlines() if x]
+    try:
+        read = json.loads(lines[-1]) if lines else None
+    except ValueError:
         return None
-    read = json.loads(lines[-1])
     return cast(Result, read) if isinstance(read, dict) else None
 
 
-def measure(args: argparse.Namespace, key: str | None, record: Record) -> None:
-    """Run the client(s); the record's measured part."""
-    ranks = _pairs(args.rank)
-    targets = _pairs(args.target)
+Runs = dict[str, tuple[int, str, Result | None]]  # each client: exit status, output, result
+
+
+def measure(
+    args: argparse.Namespace,
+    key: str | None,
+    ids: tuple[int, int],
+    before: dict[str, Counts],
+) -> Runs:
+    """Run the client(s), each output masked; the work directory is removed whatever
+    happens."""
+    targets = pairs(args.target, "--target")
     through = ROUTER in targets
-    before = counters(ranks)
     deadline = time.monotonic() + args.timeout
+    known = (key,) if key else ()
     work = tempfile.mkdtemp(prefix="throughput-")
-    os.chown(work, *_ids(args.service_user))
-    runs = {name: (url, 1 if not through else len(ranks)) for name, url in targets.items()}
+    try:
+        os.chown(work, *ids)
+        runs = {name: (url, 1 if not through else len(before)) for name, url in targets.items()}
 
-    def one(item: tuple[str, tuple[str, int]]) -> tuple[str, tuple[int, str, Result | None]]:
-        name, (url, count) = item
-        out = os.path.join(work, f"{name}.jsonl")
-        code, text = run_client(args, client_words(args, url, count, out), key, work, deadline)
-        return name, (code, text, _read_result(out))
+        def one(item: tuple[str, tuple[str, int]]) -> tuple[str, tuple[int, str, Result | None]]:
+            name, (url, count) = item
+            out = os.path.join(work, f"{name}.jsonl")
+            words = client_words(args, url, count, out)
+            code, text = run_client(args, words, key, work, deadline, ids)
+            return name, (code, mask_journal(text, known), _read_result(out))
 
-    with ThreadPoolExecutor(max_workers=len(runs)) as pool:
-        results = dict(pool.map(one, runs.items()))
-    after = counters(ranks)
-    combine(args, results, before, after, record)
+        with ThreadPoolExecutor(max_workers=len(runs)) as pool:
+            return dict(pool.map(one, runs.items()))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _ids(user: str) -> tuple[int, int]:
-    entry = pwd.getpwnam(user)
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise Refused(f"the service user {user!r} does not exist on this host") from None
     return entry.pw_uid, entry.pw_gid
 
 
 def combine(
     args: argparse.Namespace,
-    results: dict[str, tuple[int, str, Result | None]],
-    before: dict[str, tuple[float, float]],
-    after: dict[str, tuple[float, float]],
+    results: Runs,
+    before: dict[str, Counts],
+    after: dict[str, Counts],
     record: Record,
 ) -> None:
-    """The measured part of a record from each client's result and the ranks' counters."""
+    """The measured part of a record from each client's result and the ranks' counters (a rank
+    missing from `after`: its share unknown, None)."""
     prompts = args.prompts_per_rank * len(before)
     done = [r for _, _, r in results.values() if r]
     failed = {n: (c, t) for n, (c, t, r) in results.items() if not r}
@@ -236,6 +334,9 @@ def combine(
     duration = max((_num(r.get("duration")) for r in done), default=0.0)
     per_rank: dict[str, RankShare] = {}
     for name in before:
+        if name not in after:
+            per_rank[name] = {"generated": None, "requests": None, "output_tok_s": None}
+            continue
         generated = after[name][0] - before[name][0]
         per_rank[name] = {
             "generated": generated,
@@ -270,86 +371,146 @@ def combine(
     record["e2e_ms"] = pick("median_e2e_latency_ms", "p99_e2e_latency_ms")
 
 
-def read_records(path: str) -> list[Record]:
+def mark_pending(path: str, started: str) -> None:
+    """The pending marker (the docstring, 5): a new file (O_EXCL, O_NOFOLLOW) beside it, renamed
+    over whatever is there, so a link or a FIFO at `path` is replaced, never written through."""
+    directory = os.path.dirname(path)
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    fresh = f"{path}.{os.getpid()}.new"
+    with contextlib.suppress(FileNotFoundError):  # one a crash left (the directory is root's)
+        os.unlink(fresh)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(fresh, flags, 0o644)
     try:
-        with open(path, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
-    except FileNotFoundError:
-        return []
-    records = []
-    for line in lines:
-        try:
-            read = json.loads(line)
-        except ValueError:
-            continue  # a line cut by a crash: the others stand
-        if isinstance(read, dict):
-            records.append(cast(Record, read))
-    return records
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            os.fchmod(fd, 0o644)  # whatever the umask
+            fh.write(json.dumps({"started": started}) + "\n")
+        os.replace(fresh, path)
+    except BaseException:
+        os.unlink(fresh)
+        raise
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="throughput.py")
-    for name in ("--python", "--module", "--module-file", "--model", "--tokenizer"):
-        parser.add_argument(name, required=True)
-    parser.add_argument("--target", action="append", required=True)
-    parser.add_argument("--rank", action="append", required=True)
-    for name in ("--input-len", "--output-len", "--concurrency-per-rank", "--prompts-per-rank"):
-        parser.add_argument(name, type=int, required=True)
-    parser.add_argument("--timeout", type=float, required=True)
-    parser.add_argument("--key-file")
-    parser.add_argument("--service-user", required=True)
-    parser.add_argument("--records", required=True)
-    parser.add_argument("--meta", required=True)
-    parser.add_argument("--max-slowdown", type=float, required=True)
-    parser.add_argument("--guard", choices=("fail", "warn"), required=True)
-    parser.add_argument("--time", default=None)
-    # The card's ceilings as JSON (throughput_guard.Ceilings); absent: not shown.
-    parser.add_argument("--ceilings", default=None)
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str]) -> int:
+def check(
+    argv: list[str], listeners: Callable[[], list[Listener]], secrets: list[str]
+) -> tuple[int, list[str]]:
+    """The whole check: (exit status, the lines to print). Refused is raised before any client
+    runs; `secrets` gets the key once it is read (the caller masks with it)."""
     args = parse(argv)
-    try:
-        preconditions(args.python, args.module_file, args.tokenizer)
-    except Refused as why:
-        print(f"throughput: refused: {why}", flush=True)
-        return 2
-    key = read_api_key(args.key_file)
+    targets = pairs(args.target, "--target")
+    ranks = pairs(args.rank, "--rank")
+    meta = read_meta(args.meta)
+    ceilings = read_ceilings(args.ceilings)
     history = read_records(args.records)
-    meta = cast(Meta, json.loads(args.meta))
+    preconditions(args.python, args.module_file, args.tokenizer)
+    now = args.time or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if args.pending:
+        try:
+            mark_pending(args.pending, now)
+        except OSError as error:
+            raise Refused(
+                f"the pending marker {args.pending} cannot be written "
+                f"({type(error).__name__}: {error.strerror})"
+            ) from None
+    why = owner_refusal(targets, ranks, args.service_user, listeners())
+    if why is not None:
+        raise Refused(f"{why} ({WHO_GETS_THE_KEY})")
+    ids = _ids(args.service_user)
+    try:
+        key = read_api_key(args.key_file)
+    except (OSError, ValueError) as error:
+        raise Refused(
+            f"the API key cannot be read from {args.key_file} ({type(error).__name__}): it is "
+            'SGLang\'s --config file, `api-key: "KEY"` (the deploy writes it)'
+        ) from None
+    if key:
+        secrets.append(key)
+    before, unread = counters(ranks)
+    if unread:
+        name, why = sorted(unread.items())[0]
+        raise Refused(
+            f"rank {name}: its /metrics ({ranks[name].rstrip('/')}/metrics) cannot be read "
+            f"({why}): each rank's share is read from its counters; see that its unit serves "
+            "(its journal), deploy again, or set throughput_check: off"
+        )
     record: Record = {
         "release": meta["release"],
         "engine": meta["engine"],
         "model_digest": meta["model_digest"],
         "flags_digest": meta["flags_digest"],
         "workload": meta["workload"],
-        "time": args.time or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "ranks": len(args.rank),
+        "time": now,
+        "ranks": len(ranks),
         "through": meta["workload"]["through"],
     }
-    measure(args, key, record)
+    results = measure(args, key, ids, before)
+    after, unread = counters(ranks)
+    combine(args, results, before, after, record)
     verdict = judge(record, history, args.max_slowdown, args.guard)
-    hungry = starved({n: r["generated"] for n, r in record["per_rank"].items()})
+    shares = record["per_rank"]
+    known = {n: r["generated"] for n, r in shares.items() if r["generated"] is not None}
+    hungry = starved(known)
     ok, line = verdict.ok, verdict.line
     if record["through"] == ROUTER and hungry and record["completed"]:
         ok = False
-        counts = ", ".join(f"{n}: {record['per_rank'][n]['generated']:g}" for n in hungry)
+        counts = ", ".join(f"{n}: {known[n]:g}" for n in hungry)
         line += (
             f"; rank(s) {', '.join(hungry)} took (almost) no load through the router "
-            f"(generated tokens {counts}; an even share is {1 / len(args.rank):.0%})"
+            f"(generated tokens {counts}; an even share is {1 / len(ranks):.0%})"
         )
-    ceilings = cast(Ceilings, json.loads(args.ceilings)) if args.ceilings else None
+    if unread:
+        ok = False
+        said = "; ".join(f"{n}: {why}" for n, why in sorted(unread.items()))
+        line += (
+            f"; rank(s) {', '.join(sorted(unread))}: /metrics could not be read after the run "
+            f"({said}): the share is unknown"
+        )
     beside = beside_ceilings(record, ceilings)
     if beside is not None:
         line += f"; {beside}"
     record["verdict"] = {"ok": ok, "ratio": verdict.ratio, "fell": verdict.fell}
-    os.makedirs(os.path.dirname(args.records), exist_ok=True)
-    with open(args.records, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(record, sort_keys=True) + "\n")
-    print("throughput " + json.dumps(record, sort_keys=True), flush=True)
-    print(line, flush=True)
-    return 0 if ok else 1
+    shown = ["throughput " + json.dumps(record, sort_keys=True), line]
+    try:
+        directory = os.path.dirname(args.records)
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+        with open(args.records, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record, sort_keys=True) + "\n")
+    except OSError as error:
+        shown.append(
+            f"throughput: failed: the record was not kept in {args.records} "
+            f"({type(error).__name__}: {error.strerror}): make that a file root may append to, "
+            "and deploy again"
+        )
+        return 1, shown
+    if ok and args.pending:
+        # One left behind (a directory made there since) only runs the check again.
+        with contextlib.suppress(OSError):
+            os.unlink(args.pending)
+    return (0 if ok else 1), shown
+
+
+def main(argv: list[str], listeners: Callable[[], list[Listener]] = read_listeners) -> int:
+    """Exit 0 (the check passed, a warning included), 1 (it failed) or 2 (refused before any
+    client ran); one line for each failure, masked, never a traceback. `listeners`: who listens
+    on this host's TCP ports (hostsafe.read_listeners; a test's own)."""
+    secrets: list[str] = []
+
+    def say(text: str) -> None:
+        print(mask_journal(text, tuple(secrets)), flush=True)
+
+    try:
+        code, lines = check(argv, listeners, secrets)
+    except Refused as why:
+        say(f"throughput: refused: {why}")
+        return 2
+    except Exception as error:  # what no line above names: one line, not a traceback
+        say(f"throughput: failed: {type(error).__name__}: {error}")
+        return 1
+    for line in lines:
+        say(line)
+    return code
 
 
 if __name__ == "__main__":

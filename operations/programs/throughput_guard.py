@@ -5,7 +5,12 @@ of layout.THROUGHPUT_RECORDS). Two records measure the same thing when their `wo
 run's settings, the model copy's digest, the ranks count and whether it went through the
 router) is equal: the release, the engine and the ranks' flags are what a run compares across.
 
-- `previous`: the last record of the same workload, or None (a first run: nothing to compare).
+- `previous`: the last record of the same workload that passed, or None (a first run: nothing
+  to compare). A record whose `verdict` says `ok: false` (a slower run the guard failed, a rank
+  starved through the router or unread, failed requests) is never the baseline, so a slower run
+  is compared with the last good one again; a run passed with `throughput_guard: warn` has
+  `ok: true` and is (that is how an operator accepts a new rate: warn once). A record without a
+  `verdict` (written before it was kept) counts when it measured.
 - `judge`: a run more than `max_slowdown` below that record's output tokens/s is slower; the
   ranks whose own output tokens/s fell by more than that are named. `guard` "fail" fails,
   "warn" passes with a warning.
@@ -55,9 +60,11 @@ class Percentiles(TypedDict):
 
 
 class RankShare(TypedDict):
-    generated: float  # sglang:generation_tokens_total, after minus before
-    requests: float  # sglang:num_requests_total, after minus before
-    output_tok_s: float
+    """A rank's share of a run; each None when its /metrics could not be read after it."""
+
+    generated: float | None  # sglang:generation_tokens_total, after minus before
+    requests: float | None  # sglang:num_requests_total, after minus before
+    output_tok_s: float | None
 
 
 class Outcome(TypedDict):
@@ -93,13 +100,17 @@ def workload_key(record: Record) -> str:
 
 
 def previous(history: list[Record], current: Record) -> Record | None:
-    """The last record of `history` (oldest first) with `current`'s workload; a run whose
-    requests failed measured nothing and is never compared with."""
+    """The last record of `history` (oldest first) with `current`'s workload that is a baseline
+    (the docstring): a run whose requests failed measured nothing, and a run whose verdict
+    failed (`"verdict": {"ok": false}`) is not what this host should serve at; neither is ever
+    compared with. A warned run (ok true) and a record without a verdict are."""
     key = workload_key(current)
     found: Record | None = None
     for record in reversed(history):
         measured = int(record.get("errors") or 0) == 0 and bool(record.get("completed"))
-        if measured and workload_key(record) == key:
+        verdict = record.get("verdict")
+        refused = isinstance(verdict, dict) and verdict.get("ok") is False
+        if measured and not refused and workload_key(record) == key:
             found = record
             break
     return found
@@ -135,8 +146,13 @@ def describe(record: Record) -> str:
 
 
 def _rank_rates(record: Record) -> dict[str, float]:
+    """Each rank's output tok/s; a rank whose share is unknown (None) is left out."""
     ranks = record.get("per_rank") or {}
-    return {name: float(r.get("output_tok_s") or 0) for name, r in ranks.items()}
+    return {
+        name: float(rate)
+        for name, r in ranks.items()
+        if (rate := r.get("output_tok_s")) is not None
+    }
 
 
 def judge(

@@ -43,6 +43,13 @@ PARTS = {
     "roll_batch.py": ["roll_waiting"],
     "stage_model.py": ["stage_manifest", "stage_tree", "stage_copy", "stage_run"],
     "stage_source.py": ["stage_manifest"],
+    "throughput.py": [
+        "api_key_file",
+        "hostsafe",
+        "rank_metrics",
+        "throughput_args",
+        "throughput_guard",
+    ],
 }
 
 

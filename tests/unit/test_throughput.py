@@ -6,14 +6,20 @@ The deploy's step, on the testbed, is tests/e2e/test_throughput.py."""
 
 from __future__ import annotations
 
+import functools
+import http.server
+import ipaddress
 import json
 import os
 import pwd
 import socket
+import stat
 import subprocess
 import sys
+import threading
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +30,8 @@ from operations import layout
 from operations.kb.bench_client import BENCH_DIR, load_bench_client
 from operations.plan import throughput_plan as tp
 from operations.plan.resolver import Rank
+from operations.programs import hostsafe
+from operations.programs import throughput as program
 from operations.programs import throughput_guard as guard
 from operations.programs.throughput_guard import Record
 from operations.render.host_scripts import script_text
@@ -490,3 +498,488 @@ def test_bench_runs_the_throughput_step_alone_always_and_refuses_a_locked_host_a
         "--data",
         "deploy_lock_wait_s=0",
     ]
+
+
+# -- the guard's baseline: a failed check is not one -----------------------------------------
+
+
+def test_a_record_whose_verdict_failed_is_never_the_baseline_and_a_warned_one_is() -> None:
+    good = record(1000, {"a": 500, "b": 500})  # an older record: no verdict, it counts
+    refused = record(500, {"a": 250, "b": 250})
+    refused["verdict"] = {"ok": False, "ratio": 0.5, "fell": ["a", "b"]}
+    # A second slower run is compared with the last good one, not with the refused one.
+    verdict = guard.judge(record(500, {"a": 250, "b": 250}), [good, refused], 0.1, "fail")
+    assert not verdict.ok and verdict.previous is good
+    # Accepted once with throughput_guard: warn (ok true): the new rate is the baseline.
+    warned = record(500, {"a": 250, "b": 250})
+    warned["verdict"] = {"ok": True, "ratio": 0.5, "fell": ["a", "b"]}
+    history = [good, refused, warned]
+    verdict = guard.judge(record(500, {"a": 250, "b": 250}), history, 0.1, "fail")
+    assert verdict.ok and verdict.previous is warned
+
+
+def test_a_rank_whose_share_is_unknown_is_not_named_as_one_that_fell() -> None:
+    last = record(1000, {"a": 500, "b": 500})
+    now = record(500, {"a": 250, "b": 500})
+    now["per_rank"]["b"] = {"generated": None, "requests": None, "output_tok_s": None}
+    assert guard.judge(now, [last], 0.1, "fail").fell == ["a"]
+
+
+# -- the host program's own guards, in this process -------------------------------------------
+# The program's parts on this machine: a fake engine (its client module a file, its python
+# never run: the client is a stand-in, `run_client` replaced), two ranks' /metrics pages served
+# here, and the listeners the program reads given by the test (main's `listeners`).
+
+KEY = "sk-throughput-key-4c1d9e"
+ME = pwd.getpwuid(os.getuid()).pw_name
+OTHER = 65534 if os.getuid() != 65534 else 65533
+TIME = "2026-12-06T10:00:00Z"
+WHO = (
+    "(the key is sent only to the service user's listeners; docs/security.md "
+    '"Who is sent the API key")'
+)
+RESULT = {
+    "completed": 8,
+    "duration": 2.0,
+    "output_throughput": 64.0,
+    "total_throughput": 96.0,
+    "median_ttft_ms": 10.0,
+    "p99_ttft_ms": 20.0,
+}
+
+
+class MetricsPage:
+    """A rank's /metrics, served here: each read 100 more generated tokens and one more request
+    than the one before; past `good_reads` reads, HTTP 500. Stopped by the fixture."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.good_reads: int | None = None
+        page = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                page.reads += 1
+                if page.good_reads is not None and page.reads > page.good_reads:
+                    self.send_error(500)
+                    return
+                body = (
+                    f'sglang:generation_tokens_total{{model_name="m"}} {100 * page.reads}\n'
+                    f'sglang:num_requests_total{{model_name="m"}} {page.reads}\n'
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = int(self.server.server_address[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        # A short poll: the fixture stops two pages a test (shutdown waits for one poll).
+        serve = functools.partial(self.server.serve_forever, poll_interval=0.05)
+        self.thread = threading.Thread(target=serve, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        if self.thread.is_alive():
+            self.server.shutdown()
+            self.server.server_close()
+            self.thread.join()
+
+
+@dataclass
+class Bench:
+    """One host for the program: its files, its two ranks' pages, the clients it started."""
+
+    tmp: Path
+    pages: list[MetricsPage]
+    clients: list[dict[str, Any]] = field(default_factory=list)
+    # What each stand-in client does: (exit status, output, result or None), or raises.
+    client: Callable[[Bench, dict[str, Any]], tuple[int, str, dict[str, Any] | None]] = (
+        lambda bench, seen: (0, "ok", RESULT)
+    )
+
+    @property
+    def records(self) -> Path:
+        return self.tmp / "state" / "throughput.jsonl"
+
+    @property
+    def pending(self) -> Path:
+        return self.tmp / "state" / "throughput.pending"
+
+    def argv(self, through: str = "ranks", *extra: str, **flags: str) -> list[str]:
+        workload = {"input_len": 8, "output_len": 16, "concurrency_per_rank": 2}
+        workload.update(prompts_per_rank=4, ranks=2)
+        meta: dict[str, object] = {
+            "release": "0.5.11",
+            "engine": "e",
+            "model_digest": "d",
+            "flags_digest": "f",
+        }
+        meta["workload"] = {**workload, "model": "m", "model_digest": "d", "through": through}
+        given = {
+            "--python": str(self.tmp / "engine" / "bin" / "python"),
+            "--module": "sglang.bench_serving",
+            "--module-file": "sglang/bench_serving.py",
+            "--model": "m",
+            "--tokenizer": str(self.tmp / "model"),
+            "--input-len": "8",
+            "--output-len": "16",
+            "--concurrency-per-rank": "2",
+            "--prompts-per-rank": "4",
+            "--timeout": "60",
+            "--key-file": str(self.tmp / "secrets.yaml"),
+            "--service-user": ME,
+            "--records": str(self.records),
+            "--pending": str(self.pending),
+            "--meta": json.dumps(meta),
+            "--max-slowdown": "0.1",
+            "--guard": "fail",
+            "--time": TIME,
+        }
+        given.update({"--" + k.replace("_", "-"): v for k, v in flags.items()})
+        words = [w for k, v in given.items() for w in (k, v)]
+        ranks = [f"r{i}={page.url}" for i, page in enumerate(self.pages)]
+        targets = [f"router={self.router}"] if through == "router" else ranks
+        words += [w for t in targets for w in ("--target", t)]
+        words += [w for r in ranks for w in ("--rank", r)]
+        return [*words, *extra]
+
+    @property
+    def router(self) -> str:
+        return self.pages[0].url  # a "router" that is rank 0: only the listener check asks
+
+    def run(
+        self, argv: list[str], capsys: pytest.CaptureFixture[str], owners: dict[int, int] | None
+    ) -> tuple[int, list[str]]:
+        """main(argv) with these listeners (port: uid; None: each page's port, this user's)."""
+        if owners is None:
+            owners = {page.port: os.getuid() for page in self.pages}
+        found = [
+            hostsafe.Listener(ipaddress.ip_address("127.0.0.1"), port, uid)
+            for port, uid in owners.items()
+        ]
+        code = program.main(argv, lambda: found)
+        out, err = capsys.readouterr()
+        assert err == ""
+        return code, out.splitlines()
+
+
+@pytest.fixture
+def bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Bench]:
+    site = tmp_path / "engine" / "lib" / "python3.11" / "site-packages" / "sglang"
+    site.mkdir(parents=True)
+    (site / "bench_serving.py").write_text("")
+    (tmp_path / "engine" / "bin").mkdir()
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "tokenizer.json").write_text("{}")
+    (tmp_path / "secrets.yaml").write_text(f'api-key: "{KEY}"\n')
+    pages = [MetricsPage(), MetricsPage()]
+    made = Bench(tmp_path, pages)
+
+    def client(
+        args: Any, words: list[str], key: str | None, work: str, deadline: float, ids: Any
+    ) -> tuple[int, str]:
+        seen = {"words": words, "key": key, "work": work, "ids": ids}
+        made.clients.append(seen)
+        code, text, result = made.client(made, seen)
+        if result is not None:
+            out = words[words.index("--output-file") + 1]
+            Path(out).write_text(json.dumps(result) + "\n")
+        return code, text
+
+    monkeypatch.setattr(program, "run_client", client)
+    try:
+        yield made
+    finally:
+        for page in pages:
+            page.stop()
+
+
+def test_a_passing_check_keeps_its_record_and_hands_the_key_to_the_client(
+    bench: Bench, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = bench.run(bench.argv(), capsys, None)
+    assert code == 0, out
+    assert [c["key"] for c in bench.clients] == [KEY, KEY]
+    rec = json.loads(out[0].removeprefix("throughput "))
+    assert rec["per_rank"]["r0"] == {"generated": 100.0, "requests": 1.0, "output_tok_s": 50.0}
+    assert rec["verdict"]["ok"] and len(bench.records.read_text().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("through", "owners", "why"),
+    [
+        # A rank's port is another user's (a squatter, while it restarted).
+        ("ranks", {0: OTHER, 1: -1}, "r0: {at0} is held by uid {other} ({who}), not by {me}"),
+        # Through the router: the router forwards the key to the ranks.
+        (
+            "router",
+            {0: -1, 1: OTHER},
+            "the router forwards to r1: {at1} is held by uid {other} ({who}), not by {me}",
+        ),
+        ("router", {0: -1}, "the router forwards to r1: nothing listens on {at1}"),
+    ],
+)
+def test_the_key_goes_to_no_listener_but_the_service_users(
+    bench: Bench,
+    capsys: pytest.CaptureFixture[str],
+    through: str,
+    owners: dict[int, int],
+    why: str,
+) -> None:
+    ports = [page.port for page in bench.pages]
+    uids = {ports[i]: (os.getuid() if uid == -1 else uid) for i, uid in owners.items()}
+    code, out = bench.run(bench.argv(through), capsys, uids)
+    expected = why.format(
+        at0=f"127.0.0.1:{ports[0]}",
+        at1=f"127.0.0.1:{ports[1]}",
+        other=OTHER,
+        who=hostsafe.user_name(OTHER),
+        me=f"the service user {ME} (uid {os.getuid()})",
+    )
+    assert (code, out) == (2, [f"throughput: refused: {expected} {WHO}"])
+    # Nothing ran, nothing was asked (not even /metrics), no record; the check is still due.
+    assert bench.clients == [] and [p.reads for p in bench.pages] == [0, 0]
+    assert not bench.records.exists()
+    assert json.loads(bench.pending.read_text()) == {"started": TIME}
+
+
+def test_a_service_user_that_does_not_exist_is_refused_before_anything_runs(
+    bench: Bench, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = bench.run(bench.argv(service_user="no-such-user-x"), capsys, None)
+    assert (code, out) == (
+        2,
+        [
+            "throughput: refused: r0: the service user 'no-such-user-x' does not exist on this "
+            f"host {WHO}"
+        ],
+    )
+    assert bench.clients == [] and not bench.records.exists()
+
+
+def test_a_rank_whose_metrics_cannot_be_read_before_the_run_is_refused(
+    bench: Bench, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench.pages[1].good_reads = 0
+    code, out = bench.run(bench.argv(), capsys, None)
+    assert code == 2 and len(out) == 1, out
+    assert out[0].startswith(
+        f"throughput: refused: rank r1: its /metrics ({bench.pages[1].url}/metrics) cannot be "
+        "read (HTTPError: HTTP Error 500: Internal Server Error): "
+    )
+    assert bench.clients == [] and not bench.records.exists()
+
+
+def test_a_rank_refusing_connections_before_the_run_is_refused(
+    bench: Bench, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench.pages[1].stop()  # its port closed: the connection is refused
+    code, out = bench.run(bench.argv(), capsys, None)
+    assert code == 2 and len(out) == 1, out
+    assert out[0].startswith(f"throughput: refused: rank r1: its /metrics ({bench.pages[1].url}")
+    assert "cannot be read (URLError: <urlopen error [Errno 111] Connection refused>)" in out[0]
+    assert bench.clients == [] and not bench.records.exists()
+
+
+def test_a_rank_whose_metrics_cannot_be_read_after_the_run_fails_the_check_by_name(
+    bench: Bench, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench.pages[1].good_reads = 1  # read before the run, not after it
+    code, out = bench.run(bench.argv("router"), capsys, None)
+    assert code == 1, out
+    assert out[-1].endswith(
+        "; rank(s) r1: /metrics could not be read after the run (r1: HTTPError: HTTP Error 500: "
+        "Internal Server Error): the share is unknown"
+    )
+    # What was measured is kept, r1's share unknown; not a baseline, and the check stays due.
+    (kept,) = [json.loads(line) for line in bench.records.read_text().splitlines()]
+    assert kept["completed"] == 8 and kept["per_rank"]["r0"]["generated"] == 100.0
+    assert kept["per_rank"]["r1"] == {"generated": None, "requests": None, "output_tok_s": None}
+    assert kept["verdict"]["ok"] is False and bench.pending.exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "extra", "said"),
+    [
+        ({"meta": "{not json"}, [], "--meta is not JSON (Expecting property name"),
+        ({"meta": "[]"}, [], "--meta is not a JSON object with release, engine, model_digest"),
+        ({"ceilings": '{"source": 1}'}, [], "--ceilings is not a JSON object with numbers"),
+        ({}, ["--target", "r0"], "--target 'r0' is not NAME=URL"),
+        ({"guard": "sometimes"}, [], "the command line: argument --guard: invalid choice"),
+        ({"timeout": "soon"}, [], "the command line: argument --timeout: invalid float value"),
+    ],
+)
+def test_a_command_line_the_plan_could_not_have_written_is_refused_in_one_line(
+    bench: Bench,
+    capsys: pytest.CaptureFixture[str],
+    flags: dict[str, str],
+    extra: list[str],
+    said: str,
+) -> None:
+    code, out = bench.run(bench.argv("ranks", *extra, **flags), capsys, None)
+    assert code == 2 and len(out) == 1 and out[0].startswith("throughput: refused: "), out
+    assert said in out[0] and "operations/plan/throughput_plan.py" in out[0]
+    assert bench.clients == [] and not bench.records.exists() and not bench.pending.exists()
+
+
+def test_unreadable_records_and_key_are_refused_in_one_line(
+    bench: Bench, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench.records.mkdir(parents=True)
+    code, out = bench.run(bench.argv(), capsys, None)
+    assert (code, out) == (
+        2,
+        [
+            f"throughput: refused: the records {bench.records} cannot be read (IsADirectoryError: "
+            "Is a directory): remove what is there, or make it the records file it was"
+        ],
+    )
+    code, out = bench.run(
+        bench.argv(records=str(bench.tmp / "r.jsonl"), key_file="/"), capsys, None
+    )
+    assert code == 2 and out[0].startswith(
+        "throughput: refused: the API key cannot be read from / (IsADirectoryError): "
+    )
+    assert bench.clients == []
+
+
+def test_a_record_that_cannot_be_kept_fails_the_check_in_one_line(
+    bench: Bench, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def client(bench: Bench, seen: dict[str, Any]) -> tuple[int, str, dict[str, Any] | None]:
+        bench.records.mkdir(parents=True, exist_ok=True)  # the records' place taken meanwhile
+        return 0, "", RESULT
+
+    bench.client = client
+    code, out = bench.run(bench.argv("router"), capsys, None)
+    assert code == 1 and out[-1] == (
+        f"throughput: failed: the record was not kept in {bench.records} (IsADirectoryError: "
+        "Is a directory): make that a file root may append to, and deploy again"
+    )
+    assert out[0].startswith("throughput {") and bench.pending.exists()
+
+
+def test_what_nothing_names_is_one_masked_line_and_the_work_directory_goes(
+    bench: Bench, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def client(bench: Bench, seen: dict[str, Any]) -> tuple[int, str, dict[str, Any] | None]:
+        raise RuntimeError(f"the client broke with {seen['key']} in hand")
+
+    bench.client = client
+    code, out = bench.run(bench.argv("router"), capsys, None)
+    assert (code, out) == (
+        1,
+        ["throughput: failed: RuntimeError: the client broke with *** in hand"],
+    )
+    (seen,) = bench.clients
+    assert not os.path.exists(seen["work"])
+
+
+def test_the_clients_output_is_masked_wherever_it_is_shown_and_its_directory_removed(
+    bench: Bench, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def client(bench: Bench, seen: dict[str, Any]) -> tuple[int, str, dict[str, Any] | None]:
+        assert os.path.isdir(seen["work"])
+        said = f"Traceback (most recent call last):\nheaders: Authorization: Bearer {seen['key']}"
+        return 1, said + f"\nopenai.AuthenticationError: {seen['key']} was refused", None
+
+    bench.client = client
+    code, out = bench.run(bench.argv("router"), capsys, None)
+    assert code == 1
+    rec = json.loads(out[0].removeprefix("throughput "))
+    assert rec["first_error"] == (
+        "router: the client exited 1 (Traceback (most recent call last): | headers: "
+        "Authorization: Bearer *** | openai.AuthenticationError: *** was refused)"
+    )
+    assert KEY not in "\n".join(out) + bench.records.read_text()
+    assert not any(os.path.exists(seen["work"]) for seen in bench.clients)
+
+
+def test_a_result_file_the_client_made_a_link_is_not_read(
+    bench: Bench, capsys: pytest.CaptureFixture[str]
+) -> None:
+    elsewhere = bench.tmp / "roots-own.json"
+    elsewhere.write_text(json.dumps(RESULT) + "\n")
+
+    def client(bench: Bench, seen: dict[str, Any]) -> tuple[int, str, dict[str, Any] | None]:
+        words = seen["words"]
+        os.symlink(elsewhere, words[words.index("--output-file") + 1])
+        return 0, "done", None
+
+    bench.client = client
+    code, out = bench.run(bench.argv("router"), capsys, None)
+    assert code == 1 and json.loads(out[0].removeprefix("throughput "))["completed"] == 0
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(os.geteuid() != 0, reason="starts the client as a user: needs root")
+def test_the_real_client_start_hands_the_key_in_its_environment_only(
+    bench: Bench, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.undo()  # the program's own run_client
+    python = bench.tmp / "engine" / "bin" / "python"
+    python.write_text(
+        f"#!{sys.executable}\nimport os, sys\n"
+        "print('cwd', os.getcwd()); print('key', os.environ.get('OPENAI_API_KEY'))\n"
+        "print('argv', ' '.join(sys.argv[1:3])); sys.exit(3)\n"
+    )
+    python.chmod(0o755)
+    code, out = bench.run(bench.argv("router"), capsys, None)
+    assert code == 1
+    first = json.loads(out[0].removeprefix("throughput "))["first_error"]
+    assert first.startswith("router: the client exited 3 (cwd ") and KEY not in first
+    assert first.endswith(" | key *** | argv -m sglang.bench_serving)")
+    work = first.split("(cwd ", 1)[1].split(" | ", 1)[0]
+    assert os.path.basename(work).startswith("throughput-") and not os.path.exists(work)
+
+
+# -- the pending marker ------------------------------------------------------------------------
+
+
+def _marker_at_start(bench: Bench, seen: dict[str, Any]) -> tuple[int, str, dict[str, Any] | None]:
+    mode = os.lstat(bench.pending).st_mode
+    seen["pending"] = (stat.S_ISREG(mode), stat.S_IMODE(mode), bench.pending.read_text())
+    return 0, "", RESULT
+
+
+@pytest.mark.parametrize("before", ["absent", "link", "fifo"])
+def test_the_marker_is_there_while_the_check_runs_and_goes_when_it_passes(
+    bench: Bench, capsys: pytest.CaptureFixture[str], before: str
+) -> None:
+    victim = bench.tmp / "victim"
+    victim.write_text("not the marker's\n")
+    bench.pending.parent.mkdir()
+    if before == "link":
+        bench.pending.symlink_to(victim)
+    elif before == "fifo":
+        os.mkfifo(bench.pending)  # written through, it would hold the program
+    bench.client = _marker_at_start
+    code, out = bench.run(bench.argv("router"), capsys, None)
+    assert code == 0, out
+    (seen,) = bench.clients
+    assert seen["pending"] == (True, 0o644, json.dumps({"started": TIME}) + "\n")
+    assert not os.path.lexists(bench.pending) and victim.read_text() == "not the marker's\n"
+    assert sorted(p.name for p in bench.pending.parent.iterdir()) == ["throughput.jsonl"]
+
+
+@pytest.mark.parametrize(("guard_flag", "code", "left"), [("fail", 1, True), ("warn", 0, False)])
+def test_a_failed_check_leaves_the_marker_and_a_warned_one_removes_it(
+    bench: Bench,
+    capsys: pytest.CaptureFixture[str],
+    guard_flag: str,
+    code: int,
+    left: bool,
+) -> None:
+    bench.client = _marker_at_start
+    assert bench.run(bench.argv("router"), capsys, None)[0] == 0
+    faster = json.loads(bench.records.read_text())
+    faster["output_tok_s"] *= 2  # the last record: twice this run's rate
+    bench.records.write_text(json.dumps(faster) + "\n")
+    got, out = bench.run(bench.argv("router", guard=guard_flag), capsys, None)
+    assert got == code and "-50.0% against the last record" in out[-1], out
+    assert bench.pending.exists() == left
