@@ -41,7 +41,10 @@ def real_use_commands() -> list[list[str]]:
 def ct200(testbed: tb.Testbed) -> Container:
     # A real model's config and tokenizer (preflight checks the tokenizer is there while the
     # throughput check is on, as group_data/all.py leaves it).
-    files: dict[str, str | bytes] = {f"{MODEL}/config.json": CONFIG, f"{MODEL}/tokenizer.json": "{}"}
+    files: dict[str, str | bytes] = {
+        f"{MODEL}/config.json": CONFIG,
+        f"{MODEL}/tokenizer.json": "{}",
+    }
     (container,) = testbed.boot(ContainerSpec(extra_files=files))
     return container
 
