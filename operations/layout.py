@@ -83,6 +83,14 @@ THROUGHPUT_RECORDS = "/var/lib/sglang-deploy/throughput.jsonl"
 # Present from the moment a throughput check starts until one passes (programs/throughput.py):
 # a check that failed or was cut off is run again by the next deploy (facts/serve.py reads it).
 THROUGHPUT_PENDING = "/var/lib/sglang-deploy/throughput.pending"
+# A canary rollout (settings `rollout`, operations/plan/canary_plan.py): the comparison program
+# (CANARY_SCRIPT, canary_compare.py) and its verdict, one JSON object it writes atomically (root's,
+# 644: no secret in it; facts/canary.py reads it back), and the unit files of the canary ranks
+# as they were before the canary rewrote them, by unit file name (sglang@0.service), which a
+# rollback restores.
+CANARY_SCRIPT = f"{SCRIPT_DIR}/canary_compare.py"
+CANARY_RECORD = "/var/lib/sglang-deploy/canary.json"
+CANARY_BACKUP_DIR = "/var/lib/sglang-deploy/canary"
 # The router's control-plane key (root only, mode 600): systemd hands it to the router unit as
 # the credential CONTROL_PLANE_CREDENTIAL (LoadCredential=), the launcher reads it from there
 # and the drain script from here (docs/security.md "The router's control plane").
@@ -356,6 +364,7 @@ def managed_files(settings: Settings) -> tuple[ManagedFile, ...]:
         ManagedFile(ROUTER_WORKERS_SCRIPT, "serve", "755"),
         ManagedFile(ROLL_BATCH_SCRIPT, "serve", "755"),
         ManagedFile(THROUGHPUT_SCRIPT, "serve", "755"),
+        ManagedFile(CANARY_SCRIPT, "serve", "755"),
         ManagedFile(SECRETS_FILE, "serve", "640", user, True, dir_mode="750", dir_group=user),
         ManagedFile(unit_path(TARGET), "serve"),
         ManagedFile(TARGETS_FILE, "serve"),
