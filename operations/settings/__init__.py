@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,6 +49,7 @@ __all__ = [
     "ControllerFiles",
     "Layer",
     "PropertySchema",
+    "Rollout",
     "Router",
     "Settings",
     "SettingsError",
@@ -158,6 +159,26 @@ class Router:
     control_plane_key_file: str | None = None
 
 
+RolloutStrategy = Literal["rolling", "canary"]
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """How ranks move onto a new engine or new flags (operations/plan/canary_plan.py). The
+    defaults are settings.schema.json's `rollout` default (tests/unit/test_canary_settings.py):
+    today's roll; and for a canary, one rank (the least capacity on the new engine while it is
+    judged), 10% slower at most (the throughput guard's margin: a real regression is far past
+    it, run-to-run noise of a greedy fixed-length run is a few percent), a minute of soak (long
+    enough for a router's retries and health checks to show a failing worker, short beside a
+    roll) and no pause."""
+
+    strategy: RolloutStrategy = "rolling"
+    canary_ranks: int = 1
+    max_slowdown: float = 0.1
+    soak_s: int = 60
+    pause: bool = False
+
+
 @dataclass(frozen=True)
 class Settings:
     """Typed settings: one field per key of settings.schema.json, where their defaults live."""
@@ -215,6 +236,7 @@ class Settings:
     throughput_concurrency_per_rank: int
     throughput_prompts_per_rank: int
     throughput_timeout_s: int
+    rollout: Rollout
     router: Router | None
     deploy_lock_wait_s: int
     pve_ctid: int | None
@@ -431,6 +453,10 @@ def _path(value: str) -> str:
     return value.rstrip("/") or "/"
 
 
+def _rollout(rollout: Rollout) -> Rollout:
+    return replace(rollout, max_slowdown=float(rollout.max_slowdown))
+
+
 def _number(value: float | None) -> float | None:
     return None if value is None else float(value)
 
@@ -448,6 +474,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "extra_server_args": tuple,
     "speculative": lambda v: Speculative(**v) if isinstance(v, dict) else None,
     "router": lambda v: Router(**v) if isinstance(v, dict) else None,
+    "rollout": lambda v: _rollout(Rollout(**v)),
 }
 
 

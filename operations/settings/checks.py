@@ -119,6 +119,27 @@ def _source_problem(source: str) -> str | None:
     return f"{why}; accepted: a model directory as a plain absolute path" if why else None
 
 
+def _rollout_problem(values: Mapping[str, Any]) -> str | None:
+    """A canary needs a rank that keeps the old engine to be compared with: fewer canary ranks
+    than dp_size (the schema has checked each key's own shape)."""
+    props = schema()["properties"]
+    rollout = {**props["rollout"]["default"], **values.get("rollout", {})}
+    dp_size = values.get("dp_size", props["dp_size"]["default"])
+    if rollout["strategy"] != "canary" or rollout["canary_ranks"] < dp_size:
+        return None
+    accepted = (
+        f"rollout.canary_ranks {'1' if dp_size == 2 else f'from 1 to {dp_size - 1}'}, or "
+        'rollout.strategy "rolling"'
+        if dp_size > 1
+        else 'rollout.strategy "rolling" (one rank has none to compare with)'
+    )
+    return (
+        f"rollout.canary_ranks = {rollout['canary_ranks']} with dp_size {dp_size} leaves no rank "
+        f"on the old engine to compare the canary with; accepted: {accepted}, set in the "
+        "inventory on the controller"
+    )
+
+
 def control_problems(values: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(key, why) for values holding control characters, nested strings included."""
     problems: list[tuple[str, str]] = []
@@ -166,6 +187,8 @@ def value_problems(values: Mapping[str, Any]) -> list[tuple[str, str]]:
                 'accepted: a model name such as "Qwen/Qwen3.6-27B"',
             )
         )
+    if (why := _rollout_problem(values)) is not None:
+        problems.append(("rollout", why))
     if values.get("service_user") == "root":
         problems.append(
             (

@@ -18,7 +18,13 @@ SCHEMA_PATH = Path(__file__).parent / "settings.schema.json"
 # One setting's entry in settings.schema.json, the keys read here (jsonschema reads them all).
 PropertySchema = TypedDict(
     "PropertySchema",
-    {"type": str | list[str], "default": Any, "description": str, "x-accepts": str},
+    {
+        "type": str | list[str],
+        "default": Any,
+        "description": str,
+        "x-accepts": str,
+        "properties": dict[str, object],
+    },
     total=False,
 )
 
@@ -49,7 +55,29 @@ def describe(
         missing = str(error.message).split("'")[1]
         return missing, props[missing].get("x-accepts", "a value")
     key = str(error.absolute_path[0]) if error.absolute_path else "?"
-    accepts = props.get(key, {}).get("x-accepts", error.message)
-    if len(error.absolute_path) > 1:
-        accepts = f"{accepts} ({'.'.join(map(str, error.absolute_path))}: {error.message})"
+    prop = props.get(key, {})
+    accepts = prop.get("x-accepts", error.message)
+    path = ".".join(map(str, error.absolute_path))
+    sub = _sub_accepts(prop, error.absolute_path[1]) if len(error.absolute_path) > 1 else None
+    if sub is not None:
+        # A mapping whose keys say what they accept (rollout): that key's words, and its value.
+        accepts = f"{path}: {sub}; found {error.instance!r}"
+    elif len(error.absolute_path) > 1:
+        accepts = f"{accepts} ({path}: {error.message})"
+    elif error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        known = set(_sub_properties(prop))
+        unknown = sorted(str(k) for k in error.instance if k not in known)
+        accepts = f"{accepts} ({', '.join(f'{key}.{k}' for k in unknown)}: not a key of it)"
     return key, accepts
+
+
+def _sub_properties(prop: PropertySchema) -> dict[str, object]:
+    found = prop.get("properties")
+    return found if isinstance(found, dict) else {}
+
+
+def _sub_accepts(prop: PropertySchema, sub_key: object) -> str | None:
+    """What a mapping's key accepts, when its schema says (its own "x-accepts")."""
+    sub = _sub_properties(prop).get(str(sub_key))
+    accepts = sub.get("x-accepts") if isinstance(sub, dict) else None
+    return accepts if isinstance(accepts, str) else None

@@ -91,7 +91,7 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
         "attention_backed",
         "'attention_backend'",
     ),
-    ("unknown key far from any", {"colour": "blue"}, "colour", "Configuration reference"),
+    ("unknown key far from any", {"flavour": "blue"}, "flavour", "Configuration reference"),
     ("version without patch", {"sglang_version": "0.5"}, "sglang_version", "exact SGLang release"),
     ("version as a number", {"sglang_version": 0.5}, "sglang_version", "exact SGLang release"),
     ("lane misspelt", {"cuda_lane": "cuda128"}, "cuda_lane", "CUDA lane such as"),
