@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from operations import kb as kbmod
 from operations import layout
+from operations.facts.canary import Canary
 from operations.facts.engine import EngineHost, Proven
 from operations.facts.gpu import NvidiaSmi
 from operations.facts.host import Model, Resources
@@ -153,6 +154,9 @@ class Gathered:
     hub_token: str | None = field(default=None, repr=False)
     # The commands the deploy runs on the controller (rsync, ssh); None: not asked.
     tools: preflight.ControllerTools | None = None
+    # The CanaryState fact (the last canary verdict, the unit backups); None: not asked, and
+    # no canary rollout is decided.
+    canary: Canary | None = None
     # The controller's date (YYYY-MM-DD, UTC) when it gathered: the toolkit record's date for a
     # version the host has not recorded yet (plan/toolkit_version.py); None: not known.
     today: str | None = None
@@ -245,8 +249,18 @@ def decide(
         plan.decisions.append(Decision("model staging", decision.what, decision.plan.why))
         python = plan.engine.python if plan.engine is not None else None
         serve = serve_plan.serve_plan(
-            settings, plan.ranks, facts.serving, router, drain, watched, python
+            settings,
+            plan.ranks,
+            facts.serving,
+            router,
+            drain,
+            watched,
+            python,
+            canary_state=facts.canary,
+            target=throughput_plan.flags_digest(plan.ranks),
         )
+        if serve.canary is not None and serve.canary.decision is not None:
+            plan.decisions.append(serve.canary.decision)
         if serve.router is not None and serve.router.restart:
             plan.decisions.append(router_step.router_change(serve.router))
         engine_step, model_step = _step_plans(settings, plan, facts, decision)

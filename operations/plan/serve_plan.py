@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from operations import layout
+from operations.facts.canary import Canary
 from operations.facts.serve import Serving
 from operations.kb.pins import PinError, router_requirements
 from operations.plan import rank_state
+from operations.plan.canary_plan import CanaryPlan, canary_plan
 from operations.plan.drain import DrainPlan
 from operations.plan.engine_spec import tools_uv_config
 from operations.plan.monitoring import MonitoringPlan
@@ -67,6 +69,9 @@ class RollPlan:
     # Rolled although their unit file is what the plan says: the running process does not run
     # it (a deploy killed between a unit's write and its restart), rank -> why.
     pending: dict[int, str] = field(default_factory=dict)
+    # Serving, their unit changed, and not rolled this run: a canary rollout holds them back
+    # (paused, refused, or rolling back; canary_plan.py).
+    held: list[Rank] = field(default_factory=list)
 
     @property
     def rolled(self) -> list[Rank]:
@@ -102,6 +107,22 @@ def roll_plan(
             plan.unchanged.append(rank)
     plan.batches.extend(batches(restart, max(1, batch_size)))
     return plan
+
+
+def staged_roll(roll: RollPlan, canary: CanaryPlan | None, batch_size: int) -> RollPlan:
+    """Today's roll in the canary's order: the canary batch first, then the rest in today's
+    batches when they roll this run; the others are held. No canary: the roll unchanged."""
+    if canary is None or canary.stage is None:
+        return roll
+    by_rank = {r.rank: r for r in roll.rolled}
+    order = [canary.canary_batch] if canary.canary_batch else []
+    if canary.rolls_rest:
+        order += canary.rest
+    staged = [[by_rank[n] for n in batch if n in by_rank] for batch in order]
+    staged = [batch for batch in staged if batch]
+    rolled = {r.rank for batch in staged for r in batch}
+    held = [r for r in roll.rolled if r.rank not in rolled]
+    return replace(roll, batches=staged, held=held)
 
 
 def secrets_text(settings: Settings) -> str | None:
@@ -247,6 +268,8 @@ class ServePlan:
     # may write nothing before the wait fails it.
     startup_lines: str = ""
     silence_s: int = RANK_SILENCE_S
+    # A canary rollout's stages (None: the plan was not given the CanaryState fact).
+    canary: CanaryPlan | None = None
 
     def summary(self) -> str:
         """What this run does to the ranks, for the plan printed before any change."""
@@ -270,6 +293,10 @@ class ServePlan:
                 pending = ", ".join(f"{r}: {w}" for r, w in sorted(plan.pending.items()))
                 why = f"unit changed or pending restart ({pending})"
             parts.append(f"restart ({why}) in batches {order}{drained}")
+        if self.canary is not None and self.canary.stage is not None:
+            parts.append(self.canary.summary())
+        if plan.held:
+            parts.append(f"hold rank(s) {names(plan.held)} on their old units (canary)")
         if plan.remove:
             parts.append(f"stop and remove rank(s) {', '.join(map(str, plan.remove))}")
         if self.router is not None and self.router.restart:
@@ -318,6 +345,7 @@ class ServePlan:
             ),
             "router_step": self.router.to_json() if self.router is not None else None,
             "router_first": self.order.first,
+            "canary": self.canary.to_json() if self.canary is not None else None,
         }
 
 
@@ -333,15 +361,23 @@ def serve_plan(
     drain: DrainPlan | None,
     watched: MonitoringPlan | None = None,
     python_minor: str | None = None,
+    canary_state: Canary | None = None,
+    target: str = "",
 ) -> ServePlan:
     """The serve and smoke steps' decisions for this host (router: set on the router's host;
-    watched: the monitoring files; python_minor: the host's python3, "3.11", the router's)."""
+    watched: the monitoring files; python_minor: the host's python3, "3.11", the router's;
+    canary_state: the CanaryState fact, and target the ranks' flags digest, for a canary
+    rollout: None, none is decided)."""
     s = settings
     # What the fact read of every file these steps write, handed to planned_files once.
     write = _Writer(s, file_digests(serving))
     secret = secrets_text(s)
     secret_changed = secret is not None and serving.files.get(layout.SECRETS_FILE) != sha256(secret)
     roll = roll_plan(ranks, serving, s.restart_batch_size, secret_changed)
+    canary = None
+    if canary_state is not None:
+        canary = canary_plan(s, roll.rolled, ranks, serving, canary_state, target, drain)
+        roll = staged_roll(roll, canary, s.restart_batch_size)
     # Whether this run writes the control-plane key here: decided once, for the key and the
     # router's restart.
     key_due = router_key_changes(s, serving.files)
@@ -377,7 +413,7 @@ def serve_plan(
         if serving.model_target:
             present.add(layout.stage_tree(s).entry(serving.model_target))
         doomed = sorted(p for p in present - keep if layout.copy_key(s, p) is not None)
-    errors = _unread_keys(s)
+    errors = _unread_keys(s) + (canary.errors if canary is not None else [])
     router_step = None
     if router is not None:
         try:
@@ -424,6 +460,7 @@ def serve_plan(
         prune_doomed=doomed,
         drain=drain,
         startup_lines=startup_patterns(s.sglang_version),
+        canary=canary,
     )
 
 

@@ -185,6 +185,29 @@ class KeySourceJson(TypedDict):
     made: bool
 
 
+class CanaryJson(TypedDict):
+    """A canary rollout (operations/plan/canary_plan.py); stage None: it does not apply."""
+
+    stage: str | None
+    skip: str
+    canary: list[int]
+    canary_batch: list[int]
+    baseline: int | None
+    rest: list[list[int]]
+    release: str
+    engine: str
+    checks: list[str]
+    max_slowdown: float
+    soak_s: int
+    soak: bool
+    argv: list[str]
+    backup: dict[str, str]
+    restore: dict[str, str]
+    refusal: str
+    errors: list[str]
+    summary: str
+
+
 class ServeJson(TypedDict):
     start: list[int]
     batches: list[list[int]]
@@ -210,6 +233,8 @@ class ServeJson(TypedDict):
     router_step: RouterStepJson | None
     # The router's restart and the control-plane key come before the ranks roll.
     router_first: bool
+    # The canary rollout (None: not asked, as when the plan has no CanaryState fact).
+    canary: NotRequired[CanaryJson | None]
 
 
 # -- the engine and model steps' plans (operations/plan/engine_plan.py,

@@ -1,10 +1,10 @@
-"""One host's facts, gathered for its plan, and the plan decided from them (`plan_for_host`):
-the plan command and deploy.py both call it, so the plan shown is the deploy run.
+"""One host's facts, gathered for its plan, and the plan decided from them (`plan_for_host`): the
+plan command and deploy.py both call it, so the plan shown is the deploy run.
 
-`gather` asks the host (PreflightFacts, ServingState and ModelStaging, at the same time) and
-reads what the plan needs of the controller (the engine locks, the wheelhouse, a controller
-source's scan, the hub token); operations/plan/host_plan.decide, a pure function of settings
-and these facts, decides. Nothing here decides, and nothing in the plan reads.
+`gather` asks the host (PreflightFacts, ServingState, ModelStaging and CanaryState, at the
+same time) and reads what the plan needs of the controller (the engine locks, the wheelhouse,
+a controller source's scan, the hub token); operations/plan/host_plan.decide, a pure function
+of settings and these facts, decides. Nothing here decides, and nothing in the plan reads.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pyinfra.facts.files import File
 
 from operations import kb as kbmod
 from operations import layout
+from operations.facts.canary import Canary, CanaryState
 from operations.facts.engine import WheelhouseFiles
 from operations.facts.host import Model
 from operations.facts.model import ModelStaging, Staging, local_model, script_module
@@ -70,13 +71,17 @@ def gather(host: Host, settings: Settings, router_list: str | None = None) -> Ga
         preflight_facts,
         lambda: serving_state(settings, router_list),
         lambda: model_staging(settings, key, []),
+        # The last canary verdict and the unit backups (plan/canary_plan.py).
+        lambda: gathered(CanaryState),
     ]
     if wheelhouse is not None:
         # The host's copy of the wheelhouse, for the engine plan's sync: with the others.
         calls.append(lambda: gathered(WheelhouseFiles, path=wheelhouse) or {})
     answers = together(*calls)
-    found, serving, staging = cast(tuple[HostFacts, Serving, "Staging | None"], answers[:3])
-    remote = cast(dict[str, int], answers[3]) if wheelhouse is not None else {}
+    found, serving, staging, canary = cast(
+        tuple[HostFacts, Serving, "Staging | None", Canary], answers[:4]
+    )
+    remote = cast(dict[str, int], answers[4]) if wheelhouse is not None else {}
     keep = keep_keys(settings, referenced_models(serving), key)
     if staging is not None and any(layout.copy_key(settings, p) in keep for p in staging.leftovers):
         staging = model_staging(settings, key, keep)
@@ -101,6 +106,7 @@ def gather(host: Host, settings: Settings, router_list: str | None = None) -> Ga
         controller=controller,
         hub_cli_installed=cli,
         hub_token=hub_token(),
+        canary=canary,
         tools=controller_tools(host),
         today=today(),
     )

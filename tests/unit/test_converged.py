@@ -36,7 +36,7 @@ SLUG = "Qwen--Qwen3.6-27B"
 FAKE = '{"fake_delay": 0, "fake_delay_jitter": 0}'
 # The facts a deploy's plan asks (operations/runtime/gather.py), and FileAt for a secret, whose
 # mode and owners are read on every run (operations/steps/host_files.py).
-PLAN_FACTS = {"PreflightFacts", "ServingState", "ModelStaging"}
+PLAN_FACTS = {"PreflightFacts", "ServingState", "ModelStaging", "CanaryState"}
 
 CONFIGURATIONS: dict[str, tuple[list[str], dict[str, Any]]] = {
     "plain": (["ct200"], {}),

@@ -1,0 +1,197 @@
+"""The canary rollout's stages, decided in the plan (operations/plan/canary_plan.py) from the
+settings, what the ranks run and the host's verdict (facts/canary.py): pure, each stage here."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from operations import layout
+from operations.facts.canary import Canary, CanaryRecord, VerdictRow
+from operations.facts.serve import Serving, UnitState
+from operations.plan import resolver
+from operations.plan.canary_plan import CanaryPlan, canary_plan, compare_argv, runs_other
+from operations.plan.planned_files import sha256
+from operations.plan.resolver import Rank
+from operations.plan.serve_plan import roll_plan, staged_roll
+from operations.plan.throughput_plan import flags_digest
+from tests.unit.builders import facts, make_settings
+
+OLD = {"sglang_version": "0.5.11"}
+NEW = {"sglang_version": "0.5.12"}
+CANARY = {"rollout": {"strategy": "canary"}}
+NOTHING = Canary()
+
+
+def ranks(**settings: object) -> list[Rank]:
+    s = make_settings(**settings)
+    plan = resolver.resolve(s, dataclasses.replace(facts(), model_key="1111aaaa2222bbbb"))
+    assert not plan.errors, plan.errors
+    return plan.ranks
+
+
+def exec_start(unit: str) -> str:
+    return next(line for line in unit.splitlines() if line.startswith("ExecStart="))[10:]
+
+
+def serving_from(written: list[Rank]) -> Serving:
+    return Serving(
+        ranks={
+            r.rank: UnitState(
+                unit_sha256=sha256(r.unit),
+                exec_start=exec_start(r.unit),
+                load="loaded",
+                active="active",
+            )
+            for r in written
+        }
+    )
+
+
+def decide(
+    written: list[Rank], state: Canary = NOTHING, **settings: object
+) -> tuple[CanaryPlan, list[list[int]]]:
+    s = make_settings(**{**NEW, **CANARY, **settings})
+    want = ranks(**{**NEW, **CANARY, **settings})
+    serving = serving_from(written)
+    roll = roll_plan(want, serving, s.restart_batch_size)
+    plan = canary_plan(s, roll.rolled, want, serving, state, flags_digest(want))
+    staged = staged_roll(roll, plan, s.restart_batch_size)
+    return plan, [[r.rank for r in b] for b in staged.batches]
+
+
+def record(ok: bool, rolled_back: bool = False, paused: bool = False) -> CanaryRecord:
+    row = VerdictRow("speed: output tok/s", "1520.4", "1102.7", "<=10% slower", ok)
+    return CanaryRecord(
+        target=flags_digest(ranks(**NEW, **CANARY)),
+        release="0.5.12",
+        engine=ranks(**NEW)[0].engine_env,
+        canary_ranks=(0,),
+        baseline_rank=1,
+        at="2026-12-06T18:00:00Z",
+        ok=ok,
+        paused=paused,
+        rows=(VerdictRow("answers: known sum", "742", "742", "exact", True), row),
+        rolled_back=rolled_back,
+    )
+
+
+def test_rolling_is_todays_roll() -> None:
+    plan, order = decide(ranks(**OLD), rollout={"strategy": "rolling"})
+    assert plan.stage is None and plan.skip == "rollout.strategy: rolling"
+    assert order == [[r] for r in range(8)]
+
+
+def test_a_new_engine_rolls_the_canary_first_then_compares_then_the_rest() -> None:
+    plan, order = decide(ranks(**OLD), restart_batch_size=2)
+    assert plan.stage == "canary"
+    assert plan.canary == [0] and plan.canary_batch == [0] and plan.baseline == 1
+    assert plan.rest == [[1, 2], [3, 4], [5, 6], [7]]
+    assert order == [[0], [1, 2], [3, 4], [5, 6], [7]]
+    assert plan.backup == {layout.rank_unit_path(0): f"{layout.CANARY_BACKUP_DIR}/sglang@0.service"}
+    # No router: no soak, and the plan says so.
+    assert plan.checks == ["answers", "speed"] and not plan.soak
+    assert "no errors row (no router: the soak is skipped)" in plan.summary()
+    assert "compared with rank 1 on answers, speed (<=10% slower)" in plan.summary()
+    assert plan.decision is not None and plan.decision.what == "rollout"
+
+
+def test_two_canary_ranks_and_the_lowest_old_rank_as_baseline() -> None:
+    plan, order = decide(ranks(**OLD), rollout={"strategy": "canary", "canary_ranks": 2})
+    assert plan.canary == [0, 1] and plan.baseline == 2
+    assert order[0] == [0, 1]
+
+
+def test_a_comment_or_the_key_file_alone_is_no_canary() -> None:
+    want = ranks(**NEW, **CANARY)
+    commented = [dataclasses.replace(r, unit="# an older comment\n" + r.unit) for r in want]
+    plan, order = decide(commented)
+    assert plan.stage is None and "engine or flags" in plan.skip
+    assert order == [[r] for r in range(8)]  # the unit text changed: today's roll
+    # Quoting alone is no change: the line is compared as the words it runs.
+    serving = serving_from(want)
+    line = serving.ranks[0].exec_start or ""
+    quoted = dataclasses.replace(serving.ranks[0], exec_start=line.replace(" -m ", ' "-m" '))
+    assert not runs_other(Serving(ranks={0: quoted}), want[0])
+    # A key added or removed: `--config SECRETS_FILE` is not an engine or flags change.
+    keyed = dataclasses.replace(want[0], argv=[*want[0].argv, "--config", layout.SECRETS_FILE])
+    assert not runs_other(serving, keyed)
+
+
+def test_a_run_killed_after_the_canary_batch_resumes_with_the_comparison() -> None:
+    old, new = ranks(**OLD), ranks(**NEW, **CANARY)
+    plan, order = decide([new[0], *old[1:]])
+    assert plan.stage == "resume" and plan.canary == [0] and plan.canary_batch == []
+    assert plan.baseline == 1 and plan.compares and plan.backup == {}
+    assert order == [[r] for r in range(1, 8)]
+
+
+def test_a_passed_verdict_promotes_without_comparing_again() -> None:
+    old, new = ranks(**OLD), ranks(**NEW, **CANARY)
+    plan, order = decide([new[0], *old[1:]], Canary(record(ok=True)))
+    assert plan.stage == "promote" and not plan.compares
+    assert order == [[r] for r in range(1, 8)]
+
+
+def test_pause_stops_after_the_verdict_and_a_run_without_it_promotes() -> None:
+    paused: dict[str, object] = {"rollout": {"strategy": "canary", "pause": True}}
+    plan, order = decide(ranks(**OLD), NOTHING, **paused)
+    assert plan.stage == "paused" and plan.compares and order == [[0]]
+    assert "set rollout.pause false to promote" in plan.summary()
+    old, new = ranks(**OLD), ranks(**NEW, **CANARY)
+    plan, order = decide([new[0], *old[1:]], Canary(record(ok=True)), **paused)
+    assert plan.stage == "paused" and order == []
+
+
+def test_a_failed_verdict_is_refused_by_name_before_any_change() -> None:
+    plan, order = decide(ranks(**OLD), Canary(record(ok=False, rolled_back=True)))
+    assert plan.stage == "refused" and order == []
+    [line] = plan.errors
+    assert "rank(s) 0" in line and "speed: output tok/s: 1102.7 against 1520.4" in line
+    assert "2026-12-06T18:00:00Z" in line and "rollout.strategy: rolling" in line
+    assert "roll back the pin" in line
+
+
+def test_a_failed_canary_still_on_the_target_rolls_back_from_its_backup() -> None:
+    old, new = ranks(**OLD), ranks(**NEW, **CANARY)
+    state = Canary(record(ok=False), backups={"sglang@0.service": "c" * 64})
+    plan, order = decide([new[0], *old[1:]], state)
+    assert plan.stage == "rollback" and plan.errors == [] and order == []
+    assert plan.restore == {
+        f"{layout.CANARY_BACKUP_DIR}/sglang@0.service": layout.rank_unit_path(0)
+    }
+    assert "roll back the pin" in plan.refusal
+    # No trusted backup: nothing to restore from, refused before any change.
+    plan, _ = decide([new[0], *old[1:]], Canary(record(ok=False)))
+    assert plan.stage == "refused" and "no trusted copy" in plan.errors[0]
+
+
+def test_a_verdict_for_another_target_is_not_this_ones() -> None:
+    stale = dataclasses.replace(record(ok=False, rolled_back=True), target="0" * 64)
+    plan, _ = decide(ranks(**OLD), Canary(stale))
+    assert plan.stage == "canary"
+
+
+def test_the_comparison_argv() -> None:
+    s = make_settings(**NEW, **CANARY)
+    want = ranks(**NEW, **CANARY)
+    argv = compare_argv(s, want[:1], want[1], "f" * 64, "sglang.bench_serving", "F", None)
+    assert argv[:2] == ["python3", layout.CANARY_SCRIPT]
+
+    def arg(flag: str) -> list[str]:
+        return [argv[i + 1] for i, w in enumerate(argv) if w == flag]
+
+    assert arg("--canary") == [f"sglang@0.service={layout.rank_api_base(s, 0)}"]
+    assert arg("--baseline") == [f"sglang@1.service={layout.rank_api_base(s, 1)}"]
+    assert arg("--max-slowdown") == ["0.1"] and arg("--soak") == ["60"]
+    assert arg("--record") == [layout.CANARY_RECORD] and arg("--target") == ["f" * 64]
+    assert json.loads(arg("--meta")[0]) == {
+        "release": "0.5.12",
+        "engine": want[0].engine_env,
+        "canary_ranks": [0],
+        "baseline_rank": 1,
+    }
+    assert arg("--python") == [layout.env_python(want[0].engine_env)]
+    assert arg("--tokenizer") == [want[0].model_path] and arg("--router-metrics") == []
+    for flag in ("--input-len", "--output-len", "--concurrency-per-rank", "--prompts-per-rank"):
+        assert len(arg(flag)) == 1
