@@ -195,3 +195,36 @@ def test_the_comparison_argv() -> None:
     assert arg("--tokenizer") == [want[0].model_path] and arg("--router-metrics") == []
     for flag in ("--input-len", "--output-len", "--concurrency-per-rank", "--prompts-per-rank"):
         assert len(arg(flag)) == 1
+
+
+def test_behind_a_router_the_errors_row_reads_its_per_worker_counters() -> None:
+    from operations import kb as kbmod
+    from operations.plan import drain as drainmod
+
+    router = {"router": {"host": "ct200", "port": 8000}}
+    s = make_settings(**NEW, **CANARY, **router)
+    drain, _, _ = drainmod.decide("ct200", s, [("ct200", s)], kbmod.load())
+    assert drain is not None
+    want = ranks(**NEW, **CANARY, **router)
+    argv = compare_argv(s, want[:1], want[1], "f" * 64, "m", "F", drain)
+    at = argv.index("--router-metrics")
+    assert argv[at + 1] == "http://127.0.0.1:29000/metrics"
+    workers = [argv[i + 1] for i, w in enumerate(argv) if w == "--worker"]
+    assert workers == [f"sglang@0.service={drain.worker(0)}", f"sglang@1.service={drain.worker(1)}"]
+
+
+def test_the_serve_plan_carries_the_canary_and_refuses_a_failed_one() -> None:
+    from operations.plan.serve_plan import serve_plan
+
+    s = make_settings(**NEW, **CANARY)
+    want = ranks(**NEW, **CANARY)
+    target = flags_digest(want)
+    serve = serve_plan(s, want, serving_from(ranks(**OLD)), None, None, None, None, NOTHING, target)
+    assert serve.canary is not None and serve.canary.stage == "canary"
+    assert [r.rank for r in serve.roll.batches[0]] == [0]
+    assert "canary: rank(s) 0 first" in serve.summary()
+    assert serve.to_json()["canary"] is not None
+    failed = Canary(record(ok=False, rolled_back=True))
+    serve = serve_plan(s, want, serving_from(ranks(**OLD)), None, None, None, None, failed, target)
+    assert any(e.startswith("canary: rank(s) 0") for e in serve.errors)
+    assert serve.roll.batches == [] and len(serve.roll.held) == 8
