@@ -36,11 +36,11 @@ SHIPPED = {
 }
 # The scripts made of modules beside them, and those modules.
 PARTS = {
-    "smoke.py": ["hostsafe"],
+    "smoke.py": ["hostsafe", "smoke_answers"],
     "wait_healthy.py": ["hostsafe", "polling"],
     "router_workers.py": ["polling", "rank_metrics"],
     "serving_probe.py": ["rank_metrics", "startup_phases"],
-    "roll_batch.py": ["roll_waiting"],
+    "roll_batch.py": ["roll_steps", "roll_waiting"],
     "stage_model.py": ["stage_manifest", "stage_tree", "stage_copy", "stage_run"],
     "stage_source.py": ["stage_manifest"],
     "throughput.py": [
@@ -48,6 +48,7 @@ PARTS = {
         "hostsafe",
         "rank_metrics",
         "throughput_args",
+        "throughput_client",
         "throughput_guard",
     ],
 }
