@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from collections.abc import Mapping
 from typing import TypedDict
 
 from operations.programs.rank_metrics import sample
@@ -81,7 +82,7 @@ class Answer(TypedDict):
 _WORD = re.compile(r"\s*\S+")
 
 
-def answer_of(data: dict[str, object]) -> Answer | None:
+def answer_of(data: Mapping[str, object]) -> Answer | None:
     """A chat completion's first choice as an Answer; None when it has no text content."""
     choices = data.get("choices")
     first = choices[0] if isinstance(choices, list) and choices else None
