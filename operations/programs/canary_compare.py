@@ -182,7 +182,7 @@ def known_sum_row(args: argparse.Namespace, roots: dict[str, str], key: str | No
     base = args.baseline_unit
     canaries = "; ".join(f"{u}: {cell[u]}" for u in sorted(roots) if u != base)
     passed = all(why is None for why in said.values())
-    return row("answers: known sum", f"{question(a, b)} {cell[base]}", canaries, EXACT, passed)
+    return row("answers: known sum", f"{cell[base]} to {question(a, b)!r}", canaries, EXACT, passed)
 
 
 def open_row(args: argparse.Namespace, roots: dict[str, str], key: str | None) -> Row:
