@@ -52,22 +52,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import glob
 import http.client
 import json
 import os
-import pwd
 import shutil
-import signal
-import stat
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import cast
 
 from operations.programs.api_key_file import read_api_key
 from operations.programs.hostsafe import (
@@ -86,6 +79,17 @@ from operations.programs.throughput_args import (
     read_meta,
     read_records,
 )
+from operations.programs.throughput_client import (
+    WHO_GETS_THE_KEY,
+    Result,
+    client_words,
+    metrics,
+    number,
+    preconditions,
+    read_result,
+    run_client,
+    service_ids,
+)
 from operations.programs.throughput_guard import (
     Percentiles,
     RankShare,
@@ -98,32 +102,6 @@ from operations.programs.throughput_guard import (
 GENERATED = "sglang:generation_tokens_total"
 REQUESTS = "sglang:num_requests_total"
 ROUTER = "router"
-# What the client's tokenizer load needs in the model copy (transformers' AutoTokenizer).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
-WHO_GETS_THE_KEY = (
-    "the key is sent only to the service user's listeners; docs/security.md "
-    '"Who is sent the API key"'
-)
-# The most of a client's result file read (its last line is the result; a few MiB at most).
-RESULT_MAX = 64 * 2**20
-
-
-def preconditions(python: str, module_file: str, tokenizer: str) -> None:
-    if not any(os.path.isfile(os.path.join(tokenizer, f)) for f in TOKENIZER_FILES):
-        raise Refused(
-            f"the model copy {tokenizer} has no tokenizer ({' or '.join(TOKENIZER_FILES)}): the "
-            "benchmark client loads it from there, offline; stage a model with its tokenizer "
-            "files (on the controller: model_source), or set throughput_check: off"
-        )
-    env = os.path.dirname(os.path.dirname(python))
-    found = glob.glob(os.path.join(env, "lib", "python3*", "site-packages", module_file))
-    if not found:
-        raise Refused(
-            f"the engine {env} has no {module_file}, SGLang's benchmark client for this release "
-            "(knowledge/bench/ names it from the release's wheel): the engine is not the "
-            "release's; on the host remove that environment and deploy again from the "
-            "controller, or set throughput_check: off"
-        )
 
 
 def owner_refusal(
@@ -157,14 +135,6 @@ def series_total(text: str, name: str) -> float | None:
     return total
 
 
-def metrics(base: str) -> str:
-    # The ranks are this host's own: no proxy from the environment may answer for them.
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(base.rstrip("/") + "/metrics", timeout=10) as resp:
-        text: str = resp.read().decode("utf-8", "replace")
-        return text
-
-
 Counts = tuple[float, float]  # a rank's generated tokens and requests (the two counters)
 
 
@@ -187,94 +157,6 @@ def counters(ranks: dict[str, str]) -> tuple[dict[str, Counts], dict[str, str]]:
             else:
                 read[name] = got
     return read, failed
-
-
-def client_words(args: argparse.Namespace, url: str, ranks: int, out: str) -> list[str]:
-    words = [args.python, "-m", args.module, "--backend", "sglang-oai", "--base-url", url]
-    words += ["--model", args.model, "--tokenizer", args.tokenizer]
-    words += ["--dataset-name", "random-ids", "--random-range-ratio", "1.0"]
-    words += ["--random-input-len", str(args.input_len)]
-    words += ["--random-output-len", str(args.output_len)]
-    words += ["--num-prompts", str(args.prompts_per_rank * ranks)]
-    words += ["--max-concurrency", str(args.concurrency_per_rank * ranks)]
-    words += ["--output-file", out, "--disable-tqdm", "--seed", "1"]
-    # The client sends `"best_of": 1` with `"stream": true` (0.5.11 bench_serving.py:242), which
-    # smg refuses with 400 "best_of is not supported when stream is enabled" (its
-    # CompletionRequest check `req.stream && req.best_of.is_some()`); the extra body is merged
-    # last (payload.update, :259): null is no best_of for smg and SGLang alike.
-    words += ["--extra-request-body", json.dumps({"best_of": None})]
-    return words
-
-
-def run_client(
-    args: argparse.Namespace,
-    words: list[str],
-    key: str | None,
-    work: str,
-    deadline: float,
-    ids: tuple[int, int],
-) -> tuple[int, str]:
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "HOME": work,
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "PYTHONWARNINGS": "ignore::FutureWarning",
-    }
-    if key:
-        env["OPENAI_API_KEY"] = key
-    try:
-        # The service user's own groups too: the model copy is readable by its group (0o640,
-        # stage_copy.py), and Popen(user=) alone keeps root's groups.
-        uid, gid = ids
-        proc = subprocess.Popen(
-            words,
-            cwd=work,
-            env=env,
-            user=uid,
-            group=gid,
-            extra_groups=os.getgrouplist(args.service_user, gid),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-            start_new_session=True,
-        )
-    except OSError as error:
-        return 126, f"cannot start {words[0]} as {args.service_user}: {error}"
-    try:
-        out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        return 124, out
-    return proc.returncode, out
-
-
-Result = dict[str, object]  # the client's --output-file line, read field by field
-
-
-def _num(value: object) -> float:
-    return float(value) if isinstance(value, (int, float)) else 0.0
-
-
-def _read_result(path: str) -> Result | None:
-    """The client's result: the last line of its output file, a JSON object; None when there is
-    none. The file is in the service user's directory: a link is not followed and only a regular
-    file is read (a FIFO would hold root here)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        lines = [x for x in fh.read(RESULT_MAX).decode("utf-8", "replace").splitlines() if x]
-    try:
-        read = json.loads(lines[-1]) if lines else None
-    except ValueError:
-        return None
-    return cast(Result, read) if isinstance(read, dict) else None
 
 
 Runs = dict[str, tuple[int, str, Result | None]]  # each client: exit status, output, result
@@ -302,20 +184,12 @@ def measure(
             out = os.path.join(work, f"{name}.jsonl")
             words = client_words(args, url, count, out)
             code, text = run_client(args, words, key, work, deadline, ids)
-            return name, (code, mask_journal(text, known), _read_result(out))
+            return name, (code, mask_journal(text, known), read_result(out))
 
         with ThreadPoolExecutor(max_workers=len(runs)) as pool:
             return dict(pool.map(one, runs.items()))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-def _ids(user: str) -> tuple[int, int]:
-    try:
-        entry = pwd.getpwnam(user)
-    except KeyError:
-        raise Refused(f"the service user {user!r} does not exist on this host") from None
-    return entry.pw_uid, entry.pw_gid
 
 
 def combine(
@@ -330,8 +204,8 @@ def combine(
     prompts = args.prompts_per_rank * len(before)
     done = [r for _, _, r in results.values() if r]
     failed = {n: (c, t) for n, (c, t, r) in results.items() if not r}
-    completed = int(sum(_num(r.get("completed")) for r in done))
-    duration = max((_num(r.get("duration")) for r in done), default=0.0)
+    completed = int(sum(number(r.get("completed")) for r in done))
+    duration = max((number(r.get("duration")) for r in done), default=0.0)
     per_rank: dict[str, RankShare] = {}
     for name in before:
         if name not in after:
@@ -345,8 +219,8 @@ def combine(
         }
 
     def pick(median: str, p99: str) -> Percentiles:
-        mids = sorted(_num(r[median]) for r in done if r.get(median) is not None)
-        tops = [_num(r[p99]) for r in done if r.get(p99) is not None]
+        mids = sorted(number(r[median]) for r in done if r.get(median) is not None)
+        tops = [number(r[p99]) for r in done if r.get(p99) is not None]
         return {
             "p50": mids[len(mids) // 2] if mids else None,
             "p99": max(tops) if tops else None,
@@ -362,8 +236,8 @@ def combine(
     record["errors"] = prompts - completed
     record["first_error"] = first_error
     record["duration_s"] = round(duration, 3)
-    record["output_tok_s"] = round(sum(_num(r.get("output_throughput")) for r in done), 2)
-    record["total_tok_s"] = round(sum(_num(r.get("total_throughput")) for r in done), 2)
+    record["output_tok_s"] = round(sum(number(r.get("output_throughput")) for r in done), 2)
+    record["total_tok_s"] = round(sum(number(r.get("total_throughput")) for r in done), 2)
     record["per_rank"] = per_rank
     # Per rank (no router): the median of the ranks' medians, the worst p99.
     record["ttft_ms"] = pick("median_ttft_ms", "p99_ttft_ms")
@@ -416,7 +290,7 @@ def check(
     why = owner_refusal(targets, ranks, args.service_user, listeners())
     if why is not None:
         raise Refused(f"{why} ({WHO_GETS_THE_KEY})")
-    ids = _ids(args.service_user)
+    ids = service_ids(args.service_user)
     try:
         key = read_api_key(args.key_file)
     except (OSError, ValueError) as error:

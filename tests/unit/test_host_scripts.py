@@ -33,14 +33,26 @@ SHIPPED = {
     "serving_probe.py": None,  # the ServingState fact's, inline; argv is the URLs only
     "router_list.py": None,  # the ServingState fact's, inline
     "gpu_open.py": None,  # the GpuNodeAccess fact's, inline in its probe unit
+    "canary_compare.py": "--canary",
 }
 # The scripts made of modules beside them, and those modules.
 PARTS = {
-    "smoke.py": ["hostsafe"],
+    "canary_compare.py": [
+        "api_key_file",
+        "canary_args",
+        "canary_rows",
+        "hostsafe",
+        "roll_steps",
+        "roll_waiting",
+        "smoke_answers",
+        "throughput_args",
+        "throughput_client",
+    ],
+    "smoke.py": ["hostsafe", "smoke_answers"],
     "wait_healthy.py": ["hostsafe", "polling"],
     "router_workers.py": ["polling", "rank_metrics"],
     "serving_probe.py": ["rank_metrics", "startup_phases"],
-    "roll_batch.py": ["roll_waiting"],
+    "roll_batch.py": ["roll_steps", "roll_waiting"],
     "stage_model.py": ["stage_manifest", "stage_tree", "stage_copy", "stage_run"],
     "stage_source.py": ["stage_manifest"],
     "throughput.py": [
@@ -48,6 +60,7 @@ PARTS = {
         "hostsafe",
         "rank_metrics",
         "throughput_args",
+        "throughput_client",
         "throughput_guard",
     ],
 }

@@ -1,0 +1,488 @@
+"""The canary comparison (operations/programs/canary_compare.py, bundled as the host runs it):
+its rows' rules (programs/canary_rows.py) pure, its refusals in-process, and, marked
+integration, the program against a canary and a baseline server double with the benchmark
+client double (the 0.5.11 wheel double, as tests/unit/test_throughput.py starts them)."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import ipaddress
+import json
+import os
+import pwd
+import re
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import zipfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from operations.programs import canary_rows as rows
+from operations.programs import hostsafe
+from operations.render.host_scripts import load, script_text
+from tests.doubles import wheels
+
+ME = pwd.getpwuid(os.getuid()).pw_name
+OTHER = 65534 if os.getuid() != 65534 else 65533
+KEY = "sk-canary-key-77e1a2"
+program = load("canary_compare.py", "canary_compare_script")
+
+
+# -- the rows' rules ---------------------------------------------------------------------------
+
+
+def answer(text: str, tops: list[list[str]] | None = None) -> rows.Answer:
+    tokens = text.split()
+    return {"text": text, "tokens": tokens, "tops": tops}
+
+
+def test_identical_answers_pass_and_a_late_divergence_is_batching_noise() -> None:
+    same = " ".join(f"w{i}" for i in range(30))
+    assert rows.compare(answer(same), answer(same)) == (True, "identical")
+    late = " ".join(f"w{i}" for i in range(rows.AGREE_TOKENS)) + " x y"
+    base = " ".join(f"w{i}" for i in range(rows.AGREE_TOKENS)) + " a b"
+    ok, how = rows.compare(answer(base), answer(late))
+    assert ok and how == f"diverges at word {rows.AGREE_TOKENS} (>= {rows.AGREE_TOKENS})"
+
+
+def test_an_early_divergence_fails_unless_each_token_is_in_the_others_top_k() -> None:
+    ok, how = rows.compare(answer("Paris is big"), answer("Lyon is big"))
+    assert not ok and how == "diverges at word 0: 'Paris' vs 'Lyon'"
+    tops_b = [["Paris", "Lyon"], ["is"], ["big"]]
+    tops_c = [["Lyon", "Paris"], ["is"], ["big"]]
+    ok, how = rows.compare(answer("Paris is big", tops_b), answer("Lyon is big", tops_c))
+    assert ok and how == f"diverges at token 0 within each other's top-{rows.TOP_K}"
+    # Only one side's top-k has the other's token: not a near-tie.
+    ok, _ = rows.compare(answer("Paris is", tops_b), answer("Lyon is", [["Lyon"], ["is"]]))
+    assert not ok
+    # A shorter answer (stopped early) diverges where it ends.
+    ok, how = rows.compare(answer("a b c"), answer("a b"))
+    assert not ok and how == "diverges at word 2: 'c' vs '<end>'"
+
+
+def test_an_answer_is_read_with_its_logprobs_tokens_or_its_words() -> None:
+    entries = [
+        {"token": "Par", "logprob": -0.1, "top_logprobs": [{"token": "Par"}, {"token": "Ly"}]},
+        {"token": "is", "logprob": -0.2, "top_logprobs": [{"token": "is"}]},
+    ]
+    with_logprobs = {
+        "choices": [{"message": {"content": "Paris"}, "logprobs": {"content": entries}}]
+    }
+    assert rows.answer_of(with_logprobs) == {
+        "text": "Paris",
+        "tokens": ["Par", "is"],
+        "tops": [["Par", "Ly"], ["is"]],
+    }
+    plain = {"choices": [{"message": {"content": "Hello there, you"}, "logprobs": None}]}
+    assert rows.answer_of(plain) == {
+        "text": "Hello there, you",
+        "tokens": ["Hello", " there,", " you"],
+        "tops": None,
+    }
+    assert rows.answer_of({"choices": []}) is None
+
+
+def speed(tok_s: float, completed: int = 4, why: str | None = None) -> rows.Speed:
+    return {"tok_s": tok_s, "completed": completed, "prompts": 4, "why": why}
+
+
+def test_speed_passes_within_the_slowdown_and_fails_past_it_or_with_lost_requests() -> None:
+    assert rows.speed_row(speed(100), {"c": speed(91)}, 0.1)["pass"]
+    slow = rows.speed_row(speed(100), {"c": speed(89)}, 0.1)
+    assert not slow["pass"] and slow["canary"] == "c: 89.0 tok/s (4/4), x0.89"
+    assert slow["threshold"] == ">= 0.90 x baseline, all completed"
+    assert not rows.speed_row(speed(100), {"c": speed(120, completed=3)}, 0.1)["pass"]
+    broken = rows.speed_row(speed(0, 0, "the client exited 1"), {"c": speed(100)}, 0.1)
+    assert not broken["pass"] and broken["baseline"] == "the client exited 1"
+
+
+def page(counts: dict[str, tuple[int, int]]) -> str:
+    """A router /metrics page: each worker's (failures, successes) as smg 1.13 labels them
+    (tests/fixtures/smg/metrics-1.13.0.json: smg_worker_cb_outcomes_total{outcome, worker})."""
+    lines = ["# TYPE smg_worker_cb_outcomes_total counter"]
+    for worker, (bad, good) in counts.items():
+        lines.append(f'smg_worker_cb_outcomes_total{{outcome="failure",worker="{worker}"}} {bad}')
+        lines.append(f'smg_worker_cb_outcomes_total{{outcome="success",worker="{worker}"}} {good}')
+    return "\n".join(lines) + "\n"
+
+
+def test_the_fixture_names_the_outcomes_family_and_its_labels() -> None:
+    fixture = Path(__file__).parents[1] / "fixtures" / "smg" / "metrics-1.13.0.json"
+    families = json.loads(fixture.read_text())["families"]
+    assert families[rows.OUTCOMES]["labels"] == ["outcome", "worker"]
+
+
+@pytest.mark.parametrize(
+    ("base", "canary", "passed"),
+    [
+        ((0, 100), (0, 100), True),
+        ((0, 100), (3, 97), False),  # 3% against 0%: past the margin
+        ((0, 1000), (3, 997), True),  # 0.3%, and no more than FAILS_ALONE
+        ((0, 1000), (4, 996), False),  # the baseline has none: at most FAILS_ALONE
+        ((20, 980), (25, 975), True),  # 2.5% against 2% + 1 point
+        ((20, 980), (40, 960), False),
+        ((0, 0), (0, 0), True),  # nothing served in the soak: nothing to judge
+    ],
+)
+def test_errors_compare_the_canarys_failure_ratio_with_the_baselines(
+    base: tuple[int, int], canary: tuple[int, int], passed: bool
+) -> None:
+    before = rows.outcomes(page({"http://b:1": (5, 5), "http://c:2": (0, 0)}))
+    after = rows.outcomes(
+        page(
+            {
+                "http://b:1": (5 + base[0], 5 + base[1] - base[0]),
+                "http://c:2": (canary[0], canary[1] - canary[0]),
+            }
+        )
+    )
+    made = rows.errors_row(before, after, ("b", "http://b:1"), {"c": "http://c:2/"}, 5)
+    assert made["pass"] is passed, made
+
+
+def test_a_canary_the_router_does_not_list_fails_and_no_router_is_skipped_and_said() -> None:
+    made = rows.errors_row(
+        {}, rows.outcomes(page({"http://b:1": (0, 1)})), ("b", "http://b:1"), {"c": "http://c:2"}, 5
+    )
+    assert not made["pass"] and made["canary"] == "c: http://c:2 not in the router's metrics"
+    assert rows.no_router_row() == {
+        "check": "errors",
+        "baseline": "-",
+        "canary": "skipped: no router",
+        "threshold": "-",
+        "pass": True,
+    }
+
+
+def test_the_table_aligns_its_columns_and_wraps_long_cells() -> None:
+    made = [
+        rows.row("speed", "1.0 tok/s", "x " * 40, "t", False),
+        rows.row("a", "b", "c", "d", True),
+    ]
+    lines = rows.table(made)
+    assert lines[0].split() == ["check", "baseline", "canary", "threshold", "pass"]
+    starts = [lines[0].index(w) for w in ("baseline", "canary", "threshold", "pass")]
+    assert lines[1][starts[0] :].startswith("1.0 tok/s") and lines[1][starts[3] :] == "NO"
+    assert lines[2][: starts[1]].strip() == "" and lines[2][starts[1] :].startswith("x x")
+    assert lines[-1].split() == ["a", "b", "c", "d", "yes"]
+    assert rows.last_line(made) == "canary: FAILED (speed)"
+    assert rows.last_line(made[1:]) == "canary: passed"
+
+
+# -- refused before anything is sent -----------------------------------------------------------
+
+
+def host(tmp: Path) -> dict[str, str]:
+    """The files a host has for the program: the engine's client module, the tokenizer, the
+    key, the record's directory (root's on the host: this user's here)."""
+    site = tmp / "engine" / "lib" / "python3.11" / "site-packages" / "sglang"
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "bench_serving.py").write_text("")
+    (tmp / "engine" / "bin").mkdir(exist_ok=True)
+    (tmp / "model").mkdir(exist_ok=True)
+    (tmp / "model" / "tokenizer.json").write_text("{}")
+    (tmp / "secrets.yaml").write_text(f'api-key: "{KEY}"\n')
+    (tmp / "state").mkdir(mode=0o755, exist_ok=True)
+    os.chmod(tmp / "state", 0o755)
+    return {
+        "--python": str(tmp / "engine" / "bin" / "python"),
+        "--module": "sglang.bench_serving",
+        "--module-file": "sglang/bench_serving.py",
+        "--tokenizer": str(tmp / "model"),
+        "--key-file": str(tmp / "secrets.yaml"),
+        "--record": str(tmp / "state" / "canary.json"),
+    }
+
+
+def argv(tmp: Path, canary: str, baseline: str, /, *extra: str, **flags: str) -> list[str]:
+    given = {
+        **host(tmp),
+        "--canary": f"sglang@1.service={canary}/v1",
+        "--baseline": f"sglang@0.service={baseline}/v1",
+        "--model": "m",
+        "--service-user": ME,
+        "--max-slowdown": "0.5",
+        "--soak": "0",
+        "--target": "ab12" * 16,
+        "--meta": json.dumps(
+            {
+                "release": "0.5.11",
+                "engine": "/opt/sglang/envs/e2",
+                "canary_ranks": [1],
+                "baseline_rank": 0,
+                "other": "left out",
+            }
+        ),
+        "--input-len": "8",
+        "--output-len": "16",
+        "--concurrency-per-rank": "2",
+        "--prompts-per-rank": "4",
+        "--timeout": "60",
+    }
+    given.update({"--" + k.replace("_", "-"): v for k, v in flags.items()})
+    return [*(w for k, v in given.items() for w in (k, v)), *extra]
+
+
+def run_inline(
+    args: list[str], capsys: pytest.CaptureFixture[str], owners: dict[int, int]
+) -> tuple[int, list[str]]:
+    found = [
+        hostsafe.Listener(ipaddress.ip_address("127.0.0.1"), port, uid)
+        for port, uid in owners.items()
+    ]
+    code = program.main(args, lambda: found)
+    out, err = capsys.readouterr()
+    assert err == ""
+    return code, out.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"max_slowdown": "1.5"}, "--max-slowdown must be at least 0 and under 1"),
+        ({"target": "not-hex"}, "--target 'not-hex' is not a hex digest"),
+        ({"canary": "sglang@1.service"}, "--canary 'sglang@1.service' is not UNIT=URL"),
+        ({"canary": "u=ftp://x"}, "--canary 'ftp://x' is not an http(s) URL with a host"),
+        ({"meta": "{}"}, "--meta is not a JSON object with release, engine"),
+        ({"rollback": '[["write", ["cat"]]]'}, "--rollback has no steps, or a `write` step"),
+        ({"rollback": "{}"}, "--rollback is not a roll batch's steps"),
+        ({"router_metrics": "http://127.0.0.1:29000"}, "--router-metrics without a --worker"),
+        ({"prompts_per_rank": "x"}, "the command line: argument --prompts-per-rank"),
+    ],
+)
+def test_bad_input_is_refused_in_one_line_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], change: dict[str, str], why: str
+) -> None:
+    code, out = run_inline(
+        argv(tmp_path, "http://127.0.0.1:1", "http://127.0.0.1:2", **change), capsys, {}
+    )
+    assert code == 2 and len(out) == 1 and out[0].startswith("canary: refused: "), out
+    assert why in out[0] and "Traceback" not in out[0]
+    assert not (tmp_path / "state" / "canary.json").exists()
+
+
+def test_a_port_held_by_another_user_is_refused_before_the_key_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = argv(tmp_path, "http://127.0.0.1:30001", "http://127.0.0.1:30000")
+    # The key file, were it read, would be refused on its own: a directory.
+    os.unlink(tmp_path / "secrets.yaml")
+    (tmp_path / "secrets.yaml").mkdir()
+    code, out = run_inline(args, capsys, {30000: os.getuid(), 30001: OTHER})
+    assert code == 2 and len(out) == 1, out
+    who = hostsafe.user_name(OTHER)
+    assert out[0].startswith(
+        f"canary: refused: sglang@1.service: 127.0.0.1:30001 is held by uid {OTHER} ({who}), "
+        f"not by the service user {ME}"
+    )
+    assert "Who is sent the API key" in out[0]
+    # Nothing listening on the baseline's port is refused too.
+    code, out = run_inline(args, capsys, {30001: os.getuid()})
+    assert code == 2 and "sglang@0.service: nothing listens on 127.0.0.1:30000" in out[0]
+
+
+def test_a_record_directory_others_may_write_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = argv(tmp_path, "http://127.0.0.1:1", "http://127.0.0.1:2")
+    os.chmod(tmp_path / "state", 0o777)
+    code, out = run_inline(args, capsys, {})
+    assert code == 2 and "is not this user's alone" in out[0] and "mode 777" in out[0]
+
+
+# -- the program against two server doubles ------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A virtualenv with the sglang double of 0.5.11 (server and benchmark client)."""
+    out = tmp_path_factory.mktemp("engine")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(out / "env")], check=True)
+    (site,) = (out / "env" / "lib").glob("python3*/site-packages")
+    with zipfile.ZipFile(wheels.sglang_wheel(out / "wheels", "0.5.11")) as zf:
+        zf.extractall(site)
+    return out / "env"
+
+
+Start = Callable[..., str]
+
+
+@pytest.fixture
+def ranks(engine: Path, tmp_path: Path) -> Iterator[Start]:
+    """start(rate, reply) -> a server double's URL (its root), stopped by PID at the end."""
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "tokenizer.json").write_text("{}")
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(rate: str = "4000", reply: str = "") -> str:
+        port = _free_port()
+        env = {
+            "PATH": os.environ["PATH"],
+            "CUDA_VISIBLE_DEVICES": str(len(procs)),
+            "SGLANG_DOUBLE_LOAD_SECONDS": "0",
+            "SGLANG_DOUBLE_TOKENS_PER_S": rate,
+            "SGLANG_DOUBLE_REPLY": reply,
+        }
+        words = [str(engine / "bin" / "python"), "-m", "sglang.launch_server"]
+        words += ["--model-path", str(model), "--served-model-name", "m"]
+        words += ["--host", "127.0.0.1", "--port", str(port), "--enable-metrics"]
+        words += ["--api-key", KEY]
+        proc = subprocess.Popen(words, env=env, stdout=subprocess.PIPE, text=True)
+        procs.append(proc)
+        assert proc.stdout is not None
+        for line in proc.stdout:  # the double prints this line once it is ready
+            if "ready: serving" in line:
+                break
+        return f"http://127.0.0.1:{port}"
+
+    try:
+        yield start
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+class RouterPage:
+    """The router's /metrics (smg's per-worker outcomes), served here; each read counts 10
+    more successes for every worker, and `failing` workers one failure more too."""
+
+    def __init__(self, workers: list[str], failing: list[str]) -> None:
+        self.reads = 0
+        me = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                me.reads += 1
+                n = me.reads
+                counts = {w: (n if w in failing else 0, 10 * n) for w in workers}
+                body = page(counts).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        serve = functools.partial(self.server.serve_forever, poll_interval=0.05)
+        self.thread = threading.Thread(target=serve, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+def run_program(tmp: Path, engine: Path, args: list[str]) -> tuple[int, list[str]]:
+    script = tmp / "canary_compare.py"
+    script.write_text(script_text("canary_compare.py"))
+    args = [*args]
+    args[args.index("--python") + 1] = str(engine / "bin" / "python")
+    proc = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=180
+    )
+    assert proc.stderr == "", proc.stderr
+    assert KEY not in proc.stdout
+    return proc.returncode, proc.stdout.splitlines()
+
+
+def record_of(tmp: Path) -> dict[str, Any]:
+    path = tmp / "state" / "canary.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert [p.name for p in path.parent.iterdir()] == ["canary.json"]  # no temp file left
+    kept: dict[str, Any] = json.loads(path.read_text())
+    return kept
+
+
+@pytest.mark.integration
+def test_a_canary_like_its_baseline_passes_every_row_and_keeps_the_record(
+    engine: Path, ranks: Start, tmp_path: Path
+) -> None:
+    base, canary = ranks(), ranks()
+    router = RouterPage([base, canary], failing=[])
+    try:
+        args = argv(
+            tmp_path,
+            canary,
+            base,
+            "--worker",
+            f"sglang@0.service={base}",
+            "--worker",
+            f"sglang@1.service={canary}",
+            router_metrics=router.url,
+            soak="0.5",
+        )
+        code, out = run_program(tmp_path, engine, args)
+    finally:
+        router.stop()
+    assert code == 0 and out[-1] == "canary: passed", out
+    assert out[0].split() == ["check", "baseline", "canary", "threshold", "pass"]
+    kept = record_of(tmp_path)
+    assert kept["version"] == 1 and kept["target"] == "ab12" * 16
+    assert (kept["release"], kept["engine"]) == ("0.5.11", "/opt/sglang/envs/e2")
+    assert (kept["canary_ranks"], kept["baseline_rank"]) == ([1], 0) and "other" not in kept
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", kept["at"])
+    assert (kept["ok"], kept["paused"], kept["rolled_back"]) == (True, False, False)
+    checks = [r["check"] for r in kept["rows"]]
+    assert checks == ["answers: known sum", "answers: open prompts", "speed", "errors"]
+    assert all(r["pass"] for r in kept["rows"])
+    assert set(kept["rows"][0]) == {"check", "baseline", "canary", "threshold", "pass"}
+    assert kept["rows"][1]["canary"] == "sglang@1.service: 3/3 identical"
+    assert kept["rows"][3]["canary"] == "sglang@1.service: 0 failed of 10 (0.0%)"
+
+
+@pytest.mark.integration
+def test_a_slower_canary_fails_speed_and_is_rolled_back(
+    engine: Path, ranks: Start, tmp_path: Path
+) -> None:
+    base, canary = ranks("4000"), ranks("200")
+    marker = tmp_path / "rolled"
+    steps = [["drain", ["true"]], ["restore", ["touch", str(marker)]]]
+    args = argv(tmp_path, canary, base, "--pause", rollback=json.dumps(steps))
+    code, out = run_program(tmp_path, engine, args)
+    assert code == 1 and out[-1] == "canary: FAILED (speed); the canary rolled back", out
+    assert any(line.startswith("errors") and "skipped: no router" in line for line in out)
+    assert marker.exists()
+    kept = record_of(tmp_path)
+    assert (kept["ok"], kept["paused"], kept["rolled_back"]) == (False, True, True)
+    assert [r["check"] for r in kept["rows"] if not r["pass"]] == ["speed"]
+
+
+@pytest.mark.integration
+def test_a_canary_whose_answers_differ_fails_answers_and_a_failed_rollback_says_so(
+    engine: Path, ranks: Start, tmp_path: Path
+) -> None:
+    base, canary = ranks(), ranks(reply="wrong-sum")
+    marker = tmp_path / "never"
+    steps = [["drain", ["false"]], ["restore", ["touch", str(marker)]]]
+    code, out = run_program(
+        tmp_path, engine, argv(tmp_path, canary, base, rollback=json.dumps(steps))
+    )
+    assert code == 1, out
+    assert out[-1] == (
+        "canary: FAILED (answers: known sum); the rollback FAILED (exit 1): the canary is left "
+        "as it is"
+    )
+    assert not marker.exists()
+    kept = record_of(tmp_path)
+    assert (kept["ok"], kept["rolled_back"]) == (False, False)
+    assert "NOT " in kept["rows"][0]["canary"] and kept["rows"][0]["threshold"] == "exact"
