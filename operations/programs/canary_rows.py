@@ -15,8 +15,9 @@ its docstring says what each row asks of the ranks.
   AGREE_TOKENS or later (a flip that late leaves the answer's substance, decided in its first
   tokens, the same), or when at the first divergence each side's token is among the other
   side's TOP_K most likely tokens at that position: vLLM's check_logprobs_close
-  (tests/models/utils.py) accepts a divergence on that ground and stops comparing there, since
-  the two texts continue from different prefixes. A divergence earlier than AGREE_TOKENS that
+  (https://github.com/vllm-project/vllm/blob/main/tests/models/utils.py) accepts a divergence
+  on that ground and stops comparing there, since the two texts continue from different
+  prefixes. A divergence earlier than AGREE_TOKENS that
   neither side's top-k explains (or without logprobs to ask) is a changed model: it fails.
 - speed: each canary's output tokens/s from the benchmark client must be at least
   (1 - max_slowdown) times the baseline's, measured in the same window (canary_compare.py says

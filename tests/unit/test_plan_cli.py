@@ -266,9 +266,11 @@ def test_the_plan_command_only_reads_facts(tmp_path: Path) -> None:
     out, commands = recorded(tmp_path, "plan", "inventory/demo.py")
     assert "ready" in out and "sglang@{0-7}.service" in out, out
     asked = [str(fact) for fact, _ in commands]  # "None": an operation's command
-    # Three facts, each asked once and at the same time: the preflight facts, what serves now
-    # and the staging plan (asked again only when a kept copy is a leftover; none here).
-    assert sorted(asked) == ["ModelStaging", "PreflightFacts", "ServingState"], commands
+    # Four facts, each asked once and at the same time: the preflight facts, what serves now,
+    # the staging plan (asked again only when a kept copy is a leftover; none here) and the
+    # last canary verdict.
+    facts = ["CanaryState", "ModelStaging", "PreflightFacts", "ServingState"]
+    assert sorted(asked) == facts, commands
 
 
 def test_make_demo_fits_80_lines_at_80_columns() -> None:

@@ -205,7 +205,7 @@ def test_gather_asks_every_fact_at_once_and_the_plan_again_only_for_a_kept_lefto
 
     found = gather.gather(None, settings)  # type: ignore[arg-type]
 
-    assert together_calls == [3]
+    assert together_calls == [4]  # preflight, serving, staging, canary
     assert [kwargs["keep"] for kwargs in staged] == asked_keep
     assert all(kwargs["key"] == "hf-6a9e0b1" for kwargs in staged)
     assert found.staging is not None and found.staging.hub_revision == f"again {len(asked_keep)}"
