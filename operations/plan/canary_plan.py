@@ -95,6 +95,15 @@ class CanaryPlan:
         return bool(self.argv)
 
     @property
+    def restore_after(self) -> dict[str, str]:
+        """What a failed comparison this run puts back: each canary rank's copy (made by the
+        canary batch's backup step, this run or the run that was cut off) -> its unit file."""
+        return {
+            f"{layout.CANARY_BACKUP_DIR}/{layout.unit_name(n)}": layout.rank_unit_path(n)
+            for n in self.canary
+        }
+
+    @property
     def rolls_rest(self) -> bool:
         """Whether the rest roll in this run (after a passed comparison, or promoted)."""
         return self.stage in ("canary", "resume", "promote")
@@ -363,7 +372,8 @@ def canary_plan(
         rest=batches([r.rank for r in restart if r.rank not in first], size),
         release=s.sglang_version,
         engine=canary[0].engine_env,
-        argv=compare_argv(s, canary, baseline, target, client.module, client.file, drain),
+        argv=compare_argv(s, canary, baseline, target, client.module, client.file, drain)
+        + (["--pause"] if rollout.pause else []),
         # The old unit of each canary rank this run rewrites, kept for a rollback.
         backup={
             layout.rank_unit_path(n): f"{layout.CANARY_BACKUP_DIR}/{layout.unit_name(n)}"

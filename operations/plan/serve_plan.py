@@ -23,7 +23,7 @@ operations/steps/smoke.py carry it out without deciding again:
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from operations import layout
@@ -35,15 +35,14 @@ from operations.plan.canary_plan import CanaryPlan, canary_plan
 from operations.plan.drain import DrainPlan
 from operations.plan.engine_spec import tools_uv_config
 from operations.plan.monitoring import MonitoringPlan
-from operations.plan.planned_files import PlannedFile, planned, sha256
+from operations.plan.planned_files import PlannedFile, sha256
 from operations.plan.resolver import Rank, RouterPlan
 from operations.plan.resolver.router import control_key_text
 from operations.plan.resolver.router import key_changes as router_key_changes
 from operations.plan.router_step import RouterOrder, RouterStep, router_change, router_order
+from operations.plan.serve_files import Writer, rank_units, serve_files_of
 from operations.plan.startup import RANK_SILENCE_S, startup_patterns
 from operations.plan.vocabulary import FileJson, ServeJson, SmokeJson
-from operations.render import units
-from operations.render.dashboard import dashboard_text
 from operations.render.host_scripts import script_text
 from operations.settings import Settings
 
@@ -370,7 +369,7 @@ def serve_plan(
     rollout: None, none is decided)."""
     s = settings
     # What the fact read of every file these steps write, handed to planned_files once.
-    write = _Writer(s, file_digests(serving))
+    write = Writer(s, file_digests(serving))
     secret = secrets_text(s)
     secret_changed = secret is not None and serving.files.get(layout.SECRETS_FILE) != sha256(secret)
     roll = roll_plan(ranks, serving, s.restart_batch_size, secret_changed)
@@ -413,6 +412,10 @@ def serve_plan(
         if serving.model_target:
             present.add(layout.stage_tree(s).entry(serving.model_target))
         doomed = sorted(p for p in present - keep if layout.copy_key(s, p) is not None)
+    if roll.held:
+        # A canary holds ranks on their old units, which name the old copy: nothing goes until
+        # every rank runs the new one.
+        doomed = []
     errors = _unread_keys(s) + (canary.errors if canary is not None else [])
     router_step = None
     if router is not None:
@@ -433,8 +436,10 @@ def serve_plan(
     )
     if order.refused and roll.batches:
         errors.append(order.refused)
-    serve_files, smoke_files = _serve_files(
-        write, secret, drain, batch_smoke, watched, rolls=bool(roll.batches)
+    rolls = bool(roll.batches) or (canary is not None and canary.stage == "rollback")
+    compares = canary is not None and canary.compares
+    serve_files, smoke_files = serve_files_of(
+        write, secret, drain, any(batch_smoke), watched, rolls, compares
     )
     return ServePlan(
         roll=roll,
@@ -442,7 +447,7 @@ def serve_plan(
         target_changes=any(
             f.changes is not False for f in serve_files if f.path == layout.unit_path(layout.TARGET)
         ),
-        rank_units=_rank_units(write, [*roll.start, *roll.rolled]),
+        rank_units=rank_units(write, [*roll.start, *roll.rolled]),
         smoke_files=smoke_files,
         control_plane_key=_control_plane_key(write) if key_due else None,
         control_plane_key_source=key_source(s),
@@ -487,67 +492,7 @@ def file_digests(serving: Serving) -> dict[str, str]:
     return digests
 
 
-@dataclass(frozen=True)
-class _Writer:
-    """The plan's write of a registry entry with what the fact read of it (planned_files)."""
-
-    settings: Settings
-    digests: Mapping[str, str]
-
-    def file(self, name: str, path: str, src: str | bytes, shown: bool = False) -> PlannedFile:
-        entry = layout.managed_file(self.settings, path)
-        return planned(name, entry, src, self.digests, shown=shown)
-
-
-def _serve_files(
-    write: _Writer,
-    secret: str | None,
-    drain: DrainPlan | None,
-    batch_smoke: Sequence[SmokeRequests | None],
-    watched: MonitoringPlan | None,
-    rolls: bool,
-) -> tuple[list[PlannedFile], list[PlannedFile]]:
-    """The serve step's files in the order it writes them, and the smoke step's: the request
-    script goes with the serve step when a drained batch is asked before it rejoins, else with
-    the smoke step (shipped either way, for `status --probe`)."""
-    file = write.file
-    files = [file("health-wait script", layout.WAIT_SCRIPT, script_text("wait_healthy.py"))]
-    if rolls:
-        # Only a roll runs it (each batch is one host command): a converged run has no
-        # operation for it (issue 29's floor).
-        files.append(
-            file("roll-batch script", layout.ROLL_BATCH_SCRIPT, script_text("roll_batch.py"))
-        )
-    if secret is not None:
-        # A secret: mode 640 before the first byte, /etc/sglang 750 on every run.
-        files.append(file("API key file", layout.SECRETS_FILE, secret))
-    smoke = script_text("smoke.py")
-    smoke_files = [file("Smoke | request script", layout.SMOKE_SCRIPT, smoke)]
-    if drain is not None:
-        files.append(
-            file("drain script", layout.ROUTER_WORKERS_SCRIPT, script_text("router_workers.py"))
-        )
-        if any(batch_smoke):
-            # Each drained batch answers a chat request before it rejoins the router.
-            files.append(file("smoke script", layout.SMOKE_SCRIPT, smoke))
-            smoke_files = []
-    target = layout.unit_path(layout.TARGET)
-    files.append(file(layout.TARGET, target, units.target_unit(), shown=True))
-    if watched is not None:
-        files.append(file("Prometheus targets file", watched.targets_file, watched.targets_text()))
-        files.append(file("Grafana dashboard", watched.dashboard_file, dashboard_text()))
-    return files, smoke_files
-
-
-def _rank_units(write: _Writer, ranks: Sequence[Rank]) -> dict[int, PlannedFile]:
-    """The unit file of each rank the step writes, with the digest the fact read (by glob)."""
-    return {
-        r.rank: write.file(r.unit_name, layout.rank_unit_path(r.rank), r.unit, shown=True)
-        for r in ranks
-    }
-
-
-def _control_plane_key(write: _Writer) -> PlannedFile:
+def _control_plane_key(write: Writer) -> PlannedFile:
     """The router's control-plane key on every host behind it, when this run writes it
     (resolver/router.key_changes): the key the settings loader read from the controller's
     Settings.control_plane_key_file. Root only: systemd hands the router unit a copy
@@ -559,7 +504,7 @@ def _control_plane_key(write: _Writer) -> PlannedFile:
 
 
 def _router_step(
-    write: _Writer, plan: RouterPlan, restart: bool, python: str | None, retired: Sequence[str]
+    write: Writer, plan: RouterPlan, restart: bool, python: str | None, retired: Sequence[str]
 ) -> RouterStep:
     """The router's part of the serve step (raises PinError: no pinned requirements); `retired`:
     the router environments on the host (this release's is kept)."""

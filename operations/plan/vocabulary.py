@@ -26,7 +26,7 @@ EnvNow = Literal["complete", "partial", "absent"]
 # The drain script's action: take ranks out of the router, or put them back.
 DrainAction = Literal["out", "in"]
 # A roll batch's steps, in the order programs/roll_batch.py runs them.
-RollStep = Literal["drain", "write", "restart", "health", "smoke", "readmit"]
+RollStep = Literal["drain", "backup", "write", "restore", "restart", "health", "smoke", "readmit"]
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypedDict, cast
 
 from pyinfra import logger
-from pyinfra.api.command import QuoteString, StringCommand
+from pyinfra.api.command import StringCommand
 from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
@@ -37,50 +37,24 @@ from pyinfra.context import host
 from pyinfra.operations import server, systemd
 
 from operations import layout
-from operations.layout import ROUTER_UNIT, SECRETS_FILE, TARGET
+from operations.layout import SECRETS_FILE, TARGET
 from operations.plan.drain import DrainPlan
 from operations.plan.host_plan import HostReport
 from operations.plan.planned_files import PlannedFile
 from operations.plan.resolver import Rank
-from operations.plan.router_step import RouterStep
 from operations.plan.serve_plan import ServePlan, SmokeRequests
 from operations.plan.vocabulary import DrainAction, RollStep
 from operations.runtime.host_call import Commands
 from operations.runtime.host_lines import host_text
 from operations.runtime.pyinfra_internals import first_command
 from operations.settings import Settings
-from operations.steps.host_files import line_writer, new_file, put_planned, show_change
+from operations.steps.canary import backup_command, canary_compare, refused, restore_command
+from operations.steps.health import wait_healthy
+from operations.steps.host_files import line_writer, put_planned, show_change
+from operations.steps.router import route
 from operations.steps.smoke import smoke_requests
 
 WAIT_SCRIPT = layout.WAIT_SCRIPT
-
-
-@operation(is_idempotent=False)
-def wait_healthy(
-    checks: list[tuple[str, str]],
-    timeout_s: int,
-    service_user: str,
-    hint: str = "",
-    phases: str = "",
-    silence_s: int = 0,
-) -> Commands:
-    """
-    Wait until every unit answers 200 on its /health URL; fail with the unit's journal.
-
-    + checks: (unit, health URL) pairs
-    + timeout_s: the deadline
-    + service_user: a 200 counts only from its listener; another user's fails the wait
-    + hint: printed on failure (how to go back)
-    + phases: the release's start-up lines (the plan's JSON): each start read phase by phase
-    + silence_s: with phases, a start silent in its journal this long fails
-    """
-    words = ["python3", WAIT_SCRIPT, "--timeout", str(timeout_s), "--service-user", service_user]
-    if hint:
-        words += ["--hint", hint]
-    if phases:
-        words += ["--phases", phases, "--silence", str(silence_s)]
-    words += [f"{unit}={url}" for unit, url in checks]
-    yield shlex.join(words)
 
 
 class WorkersArgs(TypedDict):
@@ -265,11 +239,73 @@ class ServeStep:
             systemd.service(name=f"enable {TARGET}", service=TARGET, enabled=True)
         if self.decided.readmit:
             self._in(self.decided.readmit, "left out by an earlier run")
+        canary = self.decided.canary
+        if canary is not None and canary.stage == "rollback":
+            # A failed verdict whose rollback did not finish: the canary ranks go back first,
+            # and the deploy fails with the verdict (canary_plan.py).
+            self._roll_back([r for r in canary.canary], canary.restore)
+            refused(name="Canary | refused", line=canary.refusal)
+            return
+        if canary is not None and canary.compares and not canary.canary_batch:
+            self._compare()  # an earlier run rolled the canary and was cut off before this
         for number, (batch, asked) in enumerate(
             zip(self.plan.batches, self.decided.batch_smoke, strict=True), 1
         ):
-            self._roll(batch, f"restart batch {number}", asked)
+            first = canary is not None and number == 1 and bool(canary.canary_batch)
+            self._roll(
+                batch,
+                "canary" if first else f"restart batch {number}",
+                asked,
+                backup=canary.backup if first and canary is not None else {},
+            )
+            if first and canary is not None and canary.compares:
+                self._compare()
         self._prune_models()
+
+    def _compare(self) -> None:
+        canary = self.decided.canary
+        if canary is None:
+            raise OperationError("the comparison needs the plan's CanaryPlan")
+        rollback = json.dumps(self._restore_steps(canary.canary, canary.restore_after))
+        canary_compare(
+            name=f"Canary | compare {ranks_label(canary.canary)} with {canary.baseline}",
+            argv=canary.argv,
+            rollback=rollback,
+        )
+
+    def _restore_steps(
+        self, ranks: Sequence[int], restore: Mapping[str, str]
+    ) -> list[tuple[RollStep, list[str], list[str]]]:
+        """A rollback as a roll batch's steps: out of the router and drained, the old unit
+        files back, restarted, /health, back into the router."""
+        s = self.settings
+        units = " ".join(layout.unit_name(r) for r in ranks)
+        steps: list[tuple[RollStep, list[str], list[str]]] = []
+        if self.drain is not None:
+            steps.append(("drain", host_argv(router_workers, **self._workers("out", ranks)), []))
+        steps.append(("restore", ["/bin/sh", "-c", restore_command(restore)], []))
+        steps.append(("restart", ["/bin/sh", "-c", restart_command(units)], []))
+        checks = [(layout.unit_name(r), layout.rank_health_url(s, r)) for r in ranks]
+        health = host_argv(
+            wait_healthy,
+            checks=checks,
+            timeout_s=s.health_timeout_s,
+            service_user=s.service_user,
+        )
+        steps.append(("health", health, []))
+        if self.drain is not None:
+            steps.append(("readmit", host_argv(router_workers, **self._workers("in", ranks)), []))
+        return steps
+
+    def _roll_back(self, ranks: Sequence[int], restore: Mapping[str, str]) -> None:
+        steps = self._restore_steps(ranks, restore)
+        names = ", ".join(layout.unit_name(r) for r in ranks)
+        roll_batch(
+            name=f"Canary | roll back {ranks_label(list(ranks))}",
+            batch=names,
+            steps=steps,
+            writes=[],
+        )
 
     def _out(self, ranks: Sequence[int], what: str) -> None:
         """Ranks leave the router and finish their in-flight requests (behind a router)."""
@@ -365,7 +401,13 @@ class ServeStep:
         # A rank a failed roll left out of the router, started again: back in (when not listed).
         self._in([r.rank for r in start], "start")
 
-    def _roll(self, batch: list[Rank], what: str, asked: SmokeRequests | None) -> None:
+    def _roll(
+        self,
+        batch: list[Rank],
+        what: str,
+        asked: SmokeRequests | None,
+        backup: Mapping[str, str] | None = None,
+    ) -> None:
         """One batch, as one host command (roll_batch, programs/roll_batch.py): out of the router
         and drained, its changed unit files written, systemd reloaded while it stops, started
         (restart_command), /health, a chat request, back into the router; a step that fails
@@ -390,6 +432,9 @@ class ServeStep:
         written: list[PlannedFile] = []
         if drain is not None:
             steps.append(("drain", host_argv(router_workers, **self._workers("out", ranks)), []))
+        if backup:
+            # A canary batch: its old unit files are the rollback's (canary_plan.py).
+            steps.append(("backup", ["/bin/sh", "-c", backup_command(backup)], []))
         for rank in batch:
             unit = self.decided.rank_units[rank.rank]
             if unit.changes is False:
@@ -463,125 +508,8 @@ def _router_and_key(s: Settings, decided: ServePlan) -> None:
     if decided.control_plane_key is not None:
         put_planned(decided.control_plane_key)
     if decided.router is not None:
-        _route(s, decided.router)
+        route(s, decided.router)
 
 
 # @deploy types every call as returning OperationMeta; this step returns its ServeStep.
 serve = cast(Callable[..., ServeStep], _serve)
-
-
-@operation()
-def router_env(
-    engine_root: str,
-    env_dir: str,
-    package: str,
-    version: str,
-    module: str,
-    install: bool,
-    requirements: str,
-) -> Commands:
-    """
-    The router (smg, or sglang-router) in its own environment, with the engine's uv and package
-    sources: exactly the pinned wheels, hashes checked (`--require-hashes --only-binary :all:`),
-    kept in the environment as requirements.txt. Both packages install an `smg` command: each
-    release has its own environment, never another's.
-
-    + engine_root: ENGINE_ROOT (uv and its config live there)
-    + env_dir: the router's environment
-    + package: smg or sglang-router
-    + version: the router release
-    + module: its launcher module, which the install must import
-    + install: the plan's RouterStep.install (the environment has no complete install)
-    + requirements: PACKAGE==VERSION and its dependencies with hashes (operations/kb/pins)
-    """
-    if not install:
-        host.noop(f"{package} {version} is installed")
-        return
-    tree = layout.EngineTree(engine_root)
-    uv = QuoteString(tree.uv)
-    common = [
-        "--config-file",
-        QuoteString(tree.uv_config),
-        "--cache-dir",
-        QuoteString(tree.cache),
-        "--no-progress",
-    ]
-    env = QuoteString(env_dir)
-    python = QuoteString(layout.env_python(env_dir))
-    yield StringCommand("rm", "-rf", env)
-    yield StringCommand(
-        uv,
-        "venv",
-        *common,
-        "--no-python-downloads",
-        "--python-preference",
-        "system",
-        "--python",
-        "python3",
-        env,
-    )
-    pinned = layout.env_requirements(env_dir)
-    yield from new_file(requirements, pinned)
-    yield StringCommand(
-        uv,
-        "pip",
-        "install",
-        *common,
-        "--python",
-        python,
-        "--require-hashes",
-        "--only-binary",
-        ":all:",
-        "-r",
-        QuoteString(pinned),
-    )
-    yield StringCommand(
-        python,
-        "-c",
-        QuoteString(f"import {module}"),
-        "&&",
-        "touch",
-        QuoteString(layout.router_marker(env_dir)),
-    )
-
-
-def _route(s: Settings, plan: RouterStep) -> None:
-    """The router's environment, launcher and unit as the plan's RouterStep has them; a
-    (re)start, health-gated, when it says so."""
-    if plan.uv_config is not None:
-        put_planned(plan.uv_config)
-    router_env(
-        name=f"Router: install {plan.package} {plan.version}",
-        engine_root=plan.engine_root,
-        env_dir=plan.env_dir,
-        package=plan.package,
-        version=plan.version,
-        module=plan.launcher_module,
-        install=plan.install,
-        requirements=plan.requirements.text,
-    )
-    put_planned(plan.launcher)
-    put_planned(plan.unit)
-    if plan.restart:
-        systemd.daemon_reload(name="Router: reload systemd")
-        server.shell(
-            name="Router: (re)start",
-            commands=[
-                f"systemctl enable {ROUTER_UNIT}",
-                f"systemctl reset-failed {ROUTER_UNIT} || true",
-                f"systemctl restart {ROUTER_UNIT}",
-            ],
-        )
-        wait_healthy(
-            name="Router: /health",
-            checks=[(ROUTER_UNIT, plan.health_url)],
-            timeout_s=s.health_timeout_s,
-            service_user=s.service_user,
-        )
-    if plan.retired:
-        # Only once this release serves (a failed start above stops the run first): another
-        # release's environment, e.g. sglang-router 0.3.2's after the move to smg.
-        server.shell(
-            name=f"Router: remove the environments of other releases ({len(plan.retired)})",
-            commands=[shlex.join(["rm", "-rf", "--", *plan.retired])],
-        )

@@ -1,0 +1,59 @@
+"""The canary's host commands, for the serve step (operations/steps/serve.py runs them): a canary
+batch's unit files copied aside before they are rewritten, put back by a rollback, the
+comparison (programs/canary_compare.py), and the deploy failed with the plan's line after a
+rollback. What runs and when, the plan decided (operations/plan/canary_plan.py)."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+
+from pyinfra.api.operation import operation
+
+from operations import layout
+from operations.runtime.host_call import Commands
+
+
+def backup_command(backup: Mapping[str, str]) -> str:
+    """A canary batch's unit files copied aside before they are rewritten (the rollback's
+    source): into CANARY_BACKUP_DIR, root's and not writable by others, as the CanaryState fact
+    trusts it (facts/canary.py). `cp --remove-destination` never writes through a link left
+    there."""
+    words = [f"install -d -m 0755 -o root -g root {shlex.quote(layout.CANARY_BACKUP_DIR)}"]
+    for unit, copy in sorted(backup.items()):
+        source, target = shlex.quote(unit), shlex.quote(copy)
+        words.append(f"cp --remove-destination {source} {target}")
+        words.append(f"chmod 0644 {target}")
+    return " && ".join(words)
+
+
+def restore_command(restore: Mapping[str, str]) -> str:
+    """The canary ranks' unit files put back from their copies (a rollback)."""
+    words = []
+    for copy, unit in sorted(restore.items()):
+        words.append(f"cp --remove-destination {shlex.quote(copy)} {shlex.quote(unit)}")
+        words.append(f"chmod 0644 {shlex.quote(unit)}")
+    return " && ".join(words)
+
+
+@operation(is_idempotent=False)
+def canary_compare(argv: list[str], rollback: str = "") -> Commands:
+    """
+    The canary against its baseline (programs/canary_compare.py): the verdict table, the
+    record, and on a failed verdict the rollback's steps; a failed verdict fails the deploy.
+
+    + argv: the plan's command line (canary_plan.compare_argv)
+    + rollback: the roll batch steps (JSON) that put the canary ranks back on their old units
+    """
+    words = [*argv, "--rollback", rollback] if rollback else list(argv)
+    yield shlex.join(words)
+
+
+@operation(is_idempotent=False)
+def refused(line: str) -> Commands:
+    """
+    Fail the deploy here with the plan's line (after a canary's rollback).
+
+    + line: what the deploy fails with
+    """
+    yield f"printf '%s\\n' {shlex.quote(line)} >&2; exit 1"
