@@ -8,10 +8,15 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping
 
+from pyinfra import logger
+from pyinfra.api.arguments import ConnectorArguments
+from pyinfra.api.host import Host
 from pyinfra.api.operation import operation
+from pyinfra.api.state import State
 
 from operations import layout
-from operations.runtime.host_call import Commands
+from operations.runtime.host_call import Commands, HostCall, run
+from operations.runtime.host_lines import host_text
 
 
 def backup_command(backup: Mapping[str, str]) -> str:
@@ -46,7 +51,21 @@ def canary_compare(argv: list[str], rollback: str = "") -> Commands:
     + rollback: the roll batch steps (JSON) that put the canary ranks back on their old units
     """
     words = [*argv, "--rollback", rollback] if rollback else list(argv)
-    yield shlex.join(words)
+    yield HostCall(_compared, (shlex.join(words),), {})
+
+
+def _compared(state: State, host: Host, arguments: ConnectorArguments, command: str) -> bool:
+    """Run the comparison; its verdict table and last line are the deploy's (an error when
+    the verdict failed), as the throughput check prints its line (steps/throughput.py)."""
+    status, output = run(host, arguments, command)
+    lines = [x for x in output.stdout.splitlines() if x.strip()]
+    start = next((i for i, x in enumerate(lines) if x.startswith("check ")), len(lines))
+    verdict = [x for x in lines[start:] if not x.startswith(("roll batch", "drained", "readmit"))]
+    said = verdict or (output.stderr.strip().splitlines() or ["canary: no output"])[-1:]
+    log = logger.info if status else logger.error
+    for line in said:
+        log(host_text(host, line))
+    return bool(status)
 
 
 @operation(is_idempotent=False)

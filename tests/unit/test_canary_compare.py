@@ -147,11 +147,13 @@ def test_errors_compare_the_canarys_failure_ratio_with_the_baselines(
     assert made["pass"] is passed, made
 
 
-def test_a_canary_the_router_does_not_list_fails_and_no_router_is_skipped_and_said() -> None:
+def test_a_canary_with_no_series_yet_counts_none_and_no_router_is_skipped_and_said() -> None:
+    # Seen on the testbed's smg 1.13.0: the canary, drained and re-added by its roll, has no
+    # per-worker series until its first request through the router (tests/e2e/test_canary.py).
     made = rows.errors_row(
         {}, rows.outcomes(page({"http://b:1": (0, 1)})), ("b", "http://b:1"), {"c": "http://c:2"}, 5
     )
-    assert not made["pass"] and made["canary"] == "c: http://c:2 not in the router's metrics"
+    assert made["pass"] and made["canary"] == "c: 0 failed of 0: nothing to judge"
     assert rows.no_router_row() == {
         "check": "errors",
         "baseline": "-",

@@ -208,7 +208,7 @@ def test_behind_a_router_the_errors_row_reads_its_per_worker_counters() -> None:
     want = ranks(**NEW, **CANARY, **router)
     argv = compare_argv(s, want[:1], want[1], "f" * 64, "m", "F", drain)
     at = argv.index("--router-metrics")
-    assert argv[at + 1] == "http://127.0.0.1:29000/metrics"
+    assert argv[at + 1] == "http://127.0.0.1:29000"
     workers = [argv[i + 1] for i, w in enumerate(argv) if w == "--worker"]
     assert workers == [f"sglang@0.service={drain.worker(0)}", f"sglang@1.service={drain.worker(1)}"]
 
