@@ -37,10 +37,12 @@ demo: $(BIN)/.synced
 	$(BIN)/pyinfra inventory/demo.py deploy.py --dry
 
 # A simulated CT200 the deploy already converged (inventory/demo_day2.py): no change, the roll a
-# pin change would do, and what status shows.
+# pin change would do, the same with a canary first, and what status shows.
 demo-day2: $(BIN)/.synced
 	$(BIN)/pyinfra inventory/demo_day2.py deploy.py --dry
 	$(BIN)/pyinfra inventory/demo_day2.py deploy.py --dry --data sglang_version=0.5.19
+	$(BIN)/pyinfra inventory/demo_day2.py deploy.py --dry --data sglang_version=0.5.19 \
+		--data 'rollout={"strategy": "canary"}'
 	$(BIN)/python -m operations.status inventory/demo_day2.py
 
 # pve.py against a simulated Proxmox node (inventory/pve_demo.py): what it would change.
