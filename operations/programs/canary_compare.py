@@ -80,10 +80,12 @@ from operations.programs.canary_rows import (
     EXACT,
     OPEN_MAX_TOKENS,
     OPEN_PROMPTS,
+    SPEED_ROUNDS,
     TOP_K,
     Answer,
     Speed,
     answer_of,
+    combined,
     compare,
     errors_row,
     last_line,
@@ -319,7 +321,7 @@ def compare_ranks(
     started = time.monotonic()
     before = outcomes(metrics(args.router_metrics)) if args.router_metrics else None
     rows = [known_sum_row(args, roots, key), open_row(args, roots, key)]
-    measured = speeds(args, roots, key, ids)
+    measured = combined([speeds(args, roots, key, ids) for _ in range(SPEED_ROUNDS)], baseline[0])
     rows.append(
         speed_row(measured[baseline[0]], {u: measured[u] for u in canaries}, args.max_slowdown)
     )

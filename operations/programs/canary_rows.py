@@ -36,6 +36,7 @@ Not run on its own: inlined into canary_compare.py by operations/render/host_scr
 from __future__ import annotations
 
 import re
+import statistics
 import textwrap
 from collections.abc import Mapping
 from typing import TypedDict
@@ -143,6 +144,38 @@ class Speed(TypedDict):
     completed: int
     prompts: int
     why: str | None
+
+
+# At-once rounds of the speed row: one round's ratio moved by 8-12% between identical ranks on
+# the testbed under client load (tests/e2e/test_canary.py); the median of a few rounds' ratios
+# is what the house's benches report (bench/README.md: the median of per-pair ratios).
+SPEED_ROUNDS = 3
+
+
+def combined(rounds: list[dict[str, Speed]], baseline: str) -> dict[str, Speed]:
+    """Several at-once rounds as one: the baseline at its median tok/s, each canary at that
+    times the median of its per-round ratios to the baseline; requests summed; a round that
+    failed names why."""
+
+    def merged(unit: str, tok_s: float) -> Speed:
+        runs = [r[unit] for r in rounds]
+        return Speed(
+            tok_s=round(tok_s, 2),
+            completed=sum(s["completed"] for s in runs),
+            prompts=sum(s["prompts"] for s in runs),
+            why=next((s["why"] for s in runs if s["why"] is not None), None),
+        )
+
+    base = statistics.median(r[baseline]["tok_s"] for r in rounds)
+    out = {baseline: merged(baseline, base)}
+    for unit in rounds[0]:
+        if unit == baseline:
+            continue
+        ratios = [
+            r[unit]["tok_s"] / r[baseline]["tok_s"] for r in rounds if r[baseline]["tok_s"] > 0
+        ]
+        out[unit] = merged(unit, base * statistics.median(ratios) if ratios else 0.0)
+    return out
 
 
 def speed_row(

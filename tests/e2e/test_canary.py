@@ -18,6 +18,7 @@ import pytest
 from operations import layout
 from tests import testbed as tb
 from tests.e2e.deploying import MODEL_CONFIG, Indexes
+from tests.e2e.load import Load
 from tests.e2e.serving import ROUTER_PORT, base_data, deploy, ok
 from tests.e2e.serving import serving_indexes as serving_indexes  # the `indexes` fixture
 from tests.testbed import Container, ContainerSpec
@@ -49,7 +50,7 @@ def data(c: Container, indexes: Indexes, **extra: Any) -> dict[str, Any]:
         "throughput_input_len": 8,
         "throughput_output_len": 32,
         "throughput_concurrency_per_rank": 2,
-        "throughput_prompts_per_rank": 4,
+        "throughput_prompts_per_rank": 8,
         "throughput_timeout_s": 120,
     }
     return base_data(
@@ -86,17 +87,24 @@ def test_a_canary_passes_then_promotes_and_a_slower_one_rolls_back_and_is_refuse
     rate(c, "sglang@.service", 2000)
     ok(deploy(tmp_path, {c: data(c, indexes, mem_fraction_static=0.9)}))
 
-    # A flags change under the canary: rank 0 first, compared with rank 1, then rank 1.
-    passed = deploy(tmp_path, {c: data(c, indexes, mem_fraction_static=0.85, rollout=CANARY)})
+    url = f"http://{c.address}:{ROUTER_PORT}"
+    # A flags change under the canary, with clients sending through the router all along:
+    # rank 0 first, compared with rank 1, then rank 1; no request fails.
+    with Load(url) as load:
+        passed = deploy(tmp_path, {c: data(c, indexes, mem_fraction_static=0.85, rollout=CANARY)})
     ok(passed)
+    assert load.sent > 0 and load.failed == 0, load.failures[:5]
     assert "canary: passed" in passed.output, passed
     assert (fraction(c, 0), fraction(c, 1)) == ("0.85", "0.85")
     assert record(c)["ok"] is True and record(c)["canary_ranks"] == [0]
 
     # The next change comes with a canary 20 times slower: it rolls back, the deploy fails.
     rate(c, "sglang@0.service", 100)
-    slower = deploy(tmp_path, {c: data(c, indexes, mem_fraction_static=0.8, rollout=CANARY)})
+    with Load(url) as load:
+        slower = deploy(tmp_path, {c: data(c, indexes, mem_fraction_static=0.8, rollout=CANARY)})
     assert slower.rc != 0, slower
+    # The abort, too, failed no client's request.
+    assert load.sent > 0 and load.failed == 0, load.failures[:5]
     assert "canary: FAILED (speed" in slower.output, slower
     assert (fraction(c, 0), fraction(c, 1)) == ("0.85", "0.85")
     kept = record(c)

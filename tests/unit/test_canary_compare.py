@@ -488,3 +488,21 @@ def test_a_canary_whose_answers_differ_fails_answers_and_a_failed_rollback_says_
     kept = record_of(tmp_path)
     assert (kept["ok"], kept["rolled_back"]) == (False, False)
     assert "NOT " in kept["rows"][0]["canary"] and kept["rows"][0]["threshold"] == "exact"
+
+
+def test_the_speed_row_takes_the_median_of_the_rounds_ratios() -> None:
+    def speed(tok_s: float, why: str | None = None) -> rows.Speed:
+        return rows.Speed(tok_s=tok_s, completed=4, prompts=4, why=why)
+
+    # One round's dip (x0.5) is outvoted by two at x1.0; the baseline at its median.
+    rounds = [
+        {"b": speed(100.0), "c": speed(100.0)},
+        {"b": speed(120.0), "c": speed(60.0)},
+        {"b": speed(90.0), "c": speed(90.0)},
+    ]
+    made = rows.combined(rounds, "b")
+    assert made["b"]["tok_s"] == 100.0 and made["c"]["tok_s"] == 100.0
+    assert made["c"]["completed"] == 12 and made["c"]["prompts"] == 12
+    # A round whose client failed names why in the combined result.
+    rounds[1]["c"] = speed(0.0, "the client exited 1")
+    assert rows.combined(rounds, "b")["c"]["why"] == "the client exited 1"
