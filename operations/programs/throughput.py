@@ -94,12 +94,11 @@ from operations.programs.throughput_guard import (
     judge,
     starved,
 )
+from operations.programs.tokenizer_files import TOKENIZER_FILES
 
 GENERATED = "sglang:generation_tokens_total"
 REQUESTS = "sglang:num_requests_total"
 ROUTER = "router"
-# What the client's tokenizer load needs in the model copy (transformers' AutoTokenizer).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 WHO_GETS_THE_KEY = (
     "the key is sent only to the service user's listeners; docs/security.md "
     '"Who is sent the API key"'
