@@ -325,8 +325,7 @@ def describe(source: str) -> list[str]:
     """The ModelSource fact's answer (operations/facts/host.py parse_model): "exists", the
     bytes a stage run would take (blank when the scan refuses, and then SCAN_ERROR_MARKER and
     why: preflight names it), TOKENIZER_MARKER and the tokenizer files the scan found, and
-    config.json by the link rule; "missing" when source is no
-    directory."""
+    config.json by the link rule; "missing" when source is no directory."""
     if not os.path.isdir(source):
         return ["missing"]
     refused: list[str] = []

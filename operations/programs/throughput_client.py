@@ -22,9 +22,8 @@ import urllib.request
 from typing import cast
 
 from operations.programs.throughput_args import Refused
+from operations.programs.tokenizer_files import TOKENIZER_FILES
 
-# What the client's tokenizer load needs in the model copy (transformers' AutoTokenizer).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 WHO_GETS_THE_KEY = (
     "the key is sent only to the service user's listeners; docs/security.md "
     '"Who is sent the API key"'
