@@ -228,6 +228,14 @@ _SCRIPT = " ".join(
 )
 
 
+def canary_words(
+    record: str = layout.CANARY_RECORD, backup_dir: str = layout.CANARY_BACKUP_DIR
+) -> list[str | QuoteString]:
+    """The fact's shell words, joined with no separator (the status fact runs them too, each
+    line prefixed, operations/facts/serve_status.py)."""
+    return ["f=", QuoteString(record), "; d=", QuoteString(backup_dir), "; " + _SCRIPT]
+
+
 class CanaryState(FactBase[Canary]):
     """
     Returns the last canary verdict on the host and the canary ranks' unit backups.
@@ -251,14 +259,7 @@ class CanaryState(FactBase[Canary]):
     def command(
         self, record: str = layout.CANARY_RECORD, backup_dir: str = layout.CANARY_BACKUP_DIR
     ) -> StringCommand:
-        return StringCommand(
-            "f=",
-            QuoteString(record),
-            "; d=",
-            QuoteString(backup_dir),
-            "; " + _SCRIPT,
-            _separator="",
-        )
+        return StringCommand(*canary_words(record, backup_dir), _separator="")
 
     @staticmethod
     def default() -> Canary:

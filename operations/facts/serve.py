@@ -168,6 +168,8 @@ class Serving:
     gpu_error: str | None = None
     # status only: the last throughput records' lines (facts/throughput.py parses them).
     throughput_lines: list[str] = field(default_factory=list)
+    # status only: the canary fact's lines (facts/canary.py parse_canary reads them).
+    canary_lines: list[str] = field(default_factory=list)
     # Unit -> `systemctl is-enabled` ("enabled", "disabled", "" when unknown), for the units
     # asked with `enabled=` (the stage unit: a converged run needs no SystemdStatus fact).
     enabled: dict[str, str] = field(default_factory=dict)
@@ -361,7 +363,7 @@ def parse_serving(lines: list[str]) -> Serving:
     )
 
 
-Words = list[str | QuoteString]
+Words = list[str | QuoteString | StringCommand]
 
 
 def units_words(ranks: list[int] | None, router: bool) -> Words:

@@ -16,6 +16,7 @@ from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.facts import FactBase
 
 from operations import layout
+from operations.facts.canary import canary_words
 from operations.facts.serve import (
     GpuUsage,
     RankLoad,
@@ -35,7 +36,7 @@ GPU_QUERY = "index,name,memory.used,memory.total"
 GPU_TIMEOUT_S = 10  # a wedged driver must not hang the status
 # The first word of each line the probes print (the rest is parse_serving's).
 _PROBE_WORDS = frozenset(
-    {"health", "health_unavailable", "metrics", "phases", "gpu", "gpu_rc", "throughput"}
+    {"health", "health_unavailable", "metrics", "phases", "gpu", "gpu_rc", "throughput", "canary"}
 )
 
 
@@ -145,6 +146,14 @@ def throughput_words(read: bool) -> Words:
     ]
 
 
+def status_canary_words(read: bool) -> Words:
+    """The canary's verdict and unit backups (facts/canary.py CanaryState's script, in a
+    subshell so its variables stay its own), each line prefixed "canary "."""
+    if not read:
+        return []
+    return ["(", StringCommand(*canary_words(), _separator=""), ") | sed 's/^/canary /';"]
+
+
 def _gpus(rc: str | None, lines: list[str]) -> tuple[list[GpuUsage], str | None]:
     if rc is None:
         return [], None
@@ -170,6 +179,7 @@ def parse_status(lines: list[str]) -> Serving:
     starts: dict[str, RankStart] = {}
     gpu_lines: list[str] = []
     throughput_lines: list[str] = []
+    canary_lines: list[str] = []
     values: dict[str, str] = {}
     rest_lines: list[str] = []
     for line in lines:
@@ -189,6 +199,8 @@ def parse_status(lines: list[str]) -> Serving:
             gpu_lines.append(rest.strip())
         elif word == "throughput":
             throughput_lines.append(rest.strip())
+        elif word == "canary":
+            canary_lines.append(rest.strip())
         else:
             values[word] = rest.strip()
     gpus, gpu_error = _gpus(values.get("gpu_rc"), gpu_lines)
@@ -201,6 +213,7 @@ def parse_status(lines: list[str]) -> Serving:
         gpus=gpus,
         gpu_error=gpu_error,
         throughput_lines=throughput_lines,
+        canary_lines=canary_lines,
     )
 
 
@@ -228,6 +241,8 @@ class ServingStatus(FactBase[Serving]):
       (plan/startup.py startup_patterns): each rank's last start read from its journal
       (`Serving.starts`); "" or None: not read
     + throughput: whether to read the last throughput records (`Serving.throughput_lines`)
+    + canary: whether to read the canary's verdict and backups (`Serving.canary_lines`,
+      facts/canary.py parse_canary)
     """
 
     def command(
@@ -244,6 +259,7 @@ class ServingStatus(FactBase[Serving]):
         start_units: dict[str, str] | None = None,
         phases: str = "",
         throughput: bool = False,
+        canary: bool = False,
     ) -> StringCommand:
         return StringCommand(
             *serving_words(engine_root, model_link, ranks=ranks, router=router),
@@ -251,6 +267,7 @@ class ServingStatus(FactBase[Serving]):
             *router_list_words(router_list, timeout_s),
             *gpu_words(gpus),
             *throughput_words(throughput),
+            *status_canary_words(canary),
             "true",
         )
 

@@ -39,6 +39,7 @@ from operations.facts.canary import Canary, CanaryRecord
 from operations.facts.serve import Serving
 from operations.kb.bench_client import load_bench_client
 from operations.plan.drain import DrainPlan
+from operations.plan.rank_state import rank_pending_restart
 from operations.plan.resolver.types import Rank
 from operations.plan.vocabulary import CanaryJson, Decision
 from operations.settings import Settings
@@ -262,13 +263,19 @@ def _refusal(record: CanaryRecord) -> str:
 def _failed(
     record: CanaryRecord, ranks: Sequence[Rank], serving: Serving, state: Canary
 ) -> CanaryPlan:
-    """A failed verdict for this target: roll a canary rank still on it back, then refuse."""
+    """A failed verdict for this target: roll a canary rank still on it back, then refuse. A
+    rank still on it: its unit file is the target's, or its process does not run its file (a
+    rollback cut off between the restore and the restart: the failed process still runs)."""
     by_rank = {r.rank: r for r in ranks}
     refusal = _refusal(record)
     on_target = [
         n
         for n in record.canary_ranks
-        if n in by_rank and n in serving.ranks and not runs_other(serving, by_rank[n])
+        if n in by_rank
+        and n in serving.ranks
+        and (
+            not runs_other(serving, by_rank[n]) or rank_pending_restart(serving, n) is not None
+        )
     ]
     base = CanaryPlan(
         stage="refused",

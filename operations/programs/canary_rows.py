@@ -273,7 +273,8 @@ def no_router_row() -> dict[str, object]:
 
 # -- the table -------------------------------------------------------------------------------
 
-COLUMNS = (("check", 22), ("baseline", 30), ("canary", 44), ("threshold", 30), ("pass", 4))
+# The table fits 80 columns (a terminal's least width): the columns plus two spaces between each.
+COLUMNS = (("check", 18), ("baseline", 18), ("canary", 18), ("threshold", 14), ("pass", 4))
 
 
 def table(rows: list[dict[str, object]]) -> list[str]:

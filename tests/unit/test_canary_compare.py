@@ -178,6 +178,24 @@ def test_the_table_aligns_its_columns_and_wraps_long_cells() -> None:
     assert rows.last_line(made[1:]) == "canary: passed"
 
 
+def test_the_table_fits_80_columns_with_real_cells() -> None:
+    made = [
+        rows.row(
+            "answers: known sum", "sglang@1.service: 742", "sglang@0.service: 742", "exact", True
+        ),
+        rows.row(
+            "speed: output tok/s",
+            "sglang@1.service: 1520.4 (3 rounds at once)",
+            "sglang@0.service: 1102.7 (x0.73)",
+            "no more than 10% slower",
+            False,
+        ),
+    ]
+    lines = rows.table(made)
+    assert max(len(line) for line in lines) <= 80
+    assert "1102.7" in "".join(lines)
+
+
 # -- refused before anything is sent -----------------------------------------------------------
 
 

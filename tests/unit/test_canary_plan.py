@@ -166,6 +166,26 @@ def test_a_failed_canary_still_on_the_target_rolls_back_from_its_backup() -> Non
     assert plan.stage == "refused" and "no trusted copy" in plan.errors[0]
 
 
+def test_a_rollback_cut_off_after_its_restore_restarts_the_failed_process() -> None:
+    # The unit file is the old one again, its process (started before the restore) still the
+    # failed canary's: the rollback runs again rather than being refused with it serving.
+    old = ranks(**OLD)
+    serving = serving_from(old)
+    restored = dataclasses.replace(serving.ranks[0], started_at=100, changed_at=200)
+    serving = dataclasses.replace(serving, ranks={**serving.ranks, 0: restored})
+    s = make_settings(**{**NEW, **CANARY})
+    want = ranks(**NEW, **CANARY)
+    state = Canary(record(ok=False), backups={"sglang@0.service": "c" * 64})
+    roll = roll_plan(want, serving, s.restart_batch_size)
+    plan = canary_plan(s, roll.rolled, want, serving, state, flags_digest(want))
+    assert plan.stage == "rollback" and plan.canary == [0], plan
+    # Restarted on the old file since: nothing left to roll back, refused by name.
+    settled = dataclasses.replace(restored, started_at=300)
+    serving = dataclasses.replace(serving, ranks={**serving.ranks, 0: settled})
+    plan = canary_plan(s, roll.rolled, want, serving, state, flags_digest(want))
+    assert plan.stage == "refused" and plan.errors == [plan.refusal]
+
+
 def test_a_verdict_for_another_target_is_not_this_ones() -> None:
     stale = dataclasses.replace(record(ok=False, rolled_back=True), target="0" * 64)
     plan, _ = decide(ranks(**OLD), Canary(stale))

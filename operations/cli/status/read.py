@@ -5,8 +5,10 @@ with --probe); a host that cannot be read is its own result, never a traceback."
 from __future__ import annotations
 
 from operations import kb as kbmod
+from operations.cli.status.canary import CanaryView
 from operations.cli.status.rows import HostResult, fact_args, host_result, probe_args, with_probe
 from operations.cli.status.throughput import ThroughputView
+from operations.facts.canary import parse_canary
 from operations.facts.serve_status import ServingStatus
 from operations.facts.smoke import Probe, SmokeProbe
 from operations.facts.throughput import parse_records
@@ -50,6 +52,9 @@ def read_hosts(session: Session, probe: bool = False) -> list[HostResult]:
         result = host_result(host.name, settings, status)
         result.throughput = ThroughputView.of(
             parse_records(status.throughput_lines), status.throughput_pending
+        )
+        result.canary = CanaryView.of(
+            parse_canary(status.canary_lines), status.ranks, list(range(settings.dp_size))
         )
         if probe:
             try:

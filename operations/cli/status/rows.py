@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import NotRequired, TypedDict
 
 from operations import layout
+from operations.cli.status.canary import CanaryJson, CanaryView
 from operations.cli.status.throughput import RecordsJson, ThroughputView
 from operations.facts.serve import RankLoad, RankStart, Serving, UnitState
 from operations.facts.serve_status import ROUTER_KEY
@@ -41,6 +42,7 @@ class ServingArgs(TypedDict):
     start_units: dict[str, str]
     phases: str
     throughput: bool
+    canary: bool
 
 
 class ProbeArgs(TypedDict):
@@ -92,6 +94,7 @@ class HostJson(TypedDict):
     # The toolkit version that last deployed the host, from its record (None: no record).
     toolkit: ToolkitRow | None
     throughput: NotRequired[RecordsJson]
+    canary: NotRequired[CanaryJson]
 
 
 class StatusJson(TypedDict):
@@ -183,6 +186,8 @@ class HostResult:
     toolkit: ToolkitRecord | None = None
     # The last throughput record and the one before it (status/throughput.py).
     throughput: ThroughputView | None = None
+    # The last canary verdict and the ranks' command lines (status/canary.py).
+    canary: CanaryView | None = None
 
     def deployed_by(self) -> str:
         """The status's line of the toolkit version that last deployed the host."""
@@ -263,6 +268,8 @@ class HostResult:
         }
         if self.throughput is not None:
             data["throughput"] = self.throughput.to_json()
+        if self.canary is not None:
+            data["canary"] = self.canary.to_json()
         return data
 
 
@@ -325,6 +332,7 @@ def fact_args(settings: Settings, host_name: str, router_list: str | None = None
         "start_units": {str(rank): layout.unit_name(rank) for rank in range(settings.dp_size)},
         "phases": startup_patterns(settings.sglang_version),
         "throughput": True,
+        "canary": True,
     }
 
 

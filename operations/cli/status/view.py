@@ -244,6 +244,8 @@ def print_results(results: list[HostResult], console: Any = None) -> None:
         console.print(Text(f"  {result.deployed_by()}"))
         for line in result.throughput.lines() if result.throughput is not None else []:
             console.print(Text(line))
+        for line in result.canary.lines() if result.canary is not None else []:
+            console.print(Text(line))
         if result.router is not None:
             router = result.router
             answered = ""
