@@ -273,9 +273,7 @@ def _failed(
         for n in record.canary_ranks
         if n in by_rank
         and n in serving.ranks
-        and (
-            not runs_other(serving, by_rank[n]) or rank_pending_restart(serving, n) is not None
-        )
+        and (not runs_other(serving, by_rank[n]) or rank_pending_restart(serving, n) is not None)
     ]
     base = CanaryPlan(
         stage="refused",
