@@ -17,16 +17,20 @@ import pytest
 
 from operations import layout
 from tests import testbed as tb
-from tests.e2e.deploying import MODEL_CONFIG, Indexes
+from tests.e2e.deploying import MODEL_CONFIG, Indexes, start_deploy
 from tests.e2e.load import Load
 from tests.e2e.serving import ROUTER_PORT, base_data, deploy, ok
 from tests.e2e.serving import serving_indexes as serving_indexes  # the `indexes` fixture
+from tests.e2e.test_crash import ARMED, REACHED, SYSTEMCTL, held_at, run_status, written_double
 from tests.testbed import Container, ContainerSpec
 
 pytestmark = pytest.mark.e2e
 
 MODEL_DIR = "/srv/models/qwen-tok"
-CANARY = {"strategy": "canary", "canary_ranks": 1, "soak_s": 2}
+# max_slowdown 0.3, not the default 0.10: on the 2-core testbed, with the load's clients, two
+# rank doubles and the router sharing it, identical ranks measured up to 12% apart in one round
+# (the speed row's median of three narrows it; the 20x slower canary below is far past 0.3).
+CANARY = {"strategy": "canary", "canary_ranks": 1, "soak_s": 2, "max_slowdown": 0.3}
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +78,14 @@ def fraction(c: Container, rank: int) -> str:
     return out.split()[-1] if out.split() else ""
 
 
+def slow_canary_undone(c: Container) -> None:
+    """The double's rank-0 drop-in removed: its next start decodes at the unit's rate."""
+    rc, _, err = c.ssh_run(
+        "rm -rf /run/systemd/system/sglang@0.service.d && systemctl daemon-reload"
+    )
+    assert rc == 0, err
+
+
 def record(c: Container) -> dict[str, Any]:
     _, out, _ = c.ssh_run(f"cat {layout.CANARY_RECORD}")
     found: dict[str, Any] = json.loads(out)
@@ -117,3 +129,127 @@ def test_a_canary_passes_then_promotes_and_a_slower_one_rolls_back_and_is_refuse
     assert again.rc != 0, again
     assert "failed against rank 1" in again.output, again
     assert (fraction(c, 0), fraction(c, 1)) == ("0.85", "0.85")
+
+
+# TEST DOUBLES for the kill points (tests/e2e/test_crash.py's held_at: while ARMED exists and
+# the call is the one named, the double writes its PID to REACHED and holds; the deploy is
+# killed meanwhile). /usr/local/{sbin,bin} come first in root's PATH over SSH.
+PYTHON3 = "/usr/local/bin/python3"
+PYTHON3_DOUBLE = f"""#!/bin/sh
+# TEST DOUBLE (tests/e2e/test_canary.py): holds the comparison as it starts.
+if [ "$1" = {layout.CANARY_SCRIPT} ] && [ -e {ARMED} ]; then
+  rm -f {ARMED}
+  echo $$ > {REACHED}
+  exec sleep 600
+fi
+exec /usr/bin/python3 "$@"
+"""
+
+
+def stop_held(rank: int, when: str) -> str:
+    """systemctl: the first `stop` of `rank` while the shell test `when` holds (a roll batch's
+    and a rollback's restart stop the rank first: steps/serve.py restart_command)."""
+    return f"""#!/bin/sh
+# TEST DOUBLE (tests/e2e/test_canary.py): holds a rank's stop at one stage of the canary.
+if [ "$1" = stop ] && [ -e {ARMED} ] && {when}; then
+  case " $* " in
+    *" sglang@{rank}.service "*)
+      rm -f {ARMED}
+      echo $$ > {REACHED}
+      exec sleep 600 ;;
+  esac
+fi
+exec /usr/bin/systemctl "$@"
+"""
+
+
+def unit_says(rank: int, fraction: str) -> str:
+    return (
+        f"grep -Eq 'mem-fraction-static {fraction.replace('.', '[.]')}( |$)' "
+        f"{layout.rank_unit_path(rank)}"
+    )
+
+
+def test_pause_then_promote_and_a_run_killed_at_each_canary_stage_converges(
+    host: Container, indexes: Indexes, tmp_path: Path
+) -> None:
+    c = host
+    slow_canary_undone(c)
+    ok(deploy(tmp_path, {c: data(c, indexes, mem_fraction_static=0.9)}))
+
+    def canary(fraction: float, **rollout: Any) -> dict[str, Any]:
+        return data(c, indexes, mem_fraction_static=fraction, rollout={**CANARY, **rollout})
+
+    # 1. pause: true stops after a passed verdict; status names the canary rank and its line.
+    paused = deploy(tmp_path, {c: canary(0.75, pause=True)})
+    ok(paused)
+    assert "canary: passed" in paused.output, paused
+    assert (fraction(c, 0), fraction(c, 1)) == ("0.75", "0.9")
+    shown = run_status(tmp_path, c, canary(0.75, pause=True))["canary"]
+    assert shown["mixed"] is True and shown["canary_ranks"] == [0], shown
+    assert shown["record"]["ok"] is True and shown["record"]["paused"] is True, shown
+
+    # 2. pause: false promotes, under client load, without comparing again; none fails.
+    with Load(f"http://{c.address}:{ROUTER_PORT}") as load:
+        promoted = deploy(tmp_path, {c: canary(0.75)})
+    ok(promoted)
+    assert load.sent > 0 and load.failed == 0, load.failures[:5]
+    assert not [op for op in promoted.statuses if op.startswith("Canary | compare")], promoted
+    assert (fraction(c, 0), fraction(c, 1)) == ("0.75", "0.75")
+
+    def converged(want: str) -> None:
+        assert (fraction(c, 0), fraction(c, 1)) == (want, want)
+        _, out, _ = c.ssh_run("systemctl is-active sglang@0.service sglang@1.service")
+        assert out.split() == ["active", "active"], out
+        doc = run_status(tmp_path, c, canary(float(want)))
+        assert not doc["canary"]["mixed"], doc["canary"]
+        assert all("pending" not in r["state"] for r in doc["ranks"]), doc["ranks"]
+
+    def killed(install: str, undo: str, run: dict[str, Any]) -> None:
+        held_at(c, install, undo, lambda: start_deploy(tmp_path, {c: run}))
+
+    # 3. Killed in the canary stage, between rank 0's unit write and its restart: the next
+    # run restarts it as the canary, compares, then promotes.
+    killed(
+        written_double(SYSTEMCTL, stop_held(0, unit_says(0, "0.7"))),
+        f"rm -f {SYSTEMCTL}",
+        canary(0.7),
+    )
+    assert (fraction(c, 0), fraction(c, 1)) == ("0.7", "0.75")
+    again = deploy(tmp_path, {c: canary(0.7)})
+    ok(again)
+    assert "canary: passed" in again.output, again
+    converged("0.7")
+
+    # 4. Killed as the comparison starts (rank 0 on the change, no verdict): the next run
+    # compares first, then promotes.
+    killed(written_double(PYTHON3, PYTHON3_DOUBLE), f"rm -f {PYTHON3}", canary(0.65))
+    assert (fraction(c, 0), fraction(c, 1)) == ("0.65", "0.7")
+    again = deploy(tmp_path, {c: canary(0.65)})
+    ok(again)
+    assert "canary: passed" in again.output, again
+    converged("0.65")
+
+    # 5. Killed in the abort, after rank 0's old unit is back and before its restart (the
+    # failed canary still runs): the next run restarts it on the old line, then refuses.
+    rate(c, "sglang@0.service", 100)
+    failed = "grep -q '\"ok\": false' " + layout.CANARY_RECORD
+    killed(written_double(SYSTEMCTL, stop_held(0, failed)), f"rm -f {SYSTEMCTL}", canary(0.6))
+    assert (fraction(c, 0), fraction(c, 1)) == ("0.65", "0.65")
+    slow_canary_undone(c)
+    again = deploy(tmp_path, {c: canary(0.6)})
+    assert again.rc != 0 and "failed against rank 1" in again.output, again
+    converged("0.65")
+    assert record(c)["ok"] is False
+
+    # 6. Killed in the promotion, between rank 1's unit write and its restart: the next run
+    # restarts it; nothing is compared again.
+    killed(
+        written_double(SYSTEMCTL, stop_held(1, unit_says(1, "0.55"))),
+        f"rm -f {SYSTEMCTL}",
+        canary(0.55),
+    )
+    assert record(c)["ok"] is True
+    again = deploy(tmp_path, {c: canary(0.55)})
+    ok(again)
+    converged("0.55")
