@@ -7,9 +7,11 @@ pool), the comparison program (layout.CANARY_SCRIPT) compares them with a rank s
 engine (the baseline) on answers, speed and errors, writes its verdict on the host
 (layout.CANARY_RECORD, facts/canary.py reads it), and only a passed verdict lets the rest roll.
 
-The stage follows from the host's record for this run's target (the ranks' flags digest,
-plan/throughput_plan.flags_digest) and from what the ranks run now, so a run killed anywhere
-finishes what was started or rolls back:
+The stage follows from the host's record for this run's target (`verdict_target`: the ranks'
+flags digest, plan/throughput_plan.flags_digest, with the settings the verdict is judged by:
+canary_ranks, max_slowdown, soak_s; so a changed threshold judges again, and `pause` does not)
+and from what the ranks run now, so a run killed anywhere finishes what was started or rolls
+back:
 
 - canary: no verdict for the target: the canary batch, the comparison, then the rest;
 - resume: no verdict, but some ranks already run the target (a run killed after the canary
@@ -29,6 +31,7 @@ serve step carries it out.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -53,9 +56,17 @@ SPEED = "speed"
 ERRORS = "errors"
 ANSWERS_THRESHOLD = "exact (temperature 0)"
 FIX = (
-    "change a setting that reaches the ranks' command line (or rollout.strategy: rolling) to "
-    "deploy anyway, or roll back the pin"
+    "change a setting that reaches the ranks' command line, or one the verdict is judged by "
+    "(rollout.max_slowdown, soak_s, canary_ranks), to judge again; or rollout.strategy: rolling "
+    "to deploy anyway; or roll back the pin"
 )
+
+
+def verdict_target(flags: str, s: Settings) -> str:
+    """What a verdict is for: the ranks' flags digest and the settings that judge it."""
+    r = s.rollout
+    judged = {"canary_ranks": r.canary_ranks, "max_slowdown": r.max_slowdown, "soak_s": r.soak_s}
+    return hashlib.sha256(f"{flags} {json.dumps(judged, sort_keys=True)}".encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -307,17 +318,18 @@ def canary_plan(
     ranks: Sequence[Rank],
     serving: Serving,
     state: Canary,
-    target: str,
+    flags: str,
     drain: DrainPlan | None = None,
 ) -> CanaryPlan:
     """The canary's decision for this host. `restart`: the serving ranks this run restarts, in
     the order today's roll would (serve_plan.roll_plan's batches, flattened: RollPlan.rolled);
-    `ranks`: every rank the plan wants; `state`: the CanaryState fact; `target`: the ranks'
+    `ranks`: every rank the plan wants; `state`: the CanaryState fact; `flags`: the ranks'
     flags digest; `drain`: how a rank leaves and rejoins the router (None: no router, no soak)."""
     s = settings
     rollout = s.rollout
     if rollout.strategy != "canary":
         return CanaryPlan(skip="rollout.strategy: rolling")
+    target = verdict_target(flags, s)
     record = state.record if state.record is not None and state.record.target == target else None
     if record is not None and not record.ok:
         return _finish(s, _failed(record, ranks, serving, state), state)

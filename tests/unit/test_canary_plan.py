@@ -10,7 +10,13 @@ from operations import layout
 from operations.facts.canary import Canary, CanaryRecord, VerdictRow
 from operations.facts.serve import Serving, UnitState
 from operations.plan import resolver
-from operations.plan.canary_plan import CanaryPlan, canary_plan, compare_argv, runs_other
+from operations.plan.canary_plan import (
+    CanaryPlan,
+    canary_plan,
+    compare_argv,
+    runs_other,
+    verdict_target,
+)
 from operations.plan.planned_files import sha256
 from operations.plan.resolver import Rank
 from operations.plan.serve_plan import roll_plan, staged_roll
@@ -63,7 +69,7 @@ def decide(
 def record(ok: bool, rolled_back: bool = False, paused: bool = False) -> CanaryRecord:
     row = VerdictRow("speed: output tok/s", "1520.4", "1102.7", "<=10% slower", ok)
     return CanaryRecord(
-        target=flags_digest(ranks(**NEW, **CANARY)),
+        target=verdict_target(flags_digest(ranks(**NEW, **CANARY)), make_settings(**NEW, **CANARY)),
         release="0.5.12",
         engine=ranks(**NEW)[0].engine_env,
         canary_ranks=(0,),
@@ -184,6 +190,18 @@ def test_a_rollback_cut_off_after_its_restore_restarts_the_failed_process() -> N
     serving = dataclasses.replace(serving, ranks={**serving.ranks, 0: settled})
     plan = canary_plan(s, roll.rolled, want, serving, state, flags_digest(want))
     assert plan.stage == "refused" and plan.errors == [plan.refusal]
+
+
+def test_a_changed_threshold_judges_again_and_pause_alone_does_not() -> None:
+    old, new = ranks(**OLD), ranks(**NEW, **CANARY)
+    failed = Canary(record(ok=False, rolled_back=True))
+    plan, order = decide(ranks(**OLD), failed, rollout={"strategy": "canary", "max_slowdown": 0.3})
+    assert plan.stage == "canary" and order[0] == [0], plan
+    assert "--max-slowdown" in plan.argv and "0.3" in plan.argv
+    # A passed verdict while paused: pause: false promotes it (pause is no part of the target).
+    paused = Canary(record(ok=True, paused=True))
+    plan, _ = decide([new[0], *old[1:]], paused)
+    assert plan.stage == "promote", plan
 
 
 def test_a_verdict_for_another_target_is_not_this_ones() -> None:
