@@ -18,7 +18,7 @@ from operations.plan.canary_plan import command_words
 ROWS_SHOWN = 4
 
 
-class CanaryJson(TypedDict):
+class CanaryStatusJson(TypedDict):
     """`status --json`'s "canary" of a host."""
 
     record: dict[str, object] | None  # asdict(CanaryRecord): the last verdict
@@ -137,7 +137,7 @@ class CanaryView:
                 )
         return lines
 
-    def to_json(self) -> CanaryJson:
+    def to_json(self) -> CanaryStatusJson:
         return {
             "record": asdict(self.record) if self.record is not None else None,
             "problem": self.problem,

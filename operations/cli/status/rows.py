@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import NotRequired, TypedDict
 
 from operations import layout
-from operations.cli.status.canary import CanaryJson, CanaryView
+from operations.cli.status.canary import CanaryStatusJson, CanaryView
 from operations.cli.status.throughput import RecordsJson, ThroughputView
 from operations.facts.serve import RankLoad, RankStart, Serving, UnitState
 from operations.facts.serve_status import ROUTER_KEY
@@ -94,7 +94,7 @@ class HostJson(TypedDict):
     # The toolkit version that last deployed the host, from its record (None: no record).
     toolkit: ToolkitRow | None
     throughput: NotRequired[RecordsJson]
-    canary: NotRequired[CanaryJson]
+    canary: NotRequired[CanaryStatusJson]
 
 
 class StatusJson(TypedDict):
