@@ -67,7 +67,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from operations.programs.api_key_file import read_api_key
 from operations.programs.canary_args import (
     canary_meta,
     checked,
@@ -98,9 +97,7 @@ from operations.programs.canary_rows import (
 )
 from operations.programs.hostsafe import (
     Listener,
-    listening,
     mask_journal,
-    owner_problem,
     read_listeners,
 )
 from operations.programs.roll_steps import WAIT, run
@@ -116,9 +113,12 @@ from operations.programs.throughput_args import Refused
 from operations.programs.throughput_client import (
     WHO_GETS_THE_KEY,
     client_words,
+    guarded,
+    listener_refusal,
     metrics,
     number,
     preconditions,
+    read_key,
     read_result,
     run_client,
     service_ids,
@@ -127,20 +127,6 @@ from operations.programs.throughput_client import (
 T = TypeVar("T")
 CANARY_OFF = "deploy without the canary (its setting off)"
 Row = dict[str, object]
-
-
-def owner_refusal(named: dict[str, str], service_user: str, found: list[Listener]) -> str | None:
-    """Why the key may not be sent (throughput.py's rule): a URL that nothing listens on or
-    that a listener of another user than the service user may take; None when all are its."""
-    for name, url in named.items():
-        try:
-            where, reaching = listening(url, found)
-        except (OSError, ValueError) as error:
-            return f"{name}: {url} names no address of this host ({error})"
-        why = owner_problem(where, reaching, service_user)
-        if why is not None:
-            return f"{name}: {why}"
-    return None
 
 
 def post(url: str, body: object, key: str | None, timeout: float) -> tuple[int | None, str]:
@@ -305,17 +291,12 @@ def compare_ranks(
     talked = dict(roots)
     if args.router_metrics:
         talked["the router's metrics"] = args.router_metrics
-    why = owner_refusal(talked, args.service_user, listeners())
+    named = [(name, url, "") for name, url in talked.items()]
+    why = listener_refusal(named, args.service_user, listeners())
     if why is not None:
         raise Refused(f"{why} ({WHO_GETS_THE_KEY})")
     ids = service_ids(args.service_user)
-    try:
-        key = read_api_key(args.key_file)
-    except (OSError, ValueError) as error:
-        raise Refused(
-            f"the API key cannot be read from {args.key_file} ({type(error).__name__}): it is "
-            'SGLang\'s --config file, `api-key: "KEY"` (the deploy writes it)'
-        ) from None
+    key = read_key(args.key_file)
     if key:
         secrets.append(key)
     started = time.monotonic()
@@ -335,9 +316,7 @@ def compare_ranks(
     else:
         rows.append(no_router_row())
     known = tuple(secrets)
-    rows = [
-        {k: mask_journal(v, known) if isinstance(v, str) else v for k, v in r.items()} for r in rows
-    ]
+    rows = [{k: mask(v, known) for k, v in r.items()} for r in rows]
     ok = all(r["pass"] for r in rows)
     record: dict[str, object] = {"version": 1, "target": args.target, **meta}
     record.update(
@@ -368,21 +347,12 @@ def main(argv: list[str], listeners: Callable[[], list[Listener]] = read_listene
     traceback. `listeners`: who listens on this host's TCP ports (a test's own)."""
     if argv[:1] == [WAIT]:  # a rollback step's waiting interpreter (roll_steps)
         wait_for_go(argv[1:])
-    secrets: list[str] = []
 
-    def say(text: str) -> None:
-        print(mask_journal(text, tuple(secrets)), flush=True)
-
-    try:
+    def work(secrets: list[str]) -> tuple[int, list[str]]:
         code, line = compare_ranks(argv, listeners, secrets)
-    except Refused as why:
-        say(f"canary: refused: {why}")
-        return 2
-    except Exception as error:  # what no line above names: one line, not a traceback
-        say(f"canary: failed: {type(error).__name__}: {error}")
-        return 1
-    say(line)
-    return code
+        return code, [line]
+
+    return guarded("canary", work)
 
 
 if __name__ == "__main__":

@@ -62,12 +62,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from operations.programs.api_key_file import read_api_key
 from operations.programs.hostsafe import (
     Listener,
-    listening,
     mask_journal,
-    owner_problem,
     read_listeners,
 )
 from operations.programs.rank_metrics import sample
@@ -83,9 +80,12 @@ from operations.programs.throughput_client import (
     WHO_GETS_THE_KEY,
     Result,
     client_words,
+    guarded,
+    listener_refusal,
     metrics,
     number,
     preconditions,
+    read_key,
     read_result,
     run_client,
     service_ids,
@@ -108,20 +108,11 @@ def owner_refusal(
     targets: dict[str, str], ranks: dict[str, str], service_user: str, found: list[Listener]
 ) -> str | None:
     """Why the key may not be sent: a --target, or a --rank (through the router, one the router
-    forwards the key to), that nothing listens on or that a listener of another user than the
-    service user may take (hostsafe.owner_problem); None when every one is the service user's."""
+    forwards the key to), that is not the service user's (throughput_client.listener_refusal)."""
     through = ROUTER in targets
     named = [(n, u, "") for n, u in targets.items()]
     named += [(n, u, "the router forwards to " if through else "") for n, u in ranks.items()]
-    for name, url, how in named:
-        try:
-            where, reaching = listening(url, found)
-        except (OSError, ValueError) as error:
-            return f"{how}{name}: {url} names no address of this host ({error})"
-        why = owner_problem(where, reaching, service_user)
-        if why is not None:
-            return f"{how}{name}: {why}"
-    return None
+    return listener_refusal(named, service_user, found)
 
 
 def series_total(text: str, name: str) -> float | None:
@@ -291,13 +282,7 @@ def check(
     if why is not None:
         raise Refused(f"{why} ({WHO_GETS_THE_KEY})")
     ids = service_ids(args.service_user)
-    try:
-        key = read_api_key(args.key_file)
-    except (OSError, ValueError) as error:
-        raise Refused(
-            f"the API key cannot be read from {args.key_file} ({type(error).__name__}): it is "
-            'SGLang\'s --config file, `api-key: "KEY"` (the deploy writes it)'
-        ) from None
+    key = read_key(args.key_file)
     if key:
         secrets.append(key)
     before, unread = counters(ranks)
@@ -369,22 +354,7 @@ def main(argv: list[str], listeners: Callable[[], list[Listener]] = read_listene
     """Exit 0 (the check passed, a warning included), 1 (it failed) or 2 (refused before any
     client ran); one line for each failure, masked, never a traceback. `listeners`: who listens
     on this host's TCP ports (hostsafe.read_listeners; a test's own)."""
-    secrets: list[str] = []
-
-    def say(text: str) -> None:
-        print(mask_journal(text, tuple(secrets)), flush=True)
-
-    try:
-        code, lines = check(argv, listeners, secrets)
-    except Refused as why:
-        say(f"throughput: refused: {why}")
-        return 2
-    except Exception as error:  # what no line above names: one line, not a traceback
-        say(f"throughput: failed: {type(error).__name__}: {error}")
-        return 1
-    for line in lines:
-        say(line)
-    return code
+    return guarded("throughput", lambda secrets: check(argv, listeners, secrets))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 canary's speed row (programs/canary_compare.py): what must be there before it runs (the
 tokenizer, the engine's client module), its command line, its start as the service user with
 the key in its environment only, stopped past a deadline, and its result file, read without
-following a link. throughput.py's docstring (3.) says why each is so.
+following a link. throughput.py's docstring (3.) says why each is so. Also what both programs do
+around it: the check that every port the key goes to is the service user's, the key's read,
+and the main that masks every line and never prints a traceback (`guarded`).
 
 Not run on its own: inlined into each program by operations/render/host_scripts.py.
 """
@@ -19,8 +21,11 @@ import stat
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable
 from typing import cast
 
+from operations.programs.api_key_file import read_api_key
+from operations.programs.hostsafe import Listener, listening, mask_journal, owner_problem
 from operations.programs.throughput_args import Refused
 from operations.programs.tokenizer_files import TOKENIZER_FILES
 
@@ -32,6 +37,60 @@ WHO_GETS_THE_KEY = (
 RESULT_MAX = 64 * 2**20
 # The fix a refusal offers besides mending the host: the check's setting off.
 OFF = "set throughput_check: off"
+
+
+def listener_refusal(
+    named: list[tuple[str, str, str]], service_user: str, found: list[Listener]
+) -> str | None:
+    """Why the key may not be sent: one of `named` (name, URL, how the key reaches it) that
+    nothing listens on, or that a listener of another user than the service user may take
+    (hostsafe.owner_problem); None when every one is the service user's."""
+    for name, url, how in named:
+        try:
+            where, reaching = listening(url, found)
+        except (OSError, ValueError) as error:
+            return f"{how}{name}: {url} names no address of this host ({error})"
+        why = owner_problem(where, reaching, service_user)
+        if why is not None:
+            return f"{how}{name}: {why}"
+    return None
+
+
+def read_key(key_file: str) -> str | None:
+    """The API key from SGLang's --config file (None: no key set), or Refused naming the
+    file."""
+    try:
+        return read_api_key(key_file)
+    except (OSError, ValueError) as error:
+        raise Refused(
+            f"the API key cannot be read from {key_file} ({type(error).__name__}): it is "
+            'SGLang\'s --config file, `api-key: "KEY"` (the deploy writes it)'
+        ) from None
+
+
+Work = Callable[[list[str]], tuple[int, list[str]]]
+
+
+def guarded(name: str, work: Work) -> int:
+    """A program's main: work(secrets) gives (exit status, its lines), and puts the key in
+    `secrets` once it is read; every line printed is masked with it. Refused: exit 2 and one
+    line; anything else: exit 1 and one line, never a traceback."""
+    secrets: list[str] = []
+
+    def say(text: str) -> None:
+        print(mask_journal(text, tuple(secrets)), flush=True)
+
+    try:
+        code, lines = work(secrets)
+    except Refused as why:
+        say(f"{name}: refused: {why}")
+        return 2
+    except Exception as error:  # what no line above names: one line, not a traceback
+        say(f"{name}: failed: {type(error).__name__}: {error}")
+        return 1
+    for line in lines:
+        say(line)
+    return code
 
 
 def preconditions(python: str, module_file: str, tokenizer: str, off: str = OFF) -> None:

@@ -38,7 +38,6 @@ SHIPPED = {
 # The scripts made of modules beside them, and those modules.
 PARTS = {
     "canary_compare.py": [
-        "api_key_file",
         "canary_args",
         "canary_rows",
         "hostsafe",
@@ -56,7 +55,6 @@ PARTS = {
     "stage_model.py": ["stage_manifest", "stage_tree", "stage_copy", "stage_run"],
     "stage_source.py": ["stage_manifest"],
     "throughput.py": [
-        "api_key_file",
         "hostsafe",
         "rank_metrics",
         "throughput_args",
