@@ -109,7 +109,7 @@ from operations.programs.smoke_answers import (
     operands,
     question,
 )
-from operations.programs.throughput_args import Refused
+from operations.programs.program_main import Refused
 from operations.programs.throughput_client import (
     WHO_GETS_THE_KEY,
     client_words,

@@ -41,7 +41,7 @@ import textwrap
 from collections.abc import Mapping
 from typing import TypedDict
 
-from operations.programs.rank_metrics import sample
+from operations.programs.rank_metrics import series
 
 OPEN_PROMPTS = (
     "Name the capital of France and the river that flows through it, in one sentence.",
@@ -201,23 +201,16 @@ def speed_row(
 
 # -- errors ----------------------------------------------------------------------------------
 
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
 def outcomes(text: str) -> dict[str, tuple[float, float]]:
     """Each worker's (failures, outcomes) on the router's /metrics page, from OUTCOMES."""
     found: dict[str, tuple[float, float]] = {}
-    for line in text.splitlines():
-        read = sample(line)
-        if read is None or read[0] != OUTCOMES:
-            continue
-        labels = dict(_LABEL.findall(line[line.find("{") + 1 : line.rfind("}")]))
+    for name, labels, value in series(text):
         worker = labels.get("worker")
-        if worker is None:
+        if name != OUTCOMES or worker is None:
             continue
         failed, total = found.get(worker, (0.0, 0.0))
-        bad = read[1] if labels.get("outcome") != SUCCESS else 0.0
-        found[worker] = (failed + bad, total + read[1])
+        bad = value if labels.get("outcome") != SUCCESS else 0.0
+        found[worker] = (failed + bad, total + value)
     return found
 
 

@@ -11,13 +11,11 @@ import argparse
 import json
 from typing import NoReturn, cast
 
+from operations.programs.load_runner import add_load_flags
+from operations.programs.program_main import Refused
 from operations.programs.throughput_guard import Ceilings, Meta, Record
 
 PLAN = "the deploy's plan writes it: operations/plan/throughput_plan.py"
-
-
-class Refused(Exception):
-    """Bad input found before anything ran: one line, with its fix."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -41,11 +39,14 @@ def read_meta(text: str) -> Meta:
         meta = json.loads(text)
     except ValueError as error:
         raise Refused(f"--meta is not JSON ({error}; {PLAN})") from None
-    fields = ("release", "engine", "model_digest", "flags_digest", "workload")
+    fields = ("release", "engine", "model_digest", "flags_digest", "workload", "server_args")
     if not isinstance(meta, dict) or any(f not in meta for f in fields):
         raise Refused(f"--meta is not a JSON object with {', '.join(fields)} ({PLAN})")
-    if not isinstance(meta["workload"], dict) or "through" not in meta["workload"]:
-        raise Refused(f"--meta's workload is not a JSON object with `through` ({PLAN})")
+    shape = ("input_len", "output_len", "ranks")
+    if not isinstance(meta["workload"], dict) or any(f not in meta["workload"] for f in shape):
+        raise Refused(f"--meta's workload is not a JSON object with {', '.join(shape)} ({PLAN})")
+    for name in ("gpu", "driver", "router"):
+        meta.setdefault(name, None)
     return cast(Meta, meta)
 
 
@@ -72,13 +73,8 @@ def read_ceilings(text: str | None) -> Ceilings | None:
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = _Parser(prog="throughput.py")
-    for name in ("--python", "--module", "--module-file", "--model", "--tokenizer"):
-        parser.add_argument(name, required=True)
-    parser.add_argument("--target", action="append", required=True)
     parser.add_argument("--rank", action="append", required=True)
-    for name in ("--input-len", "--output-len", "--concurrency-per-rank", "--prompts-per-rank"):
-        parser.add_argument(name, type=int, required=True)
-    parser.add_argument("--timeout", type=float, required=True)
+    add_load_flags(parser)
     parser.add_argument("--key-file")
     parser.add_argument("--service-user", required=True)
     parser.add_argument("--records", required=True)

@@ -1,8 +1,18 @@
-"""TEST DOUBLE of SGLang's POST /v1/completions, generating tokens at a configured rate.
+"""TEST DOUBLE of SGLang's POST /v1/completions: a scheduler that decodes one running batch.
 
-Each request decodes `max_tokens` tokens (ignore_eos, as the benchmark client asks) at
-SGLANG_DOUBLE_TOKENS_PER_S tokens per second per request (default 2000; set in a unit drop-in,
-it makes a rank, or a "release", slower), after its prompt's tokens (one word one token).
+A rank runs at most MAX_RUNNING requests at once (SGLANG_DOUBLE_MAX_RUNNING, else the server's
+--max-running-requests, else 32); the rest wait in its queue, counted in sglang:num_queue_reqs,
+as SGLang's scheduler keeps a waiting queue beside its running batch (0.5.11 srt/managers/
+scheduler.py: "#queue-req", "#running-req"). Each step gives every running request one token and
+takes (1 + BATCH_COST * (batch - 1)) / TOKENS_PER_S seconds (SGLANG_DOUBLE_TOKENS_PER_S, default
+100: one request's decode rate; SGLANG_DOUBLE_BATCH_COST, default 0.05): a larger batch is
+slower per step and faster in all, up to the running cap, as a GPU's decode is (the public
+figure for one RTX PRO 6000 rises from 1,023 to 1,523 output tok/s between 32 and 64 requests at
+once: knowledge/throughput.yaml). Past the cap more in flight only queues: the rank's capacity
+is MAX_RUNNING / step(MAX_RUNNING). SGLANG_DOUBLE_SPEED_JITTER (default 0) draws this start's
+speed within +-that fraction, as cards and starts differ by a few percent. These are a test's
+knobs, set in a unit drop-in: nothing here claims a real card's numbers.
+
 Shapes from the 0.5.11 wheel, sglang/srt/entrypoints/openai/protocol.py: CompletionResponse
 :368-377 (id, object "text_completion", created, model, choices [{index, text, logprobs,
 finish_reason, matched_stop}], usage), CompletionStreamResponse :402-409 and UsageInfo :131-137
@@ -10,7 +20,8 @@ finish_reason, matched_stop}], usage), CompletionStreamResponse :402-409 and Usa
 - `"stream": true`: one `data: {...}` chunk per token (a CompletionStreamResponse, text one
   token), the last with finish_reason "length", then, when the request's stream_options asks
   include_usage, a chunk with `choices: []` and the usage (serving_completions.py:399-417), then
-  `data: [DONE]`;
+  `data: [DONE]`; a client that goes away has its request aborted (SGLang aborts a request
+  whose connection closed);
 - not streamed: one CompletionResponse with the whole text and its usage.
 What it generated is counted in the rank's counters and gauges (Gen, read by metrics_text):
 sglang:prompt_tokens_total, sglang:generation_tokens_total (TokenizerMetricsCollector,
@@ -24,6 +35,8 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import random
 import threading
 import time
 from collections import deque
@@ -31,28 +44,91 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 TOKENS_PER_S_ENV = "SGLANG_DOUBLE_TOKENS_PER_S"
+MAX_RUNNING_ENV = "SGLANG_DOUBLE_MAX_RUNNING"
+BATCH_COST_ENV = "SGLANG_DOUBLE_BATCH_COST"
+JITTER_ENV = "SGLANG_DOUBLE_SPEED_JITTER"
 WINDOW_S = 5.0
 MAX_TOTAL_TOKENS = 262144
+DEFAULT_MAX_RUNNING = 32
+
+
+def _env_float(name: str, default: float) -> float:
+    return float(os.environ.get(name, "") or default)
+
+
+class Slot:
+    """One request in the scheduler: the tokens it still needs, and where each one is put."""
+
+    def __init__(self, count: int) -> None:
+        self.left = count
+        self.tokens: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        self.gone = False
 
 
 class Gen:
-    """What the completions generated, for /metrics."""
+    """The rank's scheduler and what it generated, for /metrics."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_running: int | None = None) -> None:
         self.lock = threading.Lock()
+        self.wake = threading.Condition(self.lock)
         self.prompt_tokens = 0
         self.generated = 0
         self.requests = 0
         self.running_tokens = 0
         self.recent: deque[float] = deque()
-        self.tokens_per_s = float(os.environ.get(TOKENS_PER_S_ENV, "2000") or 2000)
+        rate = _env_float(TOKENS_PER_S_ENV, 100.0)
+        jitter = _env_float(JITTER_ENV, 0.0)
+        self.tokens_per_s = rate * (1 + random.uniform(-jitter, jitter))
+        self.batch_cost = _env_float(BATCH_COST_ENV, 0.05)
+        cap = os.environ.get(MAX_RUNNING_ENV) or max_running or DEFAULT_MAX_RUNNING
+        self.max_running = max(1, int(cap))
+        self.waiting: deque[Slot] = deque()
+        self.running: list[Slot] = []
+        self.thread: threading.Thread | None = None
 
-    def token(self) -> None:
-        now = time.monotonic()
+    def step_s(self, batch: int) -> float:
+        return (1 + self.batch_cost * (batch - 1)) / self.tokens_per_s
+
+    def submit(self, slot: Slot) -> None:
         with self.lock:
-            self.generated += 1
-            self.running_tokens += 1
-            self.recent.append(now)
+            self.waiting.append(slot)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, daemon=True)
+                self.thread.start()
+            self.wake.notify()
+
+    def _run(self) -> None:
+        due = time.monotonic()
+        while True:
+            with self.lock:
+                while not self.running and not self.waiting:
+                    self.wake.wait()
+                    due = time.monotonic()
+                while self.waiting and len(self.running) < self.max_running:
+                    self.running.append(self.waiting.popleft())
+                batch = len(self.running)
+            # The double's step time, paced from the last step (not synchronisation).
+            due = max(time.monotonic(), due + self.step_s(batch))
+            time.sleep(max(0.0, due - time.monotonic()))
+            now = time.monotonic()
+            with self.lock:
+                kept = []
+                for slot in self.running:
+                    if slot.gone:
+                        continue
+                    slot.left -= 1
+                    self.generated += 1
+                    self.running_tokens += 1
+                    self.recent.append(now)
+                    slot.tokens.put(True)
+                    if slot.left > 0:
+                        kept.append(slot)
+                self.running = kept
+
+    def counts(self) -> tuple[int, int]:
+        """(running, queued) requests of the completions."""
+        with self.lock:
+            return len(self.running), len(self.waiting)
 
     def gen_throughput(self) -> float:
         now = time.monotonic()
@@ -95,18 +171,18 @@ def complete(
     with gen.lock:
         gen.prompt_tokens += prompt
         gen.running_tokens += prompt
-    step = 1.0 / gen.tokens_per_s
     stream = bool(request.get("stream"))
+    slot = Slot(count)
+    gen.submit(slot)
+    got = 0
     try:
         if stream:
             handler.send_response(200)
             handler.send_header("Content-Type", "text/event-stream")
             handler.end_headers()
-        start = time.monotonic()
         for n in range(count):
-            # The double's decode time, paced from the start (not synchronisation).
-            time.sleep(max(0.0, start + (n + 1) * step - time.monotonic()))
-            gen.token()
+            slot.tokens.get()
+            got += 1
             if stream:
                 choice = {
                     "index": 0,
@@ -149,6 +225,7 @@ def complete(
         handler.end_headers()
         handler.wfile.write(data)
     finally:
+        slot.gone = True  # a client that went away: its request is aborted
         with gen.lock:
-            gen.requests += 1
-            gen.running_tokens -= prompt + count
+            gen.requests += 1 if got == count else 0
+            gen.running_tokens -= prompt + got

@@ -57,9 +57,9 @@ It behaves like the real server where a deploy can observe it, with the standard
   (parser/reasoning_parser.py, Qwen3Detector), and no answer comes within the smoke's few tokens:
   the content is an unfinished <think> block, finish_reason "length".
 
-- POST /v1/completions (the benchmark client's `sglang-oai` backend) generates tokens at a
-  configured rate, streamed or not, with `usage`, counted in /metrics with the gauges
-  sglang:gen_throughput and sglang:token_usage (sglang/_generate_double.py).
+- POST /v1/completions (the load client's requests) is decoded by a scheduler with a running
+  cap and a queue, streamed or not, with `usage`, counted in /metrics with the running and
+  queued gauges, sglang:gen_throughput and sglang:token_usage (sglang/_generate_double.py).
   Test-only knob: SGLANG_DOUBLE_COMPLETIONS=refuse answers it 503 (chat still answers): a rank
   that generates nothing for the benchmark while it passes the smoke.
 
@@ -192,7 +192,9 @@ class _State:
         self.flowing = threading.Event()
         self.flowing.set()
         self.queued = 0
-        self.gen = Gen()  # what /v1/completions generated (sglang/_generate_double.py)
+        cap = getattr(args, "max_running_requests", None)
+        # /v1/completions' scheduler and what it generated (sglang/_generate_double.py).
+        self.gen = Gen(int(cap) if cap else None)
 
     def toggle_wedged(self) -> None:
         if self.flowing.is_set():
@@ -210,13 +212,14 @@ def metrics_text(state: _State) -> str:
     label = f'{{model_name="{state.served_model}"}}'
     n = state.requests
     gen = state.gen
+    running, queued = gen.counts()
     lines = [
         "# HELP sglang:num_running_reqs The number of running requests.",
         "# TYPE sglang:num_running_reqs gauge",
-        f"sglang:num_running_reqs{label} {float(state.running)}",
+        f"sglang:num_running_reqs{label} {float(state.running + running)}",
         "# HELP sglang:num_queue_reqs The number of requests in the waiting queue.",
         "# TYPE sglang:num_queue_reqs gauge",
-        f"sglang:num_queue_reqs{label} {float(state.queued)}",
+        f"sglang:num_queue_reqs{label} {float(state.queued + queued)}",
         "# HELP sglang:gen_throughput The generation throughput (token/s).",
         "# TYPE sglang:gen_throughput gauge",
         f"sglang:gen_throughput{label} {gen.gen_throughput()}",
@@ -352,13 +355,10 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
                 except ValueError:
                     self._send(400, {"error": "invalid JSON"})
                     return
-                with state.lock:
-                    state.running += 1
                 try:
                     complete(self, state.gen, request, request.get("model") or state.served_model)
-                finally:
-                    with state.lock:
-                        state.running -= 1
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client went away: its request was aborted (the scheduler's)
                 return
             if path != "/v1/chat/completions":
                 self._send(404, {"detail": "Not Found"})
