@@ -278,6 +278,10 @@ def decide(
                 model.quantization if model is not None else None,
             ),
             pending=facts.serving.throughput_pending,
+            hardware=(
+                gpu.gpus[0].name if gpu is not None and gpu.gpus else None,
+                gpu.driver_version if gpu is not None else None,
+            ),
         )
         if throughput.decision is not None:
             plan.decisions.append(throughput.decision)

@@ -4,16 +4,16 @@
   this run (re)started a rank or the router (the serve plan's roll and router restart), or when
   the last check did not pass (failed, or cut off: the host's layout.THROUGHPUT_PENDING, which
   programs/throughput.py removes only when a check passes);
-- with what: the serving engine's interpreter and its benchmark client, the module and the file
-  the knowledge base names for the release (knowledge/bench/, read from the wheel: kb/
-  bench_client.py); a release whose client lacks a flag the check passes or a field it reads is
-  refused before any change;
-- against what: through the router when this host runs it (one run, concurrency and prompts
-  per rank times the ranks), else each rank on its own; every rank's counters are read
-  (programs/throughput.py);
-- what the record says of the run: release, engine, model digest, the ranks' flag digest, and
-  the workload (the settings, the model digest, the ranks and the way), which decides which
-  earlier record it is compared with (programs/throughput_guard.py).
+- with what: the toolkit's own load client (programs/load_client.py, inside the check's script:
+  one ruler for every release, nothing of the engine's), against every rank at once, each
+  rank's capacity read from its own counters (programs/throughput.py);
+- the load's shape (`load_flags`, the one place it is written, for the check and the canary
+  alike): the lengths, where the search for the concurrency starts and the most it goes to
+  (or a fixed concurrency), the rounds and their window, the time budget;
+- what the record says of the run: release, engine, model digest, the ranks' flag digest and
+  their server arguments (readable), the GPU and driver, the router, and the workload (lengths,
+  model, its digest, the ranks), which with the hardware and the client decides which earlier
+  records it is compared with (programs/throughput_guard.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from operations import layout
-from operations.kb.bench_client import load_bench_client
 from operations.kb.throughput import ceilings, load_throughput
 from operations.plan.planned_files import PlannedFile, planned
 from operations.plan.resolver.types import Rank
@@ -33,36 +32,9 @@ from operations.programs.throughput_guard import Ceilings, Meta, Workload
 from operations.render.host_scripts import script_text
 from operations.settings import Settings
 
-# What programs/throughput.py passes the client and reads of its --output-file line (each
-# found, with its line, in knowledge/bench/sglang-<v>.json by scripts/gen_bench_client.py).
-CLIENT_FLAGS = (
-    "--backend",
-    "--base-url",
-    "--model",
-    "--tokenizer",
-    "--dataset-name",
-    "--random-input-len",
-    "--random-output-len",
-    "--random-range-ratio",
-    "--num-prompts",
-    "--max-concurrency",
-    "--output-file",
-    "--disable-tqdm",
-    "--seed",
-    "--extra-request-body",
-)
-RESULT_FIELDS = (
-    "duration",
-    "completed",
-    "output_throughput",
-    "total_throughput",
-    "median_ttft_ms",
-    "p99_ttft_ms",
-    "median_itl_ms",
-    "p99_itl_ms",
-    "median_e2e_latency_ms",
-    "p99_e2e_latency_ms",
-)
+# Where the search for the concurrency starts when no earlier record says (load_client.py
+# doubles it until the rank queues work).
+START_CONCURRENCY = 8
 
 
 # Why `python -m operations.bench` measures no host whose ranks or router this inventory would
@@ -107,18 +79,60 @@ class ThroughputPlan:
         }
 
 
-def workload(s: Settings, model_key: str | None, ranks: int, through: str) -> Workload:
-    """The settings of a run and what it runs on: records with equal workloads are compared."""
+def workload(s: Settings, model_key: str | None, ranks: int) -> Workload:
+    """The shape of a check and what it runs on: records with equal workloads (and hardware
+    and client) are compared."""
     return {
         "input_len": s.throughput_input_len,
         "output_len": s.throughput_output_len,
-        "concurrency_per_rank": s.throughput_concurrency_per_rank,
-        "prompts_per_rank": s.throughput_prompts_per_rank,
         "model": s.model_name,
         "model_digest": model_key,
         "ranks": ranks,
-        "through": through,
     }
+
+
+def load_flags(s: Settings, timeout_s: int | None = None) -> list[str]:
+    """The load's shape on a program's command line (programs/load_runner.add_load_flags): the
+    check's and the canary's, written here only."""
+    fixed = s.throughput_concurrency_per_rank
+    words = ["--input-len", str(s.throughput_input_len)]
+    words += ["--output-len", str(s.throughput_output_len)]
+    words += ["--start", str(fixed or START_CONCURRENCY)]
+    words += ["--most", str(fixed or s.throughput_max_concurrency_per_rank)]
+    words += ["--ramp-timeout", str(s.throughput_ramp_timeout_s)]
+    words += ["--rounds", str(s.throughput_rounds), "--window", str(s.throughput_window_s)]
+    words += ["--timeout", str(timeout_s or s.throughput_timeout_s), "--model", s.model_name]
+    return words + (["--fixed"] if fixed else [])
+
+
+def load_shape(s: Settings) -> str:
+    """The load in words, for `plan --why` and the docs' samples."""
+    fixed = s.throughput_concurrency_per_rank
+    held = (
+        f"{fixed} in flight a rank (fixed)"
+        if fixed
+        else f"in flight a rank doubled from {START_CONCURRENCY} until it queues (at most "
+        f"{s.throughput_max_concurrency_per_rank})"
+    )
+    return (
+        f"{s.throughput_input_len}/{s.throughput_output_len} tokens in/out, {held}, "
+        f"{s.throughput_rounds} windows of {s.throughput_window_s:g} s"
+    )
+
+
+def server_args(rank: Rank) -> list[str]:
+    """A rank's server arguments, readable, one option with its value each, without what
+    differs between ranks (its port) or names a secret's file: what a record compares."""
+    words = rank.argv[rank.argv.index("sglang.launch_server") + 1 :] if (
+        "sglang.launch_server" in rank.argv
+    ) else list(rank.argv)
+    options: list[str] = []
+    for word in words:
+        if word.startswith("--") or not options:
+            options.append(word)
+        else:
+            options[-1] += f" {word}"
+    return [o for o in options if o.split()[0] not in ("--port", "--config", "--base-gpu-id")]
 
 
 def card_ceilings(
@@ -154,28 +168,18 @@ def throughput_plan(
     digests: Mapping[str, str],
     card: Ceilings | None = None,
     pending: bool = False,
+    hardware: tuple[str | None, str | None] = (None, None),
 ) -> ThroughputPlan:
     """The step's decision for this host (see the docstring). `changed`: this run (re)starts a
     rank or the router; `router_here`: the router runs on this host; `pending`: the last check
-    on this host did not pass."""
+    on this host did not pass; `hardware`: the GPU's name and the driver's version."""
     if s.throughput_check == "off" or not ranks:
         return ThroughputPlan(skip="throughput_check: off" if ranks else "no rank")
-    client = load_bench_client(s.sglang_version)
-    if client is None:
+    if not s.enable_metrics:
         return ThroughputPlan(
             errors=[
-                f"throughput_check: sglang {s.sglang_version} has no benchmark client in the "
-                "knowledge base (knowledge/bench/): run scripts/gen_bench_client.py "
-                f"{s.sglang_version} on the controller, or set throughput_check: off"
-            ]
-        )
-    missing = client.missing(CLIENT_FLAGS, RESULT_FIELDS)
-    if missing:
-        return ThroughputPlan(
-            errors=[
-                f"throughput_check: sglang {s.sglang_version}'s {client.module} lacks "
-                f"{', '.join(missing)} (knowledge/bench/sglang-{s.sglang_version}.json); set "
-                "throughput_check: off on the controller"
+                "throughput_check: the check reads each rank's own counters, and enable_metrics "
+                "is false; set enable_metrics: true, or throughput_check: off, on the controller"
             ]
         )
     entry = layout.managed_file(s, layout.THROUGHPUT_SCRIPT)
@@ -186,34 +190,23 @@ def throughput_plan(
             skip="no rank or router (re)started in this run (throughput_check: after_change)",
         )
     first = ranks[0]
-    router = layout.router_server_url(s) if router_here else None
-    targets = (
-        [f"router={router}"]
-        if router
-        else [f"{r.unit_name}={layout.rank_server_url(s, r.rank)}" for r in ranks]
-    )
-    through = "router" if router else "ranks"
+    router = f"{s.router.version} on {s.router.host}" if s.router is not None else None
     meta: Meta = {
         "release": s.sglang_version,
         "engine": first.engine_env,
         "model_digest": model_key,
         "flags_digest": flags_digest(ranks),
-        "workload": workload(s, model_key, len(ranks), through),
+        "workload": workload(s, model_key, len(ranks)),
+        "gpu": hardware[0],
+        "driver": hardware[1],
+        "router": router,
+        "server_args": server_args(first),
     }
-    # The host's python3 runs the program (stdlib only); the engine's runs the client.
+    # The host's python3 runs the program and its load client (stdlib only).
     argv = ["python3", layout.THROUGHPUT_SCRIPT]
-    argv += ["--python", layout.env_python(first.engine_env)]
-    argv += ["--module", client.module, "--module-file", client.file]
-    argv += ["--model", s.model_name, "--tokenizer", first.model_path]
-    for target in targets:
-        argv += ["--target", target]
     for r in ranks:
         argv += ["--rank", f"{r.unit_name}={layout.rank_server_url(s, r.rank)}"]
-    argv += ["--input-len", str(s.throughput_input_len)]
-    argv += ["--output-len", str(s.throughput_output_len)]
-    argv += ["--concurrency-per-rank", str(s.throughput_concurrency_per_rank)]
-    argv += ["--prompts-per-rank", str(s.throughput_prompts_per_rank)]
-    argv += ["--timeout", str(s.throughput_timeout_s)]
+    argv += load_flags(s)
     argv += ["--key-file", layout.SECRETS_FILE, "--service-user", s.service_user]
     argv += ["--records", layout.THROUGHPUT_RECORDS, "--pending", layout.THROUGHPUT_PENDING]
     argv += ["--meta", json.dumps(meta, sort_keys=True)]
@@ -222,10 +215,8 @@ def throughput_plan(
         argv += ["--ceilings", json.dumps(card, sort_keys=True)]
     guard = "fails" if s.throughput_guard == "fail" else "warns"
     what = (
-        f"{client.module} {'through the router' if router else 'per rank'}: "
-        f"{s.throughput_input_len}/{s.throughput_output_len} tokens in/out, "
-        f"{s.throughput_concurrency_per_rank} at once, {s.throughput_prompts_per_rank} a rank "
-        f"x {len(ranks)}; {guard} past {s.throughput_max_slowdown:.0%} slower"
+        f"each rank's capacity, {load_shape(s)} x {len(ranks)} ranks at once; {guard} past "
+        f"{s.throughput_max_slowdown:.0%} slower beyond the measured noise"
     )
     again = (
         "; again: the last check on this host did not pass (failed or cut off)"
@@ -233,12 +224,12 @@ def throughput_plan(
         else ""
     )
     why = (
-        f"throughput_check {s.throughput_check}{again}; the release's client and flags from "
-        f"its wheel (knowledge/bench/sglang-{s.sglang_version}.json)"
+        f"throughput_check {s.throughput_check}{again}; the toolkit's own load client, the "
+        "same for every release (programs/load_client.py)"
     )
     return ThroughputPlan(
         files=[script],
-        run=ThroughputRun(argv, through),
+        run=ThroughputRun(argv, "ranks"),
         serving_changes=changed,
         decision=Decision("throughput check", what, why),
     )

@@ -75,7 +75,8 @@ def series(text: str) -> list[Series]:
             at = line.find(mark)
             if at != -1:
                 cut = min(cut, at)
-        name, labels, rest = line[:cut], {}, line[cut:]
+        name, rest = line[:cut], line[cut:]
+        labels: dict[str, str] = {}
         if rest.startswith("{"):
             read = _labels(rest[1:])
             if read is None:

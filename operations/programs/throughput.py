@@ -47,7 +47,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from operations.programs.hostsafe import Listener, read_listeners
+from operations.programs.hostsafe import Listener, mask_journal, read_listeners
 from operations.programs.load_client import LOAD, load_main
 from operations.programs.load_runner import (
     WHO_GETS_THE_KEY,
@@ -153,6 +153,8 @@ def check(
     if result is None:
         record["errors"] = max(1, int(record.get("errors") or 0))
         record["first_error"] = failed
+    if record.get("first_error"):  # kept and printed: masked, the key included
+        record["first_error"] = mask_journal(str(record["first_error"]), tuple(secrets))
     record["changed_args"] = changed_args(history, record)
     verdict = judge(record, history, args.max_slowdown, args.guard, final=False)
     while result is not None and verdict.undecided:

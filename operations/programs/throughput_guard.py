@@ -14,12 +14,14 @@ load client, load_client.CLIENT) are equal. A record whose verdict failed, that 
 or that was inconclusive (too much traffic not the check's) is never a baseline.
 
 The verdict (`judge`), against the threshold t (throughput_max_slowdown) and the noise n: the
-larger of this check's noise and the spread of the records it is compared with (their
-half-range over their median: the host's run-to-run noise, which rounds of one run cannot see).
+larger of this check's noise and the median noise of the records it is compared with (each
+record's own rounds). The spread between records is not taken for noise: a slow drift between
+deploys is what the guard is for, and counting it as noise would hide it.
 - the baseline is the median of the last BASELINE_RECORDS comparable passed records, and the
   drift check's is the best of the last DRIFT_RECORDS: a chain of losses each under t still
   ends below the best by more than t, and is caught;
-- slower beyond the noise (ratio < 1 - t - n against either): fails (warns with guard `warn`);
+- slower beyond the noise (ratio < 1 - t - n against either): fails (warns with guard `warn`,
+  and a warned record is the host's new rate: the records before it are no baseline any more);
 - slower than 1 - t but within the noise: undecided; the program measures more rounds within its
   time budget and asks again with `final`; a final verdict there passes and says the slowdown
   was within the noise, naming it (a check never fails on a difference its noise explains);
@@ -174,23 +176,32 @@ def measured(meta: Meta, result: dict[str, object], ranks: list[str], now: str) 
         values = sorted(_number(r[key]) for r in raw if r.get(key) is not None)
         return {"p50": values[len(values) // 2] if values else None}
 
-    record: Record = {**meta, "time": now}  # type: ignore[typeddict-item]
-    record.update(
-        client=str(result.get("client") or "?"),
-        seed=int(_number(result.get("seed"))),
-        ranks=len(ranks),
-        rounds=rounds,
-        output_tok_s=median,
-        total_tok_s=round(median * per_token, 2),
-        noise=round(noise(rounds), 4),
-        per_rank=per_rank,
-        foreign_share=round(max(0.0, 1 - own / requests), 3) if requests > 0 else 0.0,
-        completed=int(sum(_number(r.get("completed")) for r in raw)),
-        errors=errors,
-        first_error=first,
-        ttft_ms=p50("ttft_ms"),
-        itl_ms=p50("itl_ms"),
-    )
+    record: Record = {
+        "release": meta["release"],
+        "engine": meta["engine"],
+        "model_digest": meta["model_digest"],
+        "flags_digest": meta["flags_digest"],
+        "workload": meta["workload"],
+        "gpu": meta["gpu"],
+        "driver": meta["driver"],
+        "router": meta["router"],
+        "server_args": meta["server_args"],
+        "time": now,
+        "client": str(result.get("client") or "?"),
+        "seed": int(_number(result.get("seed"))),
+        "ranks": len(ranks),
+        "rounds": rounds,
+        "output_tok_s": median,
+        "total_tok_s": round(median * per_token, 2),
+        "noise": round(noise(rounds), 4),
+        "per_rank": per_rank,
+        "foreign_share": round(max(0.0, 1 - own / requests), 3) if requests > 0 else 0.0,
+        "completed": int(sum(_number(r.get("completed")) for r in raw)),
+        "errors": errors,
+        "first_error": first,
+        "ttft_ms": p50("ttft_ms"),
+        "itl_ms": p50("itl_ms"),
+    }
     return record
 
 
@@ -205,13 +216,13 @@ def baseline_records(history: list[Record], current: Record) -> list[Record]:
     """The comparable records that may be a baseline, newest first (the docstring)."""
     found = []
     for record in reversed(history):
-        verdict = record.get("verdict") or {}
-        refused = isinstance(verdict, dict) and (
-            verdict.get("ok") is False or verdict.get("decided") == "inconclusive"
-        )
+        verdict: dict[str, object] = dict(record.get("verdict") or {})
+        refused = verdict.get("ok") is False or verdict.get("decided") == "inconclusive"
         ok = int(record.get("errors") or 0) == 0 and bool(record.get("output_tok_s"))
         if ok and not refused and key(record) == key(current):
             found.append(record)
+            if verdict.get("decided") in ("slower", "drift"):
+                break  # a slowdown accepted with guard `warn`: the host's new rate
     return found
 
 
@@ -305,8 +316,7 @@ def judge(
     values = [float(r.get("output_tok_s") or 0) for r in last]
     base = statistics.median(values)
     best = max(float(r.get("output_tok_s") or 0) for r in records[:DRIFT_RECORDS])
-    spread = noise(values) if len(values) > 1 else float(last[0].get("noise") or 0)
-    n = max(own, spread)
+    n = max(own, statistics.median(float(r.get("noise") or 0) for r in last))
     ratio = now / base if base > 0 else 1.0
     to_best = now / best if best > 0 else 1.0
     was, is_ = _rank_rates(last[0]), _rank_rates(current)

@@ -159,6 +159,15 @@ class Router:
     control_plane_key_file: str | None = None
 
 
+# Keys an earlier version took and this one does not: what to do instead (one line each).
+REMOVED = {
+    "throughput_prompts_per_rank": (
+        "removed in 0.14.0: the check measures throughput_rounds windows of throughput_window_s "
+        "seconds at saturation instead of a number of prompts; remove the key"
+    ),
+}
+
+
 RolloutStrategy = Literal["rolling", "canary"]
 
 
@@ -233,8 +242,11 @@ class Settings:
     throughput_max_slowdown: float
     throughput_input_len: int
     throughput_output_len: int
-    throughput_concurrency_per_rank: int
-    throughput_prompts_per_rank: int
+    throughput_concurrency_per_rank: int | None
+    throughput_max_concurrency_per_rank: int
+    throughput_rounds: int
+    throughput_window_s: float
+    throughput_ramp_timeout_s: int
     throughput_timeout_s: int
     rollout: Rollout
     router: Router | None
@@ -334,7 +346,7 @@ def load(
         if key in props or key in connector_keys or key.startswith("_"):
             continue
         close = difflib.get_close_matches(key, list(props), n=1, cutoff=0.6)
-        hint = (
+        hint = REMOVED.get(key) or (
             f"did you mean {close[0]!r}?"
             if close
             else "see the Configuration reference, docs/configuration.md"
@@ -469,6 +481,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "engine_root": _path,
     "mem_fraction_static": float,
     "throughput_max_slowdown": float,
+    "throughput_window_s": float,
     "ram_per_rank_gb": float,
     "model_stage_bwlimit_mbps": _number,
     "extra_server_args": tuple,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from operations.programs.rank_metrics import request_gauges, requests_in_flight, sample
+from operations.programs.rank_metrics import request_gauges, requests_in_flight, series, total
 
 EXPORTED = Path(__file__).resolve().parents[1] / "fixtures" / "sglang-metrics" / "0.5.11.txt"
 
@@ -34,6 +34,31 @@ def exported_names() -> list[str]:
 def test_each_gauge_is_the_sum_of_its_series() -> None:
     assert request_gauges(PAGE) == (4.0, 5.0)
     assert requests_in_flight(PAGE) == 9.0
+
+
+# With priority scheduling SGLang writes the total under priority="" beside one series per
+# priority (0.5.11 wheel, srt/observability/metrics_collector.py:891-903).
+PRIORITY_PAGE = """\
+sglang:num_running_reqs{engine_type="unified",model_name="m",priority=""} 7.0
+sglang:num_running_reqs{engine_type="unified",model_name="m",priority="0"} 4.0
+sglang:num_running_reqs{engine_type="unified",model_name="m",priority="1"} 3.0
+sglang:num_queue_reqs{engine_type="unified",model_name="m",priority=""} 2.0
+sglang:num_queue_reqs{engine_type="unified",model_name="m",priority="1"} 2.0
+"""
+
+
+def test_with_priority_series_only_the_total_counts_once() -> None:
+    assert request_gauges(PRIORITY_PAGE) == (7.0, 2.0)
+    assert requests_in_flight(PRIORITY_PAGE) == 9.0
+
+
+def test_series_reads_each_label_with_its_escapes() -> None:
+    line = 'smg_worker_cb_outcomes_total{outcome="success",worker="http://h:1/a}\\"b"} 5'
+    assert series(line) == [
+        ("smg_worker_cb_outcomes_total", {"outcome": "success", "worker": 'http://h:1/a}"b'}, 5.0)
+    ]
+    assert total(line, "smg_worker_cb_outcomes_total") == 5.0
+    assert total(line, "absent") is None
 
 
 def test_only_the_two_gauges_count_among_every_name_sglang_exports() -> None:
@@ -74,4 +99,5 @@ def test_a_page_without_the_gauges_reads_none() -> None:
     ],
 )
 def test_a_sample_line_is_read_by_the_text_format(line: str, read: object) -> None:
-    assert sample(line) == read
+    found = [(name, value) for name, _, value in series(line)]
+    assert found == ([] if read is None else [read])

@@ -6,7 +6,9 @@ The deploy's step, on the testbed, is tests/e2e/test_throughput.py."""
 
 from __future__ import annotations
 
+import argparse
 import functools
+import hashlib
 import http.server
 import ipaddress
 import json
@@ -17,6 +19,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -27,10 +30,10 @@ import pytest
 import yaml
 
 from operations import layout
-from operations.kb.bench_client import BENCH_DIR, load_bench_client
 from operations.plan import throughput_plan as tp
 from operations.plan.resolver import Rank
 from operations.programs import hostsafe
+from operations.programs import load_client, load_runner
 from operations.programs import throughput as program
 from operations.programs import throughput_guard as guard
 from operations.programs.throughput_guard import Record
@@ -40,131 +43,234 @@ from tests.doubles import wheels
 from tests.unit.builders import make_settings
 
 ROOT = Path(__file__).resolve().parents[2]
-KNOWLEDGE = ROOT / "operations" / "kb" / "knowledge"
+CLIENT = load_client.CLIENT
 
 
-def record(tok_s: float, ranks: dict[str, float], **workload: Any) -> Record:
+def record(
+    tok_s: float,
+    ranks: dict[str, float],
+    noise: float = 0.01,
+    verdict: guard.Outcome | None = None,
+    **workload: Any,
+) -> Record:
     w: guard.Workload = {
         "input_len": 1024,
         "output_len": 512,
-        "concurrency_per_rank": 32,
-        "prompts_per_rank": 64,
         "model": "m",
         "model_digest": "d",
         "ranks": len(ranks),
-        "through": "router",
     }
     w.update(workload)  # type: ignore[typeddict-item]
-    return {
+    made: Record = {
         "release": "0.5.11",
         "engine": "/opt/sglang/e",
         "model_digest": "d",
         "flags_digest": "f" * 64,
         "workload": w,
+        "gpu": "NVIDIA RTX PRO 6000",
+        "driver": "570.172.08",
+        "router": None,
+        "server_args": ["--attention-backend flashinfer"],
         "time": "t",
-        "prompts": 64,
+        "client": CLIENT,
+        "rounds": [tok_s * (1 - noise), tok_s, tok_s * (1 + noise)],
         "completed": 64,
         "errors": 0,
         "output_tok_s": tok_s,
-        "total_tok_s": tok_s * 3,
+        "noise": noise,
+        "foreign_share": 0.0,
         "per_rank": {
-            n: {"generated": r * 60, "requests": 8.0, "output_tok_s": r} for n, r in ranks.items()
+            n: {
+                "output_tok_s": r,
+                "rounds": [r, r, r],
+                "concurrency": 80,
+                "found": "queue",
+                "foreign_share": 0.0,
+                "queued_share": 1.0,
+            }
+            for n, r in ranks.items()
         },
     }
+    if verdict is not None:
+        made["verdict"] = verdict
+    return made
+
+
+def passed(decided: str = "passed") -> guard.Outcome:
+    return {"ok": True, "ratio": 1.0, "fell": [], "noise": 0.01, "decided": decided}
+
+
+def failed() -> guard.Outcome:
+    return {"ok": False, "ratio": 0.5, "fell": [], "noise": 0.01, "decided": "slower"}
 
 
 # -- the guard ---------------------------------------------------------------------------
 
 
-def test_a_first_run_has_nothing_to_compare() -> None:
-    verdict = guard.judge(record(1000, {"a": 500, "b": 500}), [], 0.1, "fail")
-    assert verdict.ok and verdict.previous is None
-    assert "first run of this workload on this host: nothing to compare" in verdict.line
+def test_a_first_run_has_nothing_to_compare_and_names_its_noise() -> None:
+    verdict = guard.judge(record(1000, {"a": 500, "b": 500}, 0.02), [], 0.1, "fail")
+    assert verdict.ok and verdict.previous is None and verdict.decided == "first"
+    assert "noise 2.0%" in verdict.line and "nothing to compare" in verdict.line
 
 
-def test_within_the_slowdown_passes_and_says_the_change() -> None:
-    last = record(1000, {"a": 500, "b": 500})
-    verdict = guard.judge(record(950, {"a": 470, "b": 480}), [last], 0.1, "fail")
-    assert verdict.ok and verdict.ratio == pytest.approx(0.95)
-    assert "-5.0% against the last record" in verdict.line
+def test_within_the_slowdown_passes_and_says_the_change_against_median_and_best() -> None:
+    history = [record(1000, {"a": 500}), record(1040, {"a": 520}), record(980, {"a": 490})]
+    verdict = guard.judge(record(950, {"a": 475}), history, 0.1, "fail")
+    assert verdict.ok and verdict.ratio == pytest.approx(950 / 1000)
+    assert "-5.0% against the median of the last 3 passed record(s) (1000.0)" in verdict.line
+    assert "-8.7% against the best of the last 3 (1040.0)" in verdict.line
 
 
-def test_a_slower_run_fails_by_name_with_both_records_the_ratio_and_the_ranks_that_fell() -> None:
-    older = record(2000, {"a": 1000, "b": 1000})
+def test_slower_beyond_the_noise_fails_naming_the_noise_ranks_and_changed_arguments() -> None:
     last = record(1000, {"a": 500, "b": 500})
     now = record(800, {"a": 500, "b": 300})
-    verdict = guard.judge(now, [older, last], 0.1, "fail")
+    now["changed_args"] = ["+--cuda-graph-max-bs 8"]
+    verdict = guard.judge(now, [last], 0.1, "fail")
     assert not verdict.ok and verdict.previous is last and verdict.fell == ["b"]
-    assert "ratio 0.800" in verdict.line and "ranks that fell: b" in verdict.line
-    assert "last: t sglang 0.5.11" in verdict.line and "1000.0 output tok/s" in verdict.line
-    assert "this run: t sglang 0.5.11" in verdict.line and "800.0 output tok/s" in verdict.line
+    assert verdict.decided == "slower" and "20.0% slower" in verdict.line
+    assert "beyond the noise 1.0%" in verdict.line and "ranks that fell: b" in verdict.line
+    assert "changed since the record before: +--cuda-graph-max-bs 8" in verdict.line
 
 
-def test_warn_passes_a_slower_run_with_a_warning() -> None:
-    last = record(1000, {"a": 500, "b": 500})
-    verdict = guard.judge(record(500, {"a": 250, "b": 250}), [last], 0.1, "warn")
+def test_slower_within_the_noise_is_undecided_then_passes_named_when_final() -> None:
+    last = record(1000, {"a": 1000}, noise=0.01)
+    now = record(880, {"a": 880}, noise=0.05)  # 12% slower: past 10%, within 5% of noise
+    first = guard.judge(now, [last], 0.1, "fail", final=False)
+    assert first.undecided and first.ok and "measuring more rounds" in first.line
+    final = guard.judge(now, [last], 0.1, "fail", final=True)
+    assert final.ok and not final.undecided and final.decided == "within noise"
+    assert "within the noise 5.0%: not failed" in final.line
+    # The same slowdown with a quiet host fails at once.
+    assert not guard.judge(record(880, {"a": 880}, 0.01), [last], 0.1, "fail", False).ok
+
+
+def test_a_chain_of_small_losses_is_caught_against_the_median_and_the_best() -> None:
+    history: list[Record] = []
+    oks: list[bool] = []
+    rate = 1000.0
+    for _ in range(6):  # 6% slower each time: each step alone is within 10%
+        verdict = guard.judge(record(rate, {"a": rate}), history, 0.1, "fail")
+        oks.append(verdict.ok)
+        if not verdict.ok:
+            break
+        history.append(record(rate, {"a": rate}, verdict=verdict.outcome()))
+        rate *= 0.94
+    assert oks[:2] == [True, True] and oks[-1] is False
+
+
+def test_drift_below_the_best_of_the_window_fails_as_drift() -> None:
+    history = [record(r, {"a": r}) for r in (1000, 960, 925, 890)]
+    verdict = guard.judge(record(870, {"a": 870}), history, 0.1, "fail")
+    assert not verdict.ok and verdict.decided == "drift"
+    assert "below the best recent record: a chain of smaller losses" in verdict.line
+
+
+def test_warn_passes_a_slower_run_and_accepting_it_starts_a_new_baseline() -> None:
+    old = [record(1000, {"a": 500}) for _ in range(3)]
+    verdict = guard.judge(record(500, {"a": 250}), old, 0.1, "warn")
     assert verdict.ok and verdict.warning and verdict.line.startswith("WARNING throughput:")
+    accepted = record(500, {"a": 250}, verdict=verdict.outcome())
+    # The next run at the accepted rate passes: the records before the accepted one are gone.
+    assert guard.judge(record(500, {"a": 250}), [*old, accepted], 0.1, "fail").ok
 
 
-def test_only_the_same_workload_is_compared() -> None:
-    other = record(5000, {"a": 2500, "b": 2500}, output_len=128)
-    verdict = guard.judge(record(1000, {"a": 500, "b": 500}), [other], 0.1, "fail")
-    assert verdict.ok and verdict.previous is None
+def test_only_the_same_workload_hardware_and_client_are_compared() -> None:
+    now = record(1000, {"a": 500, "b": 500})
+    other_shape = record(5000, {"a": 2500, "b": 2500}, output_len=128)
+    other_card = record(5000, {"a": 2500, "b": 2500})
+    other_card["gpu"] = "NVIDIA H200"
+    other_ruler = record(5000, {"a": 2500, "b": 2500})
+    other_ruler["client"] = "sglang.bench_serving 0.5.11"
+    for other in (other_shape, other_card, other_ruler):
+        verdict = guard.judge(now, [other], 0.1, "fail")
+        assert verdict.ok and verdict.previous is None
 
 
-def test_a_run_whose_requests_failed_is_never_the_one_compared_with() -> None:
+def test_a_failed_or_inconclusive_record_is_never_a_baseline() -> None:
     good = record(1000, {"a": 500, "b": 500})
-    failed = record(0, {"a": 0, "b": 0})
-    failed["errors"], failed["completed"] = 64, 0
-    verdict = guard.judge(record(500, {"a": 250, "b": 250}), [good, failed], 0.1, "fail")
+    bad = record(500, {"a": 250, "b": 250}, verdict=failed())
+    busy = record(2000, {"a": 1000, "b": 1000}, verdict=passed("inconclusive"))
+    errors = record(1, {"a": 1, "b": 0})
+    errors["errors"] = 3
+    verdict = guard.judge(record(500, {"a": 250, "b": 250}), [good, bad, busy, errors], 0.1, "fail")
     assert not verdict.ok and verdict.previous is good
 
 
 def test_failed_requests_fail_the_check() -> None:
     now = record(1000, {"a": 500, "b": 500})
-    now["errors"], now["first_error"] = 3, "router: the client exited 1"
+    now["errors"], now["first_error"] = 2, "OSError: HTTP 503"
     verdict = guard.judge(now, [], 0.1, "warn")
-    assert not verdict.ok and "3 of 64 requests failed (router: the client exited 1)" in (
+    assert not verdict.ok and verdict.line == "throughput: 2 requests failed (OSError: HTTP 503)"
+
+
+def test_clients_traffic_past_half_is_said_and_neither_passes_nor_fails_the_host() -> None:
+    last = record(1000, {"a": 1000})
+    now = record(300, {"a": 300})
+    now["foreign_share"] = 0.7
+    verdict = guard.judge(now, [last], 0.1, "fail")
+    assert verdict.ok and verdict.decided == "inconclusive"
+    assert "70% of the requests the ranks finished while measured were not the check's" in (
         verdict.line
     )
 
 
-@pytest.mark.parametrize(
-    ("generated", "hungry"),
-    [
-        ({"a": 100.0, "b": 100.0, "c": 100.0}, []),
-        ({"a": 150.0, "b": 100.0, "c": 50.0}, []),
-        ({"a": 150.0, "b": 140.0, "c": 10.0}, ["c"]),
-        ({"a": 300.0, "b": 0.0}, ["b"]),
-        ({"a": 0.0, "b": 0.0}, ["a", "b"]),
-    ],
-)
-def test_a_rank_under_half_an_even_share_is_starved(
-    generated: dict[str, float], hungry: list[str]
-) -> None:
-    assert guard.starved(generated) == hungry
+def test_the_record_of_a_result_takes_medians_noise_and_foreign_share() -> None:
+    meta: guard.Meta = {
+        "release": "0.5.11",
+        "engine": "e",
+        "model_digest": "d",
+        "flags_digest": "f",
+        "workload": {
+            "input_len": 8,
+            "output_len": 24,
+            "model": "m",
+            "model_digest": "d",
+            "ranks": 2,
+        },
+        "gpu": "g",
+        "driver": "570",
+        "router": None,
+        "server_args": [],
+    }
 
+    def rank(rates: list[float], own: int) -> dict[str, object]:
+        windows = [
+            {"output_tok_s": r, "requests": 10, "own_requests": own, "queued_share": 1.0}
+            for r in rates
+        ]
+        return {"concurrency": 96, "found": "queue", "windows": windows, "completed": 30}
 
-# -- the knowledge of each release's client ------------------------------------------------
-
-
-def test_every_release_has_its_client_read_from_its_wheel_with_every_flag_and_field() -> None:
-    releases = yaml.safe_load((KNOWLEDGE / "sglang.yaml").read_text())["releases"]
-    assert sorted(p.name for p in BENCH_DIR.glob("*.json")) == sorted(
-        f"sglang-{r}.json" for r in releases
+    result = {
+        "client": CLIENT,
+        "seed": 5,
+        "ranks": {"a": rank([90, 100, 110], 10), "b": rank([100, 100, 100], 5)},
+    }
+    made = guard.measured(meta, result, ["a", "b"], "now")
+    assert made["rounds"] == [190, 200, 210] and made["output_tok_s"] == 200
+    assert made["noise"] == pytest.approx(0.05) and made["total_tok_s"] == pytest.approx(
+        200 * 32 / 24, abs=0.01
     )
-    for release in releases:
-        client = load_bench_client(release)
-        assert client is not None and client.missing(tp.CLIENT_FLAGS, tp.RESULT_FIELDS) == []
-        raw = json.loads((BENCH_DIR / f"sglang-{release}.json").read_text())
-        assert raw["release"] == release and raw["wheel"].startswith(f"sglang-{release}-")
-        assert all(isinstance(line, int) for line in raw["choices"].values())
-        assert raw["auth_env"]["OPENAI_API_KEY"] is not None
-        # The move (read in the wheels): bench_serving.py up to 0.5.14, a stub after it.
-        moved = tuple(int(p) for p in release.split(".")[:3]) >= (0, 5, 15)
-        assert client.module == ("sglang.benchmark.serving" if moved else "sglang.bench_serving")
-        assert client.file == client.module.replace(".", "/") + ".py"
-        assert (raw["deprecated_stub"] is not None) == moved
+    assert made["per_rank"]["b"]["foreign_share"] == 0.5 and made["foreign_share"] == 0.25
+    assert made["per_rank"]["a"]["concurrency"] == 96 and made["client"] == CLIENT
+
+
+def test_the_search_starts_at_half_what_the_last_record_of_the_release_found() -> None:
+    last = record(1000, {"a": 500, "b": 500})
+    meta = {**last, "workload": last["workload"]}
+    assert guard.start_concurrency([last], meta, 8) == 40  # type: ignore[arg-type]
+    other = {**meta, "flags_digest": "another"}
+    assert guard.start_concurrency([last], other, 8) == 8  # type: ignore[arg-type]
+
+
+def test_the_load_client_is_pinned_by_its_name() -> None:
+    """The ruler's name must change with the file: a change that keeps CLIENT would compare
+    records measured by two rulers. Bump CLIENT and this digest together."""
+    text = (ROOT / "operations" / "programs" / "load_client.py").read_bytes()
+    digest = hashlib.sha256(text).hexdigest()
+    assert (CLIENT, digest) == (CLIENT, PINNED_DIGEST), f"bump CLIENT and PINNED_DIGEST: {digest}"
+
+
+PINNED_DIGEST = "to-be-pinned"
 
 
 # -- the plan ---------------------------------------------------------------------------------
@@ -176,7 +282,7 @@ def ranks(n: int = 2) -> list[Rank]:
             rank=r,
             gpu=r,
             port=30000 + r,
-            argv=["--port", str(30000 + r)],
+            argv=["python", "-m", "sglang.launch_server", "--port", str(30000 + r), "--tp", "1"],
             env={},
             unit_name=layout.unit_name(r),
             unit="",
@@ -192,6 +298,10 @@ def plan(changed: bool = True, router_here: bool = False, **kw: Any) -> tp.Throu
     return tp.throughput_plan(s, ranks(), changed, router_here, "digest1", {})
 
 
+def _arg(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, word in enumerate(argv) if word == flag]
+
+
 def test_off_runs_nothing_and_ships_nothing() -> None:
     decided = plan(throughput_check="off")
     assert decided.run is None and decided.files == [] and decided.skip == "throughput_check: off"
@@ -204,15 +314,10 @@ def test_after_change_without_a_change_ships_the_script_and_runs_nothing() -> No
     assert plan(changed=False, throughput_check="always").run is not None
 
 
-def _arg(argv: list[str], flag: str) -> list[str]:
-    return [argv[i + 1] for i, word in enumerate(argv) if word == flag]
-
-
-def test_per_rank_without_a_router_and_the_releases_own_module() -> None:
+def test_every_rank_at_once_with_the_load_client_and_no_key_on_the_command_line() -> None:
     run = plan(sglang_version="0.5.23").run
-    assert run is not None and run.through == "ranks"
-    assert _arg(run.argv, "--module") == ["sglang.benchmark.serving"]
-    assert _arg(run.argv, "--target") == [
+    assert run is not None and run.argv[:2] == ["python3", layout.THROUGHPUT_SCRIPT]
+    assert _arg(run.argv, "--rank") == [
         "sglang@0.service=http://127.0.0.1:30000",
         "sglang@1.service=http://127.0.0.1:30001",
     ]
@@ -220,34 +325,50 @@ def test_per_rank_without_a_router_and_the_releases_own_module() -> None:
     assert meta["workload"] == {
         "input_len": 1024,
         "output_len": 512,
-        "concurrency_per_rank": 32,
-        "prompts_per_rank": 64,
         "model": meta["workload"]["model"],
         "model_digest": "digest1",
         "ranks": 2,
-        "through": "ranks",
     }
+    assert meta["server_args"] == ["--tp 1"]  # the port left out: it differs between ranks
     assert _arg(run.argv, "--guard") == ["fail"] and _arg(run.argv, "--max-slowdown") == ["0.1"]
-
-
-def test_through_the_router_on_its_host_and_no_key_on_the_command_line() -> None:
-    router = {"host": "@local", "port": 8000}
-    run = plan(router_here=True, router=router, api_key_file=str(ROOT / "README.md")).run
-    assert run is not None and run.through == "router"
-    assert _arg(run.argv, "--target") == ["router=http://127.0.0.1:8000"]
-    assert len(_arg(run.argv, "--rank")) == 2
-    assert _arg(run.argv, "--module") == ["sglang.bench_serving"]
     assert _arg(run.argv, "--key-file") == [layout.SECRETS_FILE]
 
 
-def test_a_release_without_client_knowledge_is_refused_before_any_change(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(tp, "load_bench_client", lambda release: None)
-    decided = plan()
+def test_the_hardware_and_router_are_named_in_the_meta() -> None:
+    s = make_settings(router={"host": "@local", "port": 8000})
+    decided = tp.throughput_plan(s, ranks(), True, True, "d", {}, hardware=("RTX", "570.1"))
+    assert decided.run is not None
+    meta = json.loads(_arg(decided.run.argv, "--meta")[0])
+    assert (meta["gpu"], meta["driver"]) == ("RTX", "570.1")
+    assert meta["router"] == "1.13.0 on @local"
+
+
+def test_the_load_shape_is_searched_by_default_and_fixed_when_set() -> None:
+    searched = plan().run
+    assert searched is not None and "--fixed" not in searched.argv
+    assert (_arg(searched.argv, "--start"), _arg(searched.argv, "--most")) == (["8"], ["1024"])
+    assert _arg(searched.argv, "--rounds") == ["3"] and _arg(searched.argv, "--window") == ["20.0"]
+    fixed = plan(throughput_concurrency_per_rank=32).run
+    assert fixed is not None and "--fixed" in fixed.argv
+    assert (_arg(fixed.argv, "--start"), _arg(fixed.argv, "--most")) == (["32"], ["32"])
+    # The flags the plan writes are the ones the programs read.
+    parser = argparse.ArgumentParser()
+    load_runner.add_load_flags(parser)
+    read = parser.parse_args(tp.load_flags(make_settings()))
+    assert (read.most, read.rounds, read.window, read.fixed) == (1024, 3, 20.0, False)
+
+
+def test_metrics_off_is_refused_before_any_change() -> None:
+    decided = plan(enable_metrics=False)
     assert decided.run is None and len(decided.errors) == 1
-    assert "has no benchmark client in the knowledge base" in decided.errors[0]
-    assert "throughput_check: off" in decided.errors[0]
+    assert "enable_metrics is false" in decided.errors[0]
+
+
+def test_a_removed_setting_says_what_instead() -> None:
+    with pytest.raises(SettingsError) as caught:
+        make_settings(throughput_prompts_per_rank=64)
+    (line,) = caught.value.problems
+    assert "removed in 0.14.0" in line and "throughput_window_s" in line
 
 
 @pytest.mark.parametrize(
@@ -259,6 +380,8 @@ def test_a_release_without_client_knowledge_is_refused_before_any_change(
         ("throughput_max_slowdown", 1.5),
         ("throughput_input_len", 0),
         ("throughput_concurrency_per_rank", 5000),
+        ("throughput_rounds", 1),
+        ("throughput_window_s", 0),
         ("throughput_timeout_s", 5),
     ],
 )
@@ -269,205 +392,6 @@ def test_out_of_range_settings_are_refused_with_one_line(key: str, value: object
     assert key in line and "accepted:" in line
 
 
-# -- the host program against the doubles (integration) -------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A virtualenv with the sglang double of 0.5.11 (server and benchmark client)."""
-    out = tmp_path_factory.mktemp("engine")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(out / "env")], check=True)
-    (site,) = (out / "env" / "lib").glob("python3*/site-packages")
-    with zipfile.ZipFile(wheels.sglang_wheel(out / "wheels", "0.5.11")) as zf:
-        zf.extractall(site)
-    return out / "env"
-
-
-@pytest.fixture
-def servers(engine: Path, tmp_path: Path) -> Iterator[tuple[list[str], Path]]:
-    """Two server doubles (rank 1 ten times slower), their URLs and the model copy."""
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "tokenizer.json").write_text("{}")
-    procs, urls = [], []
-    for rank, rate in ((0, "4000"), (1, "400")):
-        port = _free_port()
-        env = {
-            "PATH": os.environ["PATH"],
-            "CUDA_VISIBLE_DEVICES": str(rank),
-            "SGLANG_DOUBLE_LOAD_SECONDS": "0",
-            "SGLANG_DOUBLE_TOKENS_PER_S": rate,
-        }
-        words = [str(engine / "bin" / "python"), "-m", "sglang.launch_server"]
-        words += ["--model-path", str(model), "--host", "127.0.0.1", "--port", str(port)]
-        words += ["--enable-metrics", "--api-key", "k3y"]
-        procs.append(subprocess.Popen(words, env=env, stdout=subprocess.PIPE, text=True))
-        urls.append(f"http://127.0.0.1:{port}")
-    try:
-        for proc in procs:  # the double prints this line once it is ready
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                if "ready: serving" in line:
-                    break
-        yield urls, model
-    finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(timeout=30)
-
-
-def run_program(
-    engine: Path,
-    tmp: Path,
-    urls: list[str],
-    model: Path,
-    targets: list[str],
-    through: str,
-    module: str = "sglang.bench_serving",
-) -> tuple[int, list[str]]:
-    program = tmp / "throughput.py"
-    program.write_text(script_text("throughput.py"))
-    secrets = tmp / "secrets.yaml"
-    secrets.write_text('api-key: "k3y"\n')
-    workload = {"input_len": 8, "output_len": 16, "concurrency_per_rank": 2}
-    workload.update(prompts_per_rank=4, ranks=2)
-    meta: dict[str, object] = {
-        "release": "0.5.11",
-        "engine": str(engine),
-        "model_digest": "d",
-        "flags_digest": "f",
-    }
-    meta["workload"] = {**workload, "model": "m", "model_digest": "d", "through": through}
-    words = [sys.executable, str(program), "--python", str(engine / "bin" / "python")]
-    words += ["--module", module, "--module-file", module.replace(".", "/") + ".py"]
-    words += ["--model", "m", "--tokenizer", str(model)]
-    for target in targets:
-        words += ["--target", target]
-    words += ["--rank", f"r0={urls[0]}", "--rank", f"r1={urls[1]}"]
-    words += ["--input-len", "8", "--output-len", "16", "--concurrency-per-rank", "2"]
-    words += ["--prompts-per-rank", "4", "--timeout", "60", "--key-file", str(secrets)]
-    words += ["--service-user", pwd.getpwuid(os.getuid()).pw_name]
-    words += ["--records", str(tmp / "records" / "t.jsonl"), "--meta", json.dumps(meta)]
-    words += ["--max-slowdown", "0.1", "--guard", "fail"]
-    proc = subprocess.run(words, capture_output=True, text=True, timeout=120)
-    assert proc.stderr == ""
-    return proc.returncode, proc.stdout.splitlines()
-
-
-@pytest.mark.integration
-def test_the_program_measures_each_rank_with_the_engines_client_and_keeps_a_record(
-    engine: Path, servers: tuple[list[str], Path], tmp_path: Path
-) -> None:
-    urls, model = servers
-    code, out = run_program(
-        engine, tmp_path, urls, model, [f"r0={urls[0]}", f"r1={urls[1]}"], "ranks"
-    )
-    assert code == 0, out
-    assert out[-1].startswith("throughput: ") and "nothing to compare" in out[-1]
-    rec = json.loads(out[0].removeprefix("throughput "))
-    assert (rec["completed"], rec["errors"], rec["through"]) == (8, 0, "ranks")
-    # Each rank generated its 4 requests' 16 tokens (its own counters, after minus before).
-    assert {n: r["generated"] for n, r in rec["per_rank"].items()} == {"r0": 64.0, "r1": 64.0}
-    assert rec["output_tok_s"] > 0 and rec["ttft_ms"]["p50"] is not None
-    kept = (tmp_path / "records" / "t.jsonl").read_text().splitlines()
-    assert [json.loads(line)["time"] for line in kept] == [rec["time"]]
-    # A second run compares with the first.
-    code, out = run_program(
-        engine, tmp_path, urls, model, [f"r0={urls[0]}", f"r1={urls[1]}"], "ranks"
-    )
-    assert "against the last record" in out[-1]
-    assert len((tmp_path / "records" / "t.jsonl").read_text().splitlines()) == 2
-
-
-@pytest.mark.integration
-def test_a_rank_the_router_sends_nothing_fails_by_name(
-    engine: Path, servers: tuple[list[str], Path], tmp_path: Path
-) -> None:
-    urls, model = servers
-    # A "router" that reaches rank 0 only.
-    code, out = run_program(engine, tmp_path, urls, model, [f"router={urls[0]}"], "router")
-    assert code == 1
-    assert "rank(s) r1 took (almost) no load through the router" in out[-1]
-    rec = json.loads(out[0].removeprefix("throughput "))
-    assert rec["per_rank"]["r1"]["generated"] == 0 and not rec["verdict"]["ok"]
-
-
-@pytest.mark.integration
-def test_no_tokenizer_is_refused_before_the_client_runs(
-    engine: Path, servers: tuple[list[str], Path], tmp_path: Path
-) -> None:
-    urls, model = servers
-    (model / "tokenizer.json").unlink()
-    code, out = run_program(engine, tmp_path, urls, model, [f"r0={urls[0]}"], "ranks")
-    assert code == 2 and out == [
-        f"throughput: refused: the model copy {model} has no tokenizer (tokenizer.json or "
-        "tokenizer_config.json or tokenizer.model): the benchmark client loads it from there, "
-        "offline; stage a model with its tokenizer files (on the controller: model_source), or "
-        "set throughput_check: off"
-    ]
-    assert not (tmp_path / "records").exists()
-
-
-# -- status: the last record and the one before it -------------------------------------------
-
-
-def test_status_shows_the_last_record_beside_the_one_before_it_of_its_workload() -> None:
-    from operations.cli.status.throughput import ThroughputView
-    from operations.facts.throughput import parse_records
-
-    older = record(1000, {"sglang@0.service": 500, "sglang@1.service": 500})
-    other = record(5000, {"sglang@0.service": 2500}, output_len=64)
-    last = record(900, {"sglang@0.service": 450, "sglang@1.service": 450})
-    lines = [json.dumps(older), '{"cut by a cra', json.dumps(other), json.dumps(last)]
-    view = ThroughputView.of(parse_records(lines))
-    assert view.last == last and view.before == older and view.ratio == pytest.approx(0.9)
-    shown = view.lines()
-    assert (
-        "900.0 output tok/s" in shown[0]
-        and "per rank (output tok/s): sglang@0.service 450, sglang@1.service 450" in shown[0]
-    )
-    assert shown[1].endswith("(-10.0% now)")
-    assert view.to_json()["ratio"] == pytest.approx(0.9)
-    assert ThroughputView.of([]).lines() == [
-        "  throughput: no record on this host (the deploy's check has not run)"
-    ]
-
-
-def test_the_ceilings_hook_says_nothing_without_ceilings_and_the_share_with_them() -> None:
-    now = record(1000, {"a": 500, "b": 500})  # total 3000 tok/s over 2 ranks
-    now["ranks"] = 2
-    assert guard.beside_ceilings(now, None) is None
-    ceilings: guard.Ceilings = {
-        "one_stream_tok_s": 33.0,
-        "full_batch_tok_s": 9300.0,
-        "source": "knowledge",
-    }
-    said = guard.beside_ceilings(now, ceilings)
-    assert said is not None and said.startswith("per GPU 1500 tokens/s (input and output), 16%")
-
-
-@pytest.mark.integration
-def test_an_engine_without_the_client_module_is_refused_before_the_client_runs(
-    engine: Path, servers: tuple[list[str], Path], tmp_path: Path
-) -> None:
-    urls, model = servers
-    # 0.5.11's engine has no sglang.benchmark.serving (the double's wheel leaves it out, as
-    # the real 0.5.11 wheel has none).
-    module = "sglang.benchmark.serving"
-    code, out = run_program(engine, tmp_path, urls, model, [f"r0={urls[0]}"], "ranks", module)
-    assert code == 2 and len(out) == 1
-    assert out[0].startswith(f"throughput: refused: the engine {engine} has no ")
-    assert "sglang/benchmark/serving.py, SGLang's benchmark client for this release" in out[0]
-    assert not (tmp_path / "records").exists()
-
-
 def test_the_plan_passes_the_cards_ceilings_from_the_knowledge_base() -> None:
     card = tp.card_ceilings("NVIDIA RTX PRO 6000 Blackwell Server Edition", 54 * 10**9, None)
     assert card is not None
@@ -476,10 +400,22 @@ def test_the_plan_passes_the_cards_ceilings_from_the_knowledge_base() -> None:
     assert 9000 < card["full_batch_tok_s"] < 9600
     assert tp.card_ceilings("a card nobody listed", 54 * 10**9, None) is None
     assert tp.card_ceilings(None, 54 * 10**9, None) is None
-    s = make_settings()
-    decided = tp.throughput_plan(s, ranks(), True, False, "d", {}, card)
+    decided = tp.throughput_plan(make_settings(), ranks(), True, False, "d", {}, card)
     assert decided.run is not None
     assert json.loads(_arg(decided.run.argv, "--ceilings")[0]) == card
+
+
+def test_the_ceilings_hook_says_nothing_without_ceilings_and_the_share_with_them() -> None:
+    now = record(1000, {"a": 500, "b": 500})
+    now["total_tok_s"], now["ranks"] = 3000.0, 2
+    assert guard.beside_ceilings(now, None) is None
+    ceilings: guard.Ceilings = {
+        "one_stream_tok_s": 33.0,
+        "full_batch_tok_s": 9300.0,
+        "source": "knowledge",
+    }
+    said = guard.beside_ceilings(now, ceilings)
+    assert said is not None and said.startswith("per GPU 1500 tokens/s (input and output), 16%")
 
 
 def test_bench_runs_the_throughput_step_alone_always_and_refuses_a_locked_host_at_once() -> None:
@@ -500,35 +436,168 @@ def test_bench_runs_the_throughput_step_alone_always_and_refuses_a_locked_host_a
     ]
 
 
-# -- the guard's baseline: a failed check is not one -----------------------------------------
+# -- status: the last record and the one before it -------------------------------------------
 
 
-def test_a_record_whose_verdict_failed_is_never_the_baseline_and_a_warned_one_is() -> None:
-    good = record(1000, {"a": 500, "b": 500})  # an older record: no verdict, it counts
-    refused = record(500, {"a": 250, "b": 250})
-    refused["verdict"] = {"ok": False, "ratio": 0.5, "fell": ["a", "b"]}
-    # A second slower run is compared with the last good one, not with the refused one.
-    verdict = guard.judge(record(500, {"a": 250, "b": 250}), [good, refused], 0.1, "fail")
-    assert not verdict.ok and verdict.previous is good
-    # Accepted once with throughput_guard: warn (ok true): the new rate is the baseline.
-    warned = record(500, {"a": 250, "b": 250})
-    warned["verdict"] = {"ok": True, "ratio": 0.5, "fell": ["a", "b"]}
-    history = [good, refused, warned]
-    verdict = guard.judge(record(500, {"a": 250, "b": 250}), history, 0.1, "fail")
-    assert verdict.ok and verdict.previous is warned
+def test_status_shows_the_last_record_beside_the_one_before_it_of_its_workload() -> None:
+    from operations.cli.status.throughput import ThroughputView
+    from operations.facts.throughput import parse_records
+
+    older = record(1000, {"sglang@0.service": 500, "sglang@1.service": 500})
+    other = record(5000, {"sglang@0.service": 2500}, output_len=64)
+    last = record(900, {"sglang@0.service": 450, "sglang@1.service": 450})
+    lines = [json.dumps(older), '{"cut by a cra', json.dumps(other), json.dumps(last)]
+    view = ThroughputView.of(parse_records(lines))
+    assert view.last == last and view.before == older and view.ratio == pytest.approx(0.9)
+    shown = view.lines()
+    assert "900.0 output tok/s (median of 3, noise 1.0%)" in shown[0]
+    assert "per rank (output tok/s): sglang@0.service 450, sglang@1.service 450" in shown[0]
+    assert shown[1].endswith("(-10.0% now)")
+    assert view.to_json()["ratio"] == pytest.approx(0.9)
+    assert ThroughputView.of([]).lines() == [
+        "  throughput: no record on this host (the deploy's check has not run)"
+    ]
 
 
-def test_a_rank_whose_share_is_unknown_is_not_named_as_one_that_fell() -> None:
-    last = record(1000, {"a": 500, "b": 500})
-    now = record(500, {"a": 250, "b": 500})
-    now["per_rank"]["b"] = {"generated": None, "requests": None, "output_tok_s": None}
-    assert guard.judge(now, [last], 0.1, "fail").fell == ["a"]
+# -- the host program against server doubles (integration) -----------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A virtualenv with the sglang double of 0.5.11 (its server)."""
+    out = tmp_path_factory.mktemp("engine")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(out / "env")], check=True)
+    (site,) = (out / "env" / "lib").glob("python3*/site-packages")
+    with zipfile.ZipFile(wheels.sglang_wheel(out / "wheels", "0.5.11")) as zf:
+        zf.extractall(site)
+    return out / "env"
+
+
+# Each rank double: one request decodes 20 tok/s alone, each more in its batch costs 2% of a
+# step, at most MAX_RUNNING at once (tests/doubles/packages/sglang/_generate_double.py).
+RATE, COST, MAX_RUNNING = 20.0, 0.02, 96
+
+
+def capacity(rate: float = RATE, running: int = MAX_RUNNING) -> float:
+    """What the double generates at its running cap, tokens/s."""
+    return running * rate / (1 + COST * (running - 1))
+
+
+@pytest.fixture
+def servers(engine: Path, tmp_path: Path) -> Iterator[list[str]]:
+    """Two server doubles whose running cap (96) is past 32."""
+    model = tmp_path / "model"
+    model.mkdir()
+    procs, urls = [], []
+    for rank in range(2):
+        port = _free_port()
+        env = {
+            "PATH": os.environ["PATH"],
+            "CUDA_VISIBLE_DEVICES": str(rank),
+            "SGLANG_DOUBLE_LOAD_SECONDS": "0",
+            "SGLANG_DOUBLE_TOKENS_PER_S": str(RATE),
+            "SGLANG_DOUBLE_BATCH_COST": str(COST),
+            "SGLANG_DOUBLE_MAX_RUNNING": str(MAX_RUNNING),
+        }
+        words = [str(engine / "bin" / "python"), "-m", "sglang.launch_server"]
+        words += ["--model-path", str(model), "--host", "127.0.0.1", "--port", str(port)]
+        words += ["--enable-metrics", "--api-key", "k3y"]
+        procs.append(
+            subprocess.Popen(
+                words, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+            )
+        )
+        urls.append(f"http://127.0.0.1:{port}")
+    try:
+        for proc in procs:  # the double prints this line once it is ready
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if "ready: serving" in line:
+                    break
+        yield urls
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def run_program(tmp: Path, urls: list[str], *flags: str) -> tuple[int, list[str]]:
+    program_file = tmp / "throughput.py"
+    program_file.write_text(script_text("throughput.py"))
+    secrets = tmp / "secrets.yaml"
+    secrets.write_text('api-key: "k3y"\n')
+    meta = {
+        "release": "0.5.11",
+        "engine": "e",
+        "model_digest": "d",
+        "flags_digest": "f",
+        "server_args": ["--tp 1"],
+        "workload": {
+            "input_len": 8,
+            "output_len": 24,
+            "model": "m",
+            "model_digest": "d",
+            "ranks": 2,
+        },
+    }
+    words = [sys.executable, str(program_file)]
+    words += ["--rank", f"r0={urls[0]}", "--rank", f"r1={urls[1]}"]
+    words += ["--input-len", "8", "--output-len", "24", "--start", "8", "--most", "512"]
+    words += ["--ramp-timeout", "60", "--rounds", "3", "--window", "2", "--timeout", "150"]
+    words += ["--model", "m", "--key-file", str(secrets)]
+    words += ["--service-user", pwd.getpwuid(os.getuid()).pw_name]
+    words += ["--records", str(tmp / "records" / "t.jsonl"), "--meta", json.dumps(meta)]
+    words += ["--max-slowdown", "0.1", "--guard", "fail", *flags]
+    proc = subprocess.run(words, capture_output=True, text=True, timeout=300)
+    assert proc.stderr == ""
+    return proc.returncode, proc.stdout.splitlines()
+
+
+@pytest.mark.integration
+def test_the_check_finds_each_ranks_capacity_past_32_and_keeps_a_record(
+    servers: list[str], tmp_path: Path
+) -> None:
+    code, out = run_program(tmp_path, servers)
+    assert code == 0, out
+    assert out[-1].startswith("throughput: ") and "nothing to compare" in out[-1]
+    rec = json.loads(out[0].removeprefix("throughput "))
+    assert rec["client"] == CLIENT and rec["errors"] == 0 and len(rec["rounds"]) == 3
+    for name, rank in rec["per_rank"].items():
+        # Searched past 32 until the rank queued work, and measured at its capacity (+-20%).
+        assert rank["found"] == "queue" and rank["concurrency"] > MAX_RUNNING, (name, rank)
+        assert rank["output_tok_s"] == pytest.approx(capacity(), rel=0.2), (name, rank)
+        assert rank["foreign_share"] < 0.2 and rank["queued_share"] > 0.5
+    # At 32 in flight the same double makes only ~60% of that: the old fixed 32 was no capacity.
+    assert capacity(running=32) < 0.7 * capacity()
+    kept = (tmp_path / "records" / "t.jsonl").read_text().splitlines()
+    assert [json.loads(line)["seed"] for line in kept] == [rec["seed"]]
+    # A second check compares with the first, and draws new prompts (a new seed).
+    code, out = run_program(tmp_path, servers)
+    assert code == 0 and "against the median of the last 1 passed record(s)" in out[-1], out
+    seeds = [json.loads(line)["seed"] for line in (tmp_path / "records" / "t.jsonl").open()]
+    assert len(seeds) == 2 and seeds[0] != seeds[1]
+
+
+@pytest.mark.integration
+def test_a_fixed_concurrency_measures_there_and_says_so(servers: list[str], tmp_path: Path) -> None:
+    code, out = run_program(tmp_path, servers, "--fixed")
+    assert code == 0, out
+    rec = json.loads(out[0].removeprefix("throughput "))
+    for rank in rec["per_rank"].values():
+        assert (rank["found"], rank["concurrency"]) == ("fixed", 8)
+        assert rank["output_tok_s"] == pytest.approx(capacity(running=8), rel=0.2)
 
 
 # -- the host program's own guards, in this process -------------------------------------------
-# The program's parts on this machine: a fake engine (its client module a file, its python
-# never run: the client is a stand-in, `run_client` replaced), two ranks' /metrics pages served
-# here, and the listeners the program reads given by the test (main's `listeners`).
+# The program's parts on this machine: the load client replaced by a stand-in (`run_load`), two
+# ranks' /metrics pages served here, and the listeners the program reads given by the test.
 
 KEY = "sk-throughput-key-4c1d9e"
 ME = pwd.getpwuid(os.getuid()).pw_name
@@ -538,19 +607,36 @@ WHO = (
     "(the key is sent only to the service user's listeners; docs/security.md "
     '"Who is sent the API key")'
 )
-RESULT = {
-    "completed": 8,
-    "duration": 2.0,
-    "output_throughput": 64.0,
-    "total_throughput": 96.0,
-    "median_ttft_ms": 10.0,
-    "p99_ttft_ms": 20.0,
-}
+
+
+def result(*rates: float) -> dict[str, Any]:
+    """A load client's result: each rank three windows at its rate."""
+    rates = rates or (500.0, 500.0)
+    return {
+        "client": CLIENT,
+        "seed": 7,
+        "ranks": {
+            f"r{i}": {
+                "concurrency": 64,
+                "found": "queue",
+                "windows": [
+                    {"output_tok_s": r, "requests": 10, "own_requests": 10, "queued_share": 1.0}
+                ]
+                * 3,
+                "completed": 30,
+                "errors": 0,
+                "first_error": None,
+                "ttft_ms": 10.0,
+                "itl_ms": 2.0,
+            }
+            for i, r in enumerate(rates)
+        },
+    }
 
 
 class MetricsPage:
-    """A rank's /metrics, served here: each read 100 more generated tokens and one more request
-    than the one before; past `good_reads` reads, HTTP 500. Stopped by the fixture."""
+    """A rank's /metrics, served here; past `good_reads` reads, HTTP 500. Stopped by the
+    fixture."""
 
     def __init__(self) -> None:
         self.reads = 0
@@ -563,10 +649,7 @@ class MetricsPage:
                 if page.good_reads is not None and page.reads > page.good_reads:
                     self.send_error(500)
                     return
-                body = (
-                    f'sglang:generation_tokens_total{{model_name="m"}} {100 * page.reads}\n'
-                    f'sglang:num_requests_total{{model_name="m"}} {page.reads}\n'
-                ).encode()
+                body = f'sglang:generation_tokens_total{{model_name="m"}} {page.reads}\n'.encode()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -578,7 +661,6 @@ class MetricsPage:
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.port = int(self.server.server_address[1])
         self.url = f"http://127.0.0.1:{self.port}"
-        # A short poll: the fixture stops two pages a test (shutdown waits for one poll).
         serve = functools.partial(self.server.serve_forever, poll_interval=0.05)
         self.thread = threading.Thread(target=serve, daemon=True)
         self.thread.start()
@@ -590,17 +672,17 @@ class MetricsPage:
             self.thread.join()
 
 
+Load = Callable[["Bench", dict[str, Any]], tuple[dict[str, Any] | None, str]]
+
+
 @dataclass
 class Bench:
-    """One host for the program: its files, its two ranks' pages, the clients it started."""
+    """One host for the program: its files, its two ranks' pages, the loads it started."""
 
     tmp: Path
     pages: list[MetricsPage]
-    clients: list[dict[str, Any]] = field(default_factory=list)
-    # What each stand-in client does: (exit status, output, result or None), or raises.
-    client: Callable[[Bench, dict[str, Any]], tuple[int, str, dict[str, Any] | None]] = (
-        lambda bench, seen: (0, "ok", RESULT)
-    )
+    loads: list[dict[str, Any]] = field(default_factory=list)
+    load: Load = lambda bench, seen: (result(), "")  # noqa: E731
 
     @property
     def records(self) -> Path:
@@ -610,27 +692,31 @@ class Bench:
     def pending(self) -> Path:
         return self.tmp / "state" / "throughput.pending"
 
-    def argv(self, through: str = "ranks", *extra: str, **flags: str) -> list[str]:
-        workload = {"input_len": 8, "output_len": 16, "concurrency_per_rank": 2}
-        workload.update(prompts_per_rank=4, ranks=2)
-        meta: dict[str, object] = {
+    def argv(self, *extra: str, **flags: str) -> list[str]:
+        meta = {
             "release": "0.5.11",
             "engine": "e",
             "model_digest": "d",
             "flags_digest": "f",
+            "server_args": [],
+            "workload": {
+                "input_len": 8,
+                "output_len": 16,
+                "model": "m",
+                "model_digest": "d",
+                "ranks": 2,
+            },
         }
-        meta["workload"] = {**workload, "model": "m", "model_digest": "d", "through": through}
         given = {
-            "--python": str(self.tmp / "engine" / "bin" / "python"),
-            "--module": "sglang.bench_serving",
-            "--module-file": "sglang/bench_serving.py",
-            "--model": "m",
-            "--tokenizer": str(self.tmp / "model"),
             "--input-len": "8",
             "--output-len": "16",
-            "--concurrency-per-rank": "2",
-            "--prompts-per-rank": "4",
+            "--start": "8",
+            "--most": "64",
+            "--ramp-timeout": "10",
+            "--rounds": "3",
+            "--window": "1",
             "--timeout": "60",
+            "--model": "m",
             "--key-file": str(self.tmp / "secrets.yaml"),
             "--service-user": ME,
             "--records": str(self.records),
@@ -642,15 +728,8 @@ class Bench:
         }
         given.update({"--" + k.replace("_", "-"): v for k, v in flags.items()})
         words = [w for k, v in given.items() for w in (k, v)]
-        ranks = [f"r{i}={page.url}" for i, page in enumerate(self.pages)]
-        targets = [f"router={self.router}"] if through == "router" else ranks
-        words += [w for t in targets for w in ("--target", t)]
-        words += [w for r in ranks for w in ("--rank", r)]
+        words += [w for i, p in enumerate(self.pages) for w in ("--rank", f"r{i}={p.url}")]
         return [*words, *extra]
-
-    @property
-    def router(self) -> str:
-        return self.pages[0].url  # a "router" that is rank 0: only the listener check asks
 
     def run(
         self, argv: list[str], capsys: pytest.CaptureFixture[str], owners: dict[int, int] | None
@@ -662,7 +741,7 @@ class Bench:
             hostsafe.Listener(ipaddress.ip_address("127.0.0.1"), port, uid)
             for port, uid in owners.items()
         ]
-        code = program.main(argv, lambda: found)
+        code = program.main(argv, lambda: found, script=str(self.tmp / "throughput.py"))
         out, err = capsys.readouterr()
         assert err == ""
         return code, out.splitlines()
@@ -670,28 +749,25 @@ class Bench:
 
 @pytest.fixture
 def bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Bench]:
-    site = tmp_path / "engine" / "lib" / "python3.11" / "site-packages" / "sglang"
-    site.mkdir(parents=True)
-    (site / "bench_serving.py").write_text("")
-    (tmp_path / "engine" / "bin").mkdir()
-    (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "tokenizer.json").write_text("{}")
     (tmp_path / "secrets.yaml").write_text(f'api-key: "{KEY}"\n')
     pages = [MetricsPage(), MetricsPage()]
     made = Bench(tmp_path, pages)
 
-    def client(
-        args: Any, words: list[str], key: str | None, work: str, deadline: float, ids: Any
-    ) -> tuple[int, str]:
-        seen = {"words": words, "key": key, "work": work, "ids": ids}
-        made.clients.append(seen)
-        code, text, result = made.client(made, seen)
-        if result is not None:
-            out = words[words.index("--output-file") + 1]
-            Path(out).write_text(json.dumps(result) + "\n")
-        return code, text
+    def load(
+        script: str,
+        ranks: dict[str, str],
+        args: Any,
+        key: str | None,
+        user: str,
+        start: int,
+        rounds: int,
+        deadline: float,
+    ) -> tuple[dict[str, Any] | None, str]:
+        seen = {"script": script, "ranks": ranks, "key": key, "user": user, "start": start}
+        made.loads.append(seen)
+        return made.load(made, seen)
 
-    monkeypatch.setattr(program, "run_client", client)
+    monkeypatch.setattr(program, "run_load", load)
     try:
         yield made
     finally:
@@ -704,36 +780,30 @@ def test_a_passing_check_keeps_its_record_and_hands_the_key_to_the_client(
 ) -> None:
     code, out = bench.run(bench.argv(), capsys, None)
     assert code == 0, out
-    assert [c["key"] for c in bench.clients] == [KEY, KEY]
+    assert [c["key"] for c in bench.loads] == [KEY]
+    assert bench.loads[0]["script"] == str(bench.tmp / "throughput.py")
     rec = json.loads(out[0].removeprefix("throughput "))
-    assert rec["per_rank"]["r0"] == {"generated": 100.0, "requests": 1.0, "output_tok_s": 50.0}
+    assert rec["per_rank"]["r0"]["output_tok_s"] == 500.0 and rec["output_tok_s"] == 1000.0
     assert rec["verdict"]["ok"] and len(bench.records.read_text().splitlines()) == 1
+    # The next check starts its search at half what this one found.
+    bench.run(bench.argv(), capsys, None)
+    assert bench.loads[1]["start"] == 32
 
 
 @pytest.mark.parametrize(
-    ("through", "owners", "why"),
+    ("owners", "why"),
     [
         # A rank's port is another user's (a squatter, while it restarted).
-        ("ranks", {0: OTHER, 1: -1}, "r0: {at0} is held by uid {other} ({who}), not by {me}"),
-        # Through the router: the router forwards the key to the ranks.
-        (
-            "router",
-            {0: -1, 1: OTHER},
-            "the router forwards to r1: {at1} is held by uid {other} ({who}), not by {me}",
-        ),
-        ("router", {0: -1}, "the router forwards to r1: nothing listens on {at1}"),
+        ({0: OTHER, 1: -1}, "r0: {at0} is held by uid {other} ({who}), not by {me}"),
+        ({0: -1}, "r1: nothing listens on {at1}"),
     ],
 )
 def test_the_key_goes_to_no_listener_but_the_service_users(
-    bench: Bench,
-    capsys: pytest.CaptureFixture[str],
-    through: str,
-    owners: dict[int, int],
-    why: str,
+    bench: Bench, capsys: pytest.CaptureFixture[str], owners: dict[int, int], why: str
 ) -> None:
     ports = [page.port for page in bench.pages]
     uids = {ports[i]: (os.getuid() if uid == -1 else uid) for i, uid in owners.items()}
-    code, out = bench.run(bench.argv(through), capsys, uids)
+    code, out = bench.run(bench.argv(), capsys, uids)
     expected = why.format(
         at0=f"127.0.0.1:{ports[0]}",
         at1=f"127.0.0.1:{ports[1]}",
@@ -743,23 +813,9 @@ def test_the_key_goes_to_no_listener_but_the_service_users(
     )
     assert (code, out) == (2, [f"throughput: refused: {expected} {WHO}"])
     # Nothing ran, nothing was asked (not even /metrics), no record; the check is still due.
-    assert bench.clients == [] and [p.reads for p in bench.pages] == [0, 0]
+    assert bench.loads == [] and [p.reads for p in bench.pages] == [0, 0]
     assert not bench.records.exists()
     assert json.loads(bench.pending.read_text()) == {"started": TIME}
-
-
-def test_a_service_user_that_does_not_exist_is_refused_before_anything_runs(
-    bench: Bench, capsys: pytest.CaptureFixture[str]
-) -> None:
-    code, out = bench.run(bench.argv(service_user="no-such-user-x"), capsys, None)
-    assert (code, out) == (
-        2,
-        [
-            "throughput: refused: r0: the service user 'no-such-user-x' does not exist on this "
-            f"host {WHO}"
-        ],
-    )
-    assert bench.clients == [] and not bench.records.exists()
 
 
 def test_a_rank_whose_metrics_cannot_be_read_before_the_run_is_refused(
@@ -772,35 +828,7 @@ def test_a_rank_whose_metrics_cannot_be_read_before_the_run_is_refused(
         f"throughput: refused: rank r1: its /metrics ({bench.pages[1].url}/metrics) cannot be "
         "read (HTTPError: HTTP Error 500: Internal Server Error): "
     )
-    assert bench.clients == [] and not bench.records.exists()
-
-
-def test_a_rank_refusing_connections_before_the_run_is_refused(
-    bench: Bench, capsys: pytest.CaptureFixture[str]
-) -> None:
-    bench.pages[1].stop()  # its port closed: the connection is refused
-    code, out = bench.run(bench.argv(), capsys, None)
-    assert code == 2 and len(out) == 1, out
-    assert out[0].startswith(f"throughput: refused: rank r1: its /metrics ({bench.pages[1].url}")
-    assert "cannot be read (URLError: <urlopen error [Errno 111] Connection refused>)" in out[0]
-    assert bench.clients == [] and not bench.records.exists()
-
-
-def test_a_rank_whose_metrics_cannot_be_read_after_the_run_fails_the_check_by_name(
-    bench: Bench, capsys: pytest.CaptureFixture[str]
-) -> None:
-    bench.pages[1].good_reads = 1  # read before the run, not after it
-    code, out = bench.run(bench.argv("router"), capsys, None)
-    assert code == 1, out
-    assert out[-1].endswith(
-        "; rank(s) r1: /metrics could not be read after the run (r1: HTTPError: HTTP Error 500: "
-        "Internal Server Error): the share is unknown"
-    )
-    # What was measured is kept, r1's share unknown; not a baseline, and the check stays due.
-    (kept,) = [json.loads(line) for line in bench.records.read_text().splitlines()]
-    assert kept["completed"] == 8 and kept["per_rank"]["r0"]["generated"] == 100.0
-    assert kept["per_rank"]["r1"] == {"generated": None, "requests": None, "output_tok_s": None}
-    assert kept["verdict"]["ok"] is False and bench.pending.exists()
+    assert bench.loads == [] and not bench.records.exists()
 
 
 @pytest.mark.parametrize(
@@ -809,7 +837,7 @@ def test_a_rank_whose_metrics_cannot_be_read_after_the_run_fails_the_check_by_na
         ({"meta": "{not json"}, [], "--meta is not JSON (Expecting property name"),
         ({"meta": "[]"}, [], "--meta is not a JSON object with release, engine, model_digest"),
         ({"ceilings": '{"source": 1}'}, [], "--ceilings is not a JSON object with numbers"),
-        ({}, ["--target", "r0"], "--target 'r0' is not NAME=URL"),
+        ({}, ["--rank", "r0"], "--rank 'r0' is not NAME=URL"),
         ({"guard": "sometimes"}, [], "the command line: argument --guard: invalid choice"),
         ({"timeout": "soon"}, [], "the command line: argument --timeout: invalid float value"),
     ],
@@ -821,10 +849,10 @@ def test_a_command_line_the_plan_could_not_have_written_is_refused_in_one_line(
     extra: list[str],
     said: str,
 ) -> None:
-    code, out = bench.run(bench.argv("ranks", *extra, **flags), capsys, None)
+    code, out = bench.run(bench.argv(*extra, **flags), capsys, None)
     assert code == 2 and len(out) == 1 and out[0].startswith("throughput: refused: "), out
     assert said in out[0] and "operations/plan/throughput_plan.py" in out[0]
-    assert bench.clients == [] and not bench.records.exists() and not bench.pending.exists()
+    assert bench.loads == [] and not bench.records.exists() and not bench.pending.exists()
 
 
 def test_unreadable_records_and_key_are_refused_in_one_line(
@@ -845,18 +873,18 @@ def test_unreadable_records_and_key_are_refused_in_one_line(
     assert code == 2 and out[0].startswith(
         "throughput: refused: the API key cannot be read from / (IsADirectoryError): "
     )
-    assert bench.clients == []
+    assert bench.loads == []
 
 
 def test_a_record_that_cannot_be_kept_fails_the_check_in_one_line(
     bench: Bench, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def client(bench: Bench, seen: dict[str, Any]) -> tuple[int, str, dict[str, Any] | None]:
+    def load(bench: Bench, seen: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
         bench.records.mkdir(parents=True, exist_ok=True)  # the records' place taken meanwhile
-        return 0, "", RESULT
+        return result(), ""
 
-    bench.client = client
-    code, out = bench.run(bench.argv("router"), capsys, None)
+    bench.load = load
+    code, out = bench.run(bench.argv(), capsys, None)
     assert code == 1 and out[-1] == (
         f"throughput: failed: the record was not kept in {bench.records} (IsADirectoryError: "
         "Is a directory): make that a file root may append to, and deploy again"
@@ -864,87 +892,66 @@ def test_a_record_that_cannot_be_kept_fails_the_check_in_one_line(
     assert out[0].startswith("throughput {") and bench.pending.exists()
 
 
-def test_what_nothing_names_is_one_masked_line_and_the_work_directory_goes(
+def test_what_nothing_names_is_one_masked_line(
     bench: Bench, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def client(bench: Bench, seen: dict[str, Any]) -> tuple[int, str, dict[str, Any] | None]:
+    def load(bench: Bench, seen: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
         raise RuntimeError(f"the client broke with {seen['key']} in hand")
 
-    bench.client = client
-    code, out = bench.run(bench.argv("router"), capsys, None)
+    bench.load = load
+    code, out = bench.run(bench.argv(), capsys, None)
     assert (code, out) == (
         1,
         ["throughput: failed: RuntimeError: the client broke with *** in hand"],
     )
-    (seen,) = bench.clients
-    assert not os.path.exists(seen["work"])
 
 
-def test_the_clients_output_is_masked_wherever_it_is_shown_and_its_directory_removed(
+def test_a_load_that_failed_fails_the_check_masked_and_is_no_baseline(
     bench: Bench, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def client(bench: Bench, seen: dict[str, Any]) -> tuple[int, str, dict[str, Any] | None]:
-        assert os.path.isdir(seen["work"])
-        said = f"Traceback (most recent call last):\nheaders: Authorization: Bearer {seen['key']}"
-        return 1, said + f"\nopenai.AuthenticationError: {seen['key']} was refused", None
+    def load(bench: Bench, seen: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+        return None, f"the load client exited 1 (Authorization: Bearer {seen['key']})"
 
-    bench.client = client
-    code, out = bench.run(bench.argv("router"), capsys, None)
-    assert code == 1
+    bench.load = load
+    code, out = bench.run(bench.argv(), capsys, None)
+    assert code == 1 and KEY not in "\n".join(out) + bench.records.read_text()
     rec = json.loads(out[0].removeprefix("throughput "))
-    assert rec["first_error"] == (
-        "router: the client exited 1 (Traceback (most recent call last): | headers: "
-        "Authorization: Bearer *** | openai.AuthenticationError: *** was refused)"
-    )
-    assert KEY not in "\n".join(out) + bench.records.read_text()
-    assert not any(os.path.exists(seen["work"]) for seen in bench.clients)
+    assert rec["first_error"] == "the load client exited 1 (Authorization: Bearer ***)"
+    assert not rec["verdict"]["ok"] and bench.pending.exists()
 
 
-def test_a_result_file_the_client_made_a_link_is_not_read(
+def test_an_undecided_verdict_measures_more_rounds_then_decides(
     bench: Bench, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    elsewhere = bench.tmp / "roots-own.json"
-    elsewhere.write_text(json.dumps(RESULT) + "\n")
-
-    def client(bench: Bench, seen: dict[str, Any]) -> tuple[int, str, dict[str, Any] | None]:
-        words = seen["words"]
-        os.symlink(elsewhere, words[words.index("--output-file") + 1])
-        return 0, "done", None
-
-    bench.client = client
-    code, out = bench.run(bench.argv("router"), capsys, None)
-    assert code == 1 and json.loads(out[0].removeprefix("throughput "))["completed"] == 0
-
-
-@pytest.mark.integration
-@pytest.mark.skipif(os.geteuid() != 0, reason="starts the client as a user: needs root")
-def test_the_real_client_start_hands_the_key_in_its_environment_only(
-    bench: Bench, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.undo()  # the program's own run_client
-    python = bench.tmp / "engine" / "bin" / "python"
-    python.write_text(
-        f"#!{sys.executable}\nimport os, sys\n"
-        "print('cwd', os.getcwd()); print('key', os.environ.get('OPENAI_API_KEY'))\n"
-        "print('argv', ' '.join(sys.argv[1:3])); sys.exit(3)\n"
-    )
-    python.chmod(0o755)
-    code, out = bench.run(bench.argv("router"), capsys, None)
-    assert code == 1
-    first = json.loads(out[0].removeprefix("throughput "))["first_error"]
-    assert first.startswith("router: the client exited 3 (cwd ") and KEY not in first
-    assert first.endswith(" | key *** | argv -m sglang.bench_serving)")
-    work = first.split("(cwd ", 1)[1].split(" | ", 1)[0]
-    assert os.path.basename(work).startswith("throughput-") and not os.path.exists(work)
+    bench.records.parent.mkdir()
+    last = record(1000, {"r0": 500, "r1": 500}, 0.01)
+    last["workload"] = {
+        "input_len": 8,
+        "output_len": 16,
+        "model": "m",
+        "model_digest": "d",
+        "ranks": 2,
+    }
+    last["client"], last["gpu"], last["driver"] = CLIENT, None, None
+    bench.records.write_text(json.dumps(last) + "\n")
+    noisy = result(440.0, 440.0)
+    for rank in noisy["ranks"].values():  # 12% slower, 6% of noise: undecided at 10%
+        rank["windows"] = [{**rank["windows"][0], "output_tok_s": r} for r in (410, 440, 465)]
+    bench.load = lambda bench, seen: (noisy, "")
+    code, out = bench.run(bench.argv(), capsys, None)
+    assert len(bench.loads) >= 2, out  # more rounds were measured
+    rec = json.loads(out[0].removeprefix("throughput "))
+    assert len(rec["rounds"]) == 3 * len(bench.loads)
+    assert code == 0 and rec["verdict"]["decided"] == "within noise" and "noise" in out[-1]
 
 
 # -- the pending marker ------------------------------------------------------------------------
 
 
-def _marker_at_start(bench: Bench, seen: dict[str, Any]) -> tuple[int, str, dict[str, Any] | None]:
+def _marker_at_start(bench: Bench, seen: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     mode = os.lstat(bench.pending).st_mode
     seen["pending"] = (stat.S_ISREG(mode), stat.S_IMODE(mode), bench.pending.read_text())
-    return 0, "", RESULT
+    return result(), ""
 
 
 @pytest.mark.parametrize("before", ["absent", "link", "fifo"])
@@ -958,10 +965,10 @@ def test_the_marker_is_there_while_the_check_runs_and_goes_when_it_passes(
         bench.pending.symlink_to(victim)
     elif before == "fifo":
         os.mkfifo(bench.pending)  # written through, it would hold the program
-    bench.client = _marker_at_start
-    code, out = bench.run(bench.argv("router"), capsys, None)
+    bench.load = _marker_at_start
+    code, out = bench.run(bench.argv(), capsys, None)
     assert code == 0, out
-    (seen,) = bench.clients
+    (seen,) = bench.loads
     assert seen["pending"] == (True, 0o644, json.dumps({"started": TIME}) + "\n")
     assert not os.path.lexists(bench.pending) and victim.read_text() == "not the marker's\n"
     assert sorted(p.name for p in bench.pending.parent.iterdir()) == ["throughput.jsonl"]
@@ -975,11 +982,32 @@ def test_a_failed_check_leaves_the_marker_and_a_warned_one_removes_it(
     code: int,
     left: bool,
 ) -> None:
-    bench.client = _marker_at_start
-    assert bench.run(bench.argv("router"), capsys, None)[0] == 0
-    faster = json.loads(bench.records.read_text())
-    faster["output_tok_s"] *= 2  # the last record: twice this run's rate
-    bench.records.write_text(json.dumps(faster) + "\n")
-    got, out = bench.run(bench.argv("router", guard=guard_flag), capsys, None)
-    assert got == code and "-50.0% against the last record" in out[-1], out
+    bench.load = _marker_at_start
+    assert bench.run(bench.argv(), capsys, None)[0] == 0
+    bench.load = lambda bench, seen: (result(250.0, 250.0), "")
+    got, out = bench.run(bench.argv(guard=guard_flag), capsys, None)
+    assert got == code and "50.0% slower" in out[-1], out
     assert bench.pending.exists() == left
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(os.geteuid() != 0, reason="starts the client as a user: needs root")
+def test_the_real_load_start_hands_the_key_in_its_environment_only(tmp_path: Path) -> None:
+    """run_load starts the script with `load` as the user, the key in its environment only."""
+    script = tmp_path / "prog.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "out = sys.argv[sys.argv.index('--out') + 1]\n"
+        "json.dump({'failed': 'key ' + os.environ.get('OPENAI_API_KEY', '') + ' cwd ' + "
+        "os.getcwd() + ' argv ' + sys.argv[1]}, open(out, 'w'))\n"
+    )
+    parser = argparse.ArgumentParser()
+    load_runner.add_load_flags(parser)
+    args = parser.parse_args(tp.load_flags(make_settings()))
+    got, why = load_runner.run_load(
+        str(script), {"r0": "http://127.0.0.1:1"}, args, KEY, ME, 8, 3, time.monotonic() + 30
+    )
+    assert got is None and why.startswith("the load client exited 0 (key *** cwd ")
+    assert why.endswith(" argv load)") and KEY not in why
+    work = why.split(" cwd ", 1)[1].split(" argv ", 1)[0]
+    assert os.path.basename(work).startswith("load-") and not os.path.exists(work)
