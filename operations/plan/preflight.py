@@ -395,8 +395,8 @@ def model_failures(s: Settings, kb: Knowledge, model: Model, resources: Resource
         failures.append(
             Failure(
                 "model tokenizer",
-                f"{' or '.join(TOKENIZER_FILES)} in {where} (the throughput check's client "
-                "loads the tokenizer from the staged copy, offline)",
+                f"{' or '.join(TOKENIZER_FILES)} in {where} (SGLang's tokenizer manager "
+                "loads it from the staged copy, offline, and so does the smoke's chat)",
                 "none",
                 f"on {on}: put the model's tokenizer files in {where}, or on the controller "
                 "set throughput_check: off",

@@ -123,9 +123,11 @@ def load_shape(s: Settings) -> str:
 def server_args(rank: Rank) -> list[str]:
     """A rank's server arguments, readable, one option with its value each, without what
     differs between ranks (its port) or names a secret's file: what a record compares."""
-    words = rank.argv[rank.argv.index("sglang.launch_server") + 1 :] if (
-        "sglang.launch_server" in rank.argv
-    ) else list(rank.argv)
+    words = (
+        rank.argv[rank.argv.index("sglang.launch_server") + 1 :]
+        if ("sglang.launch_server" in rank.argv)
+        else list(rank.argv)
+    )
     options: list[str] = []
     for word in words:
         if word.startswith("--") or not options:

@@ -15,8 +15,8 @@ import string
 import urllib.parse
 from typing import NoReturn
 
-from operations.programs.roll_steps import WRITE, Step, steps_of
 from operations.programs.program_main import Refused
+from operations.programs.roll_steps import WRITE, Step, steps_of
 
 CANARY_PLAN = "the deploy's plan writes it"
 # What the record takes from --meta (the rest of it is ignored).

@@ -67,6 +67,20 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from operations.programs.throughput_client import (
+    WHO_GETS_THE_KEY,
+    client_words,
+    guarded,
+    listener_refusal,
+    metrics,
+    number,
+    preconditions,
+    read_key,
+    read_result,
+    run_client,
+    service_ids,
+)
+
 from operations.programs.canary_args import (
     canary_meta,
     checked,
@@ -100,6 +114,7 @@ from operations.programs.hostsafe import (
     mask_journal,
     read_listeners,
 )
+from operations.programs.program_main import Refused
 from operations.programs.roll_steps import WAIT, run
 from operations.programs.roll_waiting import wait_for_go
 from operations.programs.smoke_answers import (
@@ -108,20 +123,6 @@ from operations.programs.smoke_answers import (
     judge_chat,
     operands,
     question,
-)
-from operations.programs.program_main import Refused
-from operations.programs.throughput_client import (
-    WHO_GETS_THE_KEY,
-    client_words,
-    guarded,
-    listener_refusal,
-    metrics,
-    number,
-    preconditions,
-    read_key,
-    read_result,
-    run_client,
-    service_ids,
 )
 
 T = TypeVar("T")

@@ -201,6 +201,7 @@ def speed_row(
 
 # -- errors ----------------------------------------------------------------------------------
 
+
 def outcomes(text: str) -> dict[str, tuple[float, float]]:
     """Each worker's (failures, outcomes) on the router's /metrics page, from OUTCOMES."""
     found: dict[str, tuple[float, float]] = {}

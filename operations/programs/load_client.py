@@ -292,11 +292,12 @@ async def window(ranks: list[Rank], seconds: float) -> None:
     readings = {r.name: [0, 0] for r in ranks}
     while (left := end - time.monotonic()) > 0:
         await asyncio.sleep(min(POLL_S, left))
-        for r, (_, queued) in zip(ranks, await asyncio.gather(*(gauges(r) for r in ranks))):
+        read = await asyncio.gather(*(gauges(r) for r in ranks))
+        for r, (_, queued) in zip(ranks, read, strict=True):
             readings[r.name][0] += 1
             readings[r.name][1] += queued > 0
     after = await asyncio.gather(*(counters(r) for r in ranks))
-    for r, was, now in zip(ranks, before, after):
+    for r, was, now in zip(ranks, before, after, strict=True):
         generated, requests, took = now[0] - was[0], now[1] - was[1], now[2] - was[2]
         own = sum(1 for t in r.ends if was[2] <= t < now[2])
         polls, queued = readings[r.name]
@@ -375,7 +376,7 @@ def load_main(argv: list[str]) -> int:
     try:
         result = asyncio.run(measure(args, key))
         code = 0
-    except (OSError, ValueError, asyncio.TimeoutError) as error:
+    except (TimeoutError, OSError, ValueError) as error:
         result = {"client": CLIENT, "failed": f"{type(error).__name__}: {error}"}
         code = 1
     with open(args.out, "w", encoding="utf-8") as fh:

@@ -168,7 +168,8 @@ def check(
         if more is None:
             break
         result = merged(result, more)
-        record = {**measured(meta, result, list(ranks), now), "changed_args": record["changed_args"]}
+        kept = record["changed_args"]
+        record = {**measured(meta, result, list(ranks), now), "changed_args": kept}
         verdict = judge(record, history, args.max_slowdown, args.guard, final=False)
     if verdict.undecided:
         verdict = judge(record, history, args.max_slowdown, args.guard, final=True)

@@ -361,15 +361,16 @@ def judge(
         if drift
         else f"{(1 - ratio):.1%} slower"
     )
+    changed = ", ".join(current.get("changed_args") or []) or "no server argument"
     line = (
         f"{said}: {what}, past throughput_max_slowdown {max_slowdown:g} beyond the noise "
         f"{n:.1%}; ranks that fell: {', '.join(fell) or 'none alone'}; "
-        f"changed since the record before: {', '.join(current.get('changed_args') or []) or 'no server argument'}; "
-        f"last passed: {describe(last[0])}"
+        f"changed since the record before: {changed}; last passed: {describe(last[0])}"
     )
     decided = "drift" if drift else "slower"
     if guard == "warn":
-        return Verdict(True, "WARNING " + line, last[0], ratio, fell, True, noise=n, decided=decided)
+        line = "WARNING " + line
+        return Verdict(True, line, last[0], ratio, fell, True, noise=n, decided=decided)
     return Verdict(False, line, last[0], ratio, fell, noise=n, decided=decided)
 
 

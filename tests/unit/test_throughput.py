@@ -27,13 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from operations import layout
 from operations.plan import throughput_plan as tp
 from operations.plan.resolver import Rank
-from operations.programs import hostsafe
-from operations.programs import load_client, load_runner
+from operations.programs import hostsafe, load_client, load_runner
 from operations.programs import throughput as program
 from operations.programs import throughput_guard as guard
 from operations.programs.throughput_guard import Record
@@ -682,7 +680,7 @@ class Bench:
     tmp: Path
     pages: list[MetricsPage]
     loads: list[dict[str, Any]] = field(default_factory=list)
-    load: Load = lambda bench, seen: (result(), "")  # noqa: E731
+    load: Load = lambda bench, seen: (result(), "")
 
     @property
     def records(self) -> Path:

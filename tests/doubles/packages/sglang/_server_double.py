@@ -73,6 +73,7 @@ issue 27). Unset: a well-formed, right answer.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -355,10 +356,9 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
                 except ValueError:
                     self._send(400, {"error": "invalid JSON"})
                     return
-                try:
+                # A client that went away: its request was aborted (the scheduler's).
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     complete(self, state.gen, request, request.get("model") or state.served_model)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client went away: its request was aborted (the scheduler's)
                 return
             if path != "/v1/chat/completions":
                 self._send(404, {"detail": "Not Found"})
