@@ -33,15 +33,17 @@ How a rank is measured (all ranks at once, each with its own requests in flight)
    back, the load kept up. Each window reads every rank's counters at its start and end
    (`sglang:generation_tokens_total`, `sglang:num_requests_total`): what the rank generated for
    everyone, its clients' traffic included, so a host that keeps serving while it is measured
-   is not read as slower. The check's own completed requests in the window against the rank's
-   give the share of traffic that was not the check's. The queue is read every POLL_S seconds:
-   the share of readings with a queue says whether the rank stayed saturated.
+   is not read as slower. The tokens the check's own requests received in the window against
+   what the rank generated give the share of the rank's work that was not the check's. The
+   queue is read every POLL_S seconds: the share of readings with a queue says whether the
+   rank stayed saturated.
 3. Stop: every request still in flight is cancelled (its connection closed: SGLang aborts a
    request whose client went away), so nothing of the check runs on after it.
 
 The result (--out, one JSON object, the file the caller reads without following a link):
 {"client", "seed", "ranks": {UNIT: {"concurrency", "found", "ramp_s", "windows": [{"seconds",
-"generated", "requests", "own_requests", "output_tok_s", "queued_share"}], "completed",
+"generated", "requests", "own_requests", "own_generated", "output_tok_s",
+"queued_share"}], "completed",
 "errors", "first_error", "ttft_ms", "itl_ms"}}}. Exit 0 when it measured, 1 when a rank's
 /metrics could not be read (the result says which), 2 for a command line it cannot read.
 """
@@ -95,6 +97,7 @@ class Rank:
     errors: int = 0
     first_error: str | None = None
     ends: list[float] = field(default_factory=list)  # each own request's end (monotonic)
+    streamed: int = 0  # tokens the check's own requests received so far
     ttft: list[float] = field(default_factory=list)
     itl: list[float] = field(default_factory=list)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -212,6 +215,7 @@ async def one_request(
                 first = first or now
                 last = now
                 chunks += 1
+                rank.streamed += 1
     finally:
         writer.close()
     if not chunks:
@@ -288,6 +292,7 @@ async def window(ranks: list[Rank], seconds: float) -> None:
     """Step 2 of the docstring: one window over every rank at once, each rank's from its own
     two readings."""
     before = await asyncio.gather(*(counters(r) for r in ranks))
+    own_before = [r.streamed for r in ranks]
     end = time.monotonic() + seconds
     readings = {r.name: [0, 0] for r in ranks}
     while (left := end - time.monotonic()) > 0:
@@ -297,7 +302,7 @@ async def window(ranks: list[Rank], seconds: float) -> None:
             readings[r.name][0] += 1
             readings[r.name][1] += queued > 0
     after = await asyncio.gather(*(counters(r) for r in ranks))
-    for r, was, now in zip(ranks, before, after, strict=True):
+    for r, was, now, streamed in zip(ranks, before, after, own_before, strict=True):
         generated, requests, took = now[0] - was[0], now[1] - was[1], now[2] - was[2]
         own = sum(1 for t in r.ends if was[2] <= t < now[2])
         polls, queued = readings[r.name]
@@ -307,6 +312,7 @@ async def window(ranks: list[Rank], seconds: float) -> None:
                 "generated": generated,
                 "requests": requests,
                 "own_requests": own,
+                "own_generated": r.streamed - streamed,
                 "output_tok_s": round(generated / took, 2) if took > 0 else 0.0,
                 "queued_share": round(queued / polls, 3) if polls else 0.0,
             }

@@ -36,8 +36,8 @@ from typing import TypedDict, cast
 
 BASELINE_RECORDS = 5
 DRIFT_RECORDS = 10
-# More than half of the requests a rank finished in the check's windows were not the check's:
-# its figure is then the clients' mix of lengths, not this workload's; the check says so and
+# More than half of the tokens the ranks generated in the check's windows were not the check's:
+# the figure is then the clients' mix of lengths, not this workload's; the check says so and
 # neither passes nor fails on it.
 FOREIGN_MAX = 0.5
 
@@ -139,8 +139,8 @@ def figures(result: dict[str, object], ranks: list[str]) -> dict[str, RankFigure
         rank = rank if isinstance(rank, dict) else {}
         windows = [w for w in rank.get("windows") or [] if isinstance(w, dict)]
         rounds = [_number(w.get("output_tok_s")) for w in windows]
-        requests = sum(_number(w.get("requests")) for w in windows)
-        own = sum(_number(w.get("own_requests")) for w in windows)
+        requests = sum(_number(w.get("generated")) for w in windows)
+        own = sum(_number(w.get("own_generated")) for w in windows)
         queued = [_number(w.get("queued_share")) for w in windows]
         out[name] = {
             "output_tok_s": round(statistics.median(rounds), 2) if rounds else 0.0,
@@ -166,8 +166,8 @@ def measured(meta: Meta, result: dict[str, object], ranks: list[str], now: str) 
     for r in raw:
         for w in r.get("windows") or []:
             if isinstance(w, dict):
-                requests += _number(w.get("requests"))
-                own += _number(w.get("own_requests"))
+                requests += _number(w.get("generated"))
+                own += _number(w.get("own_generated"))
     median = round(statistics.median(rounds), 2) if rounds else 0.0
     shape = meta["workload"]
     per_token = (shape["input_len"] + shape["output_len"]) / max(1, shape["output_len"])
@@ -297,7 +297,7 @@ def judge(
     if foreign > FOREIGN_MAX:
         return Verdict(
             True,
-            f"throughput: {shown}); not judged: {foreign:.0%} of the requests the ranks finished "
+            f"throughput: {shown}); not judged: {foreign:.0%} of the tokens the ranks generated "
             f"while measured were not the check's (more than {FOREIGN_MAX:.0%}): the figure is "
             "the clients' mix, not this workload; the next check judges again",
             noise=own,

@@ -207,7 +207,7 @@ def test_clients_traffic_past_half_is_said_and_neither_passes_nor_fails_the_host
     now["foreign_share"] = 0.7
     verdict = guard.judge(now, [last], 0.1, "fail")
     assert verdict.ok and verdict.decided == "inconclusive"
-    assert "70% of the requests the ranks finished while measured were not the check's" in (
+    assert "70% of the tokens the ranks generated while measured were not the check's" in (
         verdict.line
     )
 
@@ -233,7 +233,7 @@ def test_the_record_of_a_result_takes_medians_noise_and_foreign_share() -> None:
 
     def rank(rates: list[float], own: int) -> dict[str, object]:
         windows = [
-            {"output_tok_s": r, "requests": 10, "own_requests": own, "queued_share": 1.0}
+            {"output_tok_s": r, "generated": 10, "own_generated": own, "queued_share": 1.0}
             for r in rates
         ]
         return {"concurrency": 96, "found": "queue", "windows": windows, "completed": 30}
@@ -618,7 +618,7 @@ def result(*rates: float) -> dict[str, Any]:
                 "concurrency": 64,
                 "found": "queue",
                 "windows": [
-                    {"output_tok_s": r, "requests": 10, "own_requests": 10, "queued_share": 1.0}
+                    {"output_tok_s": r, "generated": 10, "own_generated": 10, "queued_share": 1.0}
                 ]
                 * 3,
                 "completed": 30,

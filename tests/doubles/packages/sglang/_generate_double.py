@@ -125,6 +125,14 @@ class Gen:
                         kept.append(slot)
                 self.running = kept
 
+    def decode(self, count: int) -> None:
+        """Decode `count` tokens of a request that is not a completion (a chat), in the same
+        batches, and wait for them."""
+        slot = Slot(count)
+        self.submit(slot)
+        for _ in range(count):
+            slot.tokens.get()
+
     def counts(self) -> tuple[int, int]:
         """(running, queued) requests of the completions."""
         with self.lock:

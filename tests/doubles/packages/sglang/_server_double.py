@@ -28,7 +28,9 @@ It behaves like the real server where a deploy can observe it, with the standard
   decide_request_auth lets /health* and /metrics through, _ApiKeyASGIMiddleware answers that).
 
 - a chat completion takes SGLANG_DOUBLE_GENERATE_SECONDS (default 0) to answer, as a real
-  decode takes time; while it runs it is counted in the gauge sglang:num_running_reqs, which
+  decode takes time, and then decodes its tokens in the completions' scheduler (below), so
+  clients' chats share the rank's capacity and its generated-token counter; while it runs it
+  is counted in the gauge sglang:num_running_reqs, which
   SGLang's scheduler reports on /metrics as "The number of running requests." beside
   sglang:num_queue_reqs, "The number of requests in the waiting queue." (collector.py above,
   SchedulerMetricsCollector); a roll reads both to know when a rank has drained. The double
@@ -229,7 +231,7 @@ def metrics_text(state: _State) -> str:
         f"sglang:token_usage{label} {gen.token_usage()}",
     ]
     prompt = n * PROMPT_TOKENS + gen.prompt_tokens
-    generated = n * COMPLETION_TOKENS + gen.generated
+    generated = gen.generated
     for name, doc, value in (
         ("prompt_tokens", "Number of prefill tokens processed.", prompt),
         ("generation_tokens", "Number of generation tokens processed.", generated),
@@ -380,8 +382,11 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             with state.lock:
                 state.running += 1
             try:
-                # The double's decode time (see the docstring), not synchronisation.
+                # The double's decode time (see the docstring), not synchronisation; then its
+                # tokens through the rank's one scheduler, beside the completions' (they share
+                # the rank's capacity and its counters, as on a real rank).
                 time.sleep(state.generate_seconds)
+                state.gen.decode(COMPLETION_TOKENS)
             finally:
                 with state.lock:
                     state.running -= 1
