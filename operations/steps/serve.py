@@ -42,7 +42,8 @@ from operations.plan.drain import DrainPlan
 from operations.plan.host_plan import HostReport
 from operations.plan.planned_files import PlannedFile
 from operations.plan.resolver import Rank
-from operations.plan.serve_plan import ServePlan, SmokeRequests
+from operations.plan.serve_plan import ServePlan
+from operations.plan.smoke_plan import SmokeRequests
 from operations.plan.vocabulary import DrainAction, RollStep
 from operations.runtime.host_call import Commands
 from operations.runtime.host_lines import host_text

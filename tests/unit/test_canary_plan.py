@@ -98,13 +98,16 @@ def test_a_new_engine_rolls_the_canary_first_then_compares_then_the_rest() -> No
     # No router: no soak, and the plan says so.
     assert plan.checks == ["answers", "speed"] and not plan.soak
     assert "no errors row (no router: the soak is skipped)" in plan.summary()
-    assert "compared with rank 1 on answers, speed (<=10% slower)" in plan.summary()
+    assert plan.baselines == [1, 2, 3]
+    assert "compared with ranks 1, 2, 3 (their median) on answers, speed (<=10% slower)" in (
+        plan.summary()
+    )
     assert plan.decision is not None and plan.decision.what == "rollout"
 
 
 def test_two_canary_ranks_and_the_lowest_old_rank_as_baseline() -> None:
     plan, order = decide(ranks(**OLD), rollout={"strategy": "canary", "canary_ranks": 2})
-    assert plan.canary == [0, 1] and plan.baseline == 2
+    assert plan.canary == [0, 1] and plan.baseline == 2 and plan.baselines == [2, 3, 4]
     assert order[0] == [0, 1]
 
 
@@ -213,14 +216,18 @@ def test_a_verdict_for_another_target_is_not_this_ones() -> None:
 def test_the_comparison_argv() -> None:
     s = make_settings(**NEW, **CANARY)
     want = ranks(**NEW, **CANARY)
-    argv = compare_argv(s, want[:1], want[1], "f" * 64, "sglang.bench_serving", "F", None)
+    argv = compare_argv(s, want[:1], want[1:3], "f" * 64, "sglang.bench_serving", "F", None, [5])
     assert argv[:2] == ["python3", layout.CANARY_SCRIPT]
 
     def arg(flag: str) -> list[str]:
         return [argv[i + 1] for i, w in enumerate(argv) if w == flag]
 
     assert arg("--canary") == [f"sglang@0.service={layout.rank_api_base(s, 0)}"]
-    assert arg("--baseline") == [f"sglang@1.service={layout.rank_api_base(s, 1)}"]
+    assert arg("--baseline") == [
+        f"sglang@1.service={layout.rank_api_base(s, 1)}",
+        f"sglang@2.service={layout.rank_api_base(s, 2)}",
+    ]
+    assert arg("--held") == ["sglang@5.service"]
     assert arg("--max-slowdown") == ["0.1"] and arg("--soak") == ["60"]
     assert arg("--record") == [layout.CANARY_RECORD] and arg("--target") == ["f" * 64]
     assert json.loads(arg("--meta")[0]) == {
@@ -228,6 +235,7 @@ def test_the_comparison_argv() -> None:
         "engine": want[0].engine_env,
         "canary_ranks": [0],
         "baseline_rank": 1,
+        "baseline_ranks": [1, 2],
     }
     assert arg("--python") == [layout.env_python(want[0].engine_env)]
     assert arg("--tokenizer") == [want[0].model_path] and arg("--router-metrics") == []
@@ -244,7 +252,7 @@ def test_behind_a_router_the_errors_row_reads_its_per_worker_counters() -> None:
     drain, _, _ = drainmod.decide("ct200", s, [("ct200", s)], kbmod.load())
     assert drain is not None
     want = ranks(**NEW, **CANARY, **router)
-    argv = compare_argv(s, want[:1], want[1], "f" * 64, "m", "F", drain)
+    argv = compare_argv(s, want[:1], want[1:2], "f" * 64, "m", "F", drain)
     at = argv.index("--router-metrics")
     assert argv[at + 1] == "http://127.0.0.1:29000"
     workers = [argv[i + 1] for i, w in enumerate(argv) if w == "--worker"]
