@@ -38,9 +38,9 @@ its metrics' `worker` label.
      rank's workload: --prompts-per-rank at --concurrency-per-rank) against every canary and
      every baseline AT ONCE, one client per rank; the baseline figure is the baselines' median
      each round, their spread ((highest - lowest) / median) kept in the record. The ranks are
-     on separate GPUs, so running them together costs neither anything; measuring them in the same window puts any drift of the
-     host's load, clocks and temperature on both sides alike, where one after the other would
-     put it on one side only.
+     on separate GPUs, so running them together costs neither anything; measuring them in the
+     same window puts any drift of the host's load, clocks and temperature on both sides
+     alike, where one after the other would put it on one side only.
    - errors: with --router-metrics, the router's /metrics is read when the comparison starts and
      again once --soak seconds have passed (the rows above run meanwhile; users' traffic through
      the router keeps flowing), and each canary worker's failures are compared with the
