@@ -41,12 +41,11 @@ from operations.plan.resolver.router import control_key_text
 from operations.plan.resolver.router import key_changes as router_key_changes
 from operations.plan.router_step import RouterOrder, RouterStep, router_change, router_order
 from operations.plan.serve_files import Writer, rank_units, serve_files_of
+from operations.plan.smoke_plan import SmokeRequests, smoke_json, smoke_requests_of
 from operations.plan.startup import RANK_SILENCE_S, startup_patterns
-from operations.plan.vocabulary import FileJson, ServeJson, SmokeJson
+from operations.plan.vocabulary import FileJson, ServeJson
 from operations.render.host_scripts import script_text
 from operations.settings import Settings
-
-ROUTER_TARGET = "router"  # programs/smoke.py ROUTER: judged by its chat answers alone
 
 
 def batches(ranks: Sequence[Rank], size: int) -> list[list[Rank]]:
@@ -71,6 +70,10 @@ class RollPlan:
     # Serving, their unit changed, and not rolled this run: a canary rollout holds them back
     # (paused, refused, or rolling back; canary_plan.py).
     held: list[Rank] = field(default_factory=list)
+    # Not serving, and a canary has no passed verdict yet (canary_plan.py): started after this
+    # run's verdict passes (`start_after`), or not started this run (`stopped`).
+    start_after: list[Rank] = field(default_factory=list)
+    stopped: list[Rank] = field(default_factory=list)
 
     @property
     def rolled(self) -> list[Rank]:
@@ -109,11 +112,13 @@ def roll_plan(
 
 
 def staged_roll(roll: RollPlan, canary: CanaryPlan | None, batch_size: int) -> RollPlan:
-    """Today's roll in the canary's order: the canary batch first, then the rest in today's
-    batches when they roll this run; the others are held. No canary: the roll unchanged."""
+    """Today's roll in the canary's order: the canary batch first (a stopped canary rank
+    among it), then the rest in today's batches when they roll this run; the others are held.
+    Ranks not serving start after the verdict or stay stopped, as the canary says. No canary:
+    the roll unchanged."""
     if canary is None or canary.stage is None:
         return roll
-    by_rank = {r.rank: r for r in roll.rolled}
+    by_rank = {r.rank: r for r in (*roll.rolled, *roll.start)}
     order = [canary.canary_batch] if canary.canary_batch else []
     if canary.rolls_rest:
         order += canary.rest
@@ -121,7 +126,17 @@ def staged_roll(roll: RollPlan, canary: CanaryPlan | None, batch_size: int) -> R
     staged = [batch for batch in staged if batch]
     rolled = {r.rank for batch in staged for r in batch}
     held = [r for r in roll.rolled if r.rank not in rolled]
-    return replace(roll, batches=staged, held=held)
+    later, stopped = set(canary.start_after), set(canary.stopped)
+    # A failed canary rank is put back by the rollback (or the host refused): never started.
+    failed = set(canary.canary) if canary.stage in ("rollback", "refused") else set()
+    return replace(
+        roll,
+        batches=staged,
+        held=held,
+        start=[r for r in roll.start if r.rank not in rolled | later | stopped | failed],
+        start_after=[r for r in roll.start if r.rank in later],
+        stopped=[r for r in roll.start if r.rank in stopped],
+    )
 
 
 def secrets_text(settings: Settings) -> str | None:
@@ -161,49 +176,6 @@ def router_restarts(serving: Serving, plan: RouterPlan, key_changes: bool = Fals
     if stale or router is None or router.active != "active" or not installed:
         return True
     return rank_state.pending_restart(router) is not None
-
-
-def smoke_targets(
-    settings: Settings, ranks: Sequence[Rank], router: RouterPlan | None, router_too: bool
-) -> list[str]:
-    """The script's NAME=URL[*COUNT] arguments: each (re)started rank once, then the router
-    `smoke_router_requests` times when it is asked too."""
-    targets = [f"{r.unit_name}={layout.rank_api_base(settings, r.rank)}" for r in ranks]
-    base = layout.router_api_base(settings)
-    count = settings.smoke_router_requests
-    if router is not None and router_too and base is not None and count > 0:
-        targets.append(f"{ROUTER_TARGET}={base}*{count}")
-    return targets
-
-
-def ranks_behind_router(settings: Settings) -> list[str]:
-    """The script's --router-worker UNIT=URL arguments: every rank of this host, as the host
-    reaches it. A request through the router carries the key on to a rank, so each one that
-    listens is checked as the router is (programs/smoke.py)."""
-    return [
-        f"{layout.unit_name(rank)}={layout.rank_api_base(settings, rank)}"
-        for rank in range(settings.dp_size)
-    ]
-
-
-@dataclass(frozen=True)
-class SmokeRequests:
-    """One run of programs/smoke.py: the interpreter it runs with (an engine environment's, for
-    httpx), its NAME=URL[*COUNT] targets (no targets: nothing is asked), and when the router
-    is asked, this host's ranks it forwards to."""
-
-    python: str = ""
-    targets: list[str] = field(default_factory=list)
-    # This host's ranks the router forwards a request (and its key) to: UNIT=URL each.
-    ranks_behind_router: list[str] = field(default_factory=list)
-
-
-def _smoke_json(smoke: SmokeRequests) -> SmokeJson:
-    return {
-        "python": smoke.python,
-        "targets": smoke.targets,
-        "router_workers": smoke.ranks_behind_router,
-    }
 
 
 @dataclass(frozen=True)
@@ -318,13 +290,15 @@ class ServePlan:
             "batches": [numbers(b) for b in self.roll.batches],
             "remove": self.roll.remove,
             "unchanged": numbers(self.roll.unchanged),
+            "start_after": numbers(self.roll.start_after),
+            "stopped": numbers(self.roll.stopped),
             "pending": {str(r): why for r, why in sorted(self.roll.pending.items())},
             "readmit": self.readmit,
             "secret_changed": self.secret_changed,
             "remove_secret": self.remove_secret,
             "router_restart": self.router_restart,
-            "batch_smoke": [_smoke_json(b) if b else None for b in self.batch_smoke],
-            "smoke": _smoke_json(self.smoke),
+            "batch_smoke": [smoke_json(b) if b else None for b in self.batch_smoke],
+            "smoke": smoke_json(self.smoke),
             "prune_keep": self.prune_keep,
             "prune_doomed": self.prune_doomed,
             "summary": self.summary(),
@@ -366,73 +340,37 @@ def serve_plan(
     """The serve and smoke steps' decisions for this host (router: set on the router's host;
     watched: the monitoring files; python_minor: the host's python3, "3.11", the router's;
     canary_state: the CanaryState fact, and target the ranks' flags digest, for a canary
-    rollout: None, none is decided)."""
+    rollout: None, none is decided). Each part is decided by its own function: the roll and
+    the canary (`rolled`), the router's restart, the smoke requests (`smoke_requests_of`), the
+    copies pruned (`pruned`), the router's step and order (`router_part`), the files."""
     s = settings
     # What the fact read of every file these steps write, handed to planned_files once.
     write = Writer(s, file_digests(serving))
     secret = secrets_text(s)
     secret_changed = secret is not None and serving.files.get(layout.SECRETS_FILE) != sha256(secret)
-    roll = roll_plan(ranks, serving, s.restart_batch_size, secret_changed)
-    canary = None
-    if canary_state is not None:
-        canary = canary_plan(s, roll.rolled, ranks, serving, canary_state, target, drain)
-        roll = staged_roll(roll, canary, s.restart_batch_size)
+    roll, canary = rolled(s, ranks, serving, drain, secret_changed, canary_state, target)
     # Whether this run writes the control-plane key here: decided once, for the key and the
     # router's restart.
     key_due = router_key_changes(s, serving.files)
     # smg holds the ranks' API key too (render/units.router_unit): a new key restarts it.
     holds_key = router is not None and router.package == "smg" and secret_changed
     router_restart = router is not None and router_restarts(serving, router, key_due or holds_key)
-
-    batch_smoke: list[SmokeRequests | None] = []
-    for batch in roll.batches:
-        if drain is not None and s.smoke_requests:
-            targets = smoke_targets(s, batch, None, router_too=False)
-            batch_smoke.append(SmokeRequests(layout.env_python(batch[0].engine_env), targets))
-        else:
-            batch_smoke.append(None)
-    smoke = SmokeRequests()
-    if s.smoke_requests:
-        # A drained batch already answered before it rejoined the router.
-        asked = [r for r in (*roll.start, *roll.rolled) if not _asked_in_roll(r, roll, drain, s)]
-        router_too = router is not None and (bool(roll.start or roll.rolled) or router_restart)
-        targets = smoke_targets(s, asked, router, router_too)
-        # No rank at all (a release the resolver refused, as `releases` tries each): nothing
-        # to ask with, nothing asked.
-        if targets and (asked or ranks):
-            python = layout.env_python((asked or list(ranks))[0].engine_env)
-            through = any(t.startswith(f"{ROUTER_TARGET}=") for t in targets)
-            smoke = SmokeRequests(python, targets, ranks_behind_router(s) if through else [])
-
-    keep = {r.model_path for r in ranks}
-    keys = sorted(k for p in keep if (k := layout.copy_key(s, p)) is not None)
-    doomed: list[str] = []
-    if keys:  # the ranks read the link (copy not known): nothing is named, nothing goes
-        present = rank_state.referenced_models(serving)
-        if serving.model_target:
-            present.add(layout.stage_tree(s).entry(serving.model_target))
-        doomed = sorted(p for p in present - keep if layout.copy_key(s, p) is not None)
-    if roll.held:
-        # A canary holds ranks on their old units, which name the old copy: nothing goes until
-        # every rank runs the new one.
-        doomed = []
-    errors = _unread_keys(s) + (canary.errors if canary is not None else [])
-    router_step = None
-    if router is not None:
-        try:
-            router_step = _router_step(
-                write, router, router_restart, python_minor, serving.router_envs
-            )
-        except PinError as e:
-            errors.append(f"router version {router.version!r}: {e}")
+    started = [*roll.start, *roll.rolled, *roll.start_after]
+    batch_smoke, smoke = smoke_requests_of(
+        s, ranks, roll.batches, started, roll.rolled, router, drain, router_restart
+    )
+    keys, doomed = pruned(s, ranks, serving, roll)
     remove_secret = not s.api_key_file and layout.SECRETS_FILE in serving.files
-    order = router_order(
-        None
-        if router is None
-        else serving.router is not None and serving.router.active == "active",
-        router_step is not None and bool(router_step.retired) and router_restart,
+    errors = _unread_keys(s) + (canary.errors if canary is not None else [])
+    router_step, order = router_part(
+        write,
+        router,
+        router_restart,
+        python_minor,
+        serving,
         key_due,
         secret_changed or remove_secret,
+        errors,
     )
     if order.refused and roll.batches:
         errors.append(order.refused)
@@ -441,13 +379,12 @@ def serve_plan(
     serve_files, smoke_files = serve_files_of(
         write, secret, drain, any(batch_smoke), watched, rolls, compares
     )
+    target_unit = layout.unit_path(layout.TARGET)
     return ServePlan(
         roll=roll,
         files=serve_files,
-        target_changes=any(
-            f.changes is not False for f in serve_files if f.path == layout.unit_path(layout.TARGET)
-        ),
-        rank_units=rank_units(write, [*roll.start, *roll.rolled]),
+        target_changes=any(f.changes is not False for f in serve_files if f.path == target_unit),
+        rank_units=rank_units(write, [*roll.start, *roll.rolled, *roll.start_after]),
         smoke_files=smoke_files,
         control_plane_key=_control_plane_key(write) if key_due else None,
         control_plane_key_source=key_source(s),
@@ -469,6 +406,74 @@ def serve_plan(
     )
 
 
+def rolled(
+    s: Settings,
+    ranks: Sequence[Rank],
+    serving: Serving,
+    drain: DrainPlan | None,
+    secret_changed: bool,
+    canary_state: Canary | None,
+    target: str,
+) -> tuple[RollPlan, CanaryPlan | None]:
+    """Today's roll, then in the canary's stages when the plan has the CanaryState fact."""
+    roll = roll_plan(ranks, serving, s.restart_batch_size, secret_changed)
+    if canary_state is None:
+        return roll, None
+    canary = canary_plan(
+        s, roll.rolled, ranks, serving, canary_state, target, drain, start=roll.start
+    )
+    return staged_roll(roll, canary, s.restart_batch_size), canary
+
+
+def pruned(
+    s: Settings, ranks: Sequence[Rank], serving: Serving, roll: RollPlan
+) -> tuple[list[str], list[str]]:
+    """The keys of the staged copies the units name, and the copies that go after the roll."""
+    keep = {r.model_path for r in ranks}
+    keys = sorted(k for p in keep if (k := layout.copy_key(s, p)) is not None)
+    if not keys:  # the ranks read the link (copy not known): nothing is named, nothing goes
+        return keys, []
+    if roll.held or roll.stopped:
+        # A canary holds ranks on their old units (or stopped), which name the old copy:
+        # nothing goes until every rank runs the new one.
+        return keys, []
+    present = rank_state.referenced_models(serving)
+    if serving.model_target:
+        present.add(layout.stage_tree(s).entry(serving.model_target))
+    return keys, sorted(p for p in present - keep if layout.copy_key(s, p) is not None)
+
+
+def router_part(
+    write: Writer,
+    router: RouterPlan | None,
+    router_restart: bool,
+    python_minor: str | None,
+    serving: Serving,
+    key_due: bool,
+    ranks_key_changes: bool,
+    errors: list[str],
+) -> tuple[RouterStep | None, RouterOrder]:
+    """The router's step on its host (a release with no pinned requirements: a line in
+    `errors`), and whether it and its key come before the ranks roll (router_order)."""
+    router_step = None
+    if router is not None:
+        try:
+            router_step = _router_step(
+                write, router, router_restart, python_minor, serving.router_envs
+            )
+        except PinError as e:
+            errors.append(f"router version {router.version!r}: {e}")
+    order = router_order(
+        None
+        if router is None
+        else serving.router is not None and serving.router.active == "active",
+        router_step is not None and bool(router_step.retired) and router_restart,
+        key_due,
+        ranks_key_changes,
+    )
+    return router_step, order
+
+
 def left_out(roll: RollPlan, serving: Serving, drain: DrainPlan | None) -> list[int]:
     """Unchanged, serving ranks the router does not list (when this host could read its list):
     a run killed in a drain left them out. A rank being started or rolled rejoins anyway."""
@@ -476,10 +481,6 @@ def left_out(roll: RollPlan, serving: Serving, drain: DrainPlan | None) -> list[
     if drain is None or listed is None:
         return []
     return [r.rank for r in roll.unchanged if drain.worker(r.rank).rstrip("/") not in listed]
-
-
-def _asked_in_roll(rank: Rank, roll: RollPlan, drain: DrainPlan | None, s: Settings) -> bool:
-    return drain is not None and s.smoke_requests and rank in roll.rolled
 
 
 def file_digests(serving: Serving) -> dict[str, str]:

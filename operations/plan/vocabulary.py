@@ -193,6 +193,10 @@ class CanaryJson(TypedDict):
     canary: list[int]
     canary_batch: list[int]
     baseline: int | None
+    baselines: list[int]
+    start_after: list[int]
+    stopped: list[int]
+    judged_again: str
     rest: list[list[int]]
     release: str
     engine: str
@@ -213,6 +217,9 @@ class ServeJson(TypedDict):
     batches: list[list[int]]
     remove: list[int]
     unchanged: list[int]
+    # Not serving, held by a canary: started after its verdict passes, or left stopped.
+    start_after: list[int]
+    stopped: list[int]
     pending: dict[str, str]
     readmit: list[int]
     secret_changed: bool

@@ -20,7 +20,7 @@ from operations.programs.roll_steps import WRITE, Step, steps_of
 
 CANARY_PLAN = "the deploy's plan writes it"
 # What the record takes from --meta (the rest of it is ignored).
-META_FIELDS = ("release", "engine", "canary_ranks", "baseline_rank")
+META_FIELDS = ("release", "engine", "canary_ranks", "baseline_rank", "baseline_ranks")
 META_REQUIRED = ("release", "engine")
 
 
@@ -33,6 +33,7 @@ def parse_canary(argv: list[str]) -> argparse.Namespace:
     parser = _CanaryParser(prog="canary_compare.py")
     parser.add_argument("--canary", action="append", required=True, metavar="UNIT=API_BASE")
     parser.add_argument("--baseline", action="append", required=True, metavar="UNIT=API_BASE")
+    parser.add_argument("--held", action="append", default=[], metavar="UNIT")
     for name in ("--model", "--service-user", "--record", "--target", "--meta"):
         parser.add_argument(name, required=True)
     parser.add_argument("--key-file")
@@ -122,15 +123,19 @@ def record_directory(path: str) -> None:
         )
 
 
-def checked(args: argparse.Namespace) -> tuple[dict[str, str], tuple[str, str], dict[str, str]]:
-    """(canaries, the baseline, workers by unit), each value checked; Refused otherwise."""
+def checked(
+    args: argparse.Namespace,
+) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """(canaries, the baselines in the plan's order: the first is the reference while it is
+    healthy, workers by unit), each value checked; Refused otherwise."""
     canaries = unit_urls(args.canary, "--canary")
     baselines = unit_urls(args.baseline, "--baseline")
-    if len(baselines) != 1:
-        raise Refused(f"--baseline is given {len(baselines)} times: one baseline rank")
-    baseline = next(iter(baselines.items()))
-    if baseline[0] in canaries:
-        raise Refused(f"{baseline[0]} is both the baseline and a canary")
+    both = sorted(set(baselines) & set(canaries))
+    if both:
+        raise Refused(f"{', '.join(both)} is both a baseline and a canary ({CANARY_PLAN})")
+    bad = [u for u in args.held if not u or "=" in u or u in canaries or u in baselines]
+    if bad:
+        raise Refused(f"--held {bad[0]!r} is not a unit apart from the compared ones")
     for name in ("input_len", "output_len", "concurrency_per_rank", "prompts_per_rank"):
         if getattr(args, name) < 1:
             raise Refused(f"--{name.replace('_', '-')} must be 1 or more")
@@ -143,9 +148,9 @@ def checked(args: argparse.Namespace) -> tuple[dict[str, str], tuple[str, str], 
     workers = unit_urls(args.worker, "--worker")
     if args.router_metrics is not None:
         _url(args.router_metrics, "--router-metrics")
-        missing = sorted((set(canaries) | {baseline[0]}) - set(workers))
+        missing = sorted((set(canaries) | set(baselines)) - set(workers))
         if missing:
             raise Refused(f"--router-metrics without a --worker for {', '.join(missing)}")
     elif workers:
         raise Refused("--worker without --router-metrics")
-    return canaries, baseline, workers
+    return canaries, baselines, workers

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Compare a canary rank (the new engine or flags) with a baseline rank (still the old ones) on
+"""Compare canary ranks (the new engine or flags) with baseline ranks (still the old ones) on
 answers, speed and errors, print the verdict table, keep it, and on a failed verdict roll the
-canary back (issue 45). Run as root by the deploy; the benchmark client runs as the service
+canary back (issues 45, 49). Run as root by the deploy; the benchmark client runs as the service
 user, as the throughput check's does:
 
     python3 canary_compare.py --canary UNIT=API_BASE [--canary ...] --baseline UNIT=API_BASE
+        [--baseline ...] [--held UNIT ...]
         --model SERVED_NAME --key-file PATH --service-user USER --max-slowdown F --soak SECONDS
         --record PATH --target HEXDIGEST --meta JSON
         [--router-metrics URL --worker UNIT=WORKER_URL ...]
@@ -19,19 +20,27 @@ its metrics' `worker` label.
 1. Refused (exit 2, one line `canary: refused: ...`, nothing sent, nothing kept): a command line,
    --meta or --rollback the plan could not have written (programs/canary_args.py), no tokenizer
    or client module (throughput_client.preconditions), a record directory that is not root's
-   alone. Then every port this talks to (each canary, the baseline, --router-metrics) must be
-   listened on, and only by USER (hostsafe.listening and owner_problem: throughput.py's rule,
-   docs/security.md "Who is sent the API key"), before the key file is read.
+   alone. Then every port this talks to (each canary, each baseline, --router-metrics) that is
+   listened on must be listened on only by USER (hostsafe.listening and owner_problem:
+   throughput.py's rule, docs/security.md "Who is sent the API key"), before the key file is
+   read. A rank nothing listens for is not refused: a canary that died fails its rows, a
+   baseline down is dropped (below).
+   Baselines (several --baseline, the plan's order): each is judged too. One that is down, does
+   not answer the sum, does not answer an open prompt or whose client run fails is named as the
+   baseline's fault and dropped, never counted against the canary; the open prompts' reference
+   is the first baseline left, the errors row's too. No baseline left: no verdict ("canary: NOT
+   JUDGED", nothing kept, the canary rolled back with --rollback; the next run judges again).
 2. The rows (programs/canary_rows.py decides each, and documents its tolerance):
    - answers: known sum: the smoke's question (smoke_answers.chat_request) to every rank;
    - answers: open prompts: canary_rows.OPEN_PROMPTS to every rank at temperature 0 with
      `logprobs` and `top_logprobs` asked, compared token by token with the baseline's;
    - speed: the throughput check's client (throughput_client.client_words and run_client, one
-     rank's workload: --prompts-per-rank at --concurrency-per-rank) against every canary and the
-     baseline AT ONCE, one client per rank. The ranks are on separate GPUs, so running them
-     together costs neither anything; measuring them in the same window puts any drift of the
-     host's load, clocks and temperature on both sides alike, where one after the other would
-     put it on one side only.
+     rank's workload: --prompts-per-rank at --concurrency-per-rank) against every canary and
+     every baseline AT ONCE, one client per rank; the baseline figure is the baselines' median
+     each round, their spread ((highest - lowest) / median) kept in the record. The ranks are
+     on separate GPUs, so running them together costs neither anything; measuring them in the
+     same window puts any drift of the host's load, clocks and temperature on both sides
+     alike, where one after the other would put it on one side only.
    - errors: with --router-metrics, the router's /metrics is read when the comparison starts and
      again once --soak seconds have passed (the rows above run meanwhile; users' traffic through
      the router keeps flowing), and each canary worker's failures are compared with the
@@ -41,11 +50,14 @@ its metrics' `worker` label.
    key included). The record (--record) is one JSON object, written to a new file in its
    directory and renamed over the old one, 0644: {"version": 1, "target", "release", "engine",
    "canary_ranks", "baseline_rank" (from --meta), "at" (UTC), "ok", "paused" (--pause), "rows":
-   [{check, baseline, canary, threshold, pass}], "rolled_back"}.
+   [{check, baseline, canary, threshold, pass}], "rolled_back", "baselines": {"used",
+   "dropped": {UNIT: why}, "tok_s": {UNIT: median}, "spread"}}; "baseline_rank" is the rank
+   of the first baseline used (--meta's "baseline_ranks", in --baseline's order).
 4. A failed verdict with --rollback: its steps run here (roll_steps.run, as a roll batch runs
    them: drain the canaries, restore their unit files, reload, restart, wait healthy, smoke,
    rejoin); when they all pass the record is written again with "rolled_back": true. The last
-   line says whether the rollback passed.
+   line says whether the rollback passed, and names the --held ranks (not serving when the
+   deploy started: they stay stopped, never started on the rejected engine or flags).
 
 Exit 0: passed; 1: failed (after the rollback, whichever way it went), or what nothing above
 names (one line `canary: failed: TYPE: MESSAGE`, never a traceback); 2: refused.
@@ -58,6 +70,7 @@ import http.client
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -111,11 +124,12 @@ from operations.programs.canary_rows import (
 )
 from operations.programs.hostsafe import (
     Listener,
+    listening,
     mask_journal,
     read_listeners,
 )
 from operations.programs.program_main import Refused
-from operations.programs.roll_steps import WAIT, run
+from operations.programs.roll_steps import WAIT, Step, run
 from operations.programs.roll_waiting import wait_for_go
 from operations.programs.smoke_answers import (
     TEMPLATE_KWARGS,
@@ -157,7 +171,16 @@ def each(work: Callable[[str], T], names: list[str]) -> dict[str, T]:
         return dict(zip(names, pool.map(work, names), strict=True))
 
 
-def known_sum_row(args: argparse.Namespace, roots: dict[str, str], key: str | None) -> Row:
+def known_sum_row(
+    args: argparse.Namespace,
+    roots: dict[str, str],
+    key: str | None,
+    bases: list[str],
+    gone: dict[str, str],
+) -> Row:
+    """The smoke's question to every rank. A baseline that does not answer the sum is the
+    baseline's fault: named, and dropped into `gone`; only the canaries' answers judge the
+    canary (one named in `gone` already is not asked)."""
     a, b = operands()
     request = chat_request(args.model, a, b)
 
@@ -166,15 +189,44 @@ def known_sum_row(args: argparse.Namespace, roots: dict[str, str], key: str | No
         why, _ = judge_chat(status, body, args.model, (a, b))
         return why
 
-    said = each(ask, list(roots))
+    said = each(ask, [u for u in roots if u not in gone])
+    for unit in bases:
+        if unit in said and said[unit] is not None:
+            gone[unit] = f"known sum: {said[unit]}"
     cell = {u: f"{a + b}" if why is None else f"NOT {a + b}: {why}" for u, why in said.items()}
-    base = args.baseline_unit
-    canaries = "; ".join(f"{u}: {cell[u]}" for u in sorted(roots) if u != base)
-    passed = all(why is None for why in said.values())
-    return row("answers: known sum", f"{cell[base]} to {question(a, b)!r}", canaries, EXACT, passed)
+    canaries = "; ".join(f"{u}: {cell.get(u, gone.get(u, ''))}" for u in canary_units(roots, bases))
+    passed = all(said.get(u, "not asked") is None for u in canary_units(roots, bases))
+    return row(
+        "answers: known sum",
+        f"{baseline_cells(bases, cell, gone)} to {question(a, b)!r}",
+        canaries,
+        EXACT,
+        passed,
+    )
 
 
-def open_row(args: argparse.Namespace, roots: dict[str, str], key: str | None) -> Row:
+def canary_units(roots: dict[str, str], bases: list[str]) -> list[str]:
+    return sorted(u for u in roots if u not in bases)
+
+
+def baseline_cells(bases: list[str], cell: dict[str, str], gone: dict[str, str]) -> str:
+    """Each baseline's cell; one dropped says so (its fault, not the canary's)."""
+    return "; ".join(
+        f"{u}: {cell.get(u, '-')}" + (" (the baseline's fault: dropped)" if u in gone else "")
+        for u in bases
+    )
+
+
+def open_row(
+    args: argparse.Namespace,
+    roots: dict[str, str],
+    key: str | None,
+    bases: list[str],
+    gone: dict[str, str],
+) -> Row:
+    """OPEN_PROMPTS to every rank; the reference is the first baseline that answers them all
+    (one that does not is the baseline's fault: dropped into `gone`)."""
+
     def ask(pair: str) -> Answer | str:
         unit, index = pair.split("\0")
         request = {
@@ -194,20 +246,30 @@ def open_row(args: argparse.Namespace, roots: dict[str, str], key: str | None) -
         got = answer_of(data) if isinstance(data, dict) else None
         return got if got is not None else f"HTTP {status}: {body[:120]!r}"
 
-    pairs = [f"{u}\0{i}" for u in roots for i in range(len(OPEN_PROMPTS))]
-    said = each(ask, pairs)
-    base = args.baseline_unit
-    baseline = [said[f"{base}\0{i}"] for i in range(len(OPEN_PROMPTS))]
-    broken = [s for s in baseline if isinstance(s, str)]
-    passed = not broken
+    asked = [u for u in roots if u not in gone]
+    said = each(ask, [f"{u}\0{i}" for u in asked for i in range(len(OPEN_PROMPTS))])
+    answers = {u: [said[f"{u}\0{i}"] for i in range(len(OPEN_PROMPTS))] for u in asked}
+    cell: dict[str, str] = {}
+    for unit in [u for u in bases if u in answers]:
+        broken = [s for s in answers[unit] if isinstance(s, str)]
+        cell[unit] = f"{len(OPEN_PROMPTS) - len(broken)}/{len(OPEN_PROMPTS)} answered"
+        if broken:
+            cell[unit] += f" ({broken[0]})"
+            gone[unit] = f"open prompts: {broken[0]}"
+    reference = next((u for u in bases if u not in gone), None)
+    passed = True
     cells = []
-    for unit in sorted(u for u in roots if u != base):
+    for unit in canary_units(roots, bases):
+        if unit not in answers:
+            passed = False
+            cells.append(f"{unit}: {gone.get(unit, 'not asked')}")
+            continue
         notes = []
-        for i, b in enumerate(baseline):
-            c = said[f"{unit}\0{i}"]
+        for i, c in enumerate(answers[unit]):
+            b = answers[reference][i] if reference is not None else None
             if isinstance(c, str):
                 ok, how = False, c
-            elif not isinstance(b, str):
+            elif b is not None and not isinstance(b, str):
                 ok, how = compare(b, c)
             else:
                 continue
@@ -218,9 +280,9 @@ def open_row(args: argparse.Namespace, roots: dict[str, str], key: str | None) -
         cells.append(
             f"{unit}: {same}/{len(OPEN_PROMPTS)} identical" + "".join(f"; {n}" for n in notes)
         )
-    base_cell = f"{len(OPEN_PROMPTS) - len(broken)}/{len(OPEN_PROMPTS)} answered"
-    if broken:
-        base_cell += f" ({broken[0]})"
+    base_cell = baseline_cells([u for u in bases if u in cell], cell, gone)
+    if reference is not None and len(bases) > 1:
+        base_cell += f"; reference {reference}"
     return row("answers: open prompts", base_cell, "; ".join(cells), open_threshold(), passed)
 
 
@@ -275,25 +337,84 @@ def write_record(path: str, record: dict[str, object]) -> None:
         raise
 
 
+BASELINES = "the baselines' median"
+
+
+def dead_ranks(roots: dict[str, str], found: list[Listener]) -> dict[str, str]:
+    """The ranks nothing listens for (a canary that died, a baseline down): unit -> why. A
+    port held by another user is no dead rank: listener_refusal refuses it before the key."""
+    dead = {}
+    for unit, url in roots.items():
+        try:
+            where, reaching = listening(url, found)
+        except (OSError, ValueError):
+            continue  # listener_refusal names it
+        if not reaching:
+            dead[unit] = f"not serving: nothing listens on {where}"
+    return dead
+
+
+def baseline_speeds(
+    rounds: list[dict[str, Speed]], bases: list[str], canaries: list[str], gone: dict[str, str]
+) -> tuple[list[dict[str, Speed]], dict[str, float]]:
+    """The rounds with the baselines folded into one, BASELINES (their median tok/s each
+    round), every canary as measured (one not measured: why); a baseline whose client failed
+    or lost a request in any round is the baseline's fault, dropped into `gone`. Also each
+    baseline kept's median tok/s over the rounds, for the record."""
+    for unit in bases:
+        bad = [s for r in rounds if unit in r for s in [r[unit]] if s["why"] is not None]
+        lost = any(r[unit]["completed"] < r[unit]["prompts"] for r in rounds if unit in r)
+        if unit not in gone and (bad or lost):
+            gone[unit] = f"speed: {bad[0]['why'] if bad else 'requests lost'}"
+    kept = [u for u in bases if u not in gone]
+    folded = []
+    for r in rounds:
+        one = {
+            u: r.get(u, Speed(tok_s=0.0, completed=0, prompts=0, why=gone.get(u))) for u in canaries
+        }
+        figures = [r[u]["tok_s"] for u in kept]
+        prompts = r[kept[0]]["prompts"] if kept else 0
+        one[BASELINES] = Speed(
+            tok_s=statistics.median(figures) if figures else 0.0,
+            completed=prompts,
+            prompts=prompts,
+            why=None if figures else "no baseline left",
+        )
+        folded.append(one)
+    per = {u: round(statistics.median(r[u]["tok_s"] for r in rounds), 2) for u in kept}
+    return folded, per
+
+
+def spread_of(per: dict[str, float]) -> float:
+    """The baselines' spread: (highest - lowest) / their median; 0 with one baseline."""
+    figures = list(per.values())
+    middle = statistics.median(figures) if figures else 0.0
+    return round((max(figures) - min(figures)) / middle, 4) if middle > 0 else 0.0
+
+
 def compare_ranks(
     argv: list[str], listeners: Callable[[], list[Listener]], secrets: list[str]
 ) -> tuple[int, str]:
     """The whole comparison: (exit status, the last line). Refused is raised before anything is
     sent; the table is printed as soon as it is known, and `secrets` gets the key once read."""
     args = parse_canary(argv)
-    canaries, baseline, workers = checked(args)
+    canaries, baselines, workers = checked(args)
     meta = canary_meta(args.meta)
     steps = read_rollback(args.rollback)
     preconditions(args.python, args.module_file, args.tokenizer, CANARY_OFF)
     record_directory(args.record)
-    args.baseline_unit = baseline[0]
-    apis = {**canaries, baseline[0]: baseline[1]}
+    bases = list(baselines)
+    apis = {**canaries, **baselines}
     roots = {unit: server_root(url) for unit, url in apis.items()}
-    talked = dict(roots)
+    found = listeners()
+    # A rank nothing listens for is no refusal: a canary that died fails, a baseline down is
+    # dropped. Everything that listens must be the service user's before the key is read.
+    gone = dead_ranks(roots, found)
+    talked = {u: url for u, url in roots.items() if u not in gone}
     if args.router_metrics:
         talked["the router's metrics"] = args.router_metrics
     named = [(name, url, "") for name, url in talked.items()]
-    why = listener_refusal(named, args.service_user, listeners())
+    why = listener_refusal(named, args.service_user, found)
     if why is not None:
         raise Refused(f"{why} ({WHO_GETS_THE_KEY})")
     ids = service_ids(args.service_user)
@@ -302,45 +423,88 @@ def compare_ranks(
         secrets.append(key)
     started = time.monotonic()
     before = outcomes(metrics(args.router_metrics)) if args.router_metrics else None
-    rows = [known_sum_row(args, roots, key), open_row(args, roots, key)]
-    measured = combined([speeds(args, roots, key, ids) for _ in range(SPEED_ROUNDS)], baseline[0])
-    rows.append(
-        speed_row(measured[baseline[0]], {u: measured[u] for u in canaries}, args.max_slowdown)
-    )
-    if before is not None:
+    rows = [
+        known_sum_row(args, roots, key, bases, gone),
+        open_row(args, roots, key, bases, gone),
+    ]
+    live = {u: r for u, r in roots.items() if u not in gone}
+    rounds = []
+    if any(u in live for u in bases):
+        rounds = [speeds(args, live, key, ids) for _ in range(SPEED_ROUNDS)]
+    folded, per = baseline_speeds(rounds, bases, list(canaries), gone)
+    kept = [u for u in bases if u not in gone]
+    if folded and kept:
+        measured = combined(folded, BASELINES)
+        speed = speed_row(
+            measured[BASELINES], {u: measured[u] for u in canaries}, args.max_slowdown
+        )
+        speed["baseline"] = (
+            f"median of {', '.join(kept)}: {speed['baseline']}; spread {spread_of(per):.1%}"
+        )
+        rows.append(speed)
+    if before is not None and kept:
         time.sleep(max(0.0, args.soak - (time.monotonic() - started)))
         after = outcomes(metrics(args.router_metrics))
         names = {u: workers[u] for u in canaries}
-        rows.append(
-            errors_row(before, after, (baseline[0], workers[baseline[0]]), names, args.soak)
-        )
-    else:
+        rows.append(errors_row(before, after, (kept[0], workers[kept[0]]), names, args.soak))
+    elif before is None:
         rows.append(no_router_row())
     known = tuple(secrets)
     rows = [{k: mask(v, known) for k, v in r.items()} for r in rows]
+    for line in table(rows):
+        print(mask_journal(line, known), flush=True)
+    dropped = {u: mask_journal(w, known) for u, w in gone.items() if u in baselines}
+    if not kept:
+        return not_judged(dropped, steps, canaries)
     ok = all(r["pass"] for r in rows)
     record: dict[str, object] = {"version": 1, "target": args.target, **meta}
+    ranks = meta.get("baseline_ranks")
+    if isinstance(ranks, list) and len(ranks) == len(bases):
+        record["baseline_rank"] = ranks[bases.index(kept[0])]
     record.update(
         at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         ok=ok,
         paused=bool(args.pause),
         rows=rows,
         rolled_back=False,
+        baselines={"used": kept, "dropped": dropped, "tok_s": per, "spread": spread_of(per)},
     )
-    for line in table(rows):
-        print(mask_journal(line, known), flush=True)
     write_record(args.record, record)
     verdict = last_line(rows)
     if ok:
         return 0, verdict
+    stays = (
+        f"; {', '.join(args.held)} not started: stopped until a verdict passes" if args.held else ""
+    )
     if steps is None:
-        return 1, verdict
+        return 1, verdict + stays
     code = run("rollback " + ",".join(sorted(canaries)), steps, [])
     if code != 0:
-        return 1, f"{verdict}; the rollback FAILED (exit {code}): the canary is left as it is"
+        return (
+            1,
+            f"{verdict}; the rollback FAILED (exit {code}): the canary is left as it is{stays}",
+        )
     record["rolled_back"] = True
     write_record(args.record, record)
-    return 1, f"{verdict}; the canary rolled back"
+    return 1, f"{verdict}; the canary rolled back{stays}"
+
+
+def not_judged(
+    dropped: dict[str, str], steps: list[Step] | None, canaries: dict[str, str]
+) -> tuple[int, str]:
+    """No baseline left to judge by: the baselines' fault, never the canary's. No verdict is
+    kept (the next run judges again); the canary goes back to its old units, as no verdict
+    passed for it."""
+    why = "; ".join(f"{u}: {w}" for u, w in dropped.items())
+    line = (
+        f"canary: NOT JUDGED: every baseline failed ({why}): the baselines' fault, not the canary's"
+    )
+    if steps is None:
+        return 1, line
+    code = run("rollback " + ",".join(sorted(canaries)), steps, [])
+    if code != 0:
+        return 1, f"{line}; the rollback FAILED (exit {code}): the canary is left as it is"
+    return 1, f"{line}; the canary rolled back; the next run judges again"
 
 
 def main(argv: list[str], listeners: Callable[[], list[Listener]] = read_listeners) -> int:

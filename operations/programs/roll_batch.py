@@ -35,6 +35,12 @@ status.
 
 Prints, last, one line: `roll batch UNITS: drain 0.31 s, write 0.01 s, ... ` (each step's
 seconds, those that ran), which bench/roll_bench.py reads.
+
+A canary batch (operations/plan/canary_plan.py) also gets `--undo STEPS_JSON --undo-from NAME`:
+when the step that fails is the first one named NAME or any after it (its unit files were
+written, or it was restarted), the undo's steps run (out of the router, the saved unit files
+back, restart, /health, back in) and a line names the batch and whether it is back on its
+saved units; the exit status is still the failed step's, so the deploy fails.
 """
 
 from __future__ import annotations
@@ -53,8 +59,11 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch", required=True)
     parser.add_argument("steps")
+    parser.add_argument("--undo", default=None, metavar="STEPS_JSON")
+    parser.add_argument("--undo-from", default=None, metavar="NAME")
     args = parser.parse_args()
     steps = steps_of(json.loads(args.steps))
+    undo = steps_of(json.loads(args.undo)) if args.undo is not None else []
     expected = sum(1 for name, _, _ in steps if name == WRITE)
     # Exactly one line per write step: read as many, never the whole stream.
     writes = [sys.stdin.readline() for _ in range(expected)]
@@ -62,7 +71,25 @@ def main() -> int:
         # Cut short: no step runs, so no file is written empty and nothing is restarted.
         print(f"roll batch {args.batch}: {expected} contents expected on stdin, fewer came")
         return 2
-    return run(args.batch, steps, writes)
+    failed: list[int] = []
+    status = run(args.batch, steps, writes, failed)
+    names = [name for name, _, _ in steps]
+    if (
+        not status
+        or not undo
+        or args.undo_from not in names
+        or failed[0] < names.index(args.undo_from)
+    ):
+        return status
+    step = names[failed[0]]
+    back = run(f"{args.batch} (rollback)", undo, [])
+    said = (
+        "rolled back onto its saved unit file(s)"
+        if back == 0
+        else f"its rollback FAILED too (exit {back}): it is left as it is"
+    )
+    print(f"roll batch {args.batch}: the canary failed at {step}; {said}", flush=True)
+    return status
 
 
 if __name__ == "__main__":

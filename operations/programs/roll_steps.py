@@ -85,7 +85,9 @@ def start_waiting(argv: list[str], preload: list[str]) -> subprocess.Popen[bytes
     )
 
 
-def run(batch: str, steps: list[Step], writes: list[str]) -> int:
+def run(batch: str, steps: list[Step], writes: list[str], failed: list[int] | None = None) -> int:
+    """Each step in order, the first that fails stopping the rest: its exit status (0: all
+    passed); `failed` gets the index of the step that failed."""
     waiting = {
         index: start_waiting(argv, preload)
         for index, (_, argv, preload) in enumerate(steps)
@@ -114,6 +116,8 @@ def run(batch: str, steps: list[Step], writes: list[str]) -> int:
             spent.append((name, time.monotonic() - began))
             if code != 0:
                 status = code
+                if failed is not None:
+                    failed.append(index)
                 why = f"{name} failed (exit {status}): the steps after it did not run"
                 print(f"roll batch {batch}: {why}", flush=True)
                 break

@@ -175,13 +175,16 @@ RolloutStrategy = Literal["rolling", "canary"]
 class Rollout:
     """How ranks move onto a new engine or new flags (operations/plan/canary_plan.py). The
     defaults are settings.schema.json's `rollout` default (tests/unit/test_canary_settings.py):
-    today's roll; and for a canary, one rank (the least capacity on the new engine while it is
+    no strategy set (a canary where a rank already serves, today's roll on a first deploy:
+    the plan decides); and for a canary, one rank (the least capacity on the new engine while it is
     judged), 10% slower at most (the throughput guard's margin: a real regression is far past
     it, run-to-run noise of a greedy fixed-length run is a few percent), a minute of soak (long
     enough for a router's retries and health checks to show a failing worker, short beside a
     roll) and no pause."""
 
-    strategy: RolloutStrategy = "rolling"
+    # None (unset): a canary on a host that already serves, today's roll on a first deploy
+    # (plan/canary_plan.py decides, and says why when a canary cannot be compared).
+    strategy: RolloutStrategy | None = None
     canary_ranks: int = 1
     max_slowdown: float = 0.1
     soak_s: int = 60
@@ -249,6 +252,8 @@ class Settings:
     throughput_ramp_timeout_s: int
     throughput_timeout_s: int
     rollout: Rollout
+    # The time of a failed canary verdict to judge again on purpose (plan/canary_plan.py).
+    canary_judge_again: str | None
     router: Router | None
     deploy_lock_wait_s: int
     pve_ctid: int | None

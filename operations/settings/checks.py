@@ -121,11 +121,12 @@ def _source_problem(source: str) -> str | None:
 
 def _rollout_problem(values: Mapping[str, Any]) -> str | None:
     """A canary needs a rank that keeps the old engine to be compared with: fewer canary ranks
-    than dp_size (the schema has checked each key's own shape)."""
+    than dp_size (the schema has checked each key's own shape). Only a canary asked for by
+    name: an unset strategy that cannot compare rolls as today (plan/canary_plan.py says so)."""
     props = schema()["properties"]
     rollout = {**props["rollout"]["default"], **values.get("rollout", {})}
     dp_size = values.get("dp_size", props["dp_size"]["default"])
-    if rollout["strategy"] != "canary" or rollout["canary_ranks"] < dp_size:
+    if rollout.get("strategy") != "canary" or rollout["canary_ranks"] < dp_size:
         return None
     accepted = (
         f"rollout.canary_ranks {'1' if dp_size == 2 else f'from 1 to {dp_size - 1}'}, or "

@@ -42,7 +42,8 @@ from operations.plan.drain import DrainPlan
 from operations.plan.host_plan import HostReport
 from operations.plan.planned_files import PlannedFile
 from operations.plan.resolver import Rank
-from operations.plan.serve_plan import ServePlan, SmokeRequests
+from operations.plan.serve_plan import ServePlan
+from operations.plan.smoke_plan import SmokeRequests
 from operations.plan.vocabulary import DrainAction, RollStep
 from operations.runtime.host_call import Commands
 from operations.runtime.host_lines import host_text
@@ -125,6 +126,8 @@ def roll_batch(
     steps: list[tuple[RollStep, list[str], list[str]]],
     writes: list[str],
     written: list[PlannedFile] | None = None,
+    undo: list[tuple[RollStep, list[str], list[str]]] | None = None,
+    undo_from: RollStep = "restart",
 ) -> Commands:
     """
     One batch of a roll as one host command (programs/roll_batch.py): its steps in order, each
@@ -136,10 +139,15 @@ def roll_batch(
       `write` gets the next of `writes`
     + writes: each write step's stdin (host_files.line_writer), never on a command line
     + written: the plan's files the write steps write, shown under `--diff`
+    + undo: a canary batch's rollback (steps as above), run when a step from `undo_from` on
+      fails; the batch still fails
+    + undo_from: the first step whose failure runs `undo`
     """
     for file in written or []:
         show_change(file)
     words = ["python3", layout.ROLL_BATCH_SCRIPT, "--batch", batch, json.dumps(steps)]
+    if undo:
+        words += ["--undo", json.dumps(undo), "--undo-from", undo_from]
     yield StringCommand(shlex.join(words), _stdin="".join(writes))
 
 
@@ -232,7 +240,7 @@ class ServeStep:
         if self.plan.remove:
             self._remove()
         if self.plan.start:
-            self._start()
+            self._start(self.plan.start, "start")
         elif self.decided.target_changes:
             systemd.daemon_reload(name="reload systemd")
         if self.decided.target_changes:
@@ -248,6 +256,7 @@ class ServeStep:
             return
         if canary is not None and canary.compares and not canary.canary_batch:
             self._compare()  # an earlier run rolled the canary and was cut off before this
+            self._start_after()
         for number, (batch, asked) in enumerate(
             zip(self.plan.batches, self.decided.batch_smoke, strict=True), 1
         ):
@@ -257,10 +266,18 @@ class ServeStep:
                 "canary" if first else f"restart batch {number}",
                 asked,
                 backup=canary.backup if first and canary is not None else {},
+                canary=first,
             )
             if first and canary is not None and canary.compares:
                 self._compare()
+                self._start_after()
         self._prune_models()
+
+    def _start_after(self) -> None:
+        """The ranks that were not serving, once the canary's verdict passed (a failed one
+        failed the deploy before this: they stay stopped, as the comparison said)."""
+        if self.plan.start_after:
+            self._start(self.plan.start_after, "after the canary's verdict passed")
 
     def _compare(self) -> None:
         canary = self.decided.canary
@@ -369,14 +386,13 @@ class ServeStep:
         for rank in ranks:
             put_planned(self.decided.rank_units[rank.rank], name=f"{rank.unit_name} ({why})")
 
-    def _start(self) -> None:
+    def _start(self, start: Sequence[Rank], why: str) -> None:
         s = self.settings
-        start = self.plan.start
-        self._write_units(start, "start")
+        self._write_units(start, why)
         systemd.daemon_reload(name="reload systemd")
         units = " ".join(r.unit_name for r in start)
         server.shell(
-            name=f"start {ranks_label([r.rank for r in start])}",
+            name=f"start {ranks_label([r.rank for r in start])} ({why})",
             commands=[
                 f"systemctl enable {units}",
                 # A crash loop left the unit `failed` at its start limit: a deploy starts afresh.
@@ -399,7 +415,7 @@ class ServeStep:
             silence_s=self.decided.silence_s,
         )
         # A rank a failed roll left out of the router, started again: back in (when not listed).
-        self._in([r.rank for r in start], "start")
+        self._in([r.rank for r in start], why)
 
     def _roll(
         self,
@@ -407,12 +423,14 @@ class ServeStep:
         what: str,
         asked: SmokeRequests | None,
         backup: Mapping[str, str] | None = None,
+        canary: bool = False,
     ) -> None:
         """One batch, as one host command (roll_batch, programs/roll_batch.py): out of the router
         and drained, its changed unit files written, systemd reloaded while it stops, started
         (restart_command), /health, a chat request, back into the router; a step that fails
         stops the batch there (a batch is never restarted undrained, never put back unhealthy)
-        and the roll with it."""
+        and the roll with it. The canary batch (`canary`): one that fails from its write on is
+        rolled back onto its saved unit files (the plan's backups) before the deploy fails."""
         s = self.settings
         names = ", ".join(r.unit_name for r in batch)
         label = ranks_label([r.rank for r in batch])
@@ -424,6 +442,12 @@ class ServeStep:
             "flags or model) and run the deploy again: the previous engine environment is kept "
             "while a unit names it."
         )
+        if canary:
+            hint = (
+                f"The canary {names} did not become healthy: it is rolled back onto its saved "
+                "unit file(s) (the line after this says whether that passed), and no other rank "
+                "was moved."
+            )
         drain = self.drain
         ranks = [r.rank for r in batch]
         # (name, argv, modules a waiting interpreter imports first): programs/roll_batch.py
@@ -473,7 +497,27 @@ class ServeStep:
             name = f"{what}: restart {label} (out of the router and drain, back into the router)"
         else:
             name = f"{what}: restart {label}"
-        roll_batch(name=name, batch=names, steps=steps, writes=writes, written=written)
+        undo = None
+        if canary and self.decided.canary is not None:
+            back = self.decided.canary.restore_after
+            undo = self._restore_steps(
+                ranks,
+                {
+                    k: v
+                    for k, v in back.items()
+                    if v in set(layout.rank_unit_path(n) for n in ranks)
+                },
+            )
+        first_change: RollStep = "write" if writes else "restart"
+        roll_batch(
+            name=name,
+            batch=names,
+            steps=steps,
+            writes=writes,
+            written=written,
+            undo=undo,
+            undo_from=first_change,
+        )
 
     def _prune_models(self) -> None:
         if not self.decided.prune_keep:

@@ -28,7 +28,7 @@ from pyinfra.context import host
 
 from operations import layout
 from operations.plan.host_plan import HostReport
-from operations.plan.serve_plan import ROUTER_TARGET
+from operations.plan.smoke_plan import ROUTER_TARGET
 from operations.runtime.host_call import Commands
 from operations.steps.host_files import put_planned
 

@@ -57,6 +57,9 @@ class Indexes:
             # The throughput check costs each deploy that starts ranks a benchmark run, and the
             # testbed's models have no tokenizer: only tests/e2e/test_throughput.py turns it on.
             "throughput_check": "off",
+            # A deploy that changes the ranks' command line on a serving host is a canary unless
+            # the strategy is set: the tests of rolls roll; tests/e2e/test_canary.py judges.
+            "rollout": {"strategy": "rolling"},
         }
         if self.redist is not None:
             found["cuda_redist_url"] = f"{self.main.base}/{REDIST_PATH}"

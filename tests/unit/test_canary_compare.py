@@ -275,6 +275,8 @@ def run_inline(
         ({"rollback": "{}"}, "--rollback is not a roll batch's steps"),
         ({"router_metrics": "http://127.0.0.1:29000"}, "--router-metrics without a --worker"),
         ({"prompts_per_rank": "x"}, "the command line: argument --prompts-per-rank"),
+        ({"baseline": "sglang@1.service=http://127.0.0.1:3/v1"}, "is both a baseline and a canary"),
+        ({"held": "sglang@0.service"}, "--held 'sglang@0.service' is not a unit apart"),
     ],
 )
 def test_bad_input_is_refused_in_one_line_before_anything_runs(
@@ -303,9 +305,15 @@ def test_a_port_held_by_another_user_is_refused_before_the_key_is_read(
         f"not by the service user {ME}"
     )
     assert "Who is sent the API key" in out[0]
-    # Nothing listening on the baseline's port is refused too.
+    # Nothing listening on the baseline's port is no refusal: the baseline is down, its
+    # fault, and with no baseline left there is no verdict (none kept, the canary not blamed).
+    os.rmdir(tmp_path / "secrets.yaml")
+    (tmp_path / "secrets.yaml").write_text(f'api-key: "{KEY}"\n')
     code, out = run_inline(args, capsys, {30001: os.getuid()})
-    assert code == 2 and "sglang@0.service: nothing listens on 127.0.0.1:30000" in out[0]
+    assert code == 1 and out[-1].startswith("canary: NOT JUDGED: every baseline failed"), out
+    assert "sglang@0.service: not serving: nothing listens on 127.0.0.1:30000" in out[-1]
+    assert "the baselines' fault, not the canary's" in out[-1]
+    assert not (tmp_path / "state" / "canary.json").exists()
 
 
 def test_a_record_directory_others_may_write_is_refused(
@@ -524,3 +532,56 @@ def test_the_speed_row_takes_the_median_of_the_rounds_ratios() -> None:
     # A round whose client failed names why in the combined result.
     rounds[1]["c"] = speed(0.0, "the client exited 1")
     assert rows.combined(rounds, "b")["c"]["why"] == "the client exited 1"
+
+
+@pytest.mark.integration
+def test_a_failing_baseline_is_dropped_as_its_own_fault_and_the_others_judge(
+    engine: Path, ranks: Start, tmp_path: Path
+) -> None:
+    # Baseline sglang@0 answers the sum wrong: its fault, named, dropped; sglang@2 judges the
+    # canary, whose rows pass. The record names who was used and who was dropped, and why.
+    broken, base, canary = ranks(reply="wrong-sum"), ranks(), ranks()
+    args = argv(tmp_path, canary, broken, "--baseline", f"sglang@2.service={base}/v1")
+    meta = json.loads(args[args.index("--meta") + 1])
+    args[args.index("--meta") + 1] = json.dumps({**meta, "baseline_ranks": [0, 2]})
+    code, out = run_program(tmp_path, engine, args)
+    assert code == 0 and out[-1] == "canary: passed", out
+    kept = record_of(tmp_path)
+    assert kept["baselines"]["used"] == ["sglang@2.service"], kept
+    assert kept["baselines"]["dropped"]["sglang@0.service"].startswith("known sum: ")
+    assert kept["baseline_rank"] == 2 and set(kept["baselines"]["tok_s"]) == {"sglang@2.service"}
+    first = kept["rows"][0]["baseline"]
+    assert "sglang@0.service: NOT" in first and "(the baseline's fault: dropped)" in first
+    assert kept["rows"][2]["baseline"].startswith("median of sglang@2.service: ")
+
+
+@pytest.mark.integration
+def test_a_canary_that_died_fails_and_rolls_back_naming_the_ranks_left_stopped(
+    engine: Path, ranks: Start, tmp_path: Path
+) -> None:
+    base, other = ranks(), ranks()
+    dead = f"http://127.0.0.1:{_free_port()}"  # nothing listens: the canary died
+    marker = tmp_path / "rolled"
+    steps = [["restore", ["touch", str(marker)]]]
+    args = argv(
+        tmp_path,
+        dead,
+        base,
+        "--baseline",
+        f"sglang@2.service={other}/v1",
+        "--held",
+        "sglang@3.service",
+        rollback=json.dumps(steps),
+    )
+    code, out = run_program(tmp_path, engine, args)
+    assert code == 1 and marker.exists(), out
+    assert out[-1].startswith("canary: FAILED (answers: known sum, answers: open prompts, speed)")
+    assert out[-1].endswith(
+        "the canary rolled back; sglang@3.service not started: stopped until a verdict passes"
+    )
+    kept = record_of(tmp_path)
+    assert kept["ok"] is False and kept["rolled_back"] is True
+    assert "sglang@1.service: not serving: nothing listens" in kept["rows"][0]["canary"]
+    # Both baselines were measured at once and kept: their spread is recorded.
+    assert kept["baselines"]["used"] == ["sglang@0.service", "sglang@2.service"]
+    assert 0 <= kept["baselines"]["spread"] < 1

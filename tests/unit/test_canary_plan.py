@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 
 from operations import layout
 from operations.facts.canary import Canary, CanaryRecord, VerdictRow
@@ -19,7 +20,7 @@ from operations.plan.canary_plan import (
 )
 from operations.plan.planned_files import sha256
 from operations.plan.resolver import Rank
-from operations.plan.serve_plan import roll_plan, staged_roll
+from operations.plan.serve_plan import RollPlan, roll_plan, staged_roll
 from operations.plan.throughput_plan import flags_digest
 from tests.unit.builders import facts, make_settings
 
@@ -98,13 +99,16 @@ def test_a_new_engine_rolls_the_canary_first_then_compares_then_the_rest() -> No
     # No router: no soak, and the plan says so.
     assert plan.checks == ["answers", "speed"] and not plan.soak
     assert "no errors row (no router: the soak is skipped)" in plan.summary()
-    assert "compared with rank 1 on answers, speed (<=10% slower)" in plan.summary()
+    assert plan.baselines == [1, 2, 3]
+    assert "compared with ranks 1, 2, 3 (their median) on answers, speed (<=10% slower)" in (
+        plan.summary()
+    )
     assert plan.decision is not None and plan.decision.what == "rollout"
 
 
 def test_two_canary_ranks_and_the_lowest_old_rank_as_baseline() -> None:
     plan, order = decide(ranks(**OLD), rollout={"strategy": "canary", "canary_ranks": 2})
-    assert plan.canary == [0, 1] and plan.baseline == 2
+    assert plan.canary == [0, 1] and plan.baseline == 2 and plan.baselines == [2, 3, 4]
     assert order[0] == [0, 1]
 
 
@@ -213,14 +217,18 @@ def test_a_verdict_for_another_target_is_not_this_ones() -> None:
 def test_the_comparison_argv() -> None:
     s = make_settings(**NEW, **CANARY)
     want = ranks(**NEW, **CANARY)
-    argv = compare_argv(s, want[:1], want[1], "f" * 64, "sglang.bench_serving", "F", None)
+    argv = compare_argv(s, want[:1], want[1:3], "f" * 64, "sglang.bench_serving", "F", None, [5])
     assert argv[:2] == ["python3", layout.CANARY_SCRIPT]
 
     def arg(flag: str) -> list[str]:
         return [argv[i + 1] for i, w in enumerate(argv) if w == flag]
 
     assert arg("--canary") == [f"sglang@0.service={layout.rank_api_base(s, 0)}"]
-    assert arg("--baseline") == [f"sglang@1.service={layout.rank_api_base(s, 1)}"]
+    assert arg("--baseline") == [
+        f"sglang@1.service={layout.rank_api_base(s, 1)}",
+        f"sglang@2.service={layout.rank_api_base(s, 2)}",
+    ]
+    assert arg("--held") == ["sglang@5.service"]
     assert arg("--max-slowdown") == ["0.1"] and arg("--soak") == ["60"]
     assert arg("--record") == [layout.CANARY_RECORD] and arg("--target") == ["f" * 64]
     assert json.loads(arg("--meta")[0]) == {
@@ -228,6 +236,7 @@ def test_the_comparison_argv() -> None:
         "engine": want[0].engine_env,
         "canary_ranks": [0],
         "baseline_rank": 1,
+        "baseline_ranks": [1, 2],
     }
     assert arg("--python") == [layout.env_python(want[0].engine_env)]
     assert arg("--tokenizer") == [want[0].model_path] and arg("--router-metrics") == []
@@ -244,7 +253,7 @@ def test_behind_a_router_the_errors_row_reads_its_per_worker_counters() -> None:
     drain, _, _ = drainmod.decide("ct200", s, [("ct200", s)], kbmod.load())
     assert drain is not None
     want = ranks(**NEW, **CANARY, **router)
-    argv = compare_argv(s, want[:1], want[1], "f" * 64, "m", "F", drain)
+    argv = compare_argv(s, want[:1], want[1:2], "f" * 64, "m", "F", drain)
     at = argv.index("--router-metrics")
     assert argv[at + 1] == "http://127.0.0.1:29000"
     workers = [argv[i + 1] for i, w in enumerate(argv) if w == "--worker"]
@@ -266,3 +275,114 @@ def test_the_serve_plan_carries_the_canary_and_refuses_a_failed_one() -> None:
     serve = serve_plan(s, want, serving_from(ranks(**OLD)), None, None, None, None, failed, target)
     assert any(e.startswith("canary: rank(s) 0") for e in serve.errors)
     assert serve.roll.batches == [] and len(serve.roll.held) == 8
+
+
+def stopped(serving: Serving, *numbers: int) -> Serving:
+    """The ranks named not serving (crashed): their unit files stay what they were."""
+    down = {n: dataclasses.replace(serving.ranks[n], active="failed") for n in numbers}
+    return dataclasses.replace(serving, ranks={**serving.ranks, **down})
+
+
+def staged(
+    serving: Serving, state: Canary = NOTHING, **settings: object
+) -> tuple[CanaryPlan, RollPlan]:
+    s = make_settings(**{**NEW, **CANARY, **settings})
+    want = ranks(**{**NEW, **CANARY, **settings})
+    roll = roll_plan(want, serving, s.restart_batch_size)
+    plan = canary_plan(s, roll.rolled, want, serving, state, flags_digest(want), start=roll.start)
+    return plan, staged_roll(roll, plan, s.restart_batch_size)
+
+
+def numbers(found: list[Rank]) -> list[int]:
+    return [r.rank for r in found]
+
+
+def test_a_rank_down_before_a_canary_starts_only_after_the_verdict() -> None:
+    plan, roll = staged(stopped(serving_from(ranks(**OLD)), 5))
+    assert plan.stage == "canary" and plan.canary == [0] and plan.start_after == [5]
+    assert roll.start == [] and numbers(roll.start_after) == [5] and roll.stopped == []
+    assert numbers(roll.batches[0]) == [0]
+    assert "--held" in plan.argv and "sglang@5.service" in plan.argv
+    assert "rank(s) 5 not serving: started after the verdict passes" in plan.summary()
+
+
+def test_ranks_added_by_a_larger_dp_size_wait_for_the_verdict_too() -> None:
+    serving = serving_from(ranks(**OLD, dp_size=4))
+    plan, roll = staged(serving, dp_size=6)
+    assert plan.start_after == [4, 5] and roll.start == []
+    # Paused: they stay stopped, said by name, until a run promotes.
+    paused: dict[str, Any] = {"rollout": {"strategy": "canary", "pause": True}}
+    plan, roll = staged(serving, dp_size=6, **paused)
+    assert plan.stopped == [4, 5] and plan.start_after == []
+    assert numbers(roll.stopped) == [4, 5] and roll.start == []
+    assert "rank(s) 4, 5 not serving: stay stopped" in plan.summary()
+
+
+def test_after_a_failed_verdict_a_rank_down_stays_stopped_and_is_named() -> None:
+    failed = Canary(record(ok=False, rolled_back=True))
+    plan, roll = staged(stopped(serving_from(ranks(**OLD)), 6), failed)
+    assert plan.stage == "refused" and plan.stopped == [6]
+    assert roll.start == []
+    assert "rank(s) 6 not serving stay stopped" in plan.errors[0]
+
+
+def test_a_canary_an_earlier_run_left_unhealthy_is_the_canary_again() -> None:
+    # Rank 0's unit names the new engine, it is not serving, its old unit is backed up: it
+    # starts again as the canary (health-gated, rolled back onto the backup if it fails).
+    old, new = ranks(**OLD), ranks(**NEW, **CANARY)
+    serving = stopped(serving_from([new[0], *old[1:]]), 0)
+    state = Canary(backups={"sglang@0.service": "c" * 64})
+    plan, roll = staged(serving, state)
+    assert plan.stage == "resume" and plan.canary == [0] and plan.canary_batch == [0]
+    assert plan.backup == {} and plan.start_after == []
+    assert numbers(roll.batches[0]) == [0]
+    # Without a backup it is no canary to roll back: it waits for the verdict like any rank.
+    plan, _ = staged(serving)
+    assert plan.stage == "canary" and plan.canary == [1] and plan.start_after == [0]
+
+
+def test_a_failed_canary_that_is_down_is_rolled_back_never_started_on_its_unit() -> None:
+    old, new = ranks(**OLD), ranks(**NEW, **CANARY)
+    serving = stopped(serving_from([new[0], *old[1:]]), 0)
+    state = Canary(record(ok=False), backups={"sglang@0.service": "c" * 64})
+    plan, roll = staged(serving, state)
+    assert plan.stage == "rollback" and plan.stopped == [] and plan.canary == [0]
+    assert roll.start == [] and roll.batches == []
+
+
+def test_the_strategy_unset_is_a_canary_on_a_serving_host_and_todays_roll_on_a_first() -> None:
+    unset: dict[str, Any] = {"rollout": {}}
+    plan, order = decide(ranks(**OLD), **unset)
+    assert plan.stage == "canary" and order[0] == [0]
+    assert plan.decision is not None and "rollout.strategy unset (canary)" in plan.decision.why
+    # A first deploy: nothing serves, every rank starts as today.
+    s = make_settings(**NEW, **unset)
+    want = ranks(**NEW, **unset)
+    roll = roll_plan(want, Serving(), s.restart_batch_size)
+    first = canary_plan(s, roll.rolled, want, Serving(), NOTHING, "f", start=roll.start)
+    assert first.stage is None and "a first deploy rolls as today" in first.skip
+    assert numbers(staged_roll(roll, first, 1).start) == list(range(8))
+    # Explicit settings win: rolling rolls; and where a canary cannot be compared the unset
+    # strategy rolls as today, said, where `canary` by name is refused.
+    plan, order = decide(ranks(**OLD), rollout={"strategy": "rolling"})
+    assert plan.stage is None and order == [[r] for r in range(8)]
+    lone = stopped(serving_from(ranks(**OLD)), *range(1, 8))
+    plan, _ = staged(lone, **unset)
+    assert plan.stage is None and "no serving rank keeps the old engine" in plan.skip
+    assert "rollout.strategy unset: rolls as today" in plan.skip
+    plan, _ = staged(lone)
+    assert plan.stage == "refused" and "no serving rank keeps the old engine" in plan.errors[0]
+
+
+def test_a_failed_verdict_is_judged_again_by_its_time_and_only_by_it() -> None:
+    failed = Canary(record(ok=False, rolled_back=True))
+    line = decide(ranks(**OLD), failed)[0].errors[0]
+    assert "--data canary_judge_again=2026-12-06T18:00:00Z" in line
+    plan, order = decide(ranks(**OLD), failed, canary_judge_again="2026-12-06T18:00:00Z")
+    assert plan.stage == "canary" and order[0] == [0] and plan.compares
+    assert plan.judged_again == "2026-12-06T18:00:00Z"
+    assert "judging the failed verdict of 2026-12-06T18:00:00Z again" in plan.summary()
+    # Another time names no verdict of the host's: refused as before, and --why says so.
+    plan, _ = decide(ranks(**OLD), failed, canary_judge_again="2026-12-01T00:00:00Z")
+    assert plan.stage == "refused"
+    assert plan.decision is not None and "names no failed verdict" in plan.decision.why

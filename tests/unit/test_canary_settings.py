@@ -19,9 +19,11 @@ def refusal(**overrides: object) -> str:
     return problems[0]
 
 
-def test_the_default_is_todays_roll_and_the_schema_default_is_rollouts() -> None:
+def test_the_default_strategy_is_unset_and_the_schema_default_is_rollouts() -> None:
+    # Unset: the plan decides (a canary on a serving host, today's roll on a first deploy).
     assert make_settings().rollout == Rollout()
-    assert Rollout().strategy == "rolling"
+    assert Rollout().strategy is None
+    assert make_settings(rollout={"strategy": "rolling"}).rollout.strategy == "rolling"
     default = schema()["properties"]["rollout"]["default"]
     assert Rollout(**default) == Rollout()
 

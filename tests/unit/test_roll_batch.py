@@ -28,11 +28,13 @@ def sh(text: str) -> list[str]:
     return ["/bin/sh", "-c", text]
 
 
-def run_batch(tmp_path: Path, steps: list[list[object]], stdin: str = "") -> tuple[int, str]:
+def run_batch(
+    tmp_path: Path, steps: list[list[object]], stdin: str = "", extra: tuple[str, ...] = ()
+) -> tuple[int, str]:
     script = tmp_path / "roll_batch.py"
     script.write_text(host_scripts.script_text("roll_batch.py"))  # what the host runs
     proc = subprocess.run(
-        [sys.executable, str(script), "--batch", "sglang@0.service", json.dumps(steps)],
+        [sys.executable, str(script), "--batch", "sglang@0.service", json.dumps(steps), *extra],
         input=stdin,
         capture_output=True,
         text=True,
@@ -226,3 +228,35 @@ def test_a_waiting_interpreter_runs_its_script_as_python_would(tmp_path: Path) -
     assert rc == 1, out
     assert f"path0 {tmp_path}" in out, out
     assert "NameError: name 'NotDefinedAnywhere' is not defined" in out, out
+
+
+def test_a_canary_batch_that_fails_from_its_write_on_runs_its_undo_and_still_fails(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "log"
+    at = shlex.quote(str(log))
+    undo = json.dumps(
+        [["restore", sh(f"echo restore >> {at}")], ["restart", sh(f"echo again >> {at}")]]
+    )
+    steps: list[list[object]] = [
+        ["drain", sh(f"echo drain >> {at}")],
+        ["backup", sh(f"echo backup >> {at}")],
+        ["restart", sh(f"echo restart >> {at}")],
+        ["health", sh("exit 3")],
+        ["readmit", sh(f"echo readmit >> {at}")],
+    ]
+    rc, out = run_batch(tmp_path, steps, extra=("--undo", undo, "--undo-from", "restart"))
+    assert rc == 3, out
+    assert log.read_text() == "drain\nbackup\nrestart\nrestore\nagain\n"
+    assert "the canary failed at health; rolled back onto its saved unit file(s)" in out
+    # A failure before the undo's first step (the backup): nothing was changed, nothing undone.
+    log.unlink()
+    steps[1] = ["backup", sh("exit 4")]
+    rc, out = run_batch(tmp_path, steps, extra=("--undo", undo, "--undo-from", "restart"))
+    assert rc == 4 and log.read_text() == "drain\n", out
+    assert "rolled back" not in out
+    # The undo failing too is said, and the batch's own status is kept.
+    steps[1] = ["backup", sh(f"echo backup >> {at}")]
+    bad = json.dumps([["restore", sh("exit 5")]])
+    rc, out = run_batch(tmp_path, steps, extra=("--undo", bad, "--undo-from", "restart"))
+    assert rc == 3 and "its rollback FAILED too (exit 5)" in out, out

@@ -22,7 +22,8 @@ from operations import layout
 from operations.facts.serve import Serving, UnitState
 from operations.plan.planned_files import sha256
 from operations.plan.resolver import Rank, RouterPlan
-from operations.plan.serve_plan import router_restarts, smoke_targets
+from operations.plan.serve_plan import router_restarts
+from operations.plan.smoke_plan import smoke_targets
 from operations.render.host_scripts import load
 from tests.doubles import wheels
 from tests.unit.builders import make_settings

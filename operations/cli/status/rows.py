@@ -17,7 +17,7 @@ from operations.facts.smoke import Probe, ProbeAnswer
 from operations.facts.toolkit_record import ToolkitRecord
 from operations.plan import rank_state
 from operations.plan.resolver.router import worker_urls
-from operations.plan.serve_plan import ranks_behind_router
+from operations.plan.smoke_plan import ranks_behind_router
 from operations.plan.startup import startup_patterns
 from operations.plan.toolkit_version import NONE_RECORDED
 from operations.redact import redact_data
