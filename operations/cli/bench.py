@@ -1,4 +1,4 @@
-"""Measure how fast each host serves, now, with the engine's own benchmark client.
+"""Measure how fast each host serves, now: each rank's capacity, with the toolkit's load client.
 
     python -m operations.bench INVENTORY [--data KEY=VALUE ...]
 

@@ -50,10 +50,10 @@ from typing import Literal
 from operations import layout
 from operations.facts.canary import Canary, CanaryRecord
 from operations.facts.serve import Serving
-from operations.kb.bench_client import load_bench_client
 from operations.plan.drain import DrainPlan
 from operations.plan.rank_state import rank_pending_restart
 from operations.plan.resolver.types import Rank
+from operations.plan.throughput_plan import load_flags
 from operations.plan.vocabulary import CanaryJson, Decision
 from operations.settings import Settings
 
@@ -261,8 +261,6 @@ def compare_argv(
     canary: Sequence[Rank],
     baselines: Sequence[Rank],
     target: str,
-    module: str,
-    module_file: str,
     drain: DrainPlan | None,
     held: Sequence[int] = (),
 ) -> list[str]:
@@ -296,15 +294,8 @@ def compare_argv(
         argv += ["--router-metrics", metrics]
         for r in [*canary, *baselines]:
             argv += ["--worker", f"{r.unit_name}={drain.worker(r.rank)}"]
-    argv += ["--python", layout.env_python(first.engine_env)]
-    argv += ["--module", module, "--module-file", module_file]
-    argv += ["--tokenizer", first.model_path]
-    argv += ["--input-len", str(s.throughput_input_len)]
-    argv += ["--output-len", str(s.throughput_output_len)]
-    argv += ["--concurrency-per-rank", str(s.throughput_concurrency_per_rank)]
-    argv += ["--prompts-per-rank", str(s.throughput_prompts_per_rank)]
-    argv += ["--timeout", str(s.throughput_timeout_s)]
-    return argv
+    # The speed row's load: the throughput check's shape, its one writer.
+    return argv + load_flags(s)
 
 
 def router_metrics_url(s: Settings, drain: DrainPlan | None) -> str | None:
@@ -486,14 +477,6 @@ def _compared(
             f"{', '.join(map(str, numbers))} with"
         )
         return _cannot_compare(s, f"{why}; set rollout.strategy: rolling", numbers)
-    client = load_bench_client(s.sglang_version)
-    if client is None:
-        why = (
-            f"sglang {s.sglang_version} has no benchmark client in the knowledge base "
-            "(knowledge/bench/) for the speed row: run scripts/gen_bench_client.py "
-            f"{s.sglang_version} on the controller, or set rollout.strategy: rolling"
-        )
-        return _cannot_compare(s, why, numbers)
     baselines = sorted(old, key=lambda r: r.rank)[:MAX_BASELINES]
     target = verdict_target(flags, s)
     return CanaryPlan(
@@ -510,7 +493,7 @@ def _compared(
         ),
         release=s.sglang_version,
         engine=canary[0].engine_env,
-        argv=compare_argv(s, canary, baselines, target, client.module, client.file, drain, held)
+        argv=compare_argv(s, canary, baselines, target, drain, held)
         + (["--pause"] if rollout.pause else []),
         # The old unit of each canary rank this run rewrites, kept for a rollback.
         backup={

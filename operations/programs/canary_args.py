@@ -15,6 +15,7 @@ import string
 import urllib.parse
 from typing import NoReturn
 
+from operations.programs.load_runner import add_load_flags
 from operations.programs.program_main import Refused
 from operations.programs.roll_steps import WRITE, Step, steps_of
 
@@ -34,18 +35,14 @@ def parse_canary(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--canary", action="append", required=True, metavar="UNIT=API_BASE")
     parser.add_argument("--baseline", action="append", required=True, metavar="UNIT=API_BASE")
     parser.add_argument("--held", action="append", default=[], metavar="UNIT")
-    for name in ("--model", "--service-user", "--record", "--target", "--meta"):
+    for name in ("--service-user", "--record", "--target", "--meta"):
         parser.add_argument(name, required=True)
     parser.add_argument("--key-file")
     parser.add_argument("--max-slowdown", type=float, required=True)
     parser.add_argument("--soak", type=float, required=True)
     parser.add_argument("--router-metrics", default=None)
     parser.add_argument("--worker", action="append", default=[], metavar="UNIT=WORKER_URL")
-    for name in ("--python", "--module", "--module-file", "--tokenizer"):
-        parser.add_argument(name, required=True)
-    for name in ("--input-len", "--output-len", "--concurrency-per-rank", "--prompts-per-rank"):
-        parser.add_argument(name, type=int, required=True)
-    parser.add_argument("--timeout", type=float, required=True)
+    add_load_flags(parser)  # the speed row's load (plan/throughput_plan.load_flags)
     parser.add_argument("--rollback", default=None, metavar="STEPS_JSON")
     parser.add_argument("--pause", action="store_true")
     return parser.parse_args(argv)
@@ -136,7 +133,7 @@ def checked(
     bad = [u for u in args.held if not u or "=" in u or u in canaries or u in baselines]
     if bad:
         raise Refused(f"--held {bad[0]!r} is not a unit apart from the compared ones")
-    for name in ("input_len", "output_len", "concurrency_per_rank", "prompts_per_rank"):
+    for name in ("input_len", "output_len", "start", "most", "rounds"):
         if getattr(args, name) < 1:
             raise Refused(f"--{name.replace('_', '-')} must be 1 or more")
     if not 0 <= args.max_slowdown < 1:

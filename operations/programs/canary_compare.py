@@ -69,7 +69,6 @@ import argparse
 import http.client
 import json
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -79,20 +78,6 @@ import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
-
-from operations.programs.throughput_client import (
-    WHO_GETS_THE_KEY,
-    client_words,
-    guarded,
-    listener_refusal,
-    metrics,
-    number,
-    preconditions,
-    read_key,
-    read_result,
-    run_client,
-    service_ids,
-)
 
 from operations.programs.canary_args import (
     canary_meta,
@@ -106,12 +91,10 @@ from operations.programs.canary_rows import (
     EXACT,
     OPEN_MAX_TOKENS,
     OPEN_PROMPTS,
-    SPEED_ROUNDS,
     TOP_K,
     Answer,
-    Speed,
+    RankSpeed,
     answer_of,
-    combined,
     compare,
     errors_row,
     last_line,
@@ -128,7 +111,17 @@ from operations.programs.hostsafe import (
     mask_journal,
     read_listeners,
 )
-from operations.programs.program_main import Refused
+from operations.programs.load_client import LOAD, load_main
+from operations.programs.load_runner import (
+    WHO_GETS_THE_KEY,
+    listener_refusal,
+    merge_results,
+    metrics,
+    read_key,
+    run_load,
+    service_ids,
+)
+from operations.programs.program_main import Refused, guarded
 from operations.programs.roll_steps import WAIT, Step, run
 from operations.programs.roll_waiting import wait_for_go
 from operations.programs.smoke_answers import (
@@ -138,6 +131,7 @@ from operations.programs.smoke_answers import (
     operands,
     question,
 )
+from operations.programs.throughput_guard import figures
 
 T = TypeVar("T")
 CANARY_OFF = "deploy without the canary (its setting off)"
@@ -287,34 +281,38 @@ def open_row(
 
 
 def speeds(
-    args: argparse.Namespace, roots: dict[str, str], key: str | None, ids: tuple[int, int]
-) -> dict[str, Speed]:
-    """One client per rank, all at once (the module docstring), each one rank's workload."""
-    deadline = time.monotonic() + args.timeout
-    known = (key,) if key else ()
-    work = tempfile.mkdtemp(prefix="canary-")
-    try:
-        os.chown(work, *ids)
+    args: argparse.Namespace, live: dict[str, str], key: str | None, script: str, deadline: float
+) -> tuple[dict[str, RankSpeed], str | None]:
+    """Every live rank's capacity, all at once, by the load client (load_runner.run_load):
+    --rounds windows, and as many again while the verdict is undecided (compare_ranks); or
+    why there is no figure."""
+    result, why = run_load(
+        script, live, args, key, args.service_user, args.start, args.rounds, deadline
+    )
+    if result is None:
+        return {}, why
+    args.last_result = (
+        merge_results(args.last_result, result) if getattr(args, "last_result", None) else result
+    )
+    return speeds_of(args.last_result, list(live)), None
 
-        def one(unit: str) -> Speed:
-            out = os.path.join(work, f"{unit}.jsonl")
-            words = client_words(args, roots[unit], 1, out)
-            code, text = run_client(args, words, key, work, deadline, ids)
-            result = read_result(out)
-            if result is None:
-                tail = " | ".join(mask_journal(text, known).strip().splitlines()[-3:])
-                why = f"the client exited {code} ({'timed out' if code == 124 else tail})"
-                return Speed(tok_s=0.0, completed=0, prompts=args.prompts_per_rank, why=why)
-            return Speed(
-                tok_s=round(number(result.get("output_throughput")), 2),
-                completed=int(number(result.get("completed"))),
-                prompts=args.prompts_per_rank,
-                why=None,
-            )
 
-        return each(one, list(roots))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+def speeds_of(result: dict[str, object], units: list[str]) -> dict[str, RankSpeed]:
+    figure = figures(result, units)
+    read = result.get("ranks")
+    raw = read if isinstance(read, dict) else {}
+    out: dict[str, RankSpeed] = {}
+    for unit in units:
+        got = raw.get(unit)
+        rank: dict[str, object] = got if isinstance(got, dict) else {}
+        errors = int(str(rank.get("errors") or 0))
+        out[unit] = {
+            "tok_s": figure[unit]["output_tok_s"],
+            "rounds": figure[unit]["rounds"],
+            "errors": errors,
+            "why": f"{errors} requests failed ({rank.get('first_error')})" if errors else None,
+        }
+    return out
 
 
 def mask(value: object, known: tuple[str, ...]) -> object:
@@ -354,37 +352,6 @@ def dead_ranks(roots: dict[str, str], found: list[Listener]) -> dict[str, str]:
     return dead
 
 
-def baseline_speeds(
-    rounds: list[dict[str, Speed]], bases: list[str], canaries: list[str], gone: dict[str, str]
-) -> tuple[list[dict[str, Speed]], dict[str, float]]:
-    """The rounds with the baselines folded into one, BASELINES (their median tok/s each
-    round), every canary as measured (one not measured: why); a baseline whose client failed
-    or lost a request in any round is the baseline's fault, dropped into `gone`. Also each
-    baseline kept's median tok/s over the rounds, for the record."""
-    for unit in bases:
-        bad = [s for r in rounds if unit in r for s in [r[unit]] if s["why"] is not None]
-        lost = any(r[unit]["completed"] < r[unit]["prompts"] for r in rounds if unit in r)
-        if unit not in gone and (bad or lost):
-            gone[unit] = f"speed: {bad[0]['why'] if bad else 'requests lost'}"
-    kept = [u for u in bases if u not in gone]
-    folded = []
-    for r in rounds:
-        one = {
-            u: r.get(u, Speed(tok_s=0.0, completed=0, prompts=0, why=gone.get(u))) for u in canaries
-        }
-        figures = [r[u]["tok_s"] for u in kept]
-        prompts = r[kept[0]]["prompts"] if kept else 0
-        one[BASELINES] = Speed(
-            tok_s=statistics.median(figures) if figures else 0.0,
-            completed=prompts,
-            prompts=prompts,
-            why=None if figures else "no baseline left",
-        )
-        folded.append(one)
-    per = {u: round(statistics.median(r[u]["tok_s"] for r in rounds), 2) for u in kept}
-    return folded, per
-
-
 def spread_of(per: dict[str, float]) -> float:
     """The baselines' spread: (highest - lowest) / their median; 0 with one baseline."""
     figures = list(per.values())
@@ -392,8 +359,47 @@ def spread_of(per: dict[str, float]) -> float:
     return round((max(figures) - min(figures)) / middle, 4) if middle > 0 else 0.0
 
 
+def speed_verdict(
+    args: argparse.Namespace,
+    live: dict[str, str],
+    key: str | None,
+    script: str,
+    bases: list[str],
+    canaries: list[str],
+    gone: dict[str, str],
+) -> tuple[Row, dict[str, float]]:
+    """The speed row (canary_rows.speed_row): measured, and measured again while it is
+    undecided and the time budget allows another run as long as the first; a baseline whose
+    requests failed is the baseline's fault, dropped into `gone`. Also each baseline kept's
+    figure, for the record."""
+    began = time.monotonic()
+    deadline = began + args.timeout
+    args.last_result = None
+    measured, why = speeds(args, live, key, script, deadline)
+    while True:
+        for unit in bases:
+            if unit in measured and measured[unit]["why"] is not None and unit not in gone:
+                gone[unit] = f"speed: {measured[unit]['why']}"
+        kept = {u: measured[u] for u in bases if u in measured and u not in gone}
+        cans: dict[str, RankSpeed] = {
+            u: measured.get(u)
+            or {"tok_s": 0.0, "rounds": [], "errors": 0, "why": why or gone.get(u)}
+            for u in canaries
+        }
+        more_time = deadline - time.monotonic() > time.monotonic() - began
+        speed, undecided = speed_row(kept, cans, args.max_slowdown, final=not more_time)
+        if not undecided or why is not None:
+            break
+        again, why = speeds(args, live, key, script, deadline)
+        measured = again or measured
+    if why is not None and not measured:
+        speed["canary"] = f"no figure: {why}"
+        speed["pass"] = False
+    return speed, {u: m["tok_s"] for u, m in kept.items()}
+
+
 def compare_ranks(
-    argv: list[str], listeners: Callable[[], list[Listener]], secrets: list[str]
+    argv: list[str], listeners: Callable[[], list[Listener]], secrets: list[str], script: str
 ) -> tuple[int, str]:
     """The whole comparison: (exit status, the last line). Refused is raised before anything is
     sent; the table is printed as soon as it is known, and `secrets` gets the key once read."""
@@ -401,7 +407,6 @@ def compare_ranks(
     canaries, baselines, workers = checked(args)
     meta = canary_meta(args.meta)
     steps = read_rollback(args.rollback)
-    preconditions(args.python, args.module_file, args.tokenizer, CANARY_OFF)
     record_directory(args.record)
     bases = list(baselines)
     apis = {**canaries, **baselines}
@@ -417,7 +422,7 @@ def compare_ranks(
     why = listener_refusal(named, args.service_user, found)
     if why is not None:
         raise Refused(f"{why} ({WHO_GETS_THE_KEY})")
-    ids = service_ids(args.service_user)
+    service_ids(args.service_user)
     key = read_key(args.key_file)
     if key:
         secrets.append(key)
@@ -428,20 +433,11 @@ def compare_ranks(
         open_row(args, roots, key, bases, gone),
     ]
     live = {u: r for u, r in roots.items() if u not in gone}
-    rounds = []
+    per: dict[str, float] = {}
     if any(u in live for u in bases):
-        rounds = [speeds(args, live, key, ids) for _ in range(SPEED_ROUNDS)]
-    folded, per = baseline_speeds(rounds, bases, list(canaries), gone)
-    kept = [u for u in bases if u not in gone]
-    if folded and kept:
-        measured = combined(folded, BASELINES)
-        speed = speed_row(
-            measured[BASELINES], {u: measured[u] for u in canaries}, args.max_slowdown
-        )
-        speed["baseline"] = (
-            f"median of {', '.join(kept)}: {speed['baseline']}; spread {spread_of(per):.1%}"
-        )
+        speed, per = speed_verdict(args, live, key, script, bases, list(canaries), gone)
         rows.append(speed)
+    kept = [u for u in bases if u not in gone]
     if before is not None and kept:
         time.sleep(max(0.0, args.soak - (time.monotonic() - started)))
         after = outcomes(metrics(args.router_metrics))
@@ -507,14 +503,22 @@ def not_judged(
     return 1, f"{line}; the canary rolled back; the next run judges again"
 
 
-def main(argv: list[str], listeners: Callable[[], list[Listener]] = read_listeners) -> int:
+def main(
+    argv: list[str],
+    listeners: Callable[[], list[Listener]] = read_listeners,
+    script: str | None = None,
+) -> int:
     """Exit 0 (passed), 1 (failed) or 2 (refused); one line for each failure, masked, never a
-    traceback. `listeners`: who listens on this host's TCP ports (a test's own)."""
+    traceback. `listeners`: who listens on this host's TCP ports (a test's own); `script`: this
+    program's file, which the load client is started from (sys.argv[0])."""
     if argv[:1] == [WAIT]:  # a rollback step's waiting interpreter (roll_steps)
         wait_for_go(argv[1:])
+    if argv[:1] == [LOAD]:  # the speed row's load client, as the service user
+        return load_main(argv[1:])
+    own = os.path.abspath(script or sys.argv[0])
 
     def work(secrets: list[str]) -> tuple[int, list[str]]:
-        code, line = compare_ranks(argv, listeners, secrets)
+        code, line = compare_ranks(argv, listeners, secrets, own)
         return code, [line]
 
     return guarded("canary", work)

@@ -192,3 +192,19 @@ def run_load(
         return result, ""
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def merge_results(first: dict[str, object], more: dict[str, object]) -> dict[str, object]:
+    """Two runs' results as one: each rank's windows, requests and errors added up; the second
+    run's concurrency (it started where the first ended)."""
+    ranks = dict(cast(dict[str, dict[str, object]], first.get("ranks") or {}))
+    for name, extra in cast(dict[str, dict[str, object]], more.get("ranks") or {}).items():
+        was = dict(ranks.get(name) or {})
+        windows = cast(list[object], was.get("windows") or [])
+        was["windows"] = windows + cast(list[object], extra.get("windows") or [])
+        for count in ("completed", "errors"):
+            was[count] = int(cast(int, was.get(count) or 0)) + int(cast(int, extra.get(count) or 0))
+        was["first_error"] = was.get("first_error") or extra.get("first_error")
+        was["concurrency"] = extra.get("concurrency", was.get("concurrency"))
+        ranks[name] = was
+    return {**first, "ranks": ranks}

@@ -52,6 +52,7 @@ from operations.programs.load_client import LOAD, load_main
 from operations.programs.load_runner import (
     WHO_GETS_THE_KEY,
     listener_refusal,
+    merge_results,
     metrics,
     read_key,
     run_load,
@@ -92,20 +93,6 @@ def mark_pending(path: str, started: str) -> None:
     except BaseException:
         os.unlink(fresh)
         raise
-
-
-def merged(first: dict[str, object], more: dict[str, object]) -> dict[str, object]:
-    """Two runs' results as one: each rank's windows, requests and errors added up; the second
-    run's concurrency (it started where the first ended)."""
-    ranks = dict(first.get("ranks") or {})  # type: ignore[call-overload]
-    for name, extra in (more.get("ranks") or {}).items():  # type: ignore[attr-defined]
-        was = dict(ranks.get(name) or {})
-        was["windows"] = list(was.get("windows") or []) + list(extra.get("windows") or [])
-        for count in ("completed", "errors"):
-            was[count] = int(was.get(count) or 0) + int(extra.get(count) or 0)
-        was["first_error"] = was.get("first_error") or extra.get("first_error")
-        ranks[name] = was
-    return {**first, "ranks": ranks}
 
 
 def check(
@@ -167,7 +154,7 @@ def check(
         )
         if more is None:
             break
-        result = merged(result, more)
+        result = merge_results(result, more)
         kept = record["changed_args"]
         record = {**measured(meta, result, list(ranks), now), "changed_args": kept}
         verdict = judge(record, history, args.max_slowdown, args.guard, final=False)

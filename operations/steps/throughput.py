@@ -1,14 +1,15 @@
-"""Step 6 of the deploy: how fast the host serves, with the engine's own benchmark client.
+"""Step 6 of the deploy: how fast the host serves, each rank's capacity at saturation.
 
 After the smoke step, when the plan says so (operations/plan/throughput_plan.py: throughput_check
-after_change when this run (re)started a rank or the router, always, or off), the host runs
-programs/throughput.py: SGLang's client from the serving engine, offline, through the router or
-per rank, bounded by throughput_timeout_s. It appends a record to layout.THROUGHPUT_RECORDS and
-prints it with one short line; a run more than throughput_max_slowdown below the last record of
-the same workload fails the deploy (throughput_guard: fail) with both records, the ratio and the
-ranks that fell, or passes with a warning (warn); through the router a rank that took (almost)
-no load fails it by name. The ranks are never touched: a failed or interrupted check leaves them
-serving, and the next run checks again.
+after_change when this run (re)started a rank or the router, or the last check did not pass,
+always, or off), the host runs programs/throughput.py: the toolkit's own load client against
+every rank at once, each rank read by its own counters, several rounds, bounded by
+throughput_timeout_s. It appends a record to layout.THROUGHPUT_RECORDS and prints it with one
+short line; a check slower than throughput_max_slowdown beyond its noise, against the median of
+the last passed records or the best recent one, fails the deploy (throughput_guard: fail) naming
+the records, the ratio, the noise and the ranks that fell, or passes with a warning (warn). The
+ranks are never touched: a failed or interrupted check leaves them serving, and the next run
+checks again.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def throughput(report: HostReport) -> None:
         put_planned(file)
     run = decided.run
     throughput_run(
-        name="Throughput | benchmark client",
+        name="Throughput | load client",
         argv=run.argv if run is not None else [],
         skip=decided.skip,
     )

@@ -42,4 +42,4 @@ def test_a_pin_not_yet_deployed_is_not_measured_and_the_converged_host_is() -> N
     assert rc == 1 and BENCH_REFUSAL in unfolded(out), out
     rc, out = bench("inventory/demo_day2.py")
     assert rc == 0, out
-    assert "Throughput | benchmark client" in out and "refused" not in out, out
+    assert "Throughput | load client" in out and "refused" not in out, out
