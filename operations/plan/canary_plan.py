@@ -284,7 +284,7 @@ def compare_argv(
         argv += ["--baseline", f"{r.unit_name}={layout.rank_api_base(s, r.rank)}"]
     for n in held:
         argv += ["--held", layout.unit_name(n)]
-    argv += ["--model", s.model_name, "--key-file", layout.SECRETS_FILE]
+    argv += ["--key-file", layout.SECRETS_FILE]
     argv += ["--service-user", s.service_user]
     argv += ["--max-slowdown", str(s.rollout.max_slowdown), "--soak", str(s.rollout.soak_s)]
     argv += ["--record", layout.CANARY_RECORD, "--target", target]

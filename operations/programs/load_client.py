@@ -1,7 +1,7 @@
 """The toolkit's own load client and ruler: how many output tokens each rank generates per second
 at saturation, read from the rank's own counters. One build measures both sides of every
 comparison (the throughput guard's records, the canary's ranks): it is this file, named by
-CLIENT (bumped with any change to what it sends or how it counts; tests/unit/test_capacity.py
+CLIENT (bumped with any change to what it sends or how it counts; tests/unit/test_throughput.py
 pins this file's digest to it), never the release under test's benchmark client.
 
 Run as the service user by the throughput check and the canary (each starts its own script with

@@ -215,9 +215,11 @@ def test_a_verdict_for_another_target_is_not_this_ones() -> None:
 
 
 def test_the_comparison_argv() -> None:
+    from operations.plan.throughput_plan import load_flags
+
     s = make_settings(**NEW, **CANARY)
     want = ranks(**NEW, **CANARY)
-    argv = compare_argv(s, want[:1], want[1:3], "f" * 64, "sglang.bench_serving", "F", None, [5])
+    argv = compare_argv(s, want[:1], want[1:3], "f" * 64, None, [5])
     assert argv[:2] == ["python3", layout.CANARY_SCRIPT]
 
     def arg(flag: str) -> list[str]:
@@ -238,10 +240,9 @@ def test_the_comparison_argv() -> None:
         "baseline_rank": 1,
         "baseline_ranks": [1, 2],
     }
-    assert arg("--python") == [layout.env_python(want[0].engine_env)]
-    assert arg("--tokenizer") == [want[0].model_path] and arg("--router-metrics") == []
-    for flag in ("--input-len", "--output-len", "--concurrency-per-rank", "--prompts-per-rank"):
-        assert len(arg(flag)) == 1
+    assert arg("--router-metrics") == [] and arg("--model") == [s.model_name]
+    # The speed row's load is the throughput check's, written by its one writer.
+    assert argv[-len(load_flags(s)) :] == load_flags(s)
 
 
 def test_behind_a_router_the_errors_row_reads_its_per_worker_counters() -> None:
@@ -253,7 +254,7 @@ def test_behind_a_router_the_errors_row_reads_its_per_worker_counters() -> None:
     drain, _, _ = drainmod.decide("ct200", s, [("ct200", s)], kbmod.load())
     assert drain is not None
     want = ranks(**NEW, **CANARY, **router)
-    argv = compare_argv(s, want[:1], want[1:2], "f" * 64, "m", "F", drain)
+    argv = compare_argv(s, want[:1], want[1:2], "f" * 64, drain)
     at = argv.index("--router-metrics")
     assert argv[at + 1] == "http://127.0.0.1:29000"
     workers = [argv[i + 1] for i, w in enumerate(argv) if w == "--worker"]
