@@ -57,9 +57,9 @@ from operations.programs.load_runner import (
     read_key,
     run_load,
 )
-from operations.programs.program_main import Refused, guarded
+from operations.programs.program_main import Refused, guarded, unit_urls
 from operations.programs.throughput_args import (
-    pairs,
+    PLAN,
     parse,
     read_ceilings,
     read_meta,
@@ -101,7 +101,7 @@ def check(
     """The whole check: (exit status, the lines to print). Refused is raised before the client
     runs; `secrets` gets the key once it is read (the caller masks with it)."""
     args = parse(argv)
-    ranks = pairs(args.rank, "--rank")
+    ranks = unit_urls(args.rank, "--rank", PLAN)
     meta = read_meta(args.meta)
     ceilings = read_ceilings(args.ceilings)
     history = read_records(args.records)

@@ -835,7 +835,7 @@ def test_a_rank_whose_metrics_cannot_be_read_before_the_run_is_refused(
         ({"meta": "{not json"}, [], "--meta is not JSON (Expecting property name"),
         ({"meta": "[]"}, [], "--meta is not a JSON object with release, engine, model_digest"),
         ({"ceilings": '{"source": 1}'}, [], "--ceilings is not a JSON object with numbers"),
-        ({}, ["--rank", "r0"], "--rank 'r0' is not NAME=URL"),
+        ({}, ["--rank", "r0"], "--rank 'r0' is not UNIT=URL"),
         ({"guard": "sometimes"}, [], "the command line: argument --guard: invalid choice"),
         ({"timeout": "soon"}, [], "the command line: argument --timeout: invalid float value"),
     ],
