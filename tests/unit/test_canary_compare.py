@@ -1,23 +1,18 @@
 """The canary comparison (operations/programs/canary_compare.py, bundled as the host runs it):
 its rows' rules (programs/canary_rows.py) pure, its refusals in-process, and, marked
 integration, the program against a canary and a baseline server double with the benchmark
-client double (the 0.5.11 wheel double, as tests/unit/test_throughput.py starts them)."""
+client double (the 0.5.11 wheel double: tests/doubles/rank_doubles.py)."""
 
 from __future__ import annotations
 
-import functools
-import http.server
 import ipaddress
 import json
 import os
 import pwd
 import re
-import socket
 import stat
 import subprocess
 import sys
-import threading
-import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +22,7 @@ import pytest
 from operations.programs import canary_rows as rows
 from operations.programs import hostsafe
 from operations.render.host_scripts import load, script_text
-from tests.doubles import wheels
+from tests.doubles.rank_doubles import RankDoubles, RouterPage, engine_env, page
 
 ME = pwd.getpwuid(os.getuid()).pw_name
 OTHER = 65534 if os.getuid() != 65534 else 65533
@@ -101,16 +96,6 @@ def test_speed_passes_within_the_slowdown_and_fails_past_it_or_with_lost_request
     assert not rows.speed_row(speed(100), {"c": speed(120, completed=3)}, 0.1)["pass"]
     broken = rows.speed_row(speed(0, 0, "the client exited 1"), {"c": speed(100)}, 0.1)
     assert not broken["pass"] and broken["baseline"] == "the client exited 1"
-
-
-def page(counts: dict[str, tuple[int, int]]) -> str:
-    """A router /metrics page: each worker's (failures, successes) as smg 1.13 labels them
-    (tests/fixtures/smg/metrics-1.13.0.json: smg_worker_cb_outcomes_total{outcome, worker})."""
-    lines = ["# TYPE smg_worker_cb_outcomes_total counter"]
-    for worker, (bad, good) in counts.items():
-        lines.append(f'smg_worker_cb_outcomes_total{{outcome="failure",worker="{worker}"}} {bad}')
-        lines.append(f'smg_worker_cb_outcomes_total{{outcome="success",worker="{worker}"}} {good}')
-    return "\n".join(lines) + "\n"
 
 
 def test_the_fixture_names_the_outcomes_family_and_its_labels() -> None:
@@ -320,22 +305,10 @@ def test_a_record_directory_others_may_write_is_refused(
 # -- the program against two server doubles ------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A virtualenv with the sglang double of 0.5.11 (server and benchmark client)."""
-    out = tmp_path_factory.mktemp("engine")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(out / "env")], check=True)
-    (site,) = (out / "env" / "lib").glob("python3*/site-packages")
-    with zipfile.ZipFile(wheels.sglang_wheel(out / "wheels", "0.5.11")) as zf:
-        zf.extractall(site)
-    return out / "env"
+    return engine_env(tmp_path_factory.mktemp("engine"))
 
 
 Start = Callable[..., str]
@@ -344,72 +317,8 @@ Start = Callable[..., str]
 @pytest.fixture
 def ranks(engine: Path, tmp_path: Path) -> Iterator[Start]:
     """start(rate, reply) -> a server double's URL (its root), stopped by PID at the end."""
-    model = tmp_path / "model"
-    model.mkdir(exist_ok=True)
-    (model / "tokenizer.json").write_text("{}")
-    procs: list[subprocess.Popen[str]] = []
-
-    def start(rate: str = "4000", reply: str = "") -> str:
-        port = _free_port()
-        env = {
-            "PATH": os.environ["PATH"],
-            "CUDA_VISIBLE_DEVICES": str(len(procs)),
-            "SGLANG_DOUBLE_LOAD_SECONDS": "0",
-            "SGLANG_DOUBLE_TOKENS_PER_S": rate,
-            "SGLANG_DOUBLE_REPLY": reply,
-        }
-        words = [str(engine / "bin" / "python"), "-m", "sglang.launch_server"]
-        words += ["--model-path", str(model), "--served-model-name", "m"]
-        words += ["--host", "127.0.0.1", "--port", str(port), "--enable-metrics"]
-        words += ["--api-key", KEY]
-        proc = subprocess.Popen(words, env=env, stdout=subprocess.PIPE, text=True)
-        procs.append(proc)
-        assert proc.stdout is not None
-        for line in proc.stdout:  # the double prints this line once it is ready
-            if "ready: serving" in line:
-                break
-        return f"http://127.0.0.1:{port}"
-
-    try:
-        yield start
-    finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(timeout=30)
-
-
-class RouterPage:
-    """The router's /metrics (smg's per-worker outcomes), served here; each read counts 10
-    more successes for every worker, and `failing` workers one failure more too."""
-
-    def __init__(self, workers: list[str], failing: list[str]) -> None:
-        self.reads = 0
-        me = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                me.reads += 1
-                n = me.reads
-                counts = {w: (n if w in failing else 0, 10 * n) for w in workers}
-                body = page(counts).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        serve = functools.partial(self.server.serve_forever, poll_interval=0.05)
-        self.thread = threading.Thread(target=serve, daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join()
+    with RankDoubles(engine, tmp_path / "model", KEY) as doubles:
+        yield doubles.start
 
 
 def run_program(tmp: Path, engine: Path, args: list[str]) -> tuple[int, list[str]]:
