@@ -163,22 +163,52 @@ def test_the_table_aligns_its_columns_and_wraps_long_cells() -> None:
     assert rows.last_line(made[1:]) == "canary: passed"
 
 
-def test_the_table_fits_80_columns_with_real_cells() -> None:
-    made = [
-        rows.row(
-            "answers: known sum", "sglang@1.service: 742", "sglang@0.service: 742", "exact", True
-        ),
-        rows.row(
-            "speed: output tok/s",
-            "sglang@1.service: 1520.4 (3 rounds at once)",
-            "sglang@0.service: 1102.7 (x0.73)",
-            "no more than 10% slower",
-            False,
-        ),
+def _real_rows() -> list[dict[str, object]]:
+    """Rows as the program writes them: a record it kept (tests/facts/canary.CanaryState/
+    failed.json, made by scripts/capture_canary_records.py) and the longest cells the row
+    builders make: two canaries, one whose client timed out, errors past the margin."""
+    fixture = Path(__file__).parents[1] / "facts" / "canary.CanaryState" / "failed.json"
+    (text,) = [line for line in json.loads(fixture.read_text())["output"] if line[:5] == "text "]
+    kept: list[dict[str, object]] = json.loads(text[5:])["rows"]
+    timed_out = speed(0, 0, "the client exited 124 (timed out)")
+    slow = rows.speed_row(
+        speed(15204.37), {"sglang@6.service": speed(11027.5), "sglang@7.service": timed_out}, 0.1
+    )
+    before = rows.outcomes(page({"http://127.0.0.1:30001": (0, 0)}))
+    after = rows.outcomes(page({"http://127.0.0.1:30001": (9, 123456)}))
+    workers = {
+        "sglang@6.service": "http://127.0.0.1:30006",
+        "sglang@7.service": "http://127.0.0.1:30001",
+    }
+    failing = rows.errors_row(
+        before, after, ("sglang@1.service", "http://127.0.0.1:30001"), workers, 60
+    )
+    return [*kept, slow, failing, rows.no_router_row()]
+
+
+def test_the_table_keeps_real_rows_within_80_columns_and_each_cell_in_its_column() -> None:
+    made = _real_rows()
+    # The checks the program writes, in its order (canary_compare.compare_ranks).
+    assert [r["check"] for r in made[:4]] == [
+        "answers: known sum",
+        "answers: open prompts",
+        "speed",
+        "errors",
     ]
-    lines = rows.table(made)
-    assert max(len(line) for line in lines) <= 80
-    assert "1102.7" in "".join(lines)
+    for item in made:
+        header, *lines = rows.table([item])
+        names = header.split()
+        assert names == ["check", "baseline", "canary", "threshold", "pass"]
+        starts = [header.index(name) for name in names]
+        assert all(len(line) <= 80 for line in [header, *lines]), lines
+        for line in lines:
+            # Nothing runs into the two blanks before a column.
+            assert all(line[s - 2 : s].strip() == "" for s in starts[1:]), line
+        for name, start, end in zip(names, starts, [*starts[1:], None], strict=True):
+            shown = "".join(line[start:end] for line in lines)
+            value = ("yes" if item[name] else "NO") if name == "pass" else str(item[name])
+            # Every character of the cell, in order, in its own column (wrapped at blanks).
+            assert "".join(shown.split()) == "".join(value.split()), (name, lines)
 
 
 # -- refused before anything is sent -----------------------------------------------------------
