@@ -65,9 +65,9 @@ from operations.runtime.host_call import Commands
 from operations.runtime.on_controller import fail, keep_lock, local_dir, upload_refusal
 from operations.runtime.pyinfra_internals import temp_filename
 from operations.settings import Settings
+from operations.steps.cuda_toolkit import host_packages, install_toolkit, sync_archives
 from operations.steps.engine_check import verify_env
 from operations.steps.host_files import new_file, put_planned
-from operations.steps.toolkit import host_packages, install_toolkit, sync_archives
 from operations.steps.users import service_user
 
 # -- operations -----------------------------------------------------------------------------

@@ -213,7 +213,10 @@ def imports_upstream(edges: dict[str, set[str]]) -> list[str]:
 def test_the_direction_check_names_each_import_up_the_picture() -> None:
     """The two seams issue 44 closed, as they were, and the facts' one door."""
     edges = {
-        "operations.plan.engine_plan": {"operations.steps.toolkit", "operations.plan.engine_spec"},
+        "operations.plan.engine_plan": {
+            "operations.steps.cuda_toolkit",
+            "operations.plan.engine_spec",
+        },
         "operations.settings.schema_json": {"operations.runtime.pyinfra_internals"},
         "operations.facts.once": {"operations.runtime.pyinfra_internals"},
         "operations.facts.serve": {"operations.runtime.gather"},
@@ -222,7 +225,7 @@ def test_the_direction_check_names_each_import_up_the_picture() -> None:
     }
     assert [line.split(":")[0] for line in imports_upstream(edges)] == [
         "operations.facts.serve imports operations.runtime.gather",
-        "operations.plan.engine_plan imports operations.steps.toolkit",
+        "operations.plan.engine_plan imports operations.steps.cuda_toolkit",
         "operations.settings.schema_json imports operations.runtime.pyinfra_internals",
     ]
 
