@@ -68,7 +68,7 @@ lint: $(BIN)/.synced
 typecheck: $(BIN)/.synced
 	$(BIN)/mypy
 
-# The layers (docs/architecture.md, "Tests, by layer"): fast (pure logic and pyinfra fixtures,
+# The layers (docs/how-it-works/faults-and-tests.md, "Tests, by layer"): fast (pure logic and pyinfra fixtures,
 # no process started), integration (unit tests that start pyinfra, uv, systemd-analyze or a host
 # script), unit (both), e2e (systemd containers over SSH). `make test` runs them all.
 .PHONY: fast integration

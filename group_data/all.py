@@ -1,5 +1,5 @@
 # No gateway or key here: both name one inventory's host and files; inventory/ct200.py sets them.
-"""Settings for every host. Each key is documented in docs/configuration.md;
+"""Settings for every host. Each key is documented in docs/reference/settings.md;
 a host or a group file (group_data/<group>.py) can override any single key, and
 `--data KEY=VALUE` overrides it for one run. Keys not set here take their documented default.
 

@@ -9,7 +9,7 @@ rank of both as its workers.
                                  cannot reach ct201)
     CT200_USER, CT201_USER       SSH user (default: root)
     CONTROL_PLANE_KEY_FILE       a file on this machine holding the router's control-plane key,
-                                 which both containers' drains send (docs/security.md, "The
+                                 which both containers' drains send (docs/how-it-works/security.md, "The
                                  router's control plane"). Unset: the first run makes one beside
                                  the engine locks (locks/router-control-plane.key, mode 600)
 

@@ -21,7 +21,7 @@ its metrics' `worker` label.
    or client module (throughput_client.preconditions), a record directory that is not root's
    alone. Then every port this talks to (each canary, the baseline, --router-metrics) must be
    listened on, and only by USER (hostsafe.listening and owner_problem: throughput.py's rule,
-   docs/security.md "Who is sent the API key"), before the key file is read.
+   docs/how-it-works/security.md "Who is sent the API key"), before the key file is read.
 2. The rows (programs/canary_rows.py decides each, and documents its tolerance):
    - answers: known sum: the smoke's question (smoke_answers.chat_request) to every rank;
    - answers: open prompts: canary_rows.OPEN_PROMPTS to every rank at temperature 0 with

@@ -30,7 +30,7 @@ from operations.programs.throughput_args import Refused
 from operations.programs.tokenizer_files import TOKENIZER_FILES
 
 WHO_GETS_THE_KEY = (
-    "the key is sent only to the service user's listeners; docs/security.md "
+    "the key is sent only to the service user's listeners; docs/reference/troubleshooting.md "
     '"Who is sent the API key"'
 )
 # The most of a client's result file read (its last line is the result; a few MiB at most).

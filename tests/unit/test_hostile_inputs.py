@@ -1,4 +1,4 @@
-"""The hostile-inputs table (docs/security.md) is a test: every row's value is refused, in one
+"""The hostile-inputs table (docs/how-it-works/security.md) is a test: every row's value is refused, in one
 line that names the key and holds the row's text, and no URL credential reaches the message."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""docs/architecture.md: "layout.py is the one home of names and paths". This test reads every
+"""docs/how-it-works/architecture.md: "layout.py is the one home of names and paths". This test reads every
 module under operations/ (the host scripts in operations/programs/ aside: they run on the host
 without this package and get their paths as arguments) and finds no string literal, f-string
 part included, that spells a path or name the deploy manages on a host: those come from

@@ -25,7 +25,7 @@ def test_quick_start_is_exactly_the_two_make_commands() -> None:
 
 
 def test_every_setting_is_documented_with_its_default() -> None:
-    """docs/configuration.md has a row for every key of operations/settings/settings.schema.json
+    """docs/reference/settings.md has a row for every key of operations/settings/settings.schema.json
     (read here, so a key another change adds needs only its row: `| `key` | `default` | meaning |`)
     and none for a key the schema no longer has."""
     rows = {
@@ -34,7 +34,7 @@ def test_every_setting_is_documented_with_its_default() -> None:
     }
     props = schema()["properties"]
     missing = sorted(set(props) - set(rows))
-    assert not missing, f"keys of settings.schema.json not in docs/configuration.md: {missing}"
+    assert not missing, f"keys of settings.schema.json not in docs/reference/settings.md: {missing}"
     assert set(rows) == set(props), f"rows for no key: {sorted(set(rows) - set(props))}"
     for key, prop in props.items():
         expected = f"`{json.dumps(prop['default'])}`" if "default" in prop else "(required)"
