@@ -19,7 +19,7 @@ way). The CUDA archives of the lane's compiler (the lane is the lock's name's se
 checked against the knowledge base's sha256 (or `--cuda-manifest`'s, as the setting
 cuda_redist_manifest does) from `--cuda-url` (the settings' default, cuda_redist_url or
 cuda_wheels_url); `--no-cuda` skips them. Then set `wheelhouse: WHEELHOUSE` and the deploy
-installs that same set with no index at all. See docs/how-to/upgrade-with-canary.md.
+installs that same set with no index at all. See docs/how-to/air-gap.md.
 
 Every file is streamed to a temporary name while its hash is computed, and kept only when the
 hash matches; a rich progress bar shows the bytes and the count at a terminal, one line per

@@ -70,7 +70,7 @@ __all__ = [
     "verdicts",
 ]
 
-# Where the weights come from (docs/how-to/tune.md): a directory on the target, one on the
+# Where the weights come from (docs/how-it-works/model.md): a directory on the target, one on the
 # controller, or a Hugging Face hub repository.
 SourceKind = Literal["target", "controller", "hf"]
 
@@ -85,7 +85,7 @@ class Speculative:
 
 @dataclass(frozen=True)
 class SourceSpec:
-    """What `model_source` names (docs/how-to/tune.md): where the weights come from, and the
+    """What `model_source` names (docs/how-it-works/model.md): where the weights come from, and the
     persistent directory on the target they are staged from (the boot unit reads it too)."""
 
     kind: SourceKind

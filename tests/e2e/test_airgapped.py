@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 
 from operations import kb as kbmod
+from operations.kb.pins import router_file
 from operations.plan.engine_spec import engine_spec
-from operations.settings import Layer, load
+from operations.settings import Layer, Router, load
 from tests import testbed as tb
 from tests.doubles import wheels as doubles
 from tests.e2e.deploying import LANE, MODEL_CONFIG, Indexes, make_indexes, run_deploy
-from tests.e2e.index import UV_VERSION
+from tests.e2e.index import UV_VERSION, pinned_wheels
 from tests.e2e.serving import http
 from tests.testbed import Container, ContainerSpec, inventory_file
 
@@ -31,6 +32,7 @@ RELEASE = "0.5.11"
 MODEL_DIR = "/mnt/models/Qwen3.6-27B"
 ROOT = "/opt/sglang-airgapped"
 ROUTER_PORT = 8000
+ROUTER_VERSION = Router(host="").version  # the settings' default: smg 1.13.0
 API_KEY = "sk-airgap-5d1e8c3a9b7f2046"
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,6 +43,9 @@ def indexes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Indexes]:
     made = make_indexes(
         tmp_path_factory.mktemp("index"), {RELEASE: doubles.release_wheels(out, RELEASE, LANE)}
     )
+    # The real gateway's wheels on the main index, as on PyPI: one file per name, so a package
+    # both the engine's lock and smg's pins name (setproctitle) is the same file in both.
+    made.main.add(*pinned_wheels(router_file(ROUTER_VERSION, "3.11", "smg")))
     yield made
     for index in made.all():
         index.stop()
@@ -158,7 +163,7 @@ def test_lock_on_the_controller_fill_the_wheelhouse_then_deploy_with_every_index
 
     # The router came from the wheelhouse too (every index was down): smg 1.13.0, serving.
     rc, out, err = target.ssh_run(f"ls {ROOT}/router")
-    assert (rc, out.split()) == (0, ["smg-1.13.0"]), err
+    assert (rc, out.split()) == (0, [f"smg-{ROUTER_VERSION}"]), err
     gateway = f"http://{target.address}:{ROUTER_PORT}"
     code, body = http(
         f"{gateway}/v1/chat/completions",
