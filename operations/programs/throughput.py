@@ -16,7 +16,8 @@ root; the client itself runs as the service user (no root process talks to the r
    cannot be read, no tokenizer in the model copy (the client loads it from there, offline), an
    engine without the client module (the file the knowledge base names for the release:
    operations/kb/knowledge/bench/). The key goes only to the service user's listeners, as the
-   smoke's does (docs/how-it-works/security.md "Who is sent the API key"): every --target and every --rank
+   smoke's does (docs/how-it-works/security.md "Who is sent the API key"): every --target and every
+   --rank
    (through the router the router forwards the key to them) must be listened on, and only by
    USER (hostsafe.listening and owner_problem, on /proc/net/tcp and tcp6), before the key is
    read or a client starts; a rank whose /metrics cannot be read is refused too.

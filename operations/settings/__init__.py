@@ -126,8 +126,8 @@ class Router:
     bind: str = "0.0.0.0"
     version: str = "1.13.0"
     # Reliability, written on its command line (the router's own defaults in brackets, from
-    # sglang-router 0.3.2's router_args.py, the same in smg 1.13.0's; README "Upgrading without
-    # downtime" says why):
+    # sglang-router 0.3.2's router_args.py, the same in smg 1.13.0's; docs/reference/settings.md
+    # "The router's keys" says why each):
     # attempts per request, retried on a connection error and 408/429/500/502/503/504 [5].
     retry_max_retries: int = 5
     retry_initial_backoff_ms: int = 100  # [50], x1.5 per attempt

@@ -1,6 +1,7 @@
 """Every cross-reference a reader can follow resolves, and every command a doc shows parses:
 a link to a file or a heading (`[text](docs/how-to/<page>.md#heading)`, from any Markdown file, and
-`docs/how-to/<page>.md#heading` cited in the code's prose), a `make TARGET` (a rule of the Makefile), a
+`docs/how-to/<page>.md#heading` cited in the code's prose), a `make TARGET` (a rule of the
+Makefile), a
 `python -m MODULE` (a module that exists) and every `--flag` written after one (or after
 `pyinfra INVENTORY deploy.py` or `scripts/NAME.py`) is an option the program defines.
 tests/unit/test_cited_paths.py checks that every path named anywhere exists; this checks what

@@ -64,12 +64,14 @@ def test_what_the_quick_path_says_it_prints_is_what_the_programs_print(tmp_path:
 
 
 def test_every_setting_is_documented_with_its_default() -> None:
-    """docs/reference/settings.md has a row for every key of operations/settings/settings.schema.json
+    """docs/reference/settings.md has a row for every key of
+    operations/settings/settings.schema.json
     (read here, so a key another change adds needs only its row: `| `key` | `default` | meaning |`)
     and none for a key the schema no longer has."""
+    main_table = CONFIGURATION.split("\n## ", 1)[0]
     rows = {
         m.group(1): m.group(2)
-        for m in re.finditer(r"^\| `([a-z_]+)` \| (.*?) \|", CONFIGURATION, re.M)
+        for m in re.finditer(r"^\| `([a-z_]+)` \| (.*?) \|", main_table, re.M)
     }
     props = schema()["properties"]
     missing = sorted(set(props) - set(rows))
@@ -78,6 +80,26 @@ def test_every_setting_is_documented_with_its_default() -> None:
     for key, prop in props.items():
         expected = f"`{json.dumps(prop['default'])}`" if "default" in prop else "(required)"
         assert rows[key] == expected, key
+
+
+def test_the_router_and_rollout_sub_tables_hold_every_key_with_its_default() -> None:
+    """The `router` and `rollout` keys each have a row of their own (a sub-table, not a cell of
+    300 words), whose default is the dataclass's (operations/settings: one place)."""
+    import dataclasses
+
+    from operations.settings import Rollout, Router
+
+    for heading, cls in (("## The router's keys", Router), ("## `rollout`", Rollout)):
+        table = CONFIGURATION.split(heading, 1)[1].split("\n## ", 1)[0]
+        documented: dict[str, str] = {}
+        for m in re.finditer(r"^\| (`[a-z_]+`(?:, `[a-z_]+`)*) \| (.*?) \|", table, re.M):
+            keys = re.findall(r"`([a-z_]+)`", m.group(1))
+            defaults = re.findall(r"`([^`]*)`", m.group(2))
+            documented.update(zip(keys, defaults, strict=True))
+        fields = {f.name: f.default for f in dataclasses.fields(cls) if f.name != "host"}
+        assert set(documented) == set(fields), (heading, set(fields) ^ set(documented))
+        for key, default in fields.items():
+            assert documented[key] == json.dumps(default), (key, documented[key], default)
 
 
 def test_ci_runs_the_readme_test_command() -> None:
