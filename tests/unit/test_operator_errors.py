@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from operations.cli.api_key import make_key
 from operations.facts.host import Model, parse_model
 from operations.plan.resolver import resolve
 from operations.steps.serve import ranks_label
@@ -186,8 +187,22 @@ def without_address(tmp_path: Path, *variables: str) -> dict[str, str]:
     return env
 
 
+def test_a_missing_api_key_file_is_refused_naming_how_to_make_it(tmp_path: Path) -> None:
+    """inventory/ct200.py names locks/api.key (README's quick path makes it, step 3)."""
+    env = without_address(tmp_path, "CT200_HOST", "CT200_USER")
+    env["SGLANG_API_KEY_FILE"] = str(tmp_path / "api.key")
+    rc, out = plan(inventory="inventory/ct200.py", env=env)
+    assert rc == 1 and "Traceback" not in out
+    (line,) = [ln for ln in unfolded(out).splitlines() if "api_key_file" in ln]
+    assert "no such file on the controller" in line, line
+    assert f"`make api-key API_KEY_FILE={tmp_path / 'api.key'}` makes one" in line, line
+
+
 def test_plan_and_status_without_ct200_host_say_what_to_set(tmp_path: Path) -> None:
     env = without_address(tmp_path, "CT200_HOST", "CT200_USER")
+    # The key README's quick path makes first (make api-key), so the host is what is missing.
+    env["SGLANG_API_KEY_FILE"] = str(tmp_path / "api.key")
+    make_key(tmp_path / "api.key")
     rc, out = plan(inventory="inventory/ct200.py", env=env)
     assert rc == 1
     assert "ct200: unreachable" in out, out
