@@ -1,15 +1,17 @@
-# The two commands of the quick start: `make demo` and `make test`.
-# Both build .venv from uv.lock on first use and reuse it afterwards.
+# README's quick path starts with `make venv` (the venv alone) and `make api-key`; every target
+# builds .venv from uv.lock on first use and reuses it afterwards.
 
 PYTHON ?= python3
 UV_VERSION := 0.13.9
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: help demo demo-day2 pve-demo test lint typecheck unit e2e bench clean
+.PHONY: help venv api-key demo demo-day2 pve-demo test lint typecheck unit e2e bench clean samples
 
 # `make` alone lists the targets: the first rule is the default one.
 help:
+	@echo "make venv         build .venv from uv.lock (and nothing else)"
+	@echo "make api-key      make locks/api.key (mode 600): the key inventory/ct200.py's clients send"
 	@echo "make demo         preview a deploy on a simulated CT200 (pyinfra --dry; nothing is contacted)"
 	@echo "make demo-day2    the same CT200 already serving 0.5.11: --dry shows no change, then the"
 	@echo "                  roll onto 0.5.19 (--data sglang_version=0.5.19), then its status"
@@ -22,6 +24,7 @@ help:
 	@echo "make unit         fast and integration together"
 	@echo "make e2e          end-to-end runs in systemd containers over SSH (root, systemd-nspawn)"
 	@echo "make bench        the paired benchmarks in bench/ (docs: bench/README.md)"
+	@echo "make samples      regenerate docs/samples/ from the simulated hosts"
 	@echo "make clean        remove .venv and the tools' caches"
 	@echo "Each target builds .venv from uv.lock on first use."
 
@@ -32,6 +35,15 @@ $(BIN)/.synced: uv.lock pyproject.toml
 	$(BIN)/python -m pip install -q --disable-pip-version-check "uv==$(UV_VERSION)"
 	VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/uv sync --frozen --active --quiet --compile-bytecode
 	touch $@
+
+venv: $(BIN)/.synced
+	@echo "venv: $(VENV) is ready ($(BIN)/pyinfra, $(BIN)/python)"
+
+# The API key inventory/ct200.py names (SGLANG_API_KEY_FILE overrides it): made once, never
+# replaced (rotating it is writing a new key into the file and deploying).
+API_KEY_FILE ?= locks/api.key
+api-key: $(BIN)/.synced
+	@$(BIN)/python -m operations.cli.api_key $(API_KEY_FILE)
 
 demo: $(BIN)/.synced
 	$(BIN)/pyinfra inventory/demo.py deploy.py --dry
@@ -56,7 +68,7 @@ lint: $(BIN)/.synced
 typecheck: $(BIN)/.synced
 	$(BIN)/mypy
 
-# The layers (docs/architecture.md, "Tests, by layer"): fast (pure logic and pyinfra fixtures,
+# The layers (docs/how-it-works/faults-and-tests.md, "Tests, by layer"): fast (pure logic and pyinfra fixtures,
 # no process started), integration (unit tests that start pyinfra, uv, systemd-analyze or a host
 # script), unit (both), e2e (systemd containers over SSH). `make test` runs them all.
 .PHONY: fast integration
@@ -77,6 +89,11 @@ test: lint typecheck
 
 bench: $(BIN)/.synced
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+# The docs' samples (docs/samples/), as the programs print them on the simulated hosts;
+# tests/unit/test_doc_samples.py fails when one differs.
+samples: $(BIN)/.synced
+	$(BIN)/python scripts/gen_doc_samples.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,4 +1,4 @@
-"""A canary rollout (settings `rollout`, docs/configuration.md), decided in the plan.
+"""A canary rollout (settings `rollout`, docs/reference/settings.md), decided in the plan.
 
 With `rollout.strategy: canary` (or the strategy unset on a host where a rank already serves),
 a roll that changes what the ranks run (their engine or their flags) goes in stages instead of

@@ -1,4 +1,5 @@
-"""What the throughput step does, decided in the plan (docs/operations.md "Throughput").
+"""What the throughput step does, decided in the plan (docs/how-to/read-throughput-and-verdicts.md
+"Throughput").
 
 - whether it runs: `throughput_check` off never, always every run, after_change (default) when
   this run (re)started a rank or the router (the serve plan's roll and router restart), or when

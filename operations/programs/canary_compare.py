@@ -22,7 +22,7 @@ its metrics' `worker` label.
    or client module (throughput_client.preconditions), a record directory that is not root's
    alone. Then every port this talks to (each canary, each baseline, --router-metrics) that is
    listened on must be listened on only by USER (hostsafe.listening and owner_problem:
-   throughput.py's rule, docs/security.md "Who is sent the API key"), before the key file is
+   throughput.py's rule, docs/how-it-works/security.md "Who is sent the API key"), before the key file is
    read. A rank nothing listens for is not refused: a canary that died fails its rows, a
    baseline down is dropped (below).
    Baselines (several --baseline, the plan's order): each is judged too. One that is down, does

@@ -28,7 +28,8 @@ An environment gets its marker file (layout.ENGINE_MARKER) only after the engine
 so a cut download, a full disk or a failed check leaves a partial environment that `current`
 never points to and that the next run removes. Everything the step does is decided by the plan
 (operations/plan/engine_plan.py, pure and tested on its own, carried on the HostReport); each
-operation gets its part of it and turns it into commands, asking no fact. See docs/engine.md.
+operation gets its part of it and turns it into commands, asking no fact. See
+docs/how-it-works/engine.md.
 """
 
 from __future__ import annotations

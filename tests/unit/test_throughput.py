@@ -602,7 +602,7 @@ ME = pwd.getpwuid(os.getuid()).pw_name
 OTHER = 65534 if os.getuid() != 65534 else 65533
 TIME = "2026-12-06T10:00:00Z"
 WHO = (
-    "(the key is sent only to the service user's listeners; docs/security.md "
+    "(the key is sent only to the service user's listeners; docs/reference/troubleshooting.md "
     '"Who is sent the API key")'
 )
 

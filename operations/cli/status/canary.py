@@ -2,7 +2,8 @@
 fact's one command), which ranks it names, what they run now, and whether the host is mixed:
 ranks whose command lines differ beyond their port (a canary paused, or a run cut off before
 it promoted or rolled back). What the next deploy does with each is the canary plan's
-(plan/canary_plan.py); these lines only say it (docs/operations.md "A canary first")."""
+(plan/canary_plan.py); these lines only say it (docs/how-to/upgrade-with-canary.md "A canary
+first")."""
 
 from __future__ import annotations
 
