@@ -184,7 +184,7 @@ class _Server(ThreadingHTTPServer):
     # The listen backlog: socketserver's default is 5 (CPython Lib/socketserver.py,
     # request_queue_size), which a rank under a saturating load overflows (connections reset,
     # read by a router as a transport failure); uvicorn, SGLang's server, listens with 2048
-    # (uvicorn docs/settings.md, `--backlog`: "Default: 2048").
+    # (uvicorn's settings page, `--backlog`: "Default: 2048").
     request_queue_size = 2048
 
 
