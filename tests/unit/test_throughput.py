@@ -1009,3 +1009,23 @@ def test_the_real_load_start_hands_the_key_in_its_environment_only(tmp_path: Pat
     assert why.endswith(" argv load)") and KEY not in why
     work = why.split(" cwd ", 1)[1].split(" argv ", 1)[0]
     assert os.path.basename(work).startswith("load-") and not os.path.exists(work)
+
+
+def test_the_search_stays_within_the_open_file_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One connection a request in flight: 8 ranks at 1,024 need 8,192 descriptors, past the
+    common soft limit of 1,024; the soft limit is raised to the hard one, and what is left
+    caps the search (said as found: most)."""
+    import resource
+
+    limits = {"now": (1024, 4096)}
+    monkeypatch.setattr(resource, "getrlimit", lambda which: limits["now"])
+
+    def setrlimit(which: int, value: tuple[int, int]) -> None:
+        limits["now"] = value
+
+    monkeypatch.setattr(resource, "setrlimit", setrlimit)
+    assert load_client.room_for(8, 1024) == (4096 - load_client.SPARE_FDS) // 8
+    assert limits["now"] == (4096, 4096)
+    limits["now"] = (1024, 1024)  # no room to raise it
+    assert load_client.room_for(8, 1024) == (1024 - load_client.SPARE_FDS) // 8
+    assert load_client.room_for(1, 64) == 64
