@@ -39,6 +39,10 @@ from operations.render.host_scripts import script_text  # noqa: E402
 from tests.doubles.rank_doubles import RankDoubles, RouterPage, engine_env  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "facts" / "canary.CanaryState"
+# The case the simulated CT200 after a failed canary shows (operations/simulated/converged.py).
+SIMULATED = "failed-rolled-back"
+SIMULATED_STATE = ROOT / "operations" / "simulated" / "captured" / "ct200" / "canary-state.txt"
+SIMULATED_TABLE = SIMULATED_STATE.parent / "verdict-table.txt"
 KEY = "sk-canary-fixture-5d0c"
 BASELINE_RATE = 40  # tokens/s a request alone (the doubles' scheduler: rank_doubles.py)
 CANARY_SHARE = 0.5  # well past max_slowdown's 0.10 (measured x0.8 at 0.73): speed fails
@@ -106,6 +110,7 @@ def run_case(work: Path, env: Path, roots: tuple[str, str], router: str, rollbac
         [sys.executable, str(script), *words], capture_output=True, text=True, timeout=600
     )
     print(done.stdout, end="")
+    (work / "stdout.txt").write_text(done.stdout)
     if done.returncode != 1 or done.stderr or "canary: FAILED (speed)" not in done.stdout:
         sys.exit(f"expected a verdict failed on speed alone, got exit {done.returncode}: {done}")
     return work / "state" / "canary.json"
@@ -172,6 +177,18 @@ def main() -> int:
             fixture["fact"] = expected(record, fixture["fact"]["backups"])
             path.write_text(json.dumps(fixture, indent=2, ensure_ascii=False) + "\n")
             print(f"wrote {path.relative_to(ROOT)}")
+            if name == SIMULATED:
+                # The simulated CT200 after a failed canary (inventory/demo_measured.py): the
+                # same lines, the fact's answer there.
+                SIMULATED_STATE.write_text("\n".join(fixture["output"]) + "\n")
+                print(f"wrote {SIMULATED_STATE.relative_to(ROOT)}")
+                # Its verdict table and last line, as the program printed them.
+                said = (work / name / "stdout.txt").read_text().splitlines()
+                start = next(i for i, line in enumerate(said) if line.startswith("check "))
+                # As the deploy logs it (steps/canary.py leaves the rollback's steps out).
+                table = [x for x in said[start:] if not x.startswith(("roll batch", "drained"))]
+                SIMULATED_TABLE.write_text("\n".join(table) + "\n")
+                print(f"wrote {SIMULATED_TABLE.relative_to(ROOT)}")
     return 0
 
 

@@ -32,19 +32,29 @@ BLOCK = re.compile(r"(<!-- sample: ([\w-]+) -->\n```text\n)(.*?)(```\n<!-- /samp
 class Sample:
     name: str
     argv: tuple[str, ...]  # after the venv's python
+    # Or a line the real program printed, captured (operations/simulated/captured/ct200): a
+    # check that runs minutes against server doubles is not run again here; its test
+    # (tests/unit/test_doc_samples.py) derives it again from the captured records.
+    captured: str = ""
 
 
+CAPTURED = ROOT / "operations" / "simulated" / "captured" / "ct200"
 SAMPLES = (
     Sample("plan-box", ("-m", "operations.plan", "inventory/demo.py")),
     Sample("status", ("-m", "operations.status", "inventory/demo_day2.py")),
-    # Places kept for the samples the lead adds once the simulated host records them:
-    # "throughput-line" (the deploy's throughput check) and "verdict-table" (a canary's
-    # verdict), and "status-canary" (status with a canary and a throughput record).
+    # status after a throughput check and a failed canary: both records, the verdict's rows.
+    Sample("status-measured", ("-m", "operations.status", "inventory/demo_measured.py")),
+    # The deploy's throughput line (the second of the captured checks), and the verdict table
+    # of the failed canary status-measured shows.
+    Sample("throughput-line", (), "throughput-line.txt"),
+    Sample("verdict-table", (), "verdict-table.txt"),
 )
 
 
 def produce(sample: Sample) -> str:
     """What the program prints on the simulated host, at WIDTH columns, no colour."""
+    if sample.captured:
+        return (CAPTURED / sample.captured).read_text()
     env = {**os.environ, "COLUMNS": str(WIDTH), "NO_COLOR": "1", "TERM": "dumb"}
     env.pop("FORCE_COLOR", None)
     proc = subprocess.run(

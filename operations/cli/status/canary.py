@@ -129,7 +129,8 @@ class CanaryView:
                 )
             lines.append(
                 "  a deploy of the same ranks' command line is refused; change it (or the "
-                "release) to try again"
+                "release) to try again, or judge it again on purpose: --data "
+                f"canary_judge_again={record.at}"
             )
             for row in record.failed_rows()[:ROWS_SHOWN]:
                 lines.append(
