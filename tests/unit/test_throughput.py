@@ -1,8 +1,8 @@
 """The throughput check's pure parts: the guard (programs/throughput_guard.py), the plan
-(plan/throughput_plan.py), the knowledge of each release's client (knowledge/bench/) and the
-settings; and, marked integration, the host program (programs/throughput.py, bundled as the host
-runs it) against two SGLang server doubles with the client double, on this machine.
-The deploy's step, on the testbed, is tests/e2e/test_throughput.py."""
+(plan/throughput_plan.py) and the settings; and, marked integration, the host program
+(programs/throughput.py, bundled as the host runs it, with its load client) against two SGLang
+server doubles on this machine. The deploy's step, on the testbed, is
+tests/e2e/test_throughput.py."""
 
 from __future__ import annotations
 
