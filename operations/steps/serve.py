@@ -145,9 +145,10 @@ def roll_batch(
     """
     for file in written or []:
         show_change(file)
-    words = ["python3", layout.ROLL_BATCH_SCRIPT, "--batch", batch, json.dumps(steps)]
+    words = ["python3", layout.ROLL_BATCH_SCRIPT, "--batch", batch]
     if undo:
         words += ["--undo", json.dumps(undo), "--undo-from", undo_from]
+    words.append(json.dumps(steps))  # last: what a simulated host reads the steps from
     yield StringCommand(shlex.join(words), _stdin="".join(writes))
 
 

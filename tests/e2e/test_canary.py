@@ -1,9 +1,10 @@
 """The canary rollout end to end (issues 45, 49): real `pyinfra -y INVENTORY deploy.py` runs
 against a testbed container serving two ranks (three in the last test) of the SGLang server
-double behind the real router (smg), compared by programs/canary_compare.py with the
-benchmark client double installed in the engine. A change of the ranks' flags (mem_fraction_static) is the change a canary guards; the
-double's decode rate, set per rank in a runtime drop-in (SGLANG_DOUBLE_TOKENS_PER_S, as
-tests/e2e/test_throughput.py sets it for all), is what makes the canary slower.
+double behind the real router (smg), compared by programs/canary_compare.py with the benchmark
+client double installed in the engine. A change of the ranks' flags (mem_fraction_static) is the
+change a canary guards; the double's decode rate, set per rank in a runtime drop-in
+(SGLANG_DOUBLE_TOKENS_PER_S, as tests/e2e/test_throughput.py sets it for all), is what makes the
+canary slower.
 """
 
 from __future__ import annotations
