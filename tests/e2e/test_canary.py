@@ -10,6 +10,7 @@ canary slower.
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,7 @@ def data(c: Container, indexes: Indexes, **extra: Any) -> dict[str, Any]:
         "throughput_timeout_s": 120,
     }
     return base_data(
-        c, indexes, model_source=MODEL_DIR, dp_size=2, router=router, **{**workload, **extra}
+        c, indexes, model_source=MODEL_DIR, router=router, **{"dp_size": 2, **workload, **extra}
     )
 
 
@@ -256,16 +257,20 @@ def test_pause_then_promote_and_a_run_killed_at_each_canary_stage_converges(
     converged("0.55")
 
 
-def fail_while_unit_says(c: Container, rank: int, words: str) -> None:
-    """A runtime drop-in: the rank's start fails (ExecStartPre) while its unit file holds
-    `words`, so a canary on that command line never gets healthy and its saved unit starts."""
+def fail_while_unit_says(c: Container, rank: int, pattern: str) -> None:
+    """A runtime drop-in: the rank's start fails (ExecStartPre) while its unit file matches
+    `pattern` (a grep regex without blanks or quotes), so a canary on that command line never
+    gets healthy and its saved unit starts."""
     dropin = f"/run/systemd/system/sglang@{rank}.service.d/fail.conf"
-    check = f"if grep -q '{words}' {layout.rank_unit_path(rank)}; then exit 1; fi"
+    check = f"if grep -q {pattern} {layout.rank_unit_path(rank)}; then exit 1; fi"
+    content = f'[Service]\nExecStartPre=/bin/sh -c "{check}"\n'
     rc, _, err = c.ssh_run(
-        f"mkdir -p {Path(dropin).parent} && printf '%s\\n' '[Service]' "
-        f"'ExecStartPre=/bin/sh -c \"{check}\"' > {dropin} && systemctl daemon-reload"
+        f"mkdir -p {Path(dropin).parent} && printf '%s' {shlex.quote(content)} > {dropin}"
+        " && systemctl daemon-reload"
     )
     assert rc == 0, err
+    _, out, _ = c.ssh_run(f"systemctl cat sglang@{rank}.service")
+    assert f'ExecStartPre=/bin/sh -c "{check}"' in out, out
 
 
 def active(c: Container, ranks: range) -> list[str]:
@@ -305,7 +310,7 @@ def test_a_rank_down_and_a_canary_never_healthy_leave_no_rank_on_the_rejected_fl
     # 2. A canary that never gets healthy: rolled back onto its saved unit in the same run, the
     # deploy fails naming it; rank 2 still stopped, no rank on the rejected line.
     slow_canary_undone(c)
-    fail_while_unit_says(c, 0, "mem-fraction-static 0.35")
+    fail_while_unit_says(c, 0, "mem-fraction-static.0.35")
     never = deploy(tmp_path, {c: three(0.35, rollout=unset, health_timeout_s=30)})
     assert never.rc != 0, never
     assert "sglang@0.service: the canary failed at health; rolled back onto its saved unit" in (
