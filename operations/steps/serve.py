@@ -500,15 +500,7 @@ class ServeStep:
             name = f"{what}: restart {label}"
         undo = None
         if canary and self.decided.canary is not None:
-            back = self.decided.canary.restore_after
-            undo = self._restore_steps(
-                ranks,
-                {
-                    k: v
-                    for k, v in back.items()
-                    if v in set(layout.rank_unit_path(n) for n in ranks)
-                },
-            )
+            undo = self._restore_steps(ranks, self.decided.canary.restore_batch)
         first_change: RollStep = "write" if writes else "restart"
         roll_batch(
             name=name,
