@@ -138,6 +138,15 @@ class CanaryPlan:
         }
 
     @property
+    def restore_batch(self) -> dict[str, str]:
+        """What a canary batch that fails from its write on puts back in the same run (the
+        batch's ranks' copies -> their unit files; roll_batch.py --undo)."""
+        return {
+            f"{layout.CANARY_BACKUP_DIR}/{layout.unit_name(n)}": layout.rank_unit_path(n)
+            for n in self.canary_batch
+        }
+
+    @property
     def rolls_rest(self) -> bool:
         """Whether the rest roll in this run (after a passed comparison, or promoted)."""
         return self.stage in ("canary", "resume", "promote")
