@@ -13,8 +13,8 @@ help:
 	@echo "make venv         build .venv from uv.lock (and nothing else)"
 	@echo "make api-key      make locks/api.key (mode 600): the key inventory/ct200.py's clients send"
 	@echo "make demo         preview a deploy on a simulated CT200 (pyinfra --dry; nothing is contacted)"
-	@echo "make demo-day2    the same CT200 already serving 0.5.11: --dry shows no change, then the"
-	@echo "                  roll onto 0.5.19 (--data sglang_version=0.5.19), then its status"
+	@echo "make demo-day2    the same CT200 already serving 0.5.11: --dry shows no change, then"
+	@echo "                  0.5.19 with a canary first (the default), then rolled, then its status"
 	@echo "make pve-demo     preview pve.py on a simulated Proxmox node (what it would change)"
 	@echo "make test         what CI runs: lint, typecheck and every test layer (about 30 min)"
 	@echo "make lint         ruff check and ruff format --check"
@@ -48,13 +48,13 @@ api-key: $(BIN)/.synced
 demo: $(BIN)/.synced
 	$(BIN)/pyinfra inventory/demo.py deploy.py --dry
 
-# A simulated CT200 the deploy already converged (inventory/demo_day2.py): no change, the roll a
-# pin change would do, the same with a canary first, and what status shows.
+# A simulated CT200 the deploy already converged (inventory/demo_day2.py): no change, a pin
+# change (a canary first, the default on a serving host), the same rolled, and what status shows.
 demo-day2: $(BIN)/.synced
 	$(BIN)/pyinfra inventory/demo_day2.py deploy.py --dry
 	$(BIN)/pyinfra inventory/demo_day2.py deploy.py --dry --data sglang_version=0.5.19
 	$(BIN)/pyinfra inventory/demo_day2.py deploy.py --dry --data sglang_version=0.5.19 \
-		--data 'rollout={"strategy": "canary"}'
+		--data 'rollout={"strategy": "rolling"}'
 	$(BIN)/python -m operations.status inventory/demo_day2.py
 
 # pve.py against a simulated Proxmox node (inventory/pve_demo.py): what it would change.
