@@ -268,7 +268,7 @@ def test_the_load_client_is_pinned_by_its_name() -> None:
     assert (CLIENT, digest) == (CLIENT, PINNED_DIGEST), f"bump CLIENT and PINNED_DIGEST: {digest}"
 
 
-PINNED_DIGEST = "to-be-pinned"
+PINNED_DIGEST = "890b77b774b8eca5ca039386bbd3e05fb96b2621f6c857fbcd6601524d9b2daa"
 
 
 # -- the plan ---------------------------------------------------------------------------------
