@@ -125,14 +125,6 @@ class Gen:
                         kept.append(slot)
                 self.running = kept
 
-    def decode(self, count: int) -> None:
-        """Decode `count` tokens of a request that is not a completion (a chat), in the same
-        batches, and wait for them."""
-        slot = Slot(count)
-        self.submit(slot)
-        for _ in range(count):
-            slot.tokens.get()
-
     def counts(self) -> tuple[int, int]:
         """(running, queued) requests of the completions."""
         with self.lock:
@@ -157,7 +149,7 @@ def _prompt_tokens(prompt: Any) -> int:
 
 
 def _chunk(handler: BaseHTTPRequestHandler, data: bytes) -> None:
-    # HTTP/1.0 (the double's server): the stream's body ends when the connection closes.
+    # The stream's body ends when the connection closes (`Connection: close` above).
     handler.wfile.write(data)
     handler.wfile.flush()
 
@@ -187,6 +179,9 @@ def complete(
         if stream:
             handler.send_response(200)
             handler.send_header("Content-Type", "text/event-stream")
+            # The stream's body ends when the connection closes (no length, not chunked).
+            handler.send_header("Connection", "close")
+            handler.close_connection = True
             handler.end_headers()
         for n in range(count):
             slot.tokens.get()

@@ -28,9 +28,12 @@ It behaves like the real server where a deploy can observe it, with the standard
   decide_request_auth lets /health* and /metrics through, _ApiKeyASGIMiddleware answers that).
 
 - a chat completion takes SGLANG_DOUBLE_GENERATE_SECONDS (default 0) to answer, as a real
-  decode takes time, and then decodes its tokens in the completions' scheduler (below), so
-  clients' chats share the rank's capacity and its generated-token counter; while it runs it
-  is counted in the gauge sglang:num_running_reqs, which
+  decode takes time; its tokens are counted in the rank's generated-token counter (a check's
+  figure counts clients' chats too), but it does not wait in the completions' scheduler
+  (below): a real rank under a saturating check answers chats seconds later, which on a
+  two-rank testbed left smg no available worker while a roll drained the other (a saturated
+  rank read as silent; tests/e2e/test_canary.py); on 8 ranks the others serve. While it runs
+  it is counted in the gauge sglang:num_running_reqs, which
   SGLang's scheduler reports on /metrics as "The number of running requests." beside
   sglang:num_queue_reqs, "The number of requests in the waiting queue." (collector.py above,
   SchedulerMetricsCollector); a roll reads both to know when a rank has drained. The double
@@ -239,7 +242,7 @@ def metrics_text(state: _State) -> str:
         f"sglang:token_usage{label} {gen.token_usage()}",
     ]
     prompt = n * PROMPT_TOKENS + gen.prompt_tokens
-    generated = gen.generated
+    generated = n * COMPLETION_TOKENS + gen.generated
     for name, doc, value in (
         ("prompt_tokens", "Number of prefill tokens processed.", prompt),
         ("generation_tokens", "Number of generation tokens processed.", generated),
@@ -280,6 +283,12 @@ def reply_text(request: dict[str, Any], reply: str, served: str) -> tuple[str, s
 def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "sglang-double/" + VERSION
+        # HTTP/1.1 keep-alive, as uvicorn (SGLang's server) answers: a router's pooled
+        # connection is reused, not found closed (read as a transport failure); an idle one is
+        # closed after uvicorn's `--timeout-keep-alive` default, 5 s (its settings page). A
+        # streamed answer ends by closing its connection (sglang/_generate_double.py).
+        protocol_version = "HTTP/1.1"
+        timeout = 5
 
         def log_message(self, format: str, *args: Any) -> None:
             sys.stderr.write("[double] " + (format % args) + "\n")
@@ -390,11 +399,8 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             with state.lock:
                 state.running += 1
             try:
-                # The double's decode time (see the docstring), not synchronisation; then its
-                # tokens through the rank's one scheduler, beside the completions' (they share
-                # the rank's capacity and its counters, as on a real rank).
+                # The double's decode time (see the docstring), not synchronisation.
                 time.sleep(state.generate_seconds)
-                state.gen.decode(COMPLETION_TOKENS)
             finally:
                 with state.lock:
                     state.running -= 1
