@@ -180,10 +180,10 @@ def tune_plan(
     chosen, why = pick_rank(ranks)
     state = serving.ranks.get(chosen.rank)
     if state is None or state.active != "active":
-        found = state.active if state is not None else "no unit"
+        active = state.active if state is not None else "no unit"
         return TunePlan(
             errors=[
-                f"tune: {chosen.unit_name} is not serving (systemd: {found}); the tune measures a "
+                f"tune: {chosen.unit_name} is not serving (systemd: {active}); the tune measures a "
                 "serving rank: deploy (pyinfra INVENTORY deploy.py) until it serves, then tune"
             ]
         )

@@ -47,6 +47,9 @@ def tune_run(argv: list[str]) -> Commands:
     yield HostCall(_tuned, (shlex.join(argv),), {})
 
 
+Steps = list[tuple[str, list[str], list[str]]]
+
+
 def tune_argv(report: HostReport, decided: TunePlan) -> list[str]:
     """The plan's command line with the router's and the restart's steps (the docstring)."""
     if decided.rank is None:
@@ -54,12 +57,12 @@ def tune_argv(report: HostReport, decided: TunePlan) -> list[str]:
     s, rank = report.settings, decided.rank
     unit = layout.unit_name(rank)
     drain = report.drain
-    out = (
+    out: Steps = (
         []
         if drain is None
         else [("drain", host_argv(router_workers, **workers_args(drain, "out", [rank])), [])]
     )
-    back = (
+    back: Steps = (
         []
         if drain is None
         else [("readmit", host_argv(router_workers, **workers_args(drain, "in", [rank])), [])]
@@ -70,7 +73,7 @@ def tune_argv(report: HostReport, decided: TunePlan) -> list[str]:
         timeout_s=s.health_timeout_s,
         service_user=s.service_user,
     )
-    restart = [("restart", ["/bin/sh", "-c", restart_command(unit)], []), ("health", health, [])]
+    restart: Steps = [("restart", ["/bin/sh", "-c", restart_command(unit)], []), ("health", health, [])]
     words = [*decided.argv, "--out", json.dumps(out), "--in", json.dumps(back)]
     return [*words, "--restart", json.dumps(restart)]
 
