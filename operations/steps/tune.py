@@ -73,7 +73,10 @@ def tune_argv(report: HostReport, decided: TunePlan) -> list[str]:
         timeout_s=s.health_timeout_s,
         service_user=s.service_user,
     )
-    restart: Steps = [("restart", ["/bin/sh", "-c", restart_command(unit)], []), ("health", health, [])]
+    restart: Steps = [
+        ("restart", ["/bin/sh", "-c", restart_command(unit)], []),
+        ("health", health, []),
+    ]
     words = [*decided.argv, "--out", json.dumps(out), "--in", json.dumps(back)]
     return [*words, "--restart", json.dumps(restart)]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +27,7 @@ from operations.render.host_scripts import load
 from operations.settings import Settings
 from tests.unit.builders import facts, make_settings
 
+DEMO = ("inventory/demo_day2.py", "--dry")
 DOUBLES = Path(__file__).resolve().parents[1] / "doubles" / "packages"
 
 
@@ -295,3 +297,26 @@ def test_the_double_refuses_a_memory_fraction_above_its_limit(
 def test_settings_replaced_keep_their_other_values() -> None:
     s = make_settings()
     assert replace(s, max_running_requests=64).mem_fraction_static == s.mem_fraction_static
+
+
+# -- the demo (starts pyinfra: the slow part of this file) ------------------------------------
+
+
+def test_make_demo_tune_previews_the_rank_the_candidates_and_the_time() -> None:
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [str(root / ".venv" / "bin" / "python"), "-m", "operations.tune", *DEMO],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+        timeout=300,
+        check=False,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    prose = " ".join(out.split())
+    assert "tune: rank 7 (sglang@7.service)" in prose, out
+    assert "OUT OF SERVICE" in prose, out  # the demo's CT200 has no router
+    assert "tune: candidate max_running_requests=64 + cuda_graph_max_bs=64" in prose, out
+    assert "budget 120 min" in prose and "Traceback" not in out, out
