@@ -122,12 +122,15 @@ def read_bytes(path: str) -> bytes | None:
 def journal_line(unit: str, since: float, secrets: tuple[str, ...]) -> str:
     """The rank's own reason: the last line of its journal since `since` that names a failure,
     else its last line (masked)."""
-    out = subprocess.run(
-        ["journalctl", "-u", unit, "--since", f"@{int(since)}", "-o", "cat", "--no-pager"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout
+    try:
+        out = subprocess.run(
+            ["journalctl", "-u", unit, "--since", f"@{int(since)}", "-o", "cat", "--no-pager"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
+    except OSError as error:
+        return f"(its journal cannot be read: {error.strerror})"
     lines = [x.strip() for x in out.splitlines() if x.strip()]
     said = next((x for x in reversed(lines) if any(w in x.lower() for w in FAILURE_WORDS)), "")
     return mask_journal(said or (lines[-1] if lines else "(no journal line)"), secrets)
@@ -212,8 +215,10 @@ class Tune:
     def measure(self, key: str | None, deadline: float) -> tuple[dict[str, object] | None, str]:
         args = self.args
         ranks = {args.unit: args.url}
+        # One measurement's own bound (--timeout), within the whole tune's.
+        ends = min(deadline, time.monotonic() + args.timeout)
         return run_load(
-            self.script, ranks, args, key, args.service_user, args.start, args.rounds, deadline
+            self.script, ranks, args, key, args.service_user, args.start, args.rounds, ends
         )
 
     def one(self, raw: dict[str, object], key: str | None, deadline: float) -> Row:
@@ -256,7 +261,8 @@ class Tune:
         per_measure = args.ramp_timeout + args.rounds * args.window
         rows: list[Row] = []
         if run(f"{args.unit} (tune: out of the router)", self.out, []) != 0:
-            raise Refused(f"{args.unit} could not leave the router: nothing changed")
+            run(f"{args.unit} (tune: back into the router)", self.back_in, [])
+            raise Refused(f"{args.unit} could not leave the router and drain: nothing changed")
         original = read_bytes(args.unit_path)
         if original is None:
             run(f"{args.unit} (tune: back into the router)", self.back_in, [])

@@ -320,3 +320,57 @@ def test_make_demo_tune_previews_the_rank_the_candidates_and_the_time() -> None:
     assert "OUT OF SERVICE" in prose, out  # the demo's CT200 has no router
     assert "tune: candidate max_running_requests=64 + cuda_graph_max_bs=64" in prose, out
     assert "budget 120 min" in prose and "Traceback" not in out, out
+
+
+class _Measured:
+    """A Tune whose measurement is given (the load client is tested in test_throughput.py):
+    each candidate's rate is read from the unit file the tune wrote."""
+
+    @staticmethod
+    def make(program: ModuleType) -> type:
+        class Tune(program.Tune):  # type: ignore[misc,name-defined]
+            def measure(self, key: object, deadline: float) -> tuple[dict[str, object], str]:
+                text = Path(self.args.unit_path).read_text()
+                rate = float(text.split("rate=")[1].split()[0])
+                windows = [
+                    {"output_tok_s": rate + d, "generated": 1, "own_generated": 1}
+                    for d in (-1, 0, 1)
+                ]
+                ranks = {self.args.unit: {"windows": windows, "concurrency": 8, "errors": 0}}
+                return {"ranks": ranks}, ""
+
+        return Tune
+
+
+def test_a_search_measures_each_candidate_shows_one_that_never_starts_and_restores_the_unit(
+    program: ModuleType, tmp_path: Path
+) -> None:
+    (tmp_path / "unit").write_text("rate=100 own\n")
+    log = tmp_path / "log"
+    args = _args(tmp_path, log)
+    # The restart fails for a unit that says `bad` (a candidate that never gets healthy).
+    restart = [
+        ["restart", ["/bin/sh", "-c", f"echo restart >> {log}; ! grep -q bad {tmp_path / 'unit'}"]]
+    ]
+    args[args.index("--restart") + 1] = json.dumps(restart)
+    found = [
+        {"name": "current", "lines": [], "unit": None, "refused": ""},
+        {"name": "a", "lines": ["a: 1"], "unit": "rate=150\n", "refused": ""},
+        {"name": "b", "lines": ["b: 1"], "unit": "rate=500 bad\n", "refused": ""},
+        {"name": "c", "lines": ["c: 1"], "unit": None, "refused": "refused by the plan: x"},
+    ]
+    args[args.index("--candidates") + 1] = json.dumps(found)
+    tune = _Measured.make(program)(program.parse(args), "tune.py")
+    rows, restored = tune.search(None)
+    assert restored is True
+    assert [r["status"] for r in rows] == ["measured", "measured", "failed", "failed"]
+    assert rows[1]["output_tok_s"] == 150.0 and rows[2]["why"].startswith("never healthy: ")
+    assert rows[3]["why"] == "refused by the plan: x"
+    # Back on its own unit, restarted on it, back in the router; nothing of the run left.
+    assert (tmp_path / "unit").read_text() == "rate=100 own\n"
+    assert log.read_text().split() == ["restart", "restart", "restart", "readmitted"]
+    assert not (tmp_path / "tune.state").exists() and not (tmp_path / "tune.state.unit").exists()
+    kept = [json.loads(x) for x in (tmp_path / "tune.jsonl").read_text().splitlines()]
+    assert [k["name"] for k in kept] == ["current", "a", "b", "c"]
+    chosen, _ = tune_table.proposal(rows)
+    assert chosen is not None and chosen["lines"] == ["a: 1"]
