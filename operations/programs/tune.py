@@ -45,7 +45,6 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -260,17 +259,20 @@ class Tune:
         deadline = began + args.budget
         per_measure = args.ramp_timeout + args.rounds * args.window
         rows: list[Row] = []
-        if run(f"{args.unit} (tune: out of the router)", self.out, []) != 0:
-            run(f"{args.unit} (tune: back into the router)", self.back_in, [])
-            raise Refused(f"{args.unit} could not leave the router and drain: nothing changed")
         original = read_bytes(args.unit_path)
         if original is None:
-            run(f"{args.unit} (tune: back into the router)", self.back_in, [])
             raise Refused(f"{args.unit_path} cannot be read: nothing changed")
-        shutil.copyfile(args.unit_path, self.saved)
+        # The saved unit and the state first, then the drain: from here on, whatever happens,
+        # the rank is put back (its unit if a candidate's was written, the router either way).
+        directory = os.path.dirname(args.state)
+        if directory:
+            os.makedirs(directory, mode=0o755, exist_ok=True)
+        write_atomic(self.saved, original)
         self.write_state(None)
         restored = False
         try:
+            if run(f"{args.unit} (tune: out of the router)", self.out, []) != 0:
+                raise Refused(f"{args.unit} could not leave the router and drain (above)")
             for index, candidate in enumerate(raw, 1):
                 name = str(candidate.get("name"))
                 need = per_measure + (args.start_estimate if candidate.get("unit") else 0)
