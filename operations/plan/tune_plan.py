@@ -192,12 +192,13 @@ def tune_plan(
     script = planned("Tune | script", entry, script_text("tune.py"), digests)
     starts = sum(1 for c in found if c.unit is not None and not c.refused)
     took = measure_s(s)
+    start_s = min(START_ESTIMATE_S, s.health_timeout_s)
     least = len([c for c in found if not c.refused]) * took
-    likely = least + (starts + (1 if starts else 0)) * START_ESTIMATE_S
+    likely = least + (starts + (1 if starts else 0)) * start_s
     estimate = (
-        f"{len(found)} candidates ({starts} started, "
+        f"{len(found)} candidates ({starts} to start, "
         f"{len(found) - 1 - starts} refused by the plan); about {likely / 60:.0f} min "
-        f"({took:g} s measuring each, about {START_ESTIMATE_S} s a start, each start at most "
+        f"({took:g} s measuring each, about {start_s} s a start, each start at most "
         f"health_timeout_s {s.health_timeout_s} s); budget {budget_s / 60:.0f} min"
     )
     service = (
@@ -211,7 +212,7 @@ def tune_plan(
     argv += ["--unit-path", layout.rank_unit_path(chosen.rank)]
     argv += ["--url", layout.rank_server_url(s, chosen.rank)]
     argv += ["--state", layout.TUNE_STATE, "--results", layout.TUNE_RECORDS]
-    argv += ["--budget", str(budget_s), "--start-estimate", str(START_ESTIMATE_S)]
+    argv += ["--budget", str(budget_s), "--start-estimate", str(start_s)]
     argv += ["--key-file", layout.SECRETS_FILE, "--service-user", s.service_user]
     argv += ["--candidates", json.dumps([c.to_json() for c in found], sort_keys=True)]
     argv += load_flags(s)

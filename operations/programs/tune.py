@@ -66,8 +66,9 @@ from operations.programs.roll_waiting import wait_for_go
 from operations.programs.throughput_guard import figures
 from operations.programs.tune_table import Row, failed_row, measured_row, proposal, table
 
-# Words in a journal line that name why a start failed (the last such line is shown).
-FAILURE_WORDS = ("error", "out of memory", "exception", "killed", "failed")
+# Words in a journal line that name why a start failed, strongest first (the last line with the
+# first group's words is shown, else the next group's, else the last line).
+FAILURE_WORDS = (("out of memory", "error", "exception"), ("killed", "failed"))
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -119,20 +120,33 @@ def read_bytes(path: str) -> bytes | None:
 
 
 def journal_line(unit: str, since: float, secrets: tuple[str, ...]) -> str:
-    """The rank's own reason: the last line of its journal since `since` that names a failure,
-    else its last line (masked)."""
-    try:
-        out = subprocess.run(
-            ["journalctl", "-u", unit, "--since", f"@{int(since)}", "-o", "cat", "--no-pager"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout
-    except OSError as error:
-        return f"(its journal cannot be read: {error.strerror})"
-    lines = [x.strip() for x in out.splitlines() if x.strip()]
-    said = next((x for x in reversed(lines) if any(w in x.lower() for w in FAILURE_WORDS)), "")
-    return mask_journal(said or (lines[-1] if lines else "(no journal line)"), secrets)
+    """The rank's own reason: its process's journal lines since `since` (not systemd's lines
+    about the unit, `_SYSTEMD_UNIT=`), the last that names a failure (FAILURE_WORDS), else its
+    last line; masked."""
+    lines: list[str] = []
+    for match in (f"_SYSTEMD_UNIT={unit}", f"--unit={unit}"):
+        try:
+            out = subprocess.run(
+                ["journalctl", match, "--since", f"@{int(since)}", "-o", "cat", "--no-pager"],
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout
+        except OSError as error:
+            return f"(its journal cannot be read: {error.strerror})"
+        lines = [x.strip() for x in out.splitlines() if x.strip()]
+        if lines:
+            break
+    return mask_journal(failure_line(lines), secrets)
+
+
+def failure_line(lines: list[str]) -> str:
+    """The line of `lines` that says why a start failed (FAILURE_WORDS), else the last."""
+    for words in FAILURE_WORDS:
+        said = next((x for x in reversed(lines) if any(w in x.lower() for w in words)), "")
+        if said:
+            return said
+    return lines[-1] if lines else "(no journal line)"
 
 
 class Tune:

@@ -374,3 +374,15 @@ def test_a_search_measures_each_candidate_shows_one_that_never_starts_and_restor
     assert [k["name"] for k in kept] == ["current", "a", "b", "c"]
     chosen, _ = tune_table.proposal(rows)
     assert chosen is not None and chosen["lines"] == ["a: 1"]
+
+
+def test_the_reason_shown_is_the_rank_s_own_error_line_not_systemd_s(program: ModuleType) -> None:
+    lines = [
+        "[double] loading",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        "sglang@1.service: Failed with result 'exit-code'.",
+    ]
+    assert program.failure_line(lines) == lines[1]
+    assert program.failure_line(lines[::2]) == lines[2]
+    assert program.failure_line(["a", "b"]) == "b"
+    assert program.failure_line([]) == "(no journal line)"
