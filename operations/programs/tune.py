@@ -12,15 +12,16 @@ that take the rank out of the router and drain it, and put it back; both [] with
 --restart: the steps that restart the rank on its unit file and wait for /health.
 
 1. A state file left by a tune that was cut off (--state: the unit, where its own unit was
-   saved, the digest of the candidate written) is dealt with first: when the unit file is
+   saved, the digest of the candidate written, the tune's pid) is dealt with first (refused
+   while that pid is still a tune): when the unit file is
    still that candidate's, the saved unit is put back and the rank restarted; when it is not
    (a deploy rewrote it since), the file is left as it is. The rank then rejoins the router and
    the state and the copy are removed.
 2. Refused (exit 2, one line, nothing changed): a command line the plan could not have written,
    a rank whose port is not the service user's alone (the key goes only there: throughput.py's
    rule), an unreadable key or unit file.
-3. The rank leaves the router and drains (--out). Its unit file is copied beside the state
-   file, and the state file written, before any candidate's unit replaces it.
+3. The rank's unit file is copied beside the state file and the state file written, then the
+   rank leaves the router and drains (--out).
 4. Each candidate in order, while the budget (--budget seconds from the start) can still hold
    it: the current settings are measured as they serve; any other's unit is written (a new file
    renamed over it, 0644), the rank restarted (--restart); one that cannot start or never gets
@@ -28,9 +29,10 @@ that take the rank out of the router and drain it, and put it back; both [] with
    FAILED with the plan's reason and never started; a started one is measured by the load
    client (load_client.py: the ramp to a queue, --rounds windows, the rank's own counters).
    Each row is appended to --results as it is known (one JSON line; `"tune"` names the run).
-5. Whatever happens after 3 (a failure, SIGTERM, SIGINT, SIGHUP): the saved unit is written
-   back, the rank restarted on it and healthy, and back in the router (--in); the state file
-   and the copy are removed only then. SIGKILL leaves the state file: step 1 of the next tune.
+5. Whatever happens once the state is written (a failure, SIGTERM, SIGINT, SIGHUP): the saved
+   unit is written back (when a candidate's was), the rank restarted on it and healthy, and back
+   in the router (--in); the state file and the copy are removed only then. SIGKILL leaves the
+   state file: step 1 of the next tune.
 6. Prints the table, the best and the group_data lines to apply (tune_table.py), and appends
    a summary line to --results. Exit 0 when the rank is back on its own unit and serving (a
    failed candidate included), 1 when it could not be put back (said, with how).
@@ -149,6 +151,16 @@ def failure_line(lines: list[str]) -> str:
     return lines[-1] if lines else "(no journal line)"
 
 
+def still_tuning(pid: int) -> bool:
+    """Whether `pid` is a live tune (this script: its command line names tune.py)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            words = fh.read().split(b"\0")
+    except OSError:
+        return False
+    return any(os.path.basename(w) == b"tune.py" for w in words)
+
+
 class Tune:
     def __init__(self, args: argparse.Namespace, script: str) -> None:
         self.args = args
@@ -173,6 +185,7 @@ class Tune:
     def write_state(self, candidate_sha: str | None) -> None:
         state = {"unit": self.args.unit, "unit_path": self.args.unit_path, "saved": self.saved}
         state["candidate_sha256"] = candidate_sha or ""
+        state["pid"] = str(os.getpid())
         write_atomic(self.args.state, (json.dumps(state) + "\n").encode())
 
     def put_back(self, state: dict[str, str]) -> bool:
@@ -220,6 +233,12 @@ class Tune:
                 f"the tune's state file {self.args.state} cannot be read; look at it and at "
                 f"{self.saved} (the saved unit), put the unit back by hand, remove both"
             ) from None
+        pid = state.get("pid") or ""
+        if pid.isdigit() and int(pid) != os.getpid() and still_tuning(int(pid)):
+            raise Refused(
+                f"a tune is still running here (pid {pid}, {self.args.state}): wait for it, or "
+                f"stop it (kill {pid}: it puts {state['unit']} back), then tune again"
+            )
         self.say(f"tune: a tune was cut off while {state['unit']} was under test: restoring it")
         if not self.put_back(state):
             raise Refused(f"{state['unit']} from the cut-off tune could not be restored (above)")

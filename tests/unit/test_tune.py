@@ -386,3 +386,26 @@ def test_the_reason_shown_is_the_rank_s_own_error_line_not_systemd_s(program: Mo
     assert program.failure_line(lines[::2]) == lines[2]
     assert program.failure_line(["a", "b"]) == "b"
     assert program.failure_line([]) == "(no journal line)"
+
+
+def test_a_tune_still_running_is_not_restored_under_it(program: ModuleType, tmp_path: Path) -> None:
+    log = _cut_off(program, tmp_path, b"candidate unit\n")
+    running = tmp_path / "tune.py"
+    running.write_text("import sys\nsys.stdin.read()\n")  # holds until its stdin closes
+    proc = subprocess.Popen([sys.executable, str(running)], stdin=subprocess.PIPE)
+    try:
+        state = json.loads((tmp_path / "tune.state").read_text())
+        (tmp_path / "tune.state").write_text(json.dumps({**state, "pid": str(proc.pid)}))
+        tune = program.Tune(program.parse(_args(tmp_path, log)), "tune.py")
+        with pytest.raises(
+            program.Refused, match=rf"a tune is still running here \(pid {proc.pid}"
+        ):
+            tune.leftover()
+        assert (tmp_path / "unit").read_bytes() == b"candidate unit\n" and not log.exists()
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait()
+    # Gone: restored.
+    program.Tune(program.parse(_args(tmp_path, log)), "tune.py").leftover()
+    assert (tmp_path / "unit").read_bytes() == b"own unit\n"
