@@ -21,7 +21,7 @@ lock = deploy_lock.ask(state, host)
 from operations import kb as kbmod  # noqa: E402
 from operations.plan import resolver  # noqa: E402
 from operations.plan.serve_plan import file_digests  # noqa: E402
-from operations.plan.tune_plan import DEFAULT_BUDGET_S, tune_plan  # noqa: E402
+from operations.plan.tune_plan import DEFAULT_BUDGET_S, touched, tune_plan  # noqa: E402
 from operations.runtime.host_lines import host_text  # noqa: E402
 from operations.runtime.inventory import refuse  # noqa: E402
 from operations.runtime.plan_step import plan_or_refuse  # noqa: E402
@@ -43,7 +43,8 @@ if (
         report.settings,
         report.plan.ranks,
         serving,
-        bool(serve.roll.start or serve.roll.rolled) or serve.router_restart,
+        {r.rank for r in touched(serve.roll)} | set(serve.roll.pending) | set(serve.roll.remove),
+        serve.router_restart,
         report.drain is not None,
         kbmod.load_throughput().tune,
         lambda s: resolver.resolve(s, facts, knowledge),

@@ -11,6 +11,9 @@
   resolver, so every flag is checked against the release's real parser as a deploy's is; a
   candidate the resolver refuses is shown failed with its reason and never started. A value
   equal to the current setting is no candidate;
+- a host a deploy of this inventory would change is refused (deploy first), but for the tune's
+  own rank, which a cut-off tune leaves on a candidate's unit: the host program puts it back
+  first and refuses to go on when its unit is then not this plan's (`--unit-sha256`);
 - the host program's command line (programs/tune.py), but the router and restart steps, which
   the step writes from the DrainPlan as the serve step does (steps/tune.py);
 - the estimate (`--dry`) and the time budget: the program starts no candidate the budget
@@ -21,8 +24,9 @@ The tune changes no setting: it proposes group_data lines; applying them is a de
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from operations import layout
@@ -30,6 +34,7 @@ from operations.facts.serve import Serving
 from operations.kb.throughput import TuneSpace
 from operations.plan.planned_files import PlannedFile, planned
 from operations.plan.resolver.types import Rank, ResolvedHost
+from operations.plan.serve_plan import RollPlan
 from operations.plan.throughput_plan import load_flags
 from operations.render.host_scripts import script_text
 from operations.settings import Settings
@@ -146,6 +151,11 @@ def candidates(
     return found
 
 
+def touched(roll: RollPlan) -> list[Rank]:
+    """The ranks a deploy's roll would start, restart or hold (not `unchanged`)."""
+    return [*roll.start, *roll.rolled, *roll.held, *roll.start_after, *roll.stopped]
+
+
 def measure_s(s: Settings) -> float:
     """One measurement's time at most: the ramp's bound and the rounds."""
     return s.throughput_ramp_timeout_s + s.throughput_rounds * s.throughput_window_s
@@ -155,16 +165,20 @@ def tune_plan(
     s: Settings,
     ranks: Sequence[Rank],
     serving: Serving,
-    rolls: bool,
+    touched: Collection[int],
+    router_restarts: bool,
     router_here: bool,
     space: TuneSpace,
     resolve: Callable[[Settings], ResolvedHost],
     digests: Mapping[str, str],
     budget_s: int = DEFAULT_BUDGET_S,
 ) -> TunePlan:
-    """The tune's decision for this host (see the docstring). `rolls`: a deploy of this
-    inventory would restart ranks or the router here (refused: TUNE_REFUSAL); `router_here`:
-    a router drains the host's ranks (the DrainPlan)."""
+    """The tune's decision for this host (see the docstring). `touched`: the ranks a deploy of
+    this inventory would (re)start or hold here, `router_restarts`: it would restart the router
+    (either refused, TUNE_REFUSAL, but the tune's own rank: a tune cut off there left it on a
+    candidate's unit, which the host program puts back first, and refuses the rank's unit when
+    it is then not the plan's); `router_here`: a router drains the host's ranks (the
+    DrainPlan)."""
     if not ranks:
         return TunePlan(errors=["tune: this host runs no rank (dp_size 0): nothing to tune"])
     if not s.enable_metrics:
@@ -175,11 +189,11 @@ def tune_plan(
                 "then tune"
             ]
         )
-    if rolls:
-        return TunePlan(errors=[TUNE_REFUSAL])
     chosen, why = pick_rank(ranks)
+    if router_restarts or set(touched) - {chosen.rank}:
+        return TunePlan(errors=[TUNE_REFUSAL])
     state = serving.ranks.get(chosen.rank)
-    if state is None or state.active != "active":
+    if chosen.rank not in touched and (state is None or state.active != "active"):
         active = state.active if state is not None else "no unit"
         return TunePlan(
             errors=[
@@ -201,6 +215,11 @@ def tune_plan(
         f"({took:g} s measuring each, about {start_s} s a start, each start at most "
         f"health_timeout_s {s.health_timeout_s} s); budget {budget_s / 60:.0f} min"
     )
+    if chosen.rank in touched:
+        estimate += (
+            f"; {chosen.unit_name}'s unit is not this plan's: a tune cut off there is put back "
+            "first, else the tune refuses (deploy first)"
+        )
     service = (
         f"{chosen.unit_name} leaves the router for the whole tune and rejoins it on its own unit "
         f"at the end; the other {len(ranks) - 1} rank(s) serve throughout"
@@ -211,6 +230,7 @@ def tune_plan(
     argv = ["python3", layout.TUNE_SCRIPT, "--unit", chosen.unit_name]
     argv += ["--unit-path", layout.rank_unit_path(chosen.rank)]
     argv += ["--url", layout.rank_server_url(s, chosen.rank)]
+    argv += ["--unit-sha256", hashlib.sha256(chosen.unit.encode()).hexdigest()]
     argv += ["--state", layout.TUNE_STATE, "--results", layout.TUNE_RECORDS]
     argv += ["--budget", str(budget_s), "--start-estimate", str(start_s)]
     argv += ["--key-file", layout.SECRETS_FILE, "--service-user", s.service_user]

@@ -2,7 +2,8 @@
 one after the other, then put back on its own unit. Run as root by `python -m operations.tune`
 (steps/tune.py); the load client runs as the service user, as the throughput check's does:
 
-    python3 tune.py --unit UNIT --unit-path PATH --url SERVER_ROOT --state FILE --results FILE
+    python3 tune.py --unit UNIT --unit-path PATH --url SERVER_ROOT --unit-sha256 HEX
+        --state FILE --results FILE
         --budget S --start-estimate S --key-file SECRETS --service-user USER
         --candidates JSON --out STEPS --in STEPS --restart STEPS  <load flags>
 
@@ -17,7 +18,9 @@ that take the rank out of the router and drain it, and put it back; both [] with
    still that candidate's, the saved unit is put back and the rank restarted; when it is not
    (a deploy rewrote it since), the file is left as it is. The rank then rejoins the router and
    the state and the copy are removed.
-2. Refused (exit 2, one line, nothing changed): a command line the plan could not have written,
+2. Refused (exit 2, one line, nothing changed): a unit file that is then not the plan's
+   (--unit-sha256: the inventory changed it, deploy first), a command line the plan could not
+   have written,
    a rank whose port is not the service user's alone (the key goes only there: throughput.py's
    rule), an unreadable key or unit file.
 3. The rank's unit file is copied beside the state file and the state file written, then the
@@ -78,6 +81,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     for name in ("--unit", "--unit-path", "--url", "--state", "--results", "--key-file"):
         parser.add_argument(name, required=True)
     parser.add_argument("--service-user", required=True)
+    parser.add_argument("--unit-sha256", required=True)
     parser.add_argument("--candidates", required=True)
     parser.add_argument("--budget", type=float, required=True)
     parser.add_argument("--start-estimate", type=float, required=True)
@@ -349,6 +353,12 @@ def work(argv: list[str], script: str) -> int:
     args = parse(argv)
     tune = Tune(args, script)
     tune.leftover()
+    now = read_bytes(args.unit_path)
+    if now is None or sha256(now) != args.unit_sha256:
+        raise Refused(
+            f"{args.unit_path} is not the unit this inventory plans for {args.unit} (a deploy "
+            "would rewrite it): deploy (pyinfra INVENTORY deploy.py), then tune; nothing changed"
+        )
     why = listener_refusal([(args.unit, args.url, "")], args.service_user, read_listeners())
     if why is not None:
         raise Refused(f"{why} ({WHO_GETS_THE_KEY})")

@@ -28,6 +28,7 @@ import pytest
 from operations import layout
 from tests import testbed as tb
 from tests.e2e.deploying import MODEL_CONFIG, Indexes
+from tests.e2e.index import wait_for
 from tests.e2e.load import Load
 from tests.e2e.serving import ROUTER_PORT, base_data, deploy, ok
 from tests.e2e.serving import serving_indexes as serving_indexes  # the `indexes` fixture
@@ -165,3 +166,48 @@ def test_a_tune_proposes_within_noise_of_the_best_fails_none_and_leaves_every_un
     again = deploy(tmp_path, {c: settings})
     ok(again)
     assert {k: v for k, v in again.statuses.items() if v != "No changes"} == {}, again
+
+
+def test_a_tune_killed_while_a_candidate_runs_is_put_back_by_the_next_tune(
+    host: Container, indexes: Indexes, tmp_path: Path
+) -> None:
+    c = host
+    knobs = speed(c)
+    settings = data(c, indexes)
+    ok(deploy(tmp_path, {c: settings}))
+    before = units(c)
+    inventory = inventory_file(tmp_path, {c: settings}, filename="tune.py")
+    tune = [sys.executable, "-m", "operations.tune", str(inventory)]
+    first = subprocess.Popen(
+        tune, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
+    )
+
+    def state() -> dict[str, Any]:
+        _, out, _ = c.ssh_run(f"cat {layout.TUNE_STATE} 2>/dev/null; true")
+        return json.loads(out) if out.strip() else {}
+
+    try:
+        # A candidate's unit written (the current settings measured before it): killed there.
+        wait_for(lambda: bool(state().get("candidate_sha256")), 600, "a candidate under test")
+        rc, _, err = c.ssh_run(f"kill -KILL {state()['pid']}")
+        assert rc == 0, err
+    finally:
+        killed_said, _ = first.communicate(timeout=600)
+    assert first.returncode != 0, killed_said
+    assert units(c) != before, killed_said  # the candidate's unit, left by the kill
+
+    # The next tune puts the rank back first (a budget that measures nothing after it).
+    again = subprocess.run(
+        [*tune, "--budget-min", "1"], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    said = f"the double: {knobs}\n" + again.stdout + again.stderr
+    prose = " ".join(said.split())
+    assert again.returncode == 0, said
+    assert "a tune was cut off while sglang@1.service was under test" in prose, said
+    assert "sglang@1.service is back on its own unit and in service" in prose, said
+    assert units(c) == before, said
+    assert state() == {} and main_pid(c, "sglang@1.service")[0] == "active", said
+    # And the router lists it again: a deploy changes nothing.
+    converged = deploy(tmp_path, {c: settings})
+    ok(converged)
+    assert {k: v for k, v in converged.statuses.items() if v != "No changes"} == {}, converged

@@ -4,6 +4,7 @@ crash safety (a cut-off tune's rank put back) and the server double's levers."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -43,7 +44,8 @@ def _plan(s: Settings, **kw: object) -> object:
     ranks = _resolve(s).ranks
     args: dict[str, object] = {
         "serving": _serving(s),
-        "rolls": False,
+        "touched": (),
+        "router_restarts": False,
         "router_here": True,
         "space": load_throughput().tune,
         "resolve": _resolve,
@@ -144,7 +146,8 @@ def test_the_plan_says_the_rank_out_of_service_without_a_router() -> None:
 @pytest.mark.parametrize(
     ("change", "said"),
     [
-        ({"rolls": True}, TUNE_REFUSAL),
+        ({"router_restarts": True}, TUNE_REFUSAL),
+        ({"touched": (0,)}, TUNE_REFUSAL),
         ({"serving": Serving(ranks={})}, "is not serving (systemd: no unit)"),
     ],
 )
@@ -154,6 +157,19 @@ def test_a_host_not_deployed_or_a_rank_not_serving_is_refused(
     plan = _plan(make_settings(), **change)
     assert any(said in e for e in plan.errors)  # type: ignore[attr-defined]
     assert plan.argv == []  # type: ignore[attr-defined]
+
+
+def test_the_tune_s_own_rank_changed_is_planned_for_a_cut_off_tune_and_checked_on_the_host() -> (
+    None
+):
+    s = make_settings()
+    last = s.dp_size - 1
+    plan = _plan(s, touched=(last,), serving=Serving(ranks={}))
+    assert plan.errors == [], plan.errors  # type: ignore[attr-defined]
+    assert "a tune cut off there is put back first" in plan.estimate  # type: ignore[attr-defined]
+    argv = plan.argv  # type: ignore[attr-defined]
+    unit = next(r.unit for r in _resolve(s).ranks if r.rank == last)
+    assert argv[argv.index("--unit-sha256") + 1] == hashlib.sha256(unit.encode()).hexdigest()
 
 
 def test_without_metrics_the_tune_is_refused_naming_the_setting() -> None:
@@ -209,6 +225,7 @@ def _args(tmp: Path, restart_log: Path) -> list[str]:
     restart = [["restart", ["/bin/sh", "-c", f"echo restarted >> {restart_log}"]]]
     back = [["readmit", ["/bin/sh", "-c", f"echo readmitted >> {restart_log}"]]]
     words = ["--unit", "sglang@1.service", "--unit-path", str(tmp / "unit"), "--url", "http://x"]
+    words += ["--unit-sha256", "0" * 64]
     words += ["--state", str(tmp / "tune.state"), "--results", str(tmp / "tune.jsonl")]
     words += ["--key-file", str(tmp / "key"), "--service-user", "nobody", "--candidates", "[]"]
     words += ["--budget", "60", "--start-estimate", "1"]
@@ -409,3 +426,13 @@ def test_a_tune_still_running_is_not_restored_under_it(program: ModuleType, tmp_
     # Gone: restored.
     program.Tune(program.parse(_args(tmp_path, log)), "tune.py").leftover()
     assert (tmp_path / "unit").read_bytes() == b"own unit\n"
+
+
+def test_a_unit_that_is_not_the_plan_s_is_refused_before_anything_changes(
+    program: ModuleType, tmp_path: Path
+) -> None:
+    (tmp_path / "unit").write_text("the inventory changed it\n")
+    log = tmp_path / "log"
+    with pytest.raises(program.Refused, match="is not the unit this inventory plans"):
+        program.work(_args(tmp_path, log), "tune.py")
+    assert not log.exists() and not (tmp_path / "tune.state").exists()
