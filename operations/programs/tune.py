@@ -20,9 +20,8 @@ that take the rank out of the router and drain it, and put it back; both [] with
    the state and the copy are removed.
 2. Refused (exit 2, one line, nothing changed): a unit file that is then not the plan's
    (--unit-sha256: the inventory changed it, deploy first), a command line the plan could not
-   have written,
-   a rank whose port is not the service user's alone (the key goes only there: throughput.py's
-   rule), an unreadable key or unit file.
+   have written, a rank whose port is not the service user's alone (the key goes only there:
+   throughput.py's rule), an unreadable key or unit file.
 3. The rank's unit file is copied beside the state file and the state file written, then the
    rank leaves the router and drains (--out).
 4. Each candidate in order, while the budget (--budget seconds from the start) can still hold
