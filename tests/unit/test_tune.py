@@ -408,9 +408,13 @@ def test_the_reason_shown_is_the_rank_s_own_error_line_not_systemd_s(program: Mo
 def test_a_tune_still_running_is_not_restored_under_it(program: ModuleType, tmp_path: Path) -> None:
     log = _cut_off(program, tmp_path, b"candidate unit\n")
     running = tmp_path / "tune.py"
-    running.write_text("import sys\nsys.stdin.read()\n")  # holds until its stdin closes
-    proc = subprocess.Popen([sys.executable, str(running)], stdin=subprocess.PIPE)
+    # Says it runs, then holds until its stdin closes (its command line is read once it said so).
+    running.write_text("import sys\nprint('ready', flush=True)\nsys.stdin.read()\n")
+    proc = subprocess.Popen(
+        [sys.executable, str(running)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
         state = json.loads((tmp_path / "tune.state").read_text())
         (tmp_path / "tune.state").write_text(json.dumps({**state, "pid": str(proc.pid)}))
         tune = program.Tune(program.parse(_args(tmp_path, log)), "tune.py")
@@ -423,6 +427,8 @@ def test_a_tune_still_running_is_not_restored_under_it(program: ModuleType, tmp_
         assert proc.stdin is not None
         proc.stdin.close()
         proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()
     # Gone: restored.
     program.Tune(program.parse(_args(tmp_path, log)), "tune.py").leftover()
     assert (tmp_path / "unit").read_bytes() == b"own unit\n"
