@@ -6,7 +6,8 @@ refused at once, and a tune holds off a deploy while it runs. Then the tune's ow
 (operations/plan/tune_plan.py: the rank, why, the candidates, the estimate, whether the rank
 stays behind a router) is said before anything starts, and the tune step
 (operations/steps/tune.py) runs it. With pyinfra's --dry nothing runs: the plan is the preview.
-The budget comes from the command (SGLANG_TUNE_BUDGET_S, set by operations/cli/tune.py).
+The budget and the latency bounds come from the command (SGLANG_TUNE_BUDGET_S,
+SGLANG_TUNE_MAX_TTFT_MS, SGLANG_TUNE_MAX_ITL_MS, set and checked by operations/cli/tune.py).
 """
 
 import os
@@ -38,6 +39,7 @@ if (
     facts = report.resolver_facts
     knowledge = kbmod.load()
     budget = int(os.environ.get("SGLANG_TUNE_BUDGET_S") or DEFAULT_BUDGET_S)
+    ttft, itl = (os.environ.get(f"SGLANG_TUNE_MAX_{k}_MS") for k in ("TTFT", "ITL"))
     serve = report.serve
     decided = tune_plan(
         report.settings,
@@ -50,6 +52,7 @@ if (
         lambda s: resolver.resolve(s, facts, knowledge),
         file_digests(serving),
         budget,
+        (float(ttft) if ttft else None, float(itl) if itl else None),
     )
     if decided.errors:
         refuse(state, host, "\n".join(decided.errors))

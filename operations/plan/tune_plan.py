@@ -17,7 +17,8 @@
 - the host program's command line (programs/tune.py), but the router and restart steps, which
   the step writes from the DrainPlan as the serve step does (steps/tune.py);
 - the estimate (`--dry`) and the time budget: the program starts no candidate the budget
-  cannot finish, and shows it skipped.
+  cannot finish, and shows it skipped; optional latency bounds (the best throughput within
+  them, programs/tune_table.py).
 
 The tune changes no setting: it proposes group_data lines; applying them is a deploy.
 """
@@ -172,6 +173,7 @@ def tune_plan(
     resolve: Callable[[Settings], ResolvedHost],
     digests: Mapping[str, str],
     budget_s: int = DEFAULT_BUDGET_S,
+    bounds: tuple[float | None, float | None] = (None, None),
 ) -> TunePlan:
     """The tune's decision for this host (see the docstring). `touched`: the ranks a deploy of
     this inventory would (re)start or hold here, `router_restarts`: it would restart the router
@@ -236,6 +238,13 @@ def tune_plan(
     argv += ["--key-file", layout.SECRETS_FILE, "--service-user", s.service_user]
     argv += ["--candidates", json.dumps([c.to_json() for c in found], sort_keys=True)]
     argv += load_flags(s)
+    ttft, itl = bounds
+    argv += ["--max-ttft-ms", f"{ttft:g}"] if ttft is not None else []
+    argv += ["--max-itl-ms", f"{itl:g}"] if itl is not None else []
+    if ttft is not None or itl is not None:
+        shown = [f"TTFT p50 at most {ttft:g} ms" if ttft is not None else ""]
+        shown += [f"ITL p50 at most {itl:g} ms" if itl is not None else ""]
+        estimate += f"; the best within {' and '.join(x for x in shown if x)}"
     return TunePlan(
         rank=chosen.rank,
         why_rank=why,

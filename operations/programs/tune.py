@@ -6,6 +6,7 @@ one after the other, then put back on its own unit. Run as root by `python -m op
         --state FILE --results FILE
         --budget S --start-estimate S --key-file SECRETS --service-user USER
         --candidates JSON --out STEPS --in STEPS --restart STEPS  <load flags>
+        [--max-ttft-ms MS] [--max-itl-ms MS]
 
 --candidates is the plan's list (plan/tune_plan.py: name, changes, lines, refused, unit; the
 first is the current settings, unit null). --out/--in are roll-batch steps (roll_steps.run)
@@ -35,8 +36,9 @@ that take the rank out of the router and drain it, and put it back; both [] with
    unit is written back (when a candidate's was), the rank restarted on it and healthy, and back
    in the router (--in); the state file and the copy are removed only then. SIGKILL leaves the
    state file: step 1 of the next tune.
-6. Prints the table, the best and the group_data lines to apply (tune_table.py), and appends
-   a summary line to --results. Exit 0 when the rank is back on its own unit and serving (a
+6. Prints the table, the best (within --max-ttft-ms and --max-itl-ms, the load client's p50s,
+   where given) and the group_data lines to apply (tune_table.py), and appends a summary line
+   to --results. Exit 0 when the rank is back on its own unit and serving (a
    failed candidate included), 1 when it could not be put back (said, with how).
 The tune changes no setting and writes no file but the rank's unit (and back), the state, the
 copy and the results.
@@ -81,6 +83,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         parser.add_argument(name, required=True)
     parser.add_argument("--service-user", required=True)
     parser.add_argument("--unit-sha256", required=True)
+    parser.add_argument("--max-ttft-ms", type=float, default=None)
+    parser.add_argument("--max-itl-ms", type=float, default=None)
     parser.add_argument("--candidates", required=True)
     parser.add_argument("--budget", type=float, required=True)
     parser.add_argument("--start-estimate", type=float, required=True)
@@ -365,9 +369,10 @@ def work(argv: list[str], script: str) -> int:
     if key:
         tune.secrets = (key,)
     rows, restored = tune.search(key)
-    for line in table(rows):
+    bounds = (args.max_ttft_ms, args.max_itl_ms)
+    for line in table(rows, bounds):
         tune.say(line)
-    chosen, said = proposal(rows)
+    chosen, said = proposal(rows, bounds)
     tune.say(said)
     lines = chosen.get("lines") or [] if chosen is not None and chosen["name"] != "current" else []
     for line in lines:

@@ -6,7 +6,9 @@ The noise of a comparison is the larger of the two sides' own noise (throughput_
 the rounds' half-range over their median); a change is beyond the noise when its size is
 larger. The best is the measured candidate with the highest median; the proposal is the best
 when it is faster than the current settings beyond the noise, else the current settings (a
-difference the noise explains is no reason to change).
+difference the noise explains is no reason to change). With latency bounds (the most TTFT and
+ITL p50 a proposal may have), only rows within them may be the best, and current settings over
+a bound are proposed away from whenever a row within them was measured.
 
 Not run on its own: inlined into programs/tune.py by operations/render/host_scripts.py.
 """
@@ -75,31 +77,60 @@ def compared(rows: list[Row]) -> list[Row]:
     return out
 
 
-def best(rows: list[Row]) -> Row | None:
-    """The measured row with the highest median (the first of equals)."""
-    measured = [r for r in rows if r.get("status") == "measured" and r.get("output_tok_s")]
+Bounds = tuple[float | None, float | None]  # the most TTFT and ITL p50 (ms) a proposal may have
+
+
+def over(row: Row, bounds: Bounds) -> str:
+    """Which latency bound a measured row is over ("" when none, or no bound is set)."""
+    ttft, itl = bounds
+    said = []
+    if ttft is not None and (row.get("ttft_ms") is None or float(row["ttft_ms"] or 0) > ttft):
+        said.append(f"TTFT p50 over {ttft:g} ms")
+    if itl is not None and (row.get("itl_ms") is None or float(row["itl_ms"] or 0) > itl):
+        said.append(f"ITL p50 over {itl:g} ms")
+    return ", ".join(said)
+
+
+def best(rows: list[Row], bounds: Bounds = (None, None)) -> Row | None:
+    """The measured row within the bounds with the highest median (the first of equals)."""
+    measured = [
+        r
+        for r in rows
+        if r.get("status") == "measured" and r.get("output_tok_s") and not over(r, bounds)
+    ]
     return max(measured, key=lambda r: float(r.get("output_tok_s") or 0), default=None)
 
 
-def proposal(rows: list[Row]) -> tuple[Row | None, str]:
-    """What the tune proposes (the docstring) and the sentence that says it."""
+def proposal(rows: list[Row], bounds: Bounds = (None, None)) -> tuple[Row | None, str]:
+    """What the tune proposes (the docstring; with latency bounds, the best throughput within
+    them: the current settings over a bound are no reason to keep them) and the sentence that
+    says it."""
     rows = compared(rows)
-    top = best(rows)
+    top = best(rows, bounds)
     if top is None:
-        return None, "tune: nothing was measured: no proposal (the table says why)"
+        within = " within the latency bounds" if bounds != (None, None) else ""
+        return None, f"tune: nothing was measured{within}: no proposal (the table says why)"
     if rows[0].get("status") != "measured":
         return None, (
             f"tune: the current settings could not be measured ({rows[0].get('why')}): no "
             f"proposal; the fastest measured was {top['name']} at {top['output_tok_s']:.1f} tok/s"
         )
-    if top["name"] == rows[0]["name"] or not top.get("beyond_noise") or not top.get("change"):
+    current_over = over(rows[0], bounds)
+    if not current_over and (
+        top["name"] == rows[0]["name"] or not top.get("beyond_noise") or not top.get("change")
+    ):
         return rows[0], (
             "tune: keep the current settings: no candidate was faster beyond the noise "
             f"(best {top['name']}, {float(top.get('change') or 0):+.1%})"
         )
+    why = (
+        f"the current settings are over a latency bound ({current_over})"
+        if current_over
+        else "beyond the noise"
+    )
     return top, (
         f"tune: best {top['name']}: {top['output_tok_s']:.1f} output tok/s, "
-        f"{float(top.get('change') or 0):+.1%} against the current settings, beyond the noise; "
+        f"{float(top.get('change') or 0):+.1%} against the current settings, {why}; "
         "put these lines in the host's group_data and deploy (the canary judges it):"
     )
 
@@ -108,8 +139,9 @@ def _ms(value: object) -> str:
     return f"{value:.0f}" if isinstance(value, int | float) else "-"
 
 
-def table(rows: list[Row]) -> list[str]:
-    """The table, one line a candidate (docs/tune.md shows one)."""
+def table(rows: list[Row], bounds: Bounds = (None, None)) -> list[str]:
+    """The table, one line a candidate (docs/tune.md shows one); a row over a latency bound
+    says so at its end."""
     head = (
         f"{'candidate':<52} {'output tok/s':>13} {'spread':>7} {'TTFT p50':>9} {'ITL p50':>8} "
         f"{'vs current':>10}  beyond noise"
@@ -128,5 +160,6 @@ def table(rows: list[Row]) -> list[str]:
             f"{_ms(row.get('itl_ms')):>8} "
             f"{'-' if change is None else f'{change:+.1%}':>10}  "
             f"{'-' if beyond is None else ('yes' if beyond else 'no')}"
+            + (f"  ({bound})" if (bound := over(row, bounds)) else "")
         )
     return lines

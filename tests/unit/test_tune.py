@@ -442,3 +442,25 @@ def test_a_unit_that_is_not_the_plan_s_is_refused_before_anything_changes(
     with pytest.raises(program.Refused, match="is not the unit this inventory plans"):
         program.work(_args(tmp_path, log), "tune.py")
     assert not log.exists() and not (tmp_path / "tune.state").exists()
+
+
+def test_latency_bounds_pick_the_fastest_within_them_even_slower_than_current_over_one() -> None:
+    def row(name: str, rate: float, ttft: float) -> tune_table.Row:
+        return tune_table.measured_row(name, [f"{name}: 1"], [rate] * 3, 8, ttft, 20.0)
+
+    rows = [row("current", 300, 900), row("fast", 500, 1200), row("quick", 250, 200)]
+    chosen, said = tune_table.proposal(rows, (1000.0, None))
+    assert chosen is not None and chosen["name"] == "current", said  # fast is over the bound
+    chosen, said = tune_table.proposal(rows, (500.0, None))
+    assert chosen is not None and chosen["name"] == "quick" and "over a latency bound" in said
+    assert tune_table.proposal(rows, (100.0, None))[0] is None
+    shown = tune_table.table(rows, (1000.0, None))
+    assert next(x for x in shown if x.startswith("fast ")).endswith("(TTFT p50 over 1000 ms)")
+    assert tune_table.proposal(rows)[0]["name"] == "fast"  # type: ignore[index]
+
+
+def test_the_plan_passes_the_bounds_to_the_host_and_says_them() -> None:
+    plan = _plan(make_settings(), bounds=(1500.0, None))
+    argv = plan.argv  # type: ignore[attr-defined]
+    assert argv[argv.index("--max-ttft-ms") + 1] == "1500" and "--max-itl-ms" not in argv
+    assert "the best within TTFT p50 at most 1500 ms" in plan.estimate  # type: ignore[attr-defined]
