@@ -3,7 +3,7 @@
 
 Each inventory host is one container (pve_ctid), reached over SSH as root on its Proxmox node,
 with the same settings (and checks) as the container's own deploy. See operations/steps/pve.py and
-docs/operations.md ("The Proxmox node").
+docs/how-to/proxmox-node.md.
 """
 
 from pyinfra.context import host, state

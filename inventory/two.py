@@ -1,6 +1,6 @@
-"""Two containers behind one router: CT200 and a second, CT201 (README "Day-2 tasks: a second
-container"). Each is one pyinfra host, deployed in parallel; the router runs on ct200 with every
-rank of both as its workers.
+"""Two containers behind one router: CT200 and a second, CT201 (docs/how-to/add-a-host.md).
+Each is one pyinfra host, deployed in parallel; the router runs on ct200 with every rank of both
+as its workers.
 
     CT200_HOST, CT201_HOST       address or SSH alias of each container (default: its name)
     CT200_ADDRESS, CT201_ADDRESS the address each container's ranks listen on, which the router
@@ -9,7 +9,8 @@ rank of both as its workers.
                                  cannot reach ct201)
     CT200_USER, CT201_USER       SSH user (default: root)
     CONTROL_PLANE_KEY_FILE       a file on this machine holding the router's control-plane key,
-                                 which both containers' drains send (docs/security.md, "The
+                                 which both containers' drains send (docs/how-it-works/security.md,
+                                 "The
                                  router's control plane"). Unset: the first run makes one beside
                                  the engine locks (locks/router-control-plane.key, mode 600)
 

@@ -1,4 +1,4 @@
-"""The deploy's facts, operations and logic (docs/architecture.md is the map)."""
+"""The deploy's facts, operations and logic (docs/how-it-works/architecture.md is the map)."""
 
 import sys
 

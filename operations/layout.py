@@ -2,7 +2,7 @@
 
 Pure functions of settings (and of a name or key); no decisions, no I/O. Facts, operations, the
 resolver and the status command all import their names from here, so a unit name or a path is
-spelled once. See docs/architecture.md.
+spelled once. See docs/how-it-works/architecture.md.
 """
 
 from __future__ import annotations
@@ -101,7 +101,8 @@ TUNE_RECORDS = "/var/lib/sglang-deploy/tune.jsonl"
 TUNE_STATE = "/var/lib/sglang-deploy/tune.state"
 # The router's control-plane key (root only, mode 600): systemd hands it to the router unit as
 # the credential CONTROL_PLANE_CREDENTIAL (LoadCredential=), the launcher reads it from there
-# and the drain script from here (docs/security.md "The router's control plane").
+# and the drain script from here (docs/how-it-works/security-gateway-and-concurrency.md "The
+# router's control plane").
 CONTROL_PLANE_KEY_FILE = f"{CONFIG_DIR}/router-control-plane.key"
 CONTROL_PLANE_CREDENTIAL = "control-plane-key"
 # The ranks' API key file (SECRETS_FILE) handed to smg as a credential: it probes and routes to

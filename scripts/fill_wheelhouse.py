@@ -1,7 +1,7 @@
 """Fill a wheelhouse with exactly the wheels an engine's lock names, for offline installs.
 
     .venv/bin/python scripts/fill_wheelhouse.py locks/0.5.11-cu128-cp311-d04a952f.lock \
-        WHEELHOUSE [--python 3.11] [--glibc 2.36] [--uv 0.13.9] [--router 0.3.2] [--hub] \
+        WHEELHOUSE [--python 3.11] [--glibc 2.36] [--uv 0.13.9] [--router [1.13.0]] [--hub] \
         [--lane cu128] [--cuda-url URL] [--cuda-manifest redistrib_12.8.1.json] [--no-cuda]
 
 The lock comes from a first host, or from the controller alone (`python -m operations.lock`).
@@ -9,15 +9,17 @@ Run it on a machine that can reach the indexes the lock was resolved from (the U
 lock; credentials, which uv never writes into a lock, come from ~/.netrc). For every package of
 the lock it downloads the one wheel the target can install (CPython `--python`, manylinux up to
 `--glibc`, x86_64), checks its sha256 against the lock and keeps it only then. `--uv` adds the
-uv wheel the deploy bootstraps from, `--router` sglang-router and its dependencies, `--hub` the
-Hugging Face CLI's wheels: each exactly the pinned set of operations/kb/pins/ for `--python`,
+uv wheel the deploy bootstraps from, `--router` the router and its dependencies (the package the
+knowledge base's `routers` entry names for the release: smg for 1.13.0, sglang-router for 0.3.2;
+`--router` alone: the settings' default router.version), `--hub` the Hugging Face CLI's wheels:
+each exactly the pinned set of operations/kb/pins/ for `--python`,
 downloaded by pip with `--require-hashes --only-binary :all:` (the deploy installs them the same
 way). The CUDA archives of the lane's compiler (the lane is the lock's name's second part, or
 `--lane`) go to `cuda-redist/` beside WHEELHOUSE, where the offline deploy takes them, each
 checked against the knowledge base's sha256 (or `--cuda-manifest`'s, as the setting
 cuda_redist_manifest does) from `--cuda-url` (the settings' default, cuda_redist_url or
 cuda_wheels_url); `--no-cuda` skips them. Then set `wheelhouse: WHEELHOUSE` and the deploy
-installs that same set with no index at all. See docs/engine.md.
+installs that same set with no index at all. See docs/how-to/air-gap.md.
 
 Every file is streamed to a temporary name while its hash is computed, and kept only when the
 hash matches; a rich progress bar shows the bytes and the count at a terminal, one line per
@@ -348,6 +350,35 @@ def download_pinned(
     return []
 
 
+def router_pins(version: str, python: str) -> tuple[Path, str]:
+    """The pinned requirements of router release `version` for CPython `python`, and how
+    problems name it ("smg 1.13.0"): the package is the knowledge base's `routers` entry's."""
+    from operations import kb as kbmod
+
+    known = kbmod.load().routers
+    if version not in known:
+        raise FillError(
+            f"--router {version}: not a router release of the knowledge base (known: "
+            f"{', '.join(sorted(known))}; router.version in the settings names one)"
+        )
+    package = known[version].package
+    path = router_file(version, python, package)
+    if not path.is_file():
+        raise FillError(
+            f"--router {version}: no pinned requirements for {package} {version} on Python "
+            f"{python} ({path.name} is missing in operations/kb/pins/): run "
+            "scripts/pin_installs.py"
+        )
+    return path, f"{package} {version}"
+
+
+def default_router_version() -> str:
+    """The router release a deploy installs when `router` names no version."""
+    from operations.settings import Router
+
+    return Router(host="").version
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("lock", type=Path)
@@ -355,7 +386,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--python", default="3.11", help="the target's Python (default 3.11)")
     parser.add_argument("--glibc", default="2.36", help="the target's glibc (default 2.36)")
     parser.add_argument("--uv", help="also the uv wheel of this version (the deploy's uv_version)")
-    parser.add_argument("--router", help="also sglang-router of this version and its wheels")
+    parser.add_argument(
+        "--router",
+        nargs="?",
+        const="",
+        metavar="VERSION",
+        help="also the router of this release and its wheels (smg for 1.13.0, sglang-router for "
+        "0.3.2; alone: the settings' default router.version)",
+    )
     parser.add_argument("--hub", action="store_true", help="also the Hugging Face CLI's wheels")
     parser.add_argument("--lane", help="the CUDA lane (default: from the lock's name)")
     parser.add_argument("--cuda-url", help="where the compiler archives are downloaded from")
@@ -373,10 +411,15 @@ def main(argv: list[str]) -> int:
                 )
             extra = cuda_downloads(lane, args.wheelhouse, args.cuda_url, args.cuda_manifest)
         problems = fill(args.lock, args.wheelhouse, args.python, args.glibc, extra)
-        pinned = [router_file(args.router, args.python)] if args.router else []
-        pinned += [hub_file(args.python)] if args.hub else []
-        for requirements in pinned:
-            problems += download_pinned(requirements, args.wheelhouse, args.python, args.glibc)
+        pinned: list[tuple[Path, str | None]] = []
+        if args.router is not None:
+            pinned.append(router_pins(args.router or default_router_version(), args.python))
+        if args.hub:
+            pinned.append((hub_file(args.python), None))
+        for requirements, what in pinned:
+            problems += download_pinned(
+                requirements, args.wheelhouse, args.python, args.glibc, what
+            )
         if args.uv:
             line = uv_requirement(args.uv)
             if line is None:

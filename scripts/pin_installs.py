@@ -121,7 +121,8 @@ def main(argv: list[str]) -> int:
         f" of `sglang-router==V`, `smg==V` and `{HUB_REQUIREMENT}`, one file per Python minor the "
         "knowledge base lists for a release (" + ", ".join(pythons) + ").\n\n"
         "The deploy installs each with `--require-hashes --only-binary :all:` "
-        "(docs/security.md, 'Installs: hashes, wheels only'). Regenerate, review the diff, "
+        "(docs/how-it-works/security.md, 'Installs: hashes, wheels only'). Regenerate, review the "
+        "diff, "
         "commit.\n"
     )
     return 0

@@ -1,6 +1,6 @@
 """A pytest plugin for the fast layer: a test that starts a process without the `integration`
 (or `e2e`) marker fails, naming what it started. It marks nothing: a test's layer is written in
-its file (docs/architecture.md, "Tests, by layer"). `make fast` loads it:
+its file (docs/how-it-works/faults-and-tests.md, "Tests, by layer"). `make fast` loads it:
 
     python -m pytest -p tests.spawn_audit -m "not e2e and not integration"
 

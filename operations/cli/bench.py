@@ -6,7 +6,8 @@ Runs the deploy's throughput step alone on every host of the inventory (the depl
 operations/bench_deploy.py, through pyinfra as the deploy runs: `throughput_check` is `always`
 here), under the deploy lock: a host another deploy holds is refused at once
 (deploy_lock_wait_s 0), never measured mid-change. Each
-host runs SGLang's client from its serving engine (docs/operations.md "Throughput"), keeps the
+host runs SGLang's client from its serving engine (docs/how-to/read-throughput-and-verdicts.md
+"Throughput"), keeps the
 record and compares it with the last one of the same workload; a slower run exits 1 as a deploy
 does (throughput_guard: warn passes). Exit status: pyinfra's.
 """

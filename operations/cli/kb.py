@@ -5,7 +5,8 @@
     python -m operations.kb --check 0.5.22          # exit 1 when the committed entry differs
 
 `intake` needs the main index (PyPI, through pip); `--check` runs offline from the committed
-fixtures. Every failure is one line on stderr (exit 2), never a traceback. See docs/engine.md.
+fixtures. Every failure is one line on stderr (exit 2), never a traceback. See
+docs/how-to/add-a-release.md.
 """
 
 from __future__ import annotations

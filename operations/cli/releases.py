@@ -63,7 +63,8 @@ def unlock_hints(errors: list[str], knowledge: kbmod.Knowledge, lane: str) -> li
     if any("driver" in e and f">= {needs}" in e for e in errors):
         hints.append(
             f"driver >= {needs} on the Proxmox node (the node's NVIDIA module, installed there: "
-            "docs/engine.md, 'Off driver 570'); then the container's user space to match: "
+            "docs/how-to/upgrade-with-canary.md, 'Off driver 570'); then the container's user "
+            "space to match: the installer's sha256 in pve_driver_hashes, then "
             "`.venv/bin/pyinfra inventory/pve.py pve.py --data pve_install_driver=true` (preview "
             f"with --dry); then `cuda_lane={lane}`"
         )

@@ -14,12 +14,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal, NotRequired, TypedDict, cast, get_args
 
-import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from operations.kb.cli_tables import load_cli_table
-from operations.kb.raw import KNOWLEDGE_DIR, KnowledgeError, RawCites, RawSource
+from operations.kb.raw import KNOWLEDGE_DIR, KnowledgeError, RawCites, RawSource, parse_yaml
 from operations.kb.startup import load_startup
 from operations.kb.types import Knowledge
 
@@ -246,13 +245,9 @@ def _jit_cache_cited(raw: RawCaches, fi: str, lane: str, status: str) -> Iterato
             )
 
 
-# libyaml's safe loader where PyYAML has it, as operations/kb/loader.py reads sglang.yaml.
-_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
 @cache
 def _read(path: Path) -> RawCaches:
-    return cast(RawCaches, yaml.load(path.read_text(), Loader=_SAFE_LOADER))
+    return cast(RawCaches, parse_yaml(path.read_text()))
 
 
 # Checked once per process for each knowledge (hashed by identity) and file, however many of the

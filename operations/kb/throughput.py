@@ -13,9 +13,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal, NotRequired, TypedDict, cast
 
-import yaml
-
-from operations.kb.raw import KNOWLEDGE_DIR, KnowledgeError, RawCites, RawSource
+from operations.kb.raw import KNOWLEDGE_DIR, KnowledgeError, RawCites, RawSource, parse_yaml
 from operations.kb.types import Cites, Source
 
 THROUGHPUT_FILE = KNOWLEDGE_DIR / "throughput.yaml"
@@ -240,7 +238,7 @@ def _source(raw: RawThroughput, cites: RawCites) -> Cites:
 @cache
 def load_throughput(path: Path = THROUGHPUT_FILE) -> ThroughputKnowledge:
     """throughput.yaml, checked; KnowledgeError naming every broken key."""
-    raw = cast(RawThroughput, yaml.safe_load(path.read_text()))
+    raw = cast(RawThroughput, parse_yaml(path.read_text()))
     problems = list(_problems(raw))
     if problems:
         raise KnowledgeError("\n".join(problems))

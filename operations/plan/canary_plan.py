@@ -1,4 +1,4 @@
-"""A canary rollout (settings `rollout`, docs/configuration.md), decided in the plan.
+"""A canary rollout (settings `rollout`, docs/reference/settings.md), decided in the plan.
 
 With `rollout.strategy: canary` (or the strategy unset on a host where a rank already serves),
 a roll that changes what the ranks run (their engine or their flags) goes in stages instead of
@@ -135,6 +135,15 @@ class CanaryPlan:
         return {
             f"{layout.CANARY_BACKUP_DIR}/{layout.unit_name(n)}": layout.rank_unit_path(n)
             for n in self.canary
+        }
+
+    @property
+    def restore_batch(self) -> dict[str, str]:
+        """What a canary batch that fails from its write on puts back in the same run (the
+        batch's ranks' copies -> their unit files; roll_batch.py --undo)."""
+        return {
+            f"{layout.CANARY_BACKUP_DIR}/{layout.unit_name(n)}": layout.rank_unit_path(n)
+            for n in self.canary_batch
         }
 
     @property

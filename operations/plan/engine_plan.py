@@ -43,7 +43,7 @@ def redist_dir(wheelhouse: str) -> str:
 
 def toolkit_arguments(engine_root: str, tools: Toolkit, offline: bool) -> str:
     """What programs/cuda_toolkit.py is given (ENGINE_ROOT/cuda/.NAME.json, root-only): the
-    engine plan lists it among its files, steps/toolkit.install_toolkit writes it."""
+    engine plan lists it among its files, steps/cuda_toolkit.install_toolkit writes it."""
     arguments = {
         "home": tools.home(engine_root),
         "source": EngineTree(engine_root).redist(REDIST_DIR) if offline else tools.url,

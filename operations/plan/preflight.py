@@ -53,7 +53,8 @@ def model_bytes(settings: Settings, kb: Knowledge, measured: int | None) -> int 
     return measured
 
 
-# SGLang's host memory per server beside the weights, as docs/model.md ("Host memory per rank")
+# SGLang's host memory per server beside the weights, as docs/how-to/tune.md ("Host memory per
+# rank")
 # derives it: the default of ram_per_rank_gb; a value below it is warned about.
 RAM_PER_RANK_FLOOR_GB = 4.0
 
@@ -66,7 +67,8 @@ def ram_per_rank_warning(settings: Settings) -> str | None:
     return (
         f"ram_per_rank_gb = {settings.ram_per_rank_gb:g} (set in "
         f"{settings.origin('ram_per_rank_gb')}) is below {RAM_PER_RANK_FLOOR_GB:g} GiB, SGLang's "
-        "host memory per server beside the weights (docs/model.md): ranks may be throttled at "
+        "host memory per server beside the weights (docs/how-to/tune.md): ranks may be throttled "
+        "at "
         "memory.high or OOM-killed"
     )
 

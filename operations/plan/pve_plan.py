@@ -54,8 +54,8 @@ MAX_DEVICES = 256
 # pve-container makes the node 0660 owned by the container's root (src/PVE/LXC.pm,
 # create_passthrough_device_node), which the service user cannot open; 0666 is the mode
 # NVIDIA's own nvidia-modprobe gives the nodes on a node (NVIDIA/nvidia-modprobe,
-# modprobe-utils/nvidia-modprobe-utils.c, NV_DEVICE_FILE_MODE). docs/security.md, "GPU device
-# nodes on the Proxmox node", says why this and not a gid=.
+# modprobe-utils/nvidia-modprobe-utils.c, NV_DEVICE_FILE_MODE). docs/how-it-works/security-gpus.md,
+# "GPU device nodes on the Proxmox node", says why this and not a gid=.
 DEVICE_MODE = "0666"
 UVM_UNIT_TEMPLATE = "nvidia-uvm-nodes.service.j2"
 CONFIG_FILE = "/etc/pve/lxc/{ctid}.conf"

@@ -1,4 +1,5 @@
-"""What the throughput step does, decided in the plan (docs/operations.md "Throughput").
+"""What the throughput step does, decided in the plan (docs/how-to/read-throughput-and-verdicts.md
+"Throughput").
 
 - whether it runs: `throughput_check` off never, always every run, after_change (default) when
   this run (re)started a rank or the router (the serve plan's roll and router restart), or when
@@ -108,15 +109,10 @@ def load_flags(s: Settings, timeout_s: int | None = None) -> list[str]:
 def load_shape(s: Settings) -> str:
     """The load in words, for `plan --why` and the docs' samples."""
     fixed = s.throughput_concurrency_per_rank
-    held = (
-        f"{fixed} in flight a rank (fixed)"
-        if fixed
-        else f"in flight a rank doubled from {START_CONCURRENCY} until it queues (at most "
-        f"{s.throughput_max_concurrency_per_rank})"
-    )
+    held = f"{fixed} in flight (fixed)" if fixed else "in flight doubled until it queues"
     return (
         f"{s.throughput_input_len}/{s.throughput_output_len} tokens in/out, {held}, "
-        f"{s.throughput_rounds} windows of {s.throughput_window_s:g} s"
+        f"{s.throughput_rounds} x {s.throughput_window_s:g} s"
     )
 
 
@@ -217,8 +213,8 @@ def throughput_plan(
         argv += ["--ceilings", json.dumps(card, sort_keys=True)]
     guard = "fails" if s.throughput_guard == "fail" else "warns"
     what = (
-        f"each rank's capacity, {load_shape(s)} x {len(ranks)} ranks at once; {guard} past "
-        f"{s.throughput_max_slowdown:.0%} slower beyond the measured noise"
+        f"{len(ranks)} ranks' capacity: {load_shape(s)}; {guard} past "
+        f"{s.throughput_max_slowdown:.0%} slower beyond the noise"
     )
     again = (
         "; again: the last check on this host did not pass (failed or cut off)"

@@ -12,11 +12,10 @@ import json
 import os
 import stat
 import string
-import urllib.parse
 from typing import NoReturn
 
 from operations.programs.load_runner import add_load_flags
-from operations.programs.program_main import Refused
+from operations.programs.program_main import Refused, checked_url, unit_urls
 from operations.programs.roll_steps import WRITE, Step, steps_of
 
 CANARY_PLAN = "the deploy's plan writes it"
@@ -46,30 +45,6 @@ def parse_canary(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--rollback", default=None, metavar="STEPS_JSON")
     parser.add_argument("--pause", action="store_true")
     return parser.parse_args(argv)
-
-
-def _url(value: str, flag: str) -> str:
-    parts = urllib.parse.urlsplit(value)
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
-        raise Refused(f"{flag} {value!r} is not an http(s) URL with a host and a port")
-    return value.rstrip("/")
-
-
-def unit_urls(values: list[str], flag: str) -> dict[str, str]:
-    """UNIT=URL pairs, each URL checked; a unit named twice is refused."""
-    found: dict[str, str] = {}
-    for value in values:
-        name, sep, url = value.partition("=")
-        if not sep or not name or not url:
-            raise Refused(f"{flag} {value!r} is not UNIT=URL ({CANARY_PLAN})")
-        if name in found:
-            raise Refused(f"{flag} names {name} twice ({CANARY_PLAN})")
-        found[name] = _url(url, flag)
-    return found
 
 
 def server_root(api_base: str) -> str:
@@ -125,8 +100,8 @@ def checked(
 ) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
     """(canaries, the baselines in the plan's order: the first is the reference while it is
     healthy, workers by unit), each value checked; Refused otherwise."""
-    canaries = unit_urls(args.canary, "--canary")
-    baselines = unit_urls(args.baseline, "--baseline")
+    canaries = unit_urls(args.canary, "--canary", CANARY_PLAN)
+    baselines = unit_urls(args.baseline, "--baseline", CANARY_PLAN)
     both = sorted(set(baselines) & set(canaries))
     if both:
         raise Refused(f"{', '.join(both)} is both a baseline and a canary ({CANARY_PLAN})")
@@ -142,9 +117,9 @@ def checked(
         raise Refused("--soak must be 0 or more and --timeout more than 0")
     if not args.target or any(c not in string.hexdigits for c in args.target):
         raise Refused(f"--target {args.target!r} is not a hex digest")
-    workers = unit_urls(args.worker, "--worker")
+    workers = unit_urls(args.worker, "--worker", CANARY_PLAN)
     if args.router_metrics is not None:
-        _url(args.router_metrics, "--router-metrics")
+        checked_url(args.router_metrics, "--router-metrics")
         missing = sorted((set(canaries) | set(baselines)) - set(workers))
         if missing:
             raise Refused(f"--router-metrics without a --worker for {', '.join(missing)}")

@@ -1,46 +1,48 @@
 #!/usr/bin/env python3
 """Compare canary ranks (the new engine or flags) with baseline ranks (still the old ones) on
 answers, speed and errors, print the verdict table, keep it, and on a failed verdict roll the
-canary back (issues 45, 49). Run as root by the deploy; the benchmark client runs as the service
+canary back (issues 45, 49). Run as root by the deploy; the load client runs as the service
 user, as the throughput check's does:
 
     python3 canary_compare.py --canary UNIT=API_BASE [--canary ...] --baseline UNIT=API_BASE
         [--baseline ...] [--held UNIT ...]
-        --model SERVED_NAME --key-file PATH --service-user USER --max-slowdown F --soak SECONDS
+        --key-file PATH --service-user USER --max-slowdown F --soak SECONDS
         --record PATH --target HEXDIGEST --meta JSON
         [--router-metrics URL --worker UNIT=WORKER_URL ...]
-        --python ENGINE_PY --module BENCH_MODULE --module-file FILE --tokenizer MODEL_DIR
-        --input-len N --output-len N --concurrency-per-rank N --prompts-per-rank N --timeout S
+        --input-len N --output-len N --start C --most C [--fixed] --ramp-timeout S
+        --rounds R --window S --timeout S --model SERVED_NAME
         [--rollback STEPS_JSON] [--pause]
 
 API_BASE is a rank's OpenAI base as layout.rank_api_base writes it (`http://127.0.0.1:30001/v1`);
 the rank's server root is that without `/v1`. WORKER_URL is the rank as the router names it in
-its metrics' `worker` label.
+its metrics' `worker` label. The load flags are the throughput check's
+(plan/throughput_plan.load_flags).
 
 1. Refused (exit 2, one line `canary: refused: ...`, nothing sent, nothing kept): a command line,
-   --meta or --rollback the plan could not have written (programs/canary_args.py), no tokenizer
-   or client module (throughput_client.preconditions), a record directory that is not root's
-   alone. Then every port this talks to (each canary, each baseline, --router-metrics) that is
-   listened on must be listened on only by USER (hostsafe.listening and owner_problem:
-   throughput.py's rule, docs/security.md "Who is sent the API key"), before the key file is
-   read. A rank nothing listens for is not refused: a canary that died fails its rows, a
-   baseline down is dropped (below).
+   --meta or --rollback the plan could not have written (programs/canary_args.py), a record
+   directory that is not root's alone. Then every port this talks to (each canary, each
+   baseline, --router-metrics) that is listened on must be listened on only by USER
+   (hostsafe.listening and owner_problem: throughput.py's rule,
+   docs/how-it-works/security.md "Who is sent the API key"), before the key file is read. A
+   rank nothing listens for is not refused: a canary that died fails its rows, a baseline down
+   is dropped (below).
    Baselines (several --baseline, the plan's order): each is judged too. One that is down, does
-   not answer the sum, does not answer an open prompt or whose client run fails is named as the
-   baseline's fault and dropped, never counted against the canary; the open prompts' reference
-   is the first baseline left, the errors row's too. No baseline left: no verdict ("canary: NOT
-   JUDGED", nothing kept, the canary rolled back with --rollback; the next run judges again).
+   not answer the sum, does not answer an open prompt or whose requests fail in the speed run is
+   named as the baseline's fault and dropped, never counted against the canary; the open
+   prompts' reference is the first baseline left, the errors row's too. No baseline left: no
+   verdict ("canary: NOT JUDGED", nothing kept, the canary rolled back with --rollback; the
+   next run judges again).
 2. The rows (programs/canary_rows.py decides each, and documents its tolerance):
    - answers: known sum: the smoke's question (smoke_answers.chat_request) to every rank;
    - answers: open prompts: canary_rows.OPEN_PROMPTS to every rank at temperature 0 with
      `logprobs` and `top_logprobs` asked, compared token by token with the baseline's;
-   - speed: the throughput check's client (throughput_client.client_words and run_client, one
-     rank's workload: --prompts-per-rank at --concurrency-per-rank) against every canary and
-     every baseline AT ONCE, one client per rank; the baseline figure is the baselines' median
-     each round, their spread ((highest - lowest) / median) kept in the record. The ranks are
-     on separate GPUs, so running them together costs neither anything; measuring them in the
-     same window puts any drift of the host's load, clocks and temperature on both sides
-     alike, where one after the other would put it on one side only.
+   - speed: the load client (load_runner.run_load: the throughput check's ruler) against every
+     canary and every baseline AT ONCE, each rank's capacity at saturation over --rounds
+     windows; the baseline figure is the baselines' median, their spread the noise (identical
+     ranks side by side: this host's own A/A measure). The ranks are on separate GPUs, so
+     running them together costs neither anything; measuring them in the same windows puts
+     any drift of the host's load, clocks and temperature on both sides alike. A verdict within
+     the noise of the threshold measures as many rounds again while --timeout allows.
    - errors: with --router-metrics, the router's /metrics is read when the comparison starts and
      again once --soak seconds have passed (the rows above run meanwhile; users' traffic through
      the router keeps flowing), and each canary worker's failures are compared with the
@@ -69,7 +71,6 @@ import argparse
 import http.client
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -131,7 +132,7 @@ from operations.programs.smoke_answers import (
     operands,
     question,
 )
-from operations.programs.throughput_guard import figures
+from operations.programs.throughput_guard import figures, noise
 
 T = TypeVar("T")
 CANARY_OFF = "deploy without the canary (its setting off)"
@@ -353,10 +354,9 @@ def dead_ranks(roots: dict[str, str], found: list[Listener]) -> dict[str, str]:
 
 
 def spread_of(per: dict[str, float]) -> float:
-    """The baselines' spread: (highest - lowest) / their median; 0 with one baseline."""
-    figures = list(per.values())
-    middle = statistics.median(figures) if figures else 0.0
-    return round((max(figures) - min(figures)) / middle, 4) if middle > 0 else 0.0
+    """The baselines' spread as the speed row reads it: throughput_guard.noise (half their range
+    over their median); 0 with one baseline."""
+    return round(noise(list(per.values())), 4)
 
 
 def speed_verdict(

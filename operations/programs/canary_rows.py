@@ -254,8 +254,11 @@ def no_router_row() -> dict[str, object]:
 
 # -- the table -------------------------------------------------------------------------------
 
-# The table fits 80 columns (a terminal's least width): the columns plus two spaces between each.
-COLUMNS = (("check", 18), ("baseline", 18), ("canary", 18), ("threshold", 14), ("pass", 4))
+# The table fits 80 columns (a terminal's least width) where the deploy logs it: the columns, two
+# spaces between each, and the log's indent before every line (runtime/host_lines.host_block:
+# the table is printed under its host's name, never after it on each line).
+TABLE_WIDTH = 76
+COLUMNS = (("check", 16), ("baseline", 17), ("canary", 17), ("threshold", 14), ("pass", 4))
 
 
 def table(rows: list[dict[str, object]]) -> list[str]:

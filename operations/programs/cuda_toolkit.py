@@ -1,6 +1,6 @@
 """Installs an engine's CUDA compiler on the host: `python3 cuda_toolkit.py ARGS.json`.
 
-ARGS.json (written root-only by operations/steps/toolkit.py, since a mirror's URL may hold a token):
+ARGS.json (written root-only by steps/cuda_toolkit.py, since a mirror's URL may hold a token):
 {"home": "/opt/sglang/cuda/12.8.93-1a2b3c4d", "source": URL or directory, "root": "*" or
 "nvidia/cu13", "archives": [{"path", "sha256", "size"}], "marker": {...}}.
 

@@ -27,7 +27,8 @@ How a rank is measured (all ranks at once, each with its own requests in flight)
    scheduler has a full running batch by its own limits: KV cache, mamba slots,
    --max-running-requests; what it generates then is its capacity for these lengths), then
    MARGIN more so the queue stays non-empty while requests end and are sent again. No queue up
-   to --most: measured at --most in flight, said ("found": "most"). --fixed: C, no ramp.
+   to --most (or to what the process's open-file limit allows, one connection a request):
+   measured there, said ("found": "most"). --fixed: C, no ramp.
    Past --ramp-timeout the ramp stops where it is ("found": "timeout").
 2. Windows: once every rank's ramp is done, --rounds windows of --window seconds each, back to
    back, the load kept up. Each window reads every rank's counters at its start and end
@@ -55,6 +56,7 @@ import asyncio
 import json
 import os
 import random
+import resource
 import statistics
 import time
 import urllib.parse
@@ -80,6 +82,7 @@ MARGIN_MIN = 4
 # thousands of entries and more), below any model's special tokens.
 TOKEN_IDS = (1000, 30000)
 READ_LIMIT = 2**20  # the most of a response's body read after an error status
+SPARE_FDS = 64  # descriptors kept for /metrics reads, the result file and Python's own
 
 
 @dataclass
@@ -255,18 +258,24 @@ async def ramp(rank: Rank, args: argparse.Namespace, key: str | None, rng: rando
     """Step 1 of the docstring: more in flight until the rank queues work."""
     started = time.monotonic()
     grow(rank, args, key, rng)
-    if args.fixed:
-        rank.found = "fixed"
-        return
     queued_in_a_row = admitted_in_a_row = 0
     while True:
         await asyncio.sleep(POLL_S)
         running, queued = await gauges(rank)
+        if args.fixed:  # no search: only the warm-up, until the rank holds them all
+            admitted_in_a_row = (
+                admitted_in_a_row + 1 if running + queued >= 0.8 * rank.target else 0
+            )
+            if admitted_in_a_row >= HOLD or time.monotonic() - started > args.ramp_timeout:
+                rank.found = "fixed"
+                break
+            continue
         queued_in_a_row = queued_in_a_row + 1 if queued > 0 else 0
         admitted_in_a_row = admitted_in_a_row + 1 if running + queued >= 0.8 * rank.target else 0
         if queued_in_a_row >= HOLD:
             rank.found = "queue"
-            rank.target += max(MARGIN_MIN, int(rank.target * MARGIN))
+            margin = max(MARGIN_MIN, int(rank.target * MARGIN))
+            rank.target = min(args.most, rank.target + margin)
             break
         if time.monotonic() - started > args.ramp_timeout:
             rank.found = "timeout"
@@ -372,12 +381,30 @@ def load_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def room_for(ranks: int, most: int) -> int:
+    """The most requests in flight a rank can have here: one connection each, and a process's
+    open files are capped (RLIMIT_NOFILE; its soft limit, often 1024, raised to the hard one
+    first). 8 ranks at 1,024 need 8,192."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        want = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (OSError, ValueError):
+            pass
+    return max(1, min(most, (soft - SPARE_FDS) // max(1, ranks)))
+
+
 def load_main(argv: list[str]) -> int:
     """The load client's main (the docstring): runs as the service user; never a traceback."""
     try:
         args = load_parser().parse_args(argv)
     except SystemExit:
         return 2
+    # A cap the open-file limit sets is a cap on the search: said as `found: most`.
+    args.most = room_for(len(args.rank), args.most)
+    args.start = min(args.start, args.most)
     key = os.environ.get("OPENAI_API_KEY") or None
     try:
         result = asyncio.run(measure(args, key))

@@ -31,7 +31,7 @@ from operations.programs.load_client import LOAD
 from operations.programs.program_main import Refused
 
 WHO_GETS_THE_KEY = (
-    "the key is sent only to the service user's listeners; docs/security.md "
+    "the key is sent only to the service user's listeners; docs/reference/troubleshooting.md "
     '"Who is sent the API key"'
 )
 # The most of a result file read (one JSON object, a few KiB a rank).

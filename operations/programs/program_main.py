@@ -1,12 +1,14 @@
 """What every program here that talks to the ranks with the key shares: `Refused` (bad input
-found before anything ran: one line, with its fix) and `guarded`, the main that masks every line
-it prints and never prints a traceback.
+found before anything ran: one line, with its fix), the reading of UNIT=URL pairs on a command
+line (`unit_urls`), and `guarded`, the main that masks every line it prints and never prints a
+traceback.
 
 Not run on its own: inlined into each program by operations/render/host_scripts.py.
 """
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Callable
 
 from operations.programs.hostsafe import mask_journal
@@ -14,6 +16,31 @@ from operations.programs.hostsafe import mask_journal
 
 class Refused(Exception):
     """Bad input found before anything ran: one line, with its fix."""
+
+
+def checked_url(value: str, flag: str) -> str:
+    parts = urllib.parse.urlsplit(value)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+        raise Refused(f"{flag} {value!r} is not an http(s) URL with a host and a port")
+    return value.rstrip("/")
+
+
+def unit_urls(values: list[str], flag: str, plan: str) -> dict[str, str]:
+    """A command line's UNIT=URL pairs, each URL checked; a unit named twice is refused. `plan`:
+    who writes the flag (the refusal names it)."""
+    found: dict[str, str] = {}
+    for value in values:
+        name, sep, url = value.partition("=")
+        if not sep or not name or not url:
+            raise Refused(f"{flag} {value!r} is not UNIT=URL ({plan})")
+        if name in found:
+            raise Refused(f"{flag} names {name} twice ({plan})")
+        found[name] = checked_url(url, flag)
+    return found
 
 
 Work = Callable[[list[str]], tuple[int, list[str]]]

@@ -142,7 +142,7 @@ def call(base: str, spec: str, body: Any = None, **ids: str) -> Any:
             raise RouterRefused(
                 f"{method} {url}: {error.code} {detail.strip()}: the router refused {sent}; "
                 "its control-plane key and this host's must be the same "
-                "(router.control_plane_key_file, docs/security.md)"
+                "(router.control_plane_key_file, docs/how-it-works/security.md)"
             ) from error
         raise RouterError(f"{method} {url}: {error.code} {detail}", error.code) from error
     except (urllib.error.URLError, OSError) as error:

@@ -39,7 +39,8 @@ Before every request, nothing is sent (neither the key nor the question) unless 
 on the target's address and port belongs to USER (its uid in /proc/net/tcp or tcp6, the name
 resolved here) and the target's unit (--unit NAME=UNIT; a NAME that is a unit names itself) is
 active; through the router, also each --router-worker of this host that listens. Otherwise the
-target fails naming the port and its owner (docs/security.md, "Who is sent the API key").
+target fails naming the port and its owner (docs/how-it-works/security.md, "Who is sent the API
+key").
 """
 
 from __future__ import annotations

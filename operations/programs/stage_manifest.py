@@ -2,7 +2,8 @@
 inlined: operations/render/host_scripts.py): a model directory's manifest, read by stat only, its
 files opened by the one link rule (resolve), and a staged copy's manifest read back.
 
-The link rule (docs/model.md "Links in the source"): a link in the source is resolved here,
+The link rule (docs/how-it-works/model.md, "Hugging Face cache snapshots and links in the source"):
+a link in the source is resolved here,
 component by component (readlink, never the kernel's following), inside the source's root: the
 source itself, or for a Hugging Face cache snapshot (models--ORG--NAME/snapshots/REV, where every
 file is a relative link into ../../blobs/) the repository's cache folder. A link that resolves

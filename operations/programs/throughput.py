@@ -15,9 +15,10 @@ process talks to the ranks):
 1. Refused before anything runs (exit 2, one line `throughput: refused: ...`, no record), with
    the fix: a command line, --meta or --ceilings the plan could not have written, records that
    cannot be read. The key goes only to the service user's listeners, as the smoke's does
-   (docs/security.md "Who is sent the API key"): every --rank must be listened on, and only by
-   USER (hostsafe.listening and owner_problem, on /proc/net/tcp and tcp6), before the key is
-   read or the client starts; a rank whose /metrics cannot be read is refused too.
+   (docs/how-it-works/security.md "Who is sent the API key"): every --rank must be listened
+   on, and only by USER (hostsafe.listening and owner_problem, on /proc/net/tcp and tcp6),
+   before the key is read or the client starts; a rank whose /metrics cannot be read is
+   refused too.
 2. The load client measures every rank at once (load_client.py's docstring: the ramp to a
    queue, then --rounds windows of --window seconds, counted by each rank's own counters, the
    clients' traffic included). The ramp starts at half the concurrency the last record of the
@@ -57,9 +58,9 @@ from operations.programs.load_runner import (
     read_key,
     run_load,
 )
-from operations.programs.program_main import Refused, guarded
+from operations.programs.program_main import Refused, guarded, unit_urls
 from operations.programs.throughput_args import (
-    pairs,
+    PLAN,
     parse,
     read_ceilings,
     read_meta,
@@ -101,7 +102,7 @@ def check(
     """The whole check: (exit status, the lines to print). Refused is raised before the client
     runs; `secrets` gets the key once it is read (the caller masks with it)."""
     args = parse(argv)
-    ranks = pairs(args.rank, "--rank")
+    ranks = unit_urls(args.rank, "--rank", PLAN)
     meta = read_meta(args.meta)
     ceilings = read_ceilings(args.ceilings)
     history = read_records(args.records)

@@ -23,16 +23,6 @@ class _Parser(argparse.ArgumentParser):
         raise Refused(f"the command line: {message} ({PLAN})")
 
 
-def pairs(values: list[str], flag: str) -> dict[str, str]:
-    found: dict[str, str] = {}
-    for value in values:
-        name, sep, url = value.partition("=")
-        if not sep or not name or not url:
-            raise Refused(f"{flag} {value!r} is not NAME=URL ({PLAN})")
-        found[name] = url
-    return found
-
-
 def read_meta(text: str) -> Meta:
     """--meta, checked for the fields a record starts with."""
     try:

@@ -11,7 +11,7 @@ the deploy's output shows why. Usage:
 A 200 counts only from a listener of USER (its uid in /proc/net/tcp or tcp6) while the unit is
 active: another user who holds the port (bound while the rank was stopped or restarting) would
 otherwise pass for the rank. Such a listener fails the wait at once, naming the port and its
-owner (docs/security.md, "Who is sent the API key").
+owner (docs/how-it-works/security.md, "Who is sent the API key").
 
 Progress: a line per unit as it answers ("sglang@3.service: healthy after 95s, 5 of 8"), and
 every PROGRESS_S seconds the units still waited for with their state. On the deadline, every

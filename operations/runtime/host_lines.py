@@ -36,3 +36,11 @@ def host_text(host: Host, text: str, width: int | None = None) -> str:
     # The formatter adds LOG_INDENT before the first line, which starts with the host's prefix.
     lines[0] = prefix + lines[0][len(under) :]
     return "\n".join(lines)
+
+
+def host_block(host: Host, title: str, block: list[str]) -> str:
+    """A title line for `host` and, under it, `block` as it is (a table): each line after the
+    log's indent only, not after the host's prefix and not wrapped, so a table laid out for
+    80 - len(LOG_INDENT) columns reads as a table at 80 columns and wider. One message: hosts
+    deployed at once never interleave its lines."""
+    return "\n".join([host.print_prefix + title, *(LOG_INDENT + line for line in block)])

@@ -70,7 +70,7 @@ __all__ = [
     "verdicts",
 ]
 
-# Where the weights come from (docs/model.md): a directory on the target, one on the
+# Where the weights come from (docs/how-it-works/model.md): a directory on the target, one on the
 # controller, or a Hugging Face hub repository.
 SourceKind = Literal["target", "controller", "hf"]
 
@@ -85,7 +85,7 @@ class Speculative:
 
 @dataclass(frozen=True)
 class SourceSpec:
-    """What `model_source` names (docs/model.md): where the weights come from, and the
+    """What `model_source` names (docs/how-it-works/model.md): where the weights come from, and the
     persistent directory on the target they are staged from (the boot unit reads it too)."""
 
     kind: SourceKind
@@ -126,8 +126,8 @@ class Router:
     bind: str = "0.0.0.0"
     version: str = "1.13.0"
     # Reliability, written on its command line (the router's own defaults in brackets, from
-    # sglang-router 0.3.2's router_args.py, the same in smg 1.13.0's; README "Upgrading without
-    # downtime" says why):
+    # sglang-router 0.3.2's router_args.py, the same in smg 1.13.0's; docs/reference/settings.md
+    # "The router's keys" says why each):
     # attempts per request, retried on a connection error and 408/429/500/502/503/504 [5].
     retry_max_retries: int = 5
     retry_initial_backoff_ms: int = 100  # [50], x1.5 per attempt
@@ -155,7 +155,7 @@ class Router:
     # The control-plane key (worker add/remove, sglang-router's --control-plane-api-keys) on the
     # controller, written to every host behind the router; None: `router-control-plane.key`
     # beside the engine locks, made by the first run (Settings.control_plane_key_file).
-    # docs/security.md "The router's control plane".
+    # docs/how-it-works/security-gateway-and-concurrency.md "The router's control plane".
     control_plane_key_file: str | None = None
 
 
@@ -354,7 +354,7 @@ def load(
         hint = REMOVED.get(key) or (
             f"did you mean {close[0]!r}?"
             if close
-            else "see the Configuration reference, docs/configuration.md"
+            else "see the Configuration reference, docs/reference/settings.md"
         )
         problems.append(
             f"{host_name}: unknown setting {key!r} = {merged[key]!r} "
@@ -420,7 +420,7 @@ def _wheelhouse_problems(host_name: str, settings: Settings) -> list[str]:
     return [
         f"{host_name}: wheelhouse = {settings.wheelhouse!r} (set in "
         f"{settings.origin('wheelhouse')}); {found} {why} on the controller; create it with "
-        "scripts/fill_wheelhouse.py (docs/engine.md, 'A first air-gapped deploy'), or set "
+        "scripts/fill_wheelhouse.py (docs/how-to/air-gap.md, 'A first air-gapped deploy'), or set "
         "wheelhouse: null to install from the package indexes"
     ]
 

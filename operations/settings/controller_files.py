@@ -167,6 +167,8 @@ def api_key_problem(file: ControllerFile) -> str | None:
         why = "the key holds control characters (more than one line?)"
     else:
         return None
+    if file.missing:
+        why += f" (`make api-key API_KEY_FILE={file.path}` makes one)"
     return f"{why}; accepted: a readable file holding one non-empty API key"
 
 

@@ -259,16 +259,24 @@ def proven_record(report: HostReport, settings: Settings) -> str:
     return json.dumps(record, sort_keys=True)
 
 
-def fake_responses(settings: Settings | None = None) -> dict[str, list[str]]:
+def fake_responses(
+    settings: Settings | None = None, measured: bool = False
+) -> dict[str, list[str]]:
     """fake_responses host data for pyinfra's @fake connector: CT200 converged to `settings`
     (default: the repository's). The facts the plan asks besides ServingState and
-    ModelStaging are the bare CT200's (ct200.py): the same GPUs, memory and model."""
+    ModelStaging are the bare CT200's (ct200.py): the same GPUs, memory and model. `measured`:
+    the host also holds two throughput records and a failed canary's verdict, as the real
+    programs wrote them (captured/ct200: throughput.jsonl, canary-state.txt; see its README)."""
     settings = settings or repository_settings()
     converged = image(settings)
     bare = ct200.fake_responses()
+    status = status_lines(converged, settings)
+    if measured:
+        status[-1:-1] = [f"throughput {line}" for line in ct200.captured("throughput.jsonl")]
+        status[-1:-1] = [f"canary {line}" for line in ct200.captured("canary-state.txt")]
     return {
         # The status command's fact first: its command holds ServingState's too.
-        STATUS_SIGNATURE: status_lines(converged, settings),
+        STATUS_SIGNATURE: status,
         SERVING_SIGNATURE: serving_lines(converged, layout.checksummed_paths(settings)),
         STAGING_SIGNATURE: staging_lines(converged),
         **{matcher: lines for matcher, lines in bare.items() if matcher != STAGING_SIGNATURE},

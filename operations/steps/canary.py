@@ -16,7 +16,7 @@ from pyinfra.api.state import State
 
 from operations import layout
 from operations.runtime.host_call import Commands, HostCall, run
-from operations.runtime.host_lines import host_text
+from operations.runtime.host_lines import host_block, host_text
 
 
 def backup_command(backup: Mapping[str, str]) -> str:
@@ -63,7 +63,10 @@ def _compared(state: State, host: Host, arguments: ConnectorArguments, command: 
     verdict = [x for x in lines[start:] if not x.startswith(("roll batch", "drained", "readmit"))]
     said = verdict or (output.stderr.strip().splitlines() or ["canary: no output"])[-1:]
     log = logger.info if status else logger.error
-    for line in said:
+    table, last = (said[:-1], said[-1:]) if verdict and len(said) > 1 else ([], said)
+    if table:
+        log(host_block(host, "canary verdict:", table))
+    for line in last:
         log(host_text(host, line))
     return bool(status)
 

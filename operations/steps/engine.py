@@ -28,7 +28,8 @@ An environment gets its marker file (layout.ENGINE_MARKER) only after the engine
 so a cut download, a full disk or a failed check leaves a partial environment that `current`
 never points to and that the next run removes. Everything the step does is decided by the plan
 (operations/plan/engine_plan.py, pure and tested on its own, carried on the HostReport); each
-operation gets its part of it and turns it into commands, asking no fact. See docs/engine.md.
+operation gets its part of it and turns it into commands, asking no fact. See
+docs/how-it-works/engine.md.
 """
 
 from __future__ import annotations
@@ -65,9 +66,9 @@ from operations.runtime.host_call import Commands
 from operations.runtime.on_controller import fail, keep_lock, local_dir, upload_refusal
 from operations.runtime.pyinfra_internals import temp_filename
 from operations.settings import Settings
+from operations.steps.cuda_toolkit import host_packages, install_toolkit, sync_archives
 from operations.steps.engine_check import verify_env
 from operations.steps.host_files import new_file, put_planned
-from operations.steps.toolkit import host_packages, install_toolkit, sync_archives
 from operations.steps.users import service_user
 
 # -- operations -----------------------------------------------------------------------------

@@ -10,7 +10,7 @@ unit's text included); this module carries it out, asking no fact:
               a target directory is used as it is)
   stage    -> unchanged (a no-op that never reads the weights), beside the current copy, in
               place with the servers stopped, or refused with the numbers
-Docs: docs/model.md.
+Docs: docs/how-it-works/model.md.
 """
 
 from __future__ import annotations

@@ -170,9 +170,10 @@ def roll_batch(
     """
     for file in written or []:
         show_change(file)
-    words = ["python3", layout.ROLL_BATCH_SCRIPT, "--batch", batch, json.dumps(steps)]
+    words = ["python3", layout.ROLL_BATCH_SCRIPT, "--batch", batch]
     if undo:
         words += ["--undo", json.dumps(undo), "--undo-from", undo_from]
+    words.append(json.dumps(steps))  # last: what a simulated host reads the steps from
     yield StringCommand(shlex.join(words), _stdin="".join(writes))
 
 
@@ -504,15 +505,7 @@ class ServeStep:
             name = f"{what}: restart {label}"
         undo = None
         if canary and self.decided.canary is not None:
-            back = self.decided.canary.restore_after
-            undo = self._restore_steps(
-                ranks,
-                {
-                    k: v
-                    for k, v in back.items()
-                    if v in set(layout.rank_unit_path(n) for n in ranks)
-                },
-            )
+            undo = self._restore_steps(ranks, self.decided.canary.restore_batch)
         first_change: RollStep = "write" if writes else "restart"
         roll_batch(
             name=name,

@@ -187,7 +187,7 @@ def build(outdir: Path, lane: str) -> Redist:
 
 def flat(redist: Redist, dest: Path) -> Path:
     """The offline `cuda-redist/` directory: the archives by file name, as `wget` of the
-    manifest's URLs leaves them (docs/engine.md)."""
+    manifest's URLs leaves them (docs/how-it-works/engine.md)."""
     dest.mkdir(parents=True, exist_ok=True)
     for archive in redist.archives:
         shutil.copyfile(archive, dest / archive.name)

@@ -324,11 +324,6 @@ def sglang_wheel(outdir: Path, release: str) -> Path:
     """sglang `release` with its captured METADATA (every requirement of PyPI's wheel) and a
     launch_server double."""
     files = _package_files("sglang", {"VERSION": release})
-    # The benchmark client's module as the release has it (knowledge/bench/, from its wheel):
-    # sglang.benchmark.serving only from 0.5.15.
-    client = json.loads((KNOWLEDGE / "bench" / f"sglang-{release}.json").read_text())
-    if client["module"] != "sglang.benchmark.serving":
-        files = {k: v for k, v in files.items() if not k.startswith("sglang/benchmark/")}
     files["sglang/_cli_table.json"] = cli_table(release)
     files["sglang/_startup_lines.json"] = startup_json(release)
     return build_wheel(

@@ -1,5 +1,5 @@
 """The canary rollout end to end (issues 45, 49): real `pyinfra -y INVENTORY deploy.py` runs
-against a testbed container serving two ranks (three in the last test) of the SGLang server
+against a testbed container serving two ranks of the SGLang server
 double behind the real router (smg), compared by programs/canary_compare.py with the toolkit's
 load client. A change of the ranks' flags (mem_fraction_static) is the change a canary guards;
 the double's decode rate, set per rank in a runtime drop-in (SGLANG_DOUBLE_TOKENS_PER_S, as
@@ -27,10 +27,12 @@ from tests.testbed import Container, ContainerSpec
 pytestmark = pytest.mark.e2e
 
 MODEL_DIR = "/srv/models/qwen-tok"
-# max_slowdown 0.3, not the default 0.10: on the 2-core testbed, with the load's clients, two
-# rank doubles and the router sharing it, identical ranks measured up to 12% apart in one round
-# (the speed row's median of three narrows it; the 20x slower canary below is far past 0.3).
-CANARY = {"strategy": "canary", "canary_ranks": 1, "soak_s": 2, "max_slowdown": 0.3}
+# At the default max_slowdown (0.10): the speed row decides beyond the noise it measures (issue
+# 49; 0.13.0's single round moved 8-12% between identical ranks here and needed 0.3).
+CANARY = {"strategy": "canary", "canary_ranks": 1, "soak_s": 2, "max_slowdown": 0.1}
+# The double's scheduler (tests/doubles/packages/sglang/_generate_double.py): one request alone
+# decodes RATE tokens/s, each more in the batch costs 2% of a step, RUNNING at once at most.
+RATE, RUNNING = 20, 48
 
 
 @pytest.fixture(scope="module")
@@ -53,12 +55,14 @@ def data(c: Container, indexes: Indexes, **extra: Any) -> dict[str, Any]:
         "throughput_check": "off",
         "throughput_input_len": 8,
         "throughput_output_len": 32,
-        "throughput_concurrency_per_rank": 2,
-        "throughput_prompts_per_rank": 8,
-        "throughput_timeout_s": 120,
+        "throughput_max_concurrency_per_rank": 256,
+        "throughput_rounds": 3,
+        "throughput_window_s": 2,
+        "throughput_ramp_timeout_s": 60,
+        "throughput_timeout_s": 240,
     }
     return base_data(
-        c, indexes, model_source=MODEL_DIR, dp_size=2, router=router, **{**workload, **extra}
+        c, indexes, model_source=MODEL_DIR, router=router, **{"dp_size": 2, **workload, **extra}
     )
 
 
@@ -67,7 +71,9 @@ def rate(c: Container, unit: str, tokens_per_s: int) -> None:
     dropin = f"/run/systemd/system/{unit}.d/tokens.conf"
     rc, _, err = c.ssh_run(
         f"mkdir -p {Path(dropin).parent} && printf '[Service]\\n"
-        f"Environment=SGLANG_DOUBLE_TOKENS_PER_S={tokens_per_s}\\n' > {dropin}"
+        f"Environment=SGLANG_DOUBLE_TOKENS_PER_S={tokens_per_s}\\n"
+        "Environment=SGLANG_DOUBLE_BATCH_COST=0.02\\n"
+        f"Environment=SGLANG_DOUBLE_MAX_RUNNING={RUNNING}\\n' > {dropin}"
         " && systemctl daemon-reload"
     )
     assert rc == 0, err
@@ -96,7 +102,7 @@ def test_a_canary_passes_then_promotes_and_a_slower_one_rolls_back_and_is_refuse
     host: Container, indexes: Indexes, tmp_path: Path
 ) -> None:
     c = host
-    rate(c, "sglang@.service", 2000)
+    rate(c, "sglang@.service", RATE)
     ok(deploy(tmp_path, {c: data(c, indexes, mem_fraction_static=0.9)}))
 
     url = f"http://{c.address}:{ROUTER_PORT}"
@@ -110,8 +116,8 @@ def test_a_canary_passes_then_promotes_and_a_slower_one_rolls_back_and_is_refuse
     assert (fraction(c, 0), fraction(c, 1)) == ("0.85", "0.85")
     assert record(c)["ok"] is True and record(c)["canary_ranks"] == [0]
 
-    # The next change comes with a canary 20 times slower: it rolls back, the deploy fails.
-    rate(c, "sglang@0.service", 100)
+    # The next change comes with a canary 4 times slower: it rolls back, the deploy fails.
+    rate(c, "sglang@0.service", RATE // 4)
     with Load(url) as load:
         slower = deploy(tmp_path, {c: data(c, indexes, mem_fraction_static=0.8, rollout=CANARY)})
     assert slower.rc != 0, slower
@@ -194,7 +200,7 @@ def test_pause_then_promote_and_a_run_killed_at_each_canary_stage_converges(
         promoted = deploy(tmp_path, {c: canary(0.75)})
     ok(promoted)
     assert load.sent > 0 and load.failed == 0, load.failures[:5]
-    assert not [op for op in promoted.statuses if op.startswith("Canary | compare")], promoted
+    assert "Canary | compare" not in promoted.output, promoted
     assert (fraction(c, 0), fraction(c, 1)) == ("0.75", "0.75")
 
     def converged(want: str) -> None:
@@ -232,7 +238,7 @@ def test_pause_then_promote_and_a_run_killed_at_each_canary_stage_converges(
 
     # 5. Killed in the abort, after rank 0's old unit is back and before its restart (the
     # failed canary still runs): the next run restarts it on the old line, then refuses.
-    rate(c, "sglang@0.service", 100)
+    rate(c, "sglang@0.service", RATE // 4)
     failed = "grep -q '\"ok\": false' " + layout.CANARY_RECORD
     killed(written_double(SYSTEMCTL, stop_held(0, failed)), f"rm -f {SYSTEMCTL}", canary(0.6))
     assert (fraction(c, 0), fraction(c, 1)) == ("0.65", "0.65")
@@ -253,76 +259,3 @@ def test_pause_then_promote_and_a_run_killed_at_each_canary_stage_converges(
     again = deploy(tmp_path, {c: canary(0.55)})
     ok(again)
     converged("0.55")
-
-
-def fail_while_unit_says(c: Container, rank: int, words: str) -> None:
-    """A runtime drop-in: the rank's start fails (ExecStartPre) while its unit file holds
-    `words`, so a canary on that command line never gets healthy and its saved unit starts."""
-    dropin = f"/run/systemd/system/sglang@{rank}.service.d/fail.conf"
-    check = f"if grep -q '{words}' {layout.rank_unit_path(rank)}; then exit 1; fi"
-    rc, _, err = c.ssh_run(
-        f"mkdir -p {Path(dropin).parent} && printf '%s\\n' '[Service]' "
-        f"'ExecStartPre=/bin/sh -c \"{check}\"' > {dropin} && systemctl daemon-reload"
-    )
-    assert rc == 0, err
-
-
-def active(c: Container, ranks: range) -> list[str]:
-    units = " ".join(f"sglang@{r}.service" for r in ranks)
-    _, out, _ = c.ssh_run(f"systemctl is-active {units}")
-    return out.split()
-
-
-def test_a_rank_down_and_a_canary_never_healthy_leave_no_rank_on_the_rejected_flags(
-    host: Container, indexes: Indexes, tmp_path: Path
-) -> None:
-    c = host
-    slow_canary_undone(c)
-    # The strategy unset (rollout given without it): a canary, the host serving already.
-    unset = {"soak_s": 2, "max_slowdown": 0.3}
-
-    def three(fraction: float, **extra: Any) -> dict[str, Any]:
-        return data(c, indexes, dp_size=3, mem_fraction_static=fraction, **extra)
-
-    ok(deploy(tmp_path, {c: three(0.9)}))
-    assert active(c, range(3)) == ["active"] * 3
-
-    # 1. Rank 2 is down before a canary deploy whose canary is 20 times slower: rank 2 is not
-    # started before the verdict, and after the failed verdict it is still stopped, on its old
-    # unit, named in the output.
-    rc, _, err = c.ssh_run("systemctl stop sglang@2.service")
-    assert rc == 0, err
-    rate(c, "sglang@0.service", 100)
-    failed = deploy(tmp_path, {c: three(0.45, rollout=unset)})
-    assert failed.rc != 0, failed
-    assert "canary: FAILED (speed" in failed.output, failed
-    assert "sglang@2.service not started: stopped until a verdict passes" in failed.output
-    assert [fraction(c, r) for r in range(3)] == ["0.9"] * 3
-    assert active(c, range(3)) == ["active", "active", "inactive"]
-    assert record(c)["ok"] is False and record(c)["rolled_back"] is True
-
-    # 2. A canary that never gets healthy: rolled back onto its saved unit in the same run, the
-    # deploy fails naming it; rank 2 still stopped, no rank on the rejected line.
-    slow_canary_undone(c)
-    fail_while_unit_says(c, 0, "mem-fraction-static 0.35")
-    never = deploy(tmp_path, {c: three(0.35, rollout=unset, health_timeout_s=30)})
-    assert never.rc != 0, never
-    assert "sglang@0.service: the canary failed at health; rolled back onto its saved unit" in (
-        never.output
-    ), never
-    assert not [op for op in never.statuses if op.startswith("Canary | compare")], never
-    assert [fraction(c, r) for r in range(3)] == ["0.9"] * 3
-    assert active(c, range(3)) == ["active", "active", "inactive"]
-
-    # 3. The same change once the canary can start: it passes, and rank 2 starts on the new
-    # line only after the verdict.
-    slow_canary_undone(c)
-    passed = deploy(tmp_path, {c: three(0.35, rollout=unset, health_timeout_s=30)})
-    ok(passed)
-    assert "canary: passed" in passed.output, passed
-    order = list(passed.statuses)
-    compared = next(i for i, op in enumerate(order) if op.startswith("Canary | compare"))
-    started = next(i for i, op in enumerate(order) if "after the canary's verdict passed" in op)
-    assert compared < started, order
-    assert [fraction(c, r) for r in range(3)] == ["0.35"] * 3
-    assert active(c, range(3)) == ["active"] * 3

@@ -311,7 +311,7 @@ def router_data(c: Container, indexes: Indexes, version: str, **extra: object) -
 
 
 def listed(c: Container) -> dict[str, bool]:
-    # The worker API wants the router's control-plane key (docs/security.md).
+    # The worker API wants the router's control-plane key (docs/how-it-works/security.md).
     _, key, _ = c.ssh_run(f"cat {layout.CONTROL_PLANE_KEY_FILE}")
     status, body = http(f"http://{c.address}:{ROUTER_PORT}/workers", key=key.strip())
     assert status == 200, status

@@ -409,7 +409,7 @@ def test_offline_install_from_the_wheelhouse(
         "sglang_version": OLD,
     }
     # The compiler's archives beside both wheelhouses, as `wget` of the manifest's URLs leaves
-    # them (docs/engine.md).
+    # them (docs/how-it-works/engine.md).
     assert indexes.redist is not None
     redist = cuda_redist.flat(indexes.redist, tmp_path / "cuda-redist")
     partial = wheelhouse(

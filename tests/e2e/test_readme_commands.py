@@ -1,6 +1,8 @@
-"""The README's "First deploy" commands, run as written against a testbed container standing in for
-CT200 (reached through CT200_HOST/CT200_USER, as a user would). Only the connection details a
-real user keeps in ~/.ssh are added, as pyinfra `--data`; a stale instruction fails here.
+"""The README's quick path, its commands against the container run as written against a testbed
+container standing in for CT200 (reached through CT200_HOST/CT200_USER, as a user would), with
+the API key `make api-key` makes (its file named by SGLANG_API_KEY_FILE, as inventory/ct200.py
+reads it). Only the connection details a real user keeps in ~/.ssh are added, as pyinfra
+`--data`; a stale instruction fails here.
 """
 
 from __future__ import annotations
@@ -26,14 +28,14 @@ CONFIG = json.dumps({"architectures": ["Qwen3_5ForConditionalGeneration"]})
 
 
 def real_use_commands() -> list[list[str]]:
-    section = README.split("## First deploy", 1)[1].split("\n## ", 1)[0]
-    block = re.search(r"```sh\n(.*?)```", section, re.S)
-    assert block is not None
+    """The quick path's commands that talk to the container (inventory/ct200.py)."""
+    section = README.split("## Quick path", 1)[1].split("\n## ", 1)[0]
     commands = []
-    for line in block.group(1).splitlines():
-        words = shlex.split(line, comments=True)
-        if words and words[0] != "export":
-            commands.append(words)
+    for block in re.findall(r"```sh\n(.*?)```", section, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if words and words[0].startswith(".venv/bin/") and "inventory/ct200.py" in words:
+                commands.append(words)
     return commands
 
 
@@ -53,16 +55,32 @@ def test_readme_lists_the_real_use_commands() -> None:
     commands = [" ".join(c) for c in real_use_commands()]
     assert commands == [
         ".venv/bin/pyinfra inventory/ct200.py deploy.py --dry",
-        ".venv/bin/pyinfra inventory/ct200.py deploy.py",
-        ".venv/bin/python -m operations.plan inventory/ct200.py",
+        ".venv/bin/pyinfra inventory/ct200.py deploy.py -y",
         ".venv/bin/python -m operations.status inventory/ct200.py",
-        ".venv/bin/python -m operations.status inventory/ct200.py --probe",
     ]
 
 
-def run_readme_command(ct200: Container, index: int) -> tuple[int, str]:
-    words = real_use_commands()[index]
-    env = {**os.environ, "CT200_HOST": ct200.address, "CT200_USER": "root"}
+@pytest.fixture(scope="module")
+def api_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What `make api-key` makes (python -m operations.cli.api_key FILE)."""
+    key = tmp_path_factory.mktemp("keys") / "api.key"
+    subprocess.run(
+        [str(REPO / ".venv/bin/python"), "-m", "operations.cli.api_key", str(key)],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
+    return key
+
+
+def run_readme_command(ct200: Container, api_key: Path, index: int, *extra: str) -> tuple[int, str]:
+    words = [*real_use_commands()[index], *extra]
+    env = {
+        **os.environ,
+        "CT200_HOST": ct200.address,
+        "CT200_USER": "root",
+        "SGLANG_API_KEY_FILE": str(api_key),
+    }
     connection = [
         "--data",
         f"ssh_key={ct200.key_path}",
@@ -86,24 +104,30 @@ def run_readme_command(ct200: Container, index: int) -> tuple[int, str]:
     return proc.returncode, out
 
 
-@pytest.mark.parametrize("index", [0, 2], ids=["preview", "plan"])
-def test_real_use_commands_work_against_a_host(ct200: Container, index: int) -> None:
-    """The preview and the plan; the converging run is what every other e2e test does."""
-    rc, out = run_readme_command(ct200, index)
+def test_the_preview_works_against_a_host_and_names_the_gateway(
+    ct200: Container, api_key: Path
+) -> None:
+    """The preview; the converging run is what every other e2e test does."""
+    rc, out = run_readme_command(ct200, api_key, 0)
     assert rc == 0, out[-4000:]
     assert f"{ct200.address}: ready" in out
     assert "--attention-backend flashinfer" in out
+    # The quick path's words: the clients row names the gateway, with the key.
+    clients = rf"│ clients +http://{re.escape(ct200.address)}:8000/v1 \(the router\); key +│"
+    assert re.search(clients, out), out[-4000:]
     snapshot_paths = ["/etc/systemd/system/sglang@0.service", "/opt/sglang"]
     assert all(ct200.ssh_run(f"test -e {p}")[0] != 0 for p in snapshot_paths), "changed a host"
 
 
-def test_status_of_a_host_never_deployed_says_so_and_fails(ct200: Container) -> None:
-    rc, out = run_readme_command(ct200, 3)
+def test_status_of_a_host_never_deployed_says_so_and_fails(ct200: Container, api_key: Path) -> None:
+    rc, out = run_readme_command(ct200, api_key, 2)
     assert rc == 1, out[-4000:]
     assert "missing" in out and "0/8 ranks healthy" in out
 
 
-def test_probe_of_a_host_never_deployed_fails_naming_no_answer(ct200: Container) -> None:
-    rc, out = run_readme_command(ct200, 4)
+def test_probe_of_a_host_never_deployed_fails_naming_no_answer(
+    ct200: Container, api_key: Path
+) -> None:
+    rc, out = run_readme_command(ct200, api_key, 2, "--probe")
     assert rc == 1, out[-4000:]
     assert "0/8 ranks healthy" in out

@@ -62,7 +62,7 @@ def router_data(c: Container, indexes: Indexes, **extra: object) -> dict[str, ob
 
 
 def router_workers(c: Container) -> dict[str, bool]:
-    # The worker API wants the router's control-plane key (docs/security.md).
+    # The worker API wants the router's control-plane key (docs/how-it-works/security.md).
     _, key, _ = c.ssh_run("cat /etc/sglang/router-control-plane.key")
     status, body = http(f"http://{c.address}:{ROUTER_PORT}/workers", key=key.strip())
     assert status == 200, status

@@ -80,7 +80,7 @@ def test_a_deploy_over_sudo_writes_everything_as_root(
     engine = entries(host, ENGINE_ROOT)
     assert len(engine) > 100, engine[:5]
     # The compile caches are the service user's by design (the ranks write their JIT modules and
-    # tuning there: docs/operations.md), 0750, under ENGINE_ROOT/caches/ only.
+    # tuning there: docs/how-it-works/rank-start.md), 0750, under ENGINE_ROOT/caches/ only.
     caches = f"{ENGINE_ROOT}/caches/"
     bad = [
         e

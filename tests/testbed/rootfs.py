@@ -25,7 +25,8 @@ VARIANT = "minbase"
 # hence python3-venv, ca-certificates and curl on top of what systemd + sshd need. libnuma1 and
 # g++ are what the engine step installs with apt beside its wheels (facts/engine.py
 # HOST_PACKAGES): in the image, so that step finds them installed as on a prepared host
-# (tests/operations/steps.toolkit.host_packages/libnuma-missing.json shows the apt run when not).
+# (tests/operations/steps.cuda_toolkit.host_packages/libnuma-missing.json shows the apt run
+# when not).
 PACKAGES: tuple[str, ...] = (
     "systemd",
     "systemd-sysv",

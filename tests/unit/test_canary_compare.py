@@ -1,23 +1,18 @@
 """The canary comparison (operations/programs/canary_compare.py, bundled as the host runs it):
 its rows' rules (programs/canary_rows.py) pure, its refusals in-process, and, marked
 integration, the program against a canary and a baseline server double with the benchmark
-client double (the 0.5.11 wheel double, as tests/unit/test_throughput.py starts them)."""
+client double (the 0.5.11 wheel double: tests/doubles/rank_doubles.py)."""
 
 from __future__ import annotations
 
-import functools
-import http.server
 import ipaddress
 import json
 import os
 import pwd
 import re
-import socket
 import stat
 import subprocess
 import sys
-import threading
-import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +22,7 @@ import pytest
 from operations.programs import canary_rows as rows
 from operations.programs import hostsafe
 from operations.render.host_scripts import load, script_text
-from tests.doubles import wheels
+from tests.doubles.rank_doubles import RankDoubles, RouterPage, engine_env, free_port, page
 
 ME = pwd.getpwuid(os.getuid()).pw_name
 OTHER = 65534 if os.getuid() != 65534 else 65533
@@ -118,16 +113,6 @@ def test_baselines_apart_are_the_noise_and_a_canary_within_it_is_undecided_then_
     assert not row["pass"] and not undecided
 
 
-def page(counts: dict[str, tuple[int, int]]) -> str:
-    """A router /metrics page: each worker's (failures, successes) as smg 1.13 labels them
-    (tests/fixtures/smg/metrics-1.13.0.json: smg_worker_cb_outcomes_total{outcome, worker})."""
-    lines = ["# TYPE smg_worker_cb_outcomes_total counter"]
-    for worker, (bad, good) in counts.items():
-        lines.append(f'smg_worker_cb_outcomes_total{{outcome="failure",worker="{worker}"}} {bad}')
-        lines.append(f'smg_worker_cb_outcomes_total{{outcome="success",worker="{worker}"}} {good}')
-    return "\n".join(lines) + "\n"
-
-
 def test_the_fixture_names_the_outcomes_family_and_its_labels() -> None:
     fixture = Path(__file__).parents[1] / "fixtures" / "smg" / "metrics-1.13.0.json"
     families = json.loads(fixture.read_text())["families"]
@@ -193,22 +178,59 @@ def test_the_table_aligns_its_columns_and_wraps_long_cells() -> None:
     assert rows.last_line(made[1:]) == "canary: passed"
 
 
-def test_the_table_fits_80_columns_with_real_cells() -> None:
-    made = [
-        rows.row(
-            "answers: known sum", "sglang@1.service: 742", "sglang@0.service: 742", "exact", True
-        ),
-        rows.row(
-            "speed: output tok/s",
-            "sglang@1.service: 1520.4 (3 rounds at once)",
-            "sglang@0.service: 1102.7 (x0.73)",
-            "no more than 10% slower",
-            False,
-        ),
+def _real_rows() -> list[dict[str, object]]:
+    """Rows as the program writes them: a record it kept (tests/facts/canary.CanaryState/
+    failed.json, made by scripts/capture_canary_records.py) and the longest cells the row
+    builders make: two canaries, one whose client timed out, errors past the margin."""
+    fixture = Path(__file__).parents[1] / "facts" / "canary.CanaryState" / "failed.json"
+    (text,) = [line for line in json.loads(fixture.read_text())["output"] if line[:5] == "text "]
+    kept: list[dict[str, object]] = json.loads(text[5:])["rows"]
+    timed_out: rows.RankSpeed = {
+        "tok_s": 0.0,
+        "rounds": [],
+        "errors": 0,
+        "why": "the load client ran past the check's time budget (timed out)",
+    }
+    slow, _ = rows.speed_row(
+        {"sglang@1.service": speed(15204.37), "sglang@2.service": speed(14890.12)},
+        {"sglang@6.service": speed(11027.5), "sglang@7.service": timed_out},
+        0.1,
+    )
+    before = rows.outcomes(page({"http://127.0.0.1:30001": (0, 0)}))
+    after = rows.outcomes(page({"http://127.0.0.1:30001": (9, 123456)}))
+    workers = {
+        "sglang@6.service": "http://127.0.0.1:30006",
+        "sglang@7.service": "http://127.0.0.1:30001",
+    }
+    failing = rows.errors_row(
+        before, after, ("sglang@1.service", "http://127.0.0.1:30001"), workers, 60
+    )
+    return [*kept, slow, failing, rows.no_router_row()]
+
+
+def test_the_table_keeps_real_rows_within_its_width_and_each_cell_in_its_column() -> None:
+    made = _real_rows()
+    # The checks the program writes, in its order (canary_compare.compare_ranks).
+    assert [r["check"] for r in made[:4]] == [
+        "answers: known sum",
+        "answers: open prompts",
+        "speed",
+        "errors",
     ]
-    lines = rows.table(made)
-    assert max(len(line) for line in lines) <= 80
-    assert "1102.7" in "".join(lines)
+    for item in made:
+        header, *lines = rows.table([item])
+        names = header.split()
+        assert names == ["check", "baseline", "canary", "threshold", "pass"]
+        starts = [header.index(name) for name in names]
+        assert all(len(line) <= rows.TABLE_WIDTH for line in [header, *lines]), lines
+        for line in lines:
+            # Nothing runs into the two blanks before a column.
+            assert all(line[s - 2 : s].strip() == "" for s in starts[1:]), line
+        for name, start, end in zip(names, starts, [*starts[1:], None], strict=True):
+            shown = "".join(line[start:end] for line in lines)
+            value = ("yes" if item[name] else "NO") if name == "pass" else str(item[name])
+            # Every character of the cell, in order, in its own column (wrapped at blanks).
+            assert "".join(shown.split()) == "".join(value.split()), (name, lines)
 
 
 # -- refused before anything is sent -----------------------------------------------------------
@@ -336,22 +358,10 @@ def test_a_record_directory_others_may_write_is_refused(
 # -- the program against two server doubles ------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A virtualenv with the sglang double of 0.5.11 (server and benchmark client)."""
-    out = tmp_path_factory.mktemp("engine")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(out / "env")], check=True)
-    (site,) = (out / "env" / "lib").glob("python3*/site-packages")
-    with zipfile.ZipFile(wheels.sglang_wheel(out / "wheels", "0.5.11")) as zf:
-        zf.extractall(site)
-    return out / "env"
+    return engine_env(tmp_path_factory.mktemp("engine"))
 
 
 Start = Callable[..., str]
@@ -360,74 +370,8 @@ Start = Callable[..., str]
 @pytest.fixture
 def ranks(engine: Path, tmp_path: Path) -> Iterator[Start]:
     """start(rate, reply) -> a server double's URL (its root), stopped by PID at the end."""
-    model = tmp_path / "model"
-    model.mkdir(exist_ok=True)
-    (model / "tokenizer.json").write_text("{}")
-    procs: list[subprocess.Popen[str]] = []
-
-    def start(rate: str = "40", reply: str = "") -> str:
-        port = _free_port()
-        env = {
-            "PATH": os.environ["PATH"],
-            "CUDA_VISIBLE_DEVICES": str(len(procs)),
-            "SGLANG_DOUBLE_LOAD_SECONDS": "0",
-            "SGLANG_DOUBLE_TOKENS_PER_S": rate,
-            "SGLANG_DOUBLE_BATCH_COST": "0.05",
-            "SGLANG_DOUBLE_MAX_RUNNING": "16",
-            "SGLANG_DOUBLE_REPLY": reply,
-        }
-        words = [str(engine / "bin" / "python"), "-m", "sglang.launch_server"]
-        words += ["--model-path", str(model), "--served-model-name", "m"]
-        words += ["--host", "127.0.0.1", "--port", str(port), "--enable-metrics"]
-        words += ["--api-key", KEY]
-        proc = subprocess.Popen(words, env=env, stdout=subprocess.PIPE, text=True)
-        procs.append(proc)
-        assert proc.stdout is not None
-        for line in proc.stdout:  # the double prints this line once it is ready
-            if "ready: serving" in line:
-                break
-        return f"http://127.0.0.1:{port}"
-
-    try:
-        yield start
-    finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(timeout=30)
-
-
-class RouterPage:
-    """The router's /metrics (smg's per-worker outcomes), served here; each read counts 10
-    more successes for every worker, and `failing` workers one failure more too."""
-
-    def __init__(self, workers: list[str], failing: list[str]) -> None:
-        self.reads = 0
-        me = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                me.reads += 1
-                n = me.reads
-                counts = {w: (n if w in failing else 0, 10 * n) for w in workers}
-                body = page(counts).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        serve = functools.partial(self.server.serve_forever, poll_interval=0.05)
-        self.thread = threading.Thread(target=serve, daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join()
+    with RankDoubles(engine, tmp_path / "model", KEY) as doubles:
+        yield doubles.start
 
 
 def run_program(tmp: Path, engine: Path, args: list[str]) -> tuple[int, list[str]]:
@@ -496,9 +440,10 @@ def test_a_slower_canary_fails_speed_and_is_rolled_back(
     args = argv(tmp_path, canary, base, "--pause", rollback=json.dumps(steps))
     code, out = run_program(tmp_path, engine, args)
     assert code == 1 and out[-1] == "canary: FAILED (speed); the canary rolled back", out
-    assert any(line.startswith("errors") and "skipped: no router" in line for line in out)
+    assert any(line.startswith("errors") and "skipped: no" in line for line in out)
     assert marker.exists()
     kept = record_of(tmp_path)
+    assert kept["rows"][-1]["canary"] == "skipped: no router"
     assert (kept["ok"], kept["paused"], kept["rolled_back"]) == (False, True, True)
     assert [r["check"] for r in kept["rows"] if not r["pass"]] == ["speed"]
 
@@ -550,7 +495,7 @@ def test_a_canary_that_died_fails_and_rolls_back_naming_the_ranks_left_stopped(
     engine: Path, ranks: Start, tmp_path: Path
 ) -> None:
     base, other = ranks(), ranks()
-    dead = f"http://127.0.0.1:{_free_port()}"  # nothing listens: the canary died
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: the canary died
     marker = tmp_path / "rolled"
     steps = [["restore", ["touch", str(marker)]]]
     args = argv(

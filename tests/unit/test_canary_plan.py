@@ -337,6 +337,10 @@ def test_a_canary_an_earlier_run_left_unhealthy_is_the_canary_again() -> None:
     assert plan.stage == "resume" and plan.canary == [0] and plan.canary_batch == [0]
     assert plan.backup == {} and plan.start_after == []
     assert numbers(roll.batches[0]) == [0]
+    # Failing again in its batch, it goes back onto the earlier run's copy of its old unit.
+    assert plan.restore_batch == {
+        f"{layout.CANARY_BACKUP_DIR}/sglang@0.service": layout.rank_unit_path(0)
+    }
     # Without a backup it is no canary to roll back: it waits for the verdict like any rank.
     plan, _ = staged(serving)
     assert plan.stage == "canary" and plan.canary == [1] and plan.start_after == [0]

@@ -1,4 +1,4 @@
-"""The `rollout` setting (docs/configuration.md): its defaults are the schema's and Rollout's
+"""The `rollout` setting (docs/reference/settings.md): its defaults are the schema's and Rollout's
 alike, and every wrong value is one line naming rollout.<key>, what was found and what is
 accepted, before any host is asked."""
 

@@ -3,7 +3,8 @@ a reader who follows one spelled before files/ became operations/programs/ finds
 
 What is read: the comments and docstrings (every string statement) of the Python files of
 operations/, deploy.py, pve.py, bench/, scripts/ and tests/ (read with tokenize and ast, nothing
-imported), and every Markdown file but the fixtures' and the changelog's (README.md, docs/*.md,
+imported), and every Markdown file but the fixtures' and the changelog's (README.md, the pages
+under docs/,
 bench/README.md, the READMEs under operations/).
 
 What counts as a path of this repository: a word whose first component is one of its top-level

@@ -240,7 +240,9 @@ def test_a_roll_behind_a_router_is_one_host_command_per_batch(tmp_path: Path) ->
     image = seed(tmp_path, inv, names, data)
     run(tmp_path, image, "pyinfra", "-y", str(inv), "deploy.py")
     before = json.loads(image.read_text())["@fake/ct200"]["units"]
-    inv = inventory(tmp_path, names, {**data, "mem_fraction_static": 0.85})
+    # A roll, not the canary a serving host gets by default (tests/unit/test_canary_plan.py).
+    rolling = {"mem_fraction_static": 0.85, "rollout": {"strategy": "rolling"}}
+    inv = inventory(tmp_path, names, {**data, **rolling})
 
     out, seen = run(tmp_path, image, "pyinfra", "-y", str(inv), "deploy.py")
 

@@ -167,7 +167,14 @@ def test_make_demo_day2_no_change_then_the_roll_then_status() -> None:
     assert "unproven" not in plain, plain
 
     rolled = _run(
-        PYINFRA, "inventory/demo_day2.py", "deploy.py", "--dry", "--data", "sglang_version=0.5.19"
+        PYINFRA,
+        "inventory/demo_day2.py",
+        "deploy.py",
+        "--dry",
+        "--data",
+        "sglang_version=0.5.19",
+        "--data",
+        'rollout={"strategy": "rolling"}',
     )
     # Our lines wrap at the terminal's width (COLUMNS=80): read them as prose.
     assert "in batches [0] then [1] then [2]" in " ".join(rolled.split()), rolled

@@ -118,7 +118,8 @@ def test_the_drain_script_reads_running_and_queued_requests_from_the_double(
     assert script.in_flight(served.as_uri()) is None
 
 
-# -- the router's control plane (docs/security.md "The router's control plane") --------------
+# -- the router's control plane (docs/how-it-works/security-gateway-and-concurrency.md "The
+# router's control plane") --------------
 
 KEY = "k3y-0f-the-c0ntrol-plane-9a8b7c6d"
 

@@ -31,7 +31,7 @@ from typing_extensions import override
 
 from operations import layout
 from operations.runtime.host_call import HostCall, run
-from operations.steps import engine, engine_check, model, toolkit
+from operations.steps import cuda_toolkit, engine, engine_check, model
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests/operations"
@@ -214,7 +214,7 @@ def test_sudo_archive_uploads_use_random_temp_names(tmp_path: Path) -> None:
     for archive in tools["archives"]:
         (tmp_path / Path(archive["path"]).name).write_bytes(b"xz")
     kwargs = {"src": str(tmp_path), "dest": "/opt/sglang/cuda-redist", "tools": tools}
-    seen = deploy(lambda s: add_op(s, toolkit.sync_archives, **kwargs), **SUDO)
+    seen = deploy(lambda s: add_op(s, cuda_toolkit.sync_archives, **kwargs), **SUDO)
     temps = [temp for _, temp, _ in seen.uploads]
     assert len(temps) == 3 and len(set(temps)) == 3, seen.uploads
     assert not {f"/tmp/pyinfra-{_sha1(dest)}" for dest, _, _ in seen.uploads} & set(temps)

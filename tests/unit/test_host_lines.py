@@ -7,7 +7,7 @@ from pyinfra.api.host import Host
 from pyinfra.api.inventory import Inventory
 from pyinfra.api.state import State
 
-from operations.runtime.host_lines import LOG_INDENT, host_text
+from operations.runtime.host_lines import LOG_INDENT, host_block, host_text
 
 
 def ct200() -> Host:
@@ -43,3 +43,17 @@ def test_a_short_line_is_one_line() -> None:
     assert host_text(host, "deploy lock taken after 2s", 80) == (
         f"{host.print_prefix}deploy lock taken after 2s"
     )
+
+
+def test_a_table_is_logged_under_its_host_as_it_is_and_fits_80_columns() -> None:
+    """Issue 51: a table after the host's prefix on each line wrapped again (the prefix is 18
+    columns for an address): under a title it keeps every line whole."""
+    from operations.programs.canary_rows import TABLE_WIDTH, row, table
+
+    host = ct200()
+    long = "median of sglang@1.service, sglang@2.service, sglang@3.service: 1234.5 tok/s"
+    lines = table([row("speed", long, "sglang@0.service: 1200.0 tok/s, x0.97", ">= 0.90", True)])
+    said = host_block(host, "canary verdict:", lines).splitlines()
+    assert said[0] == f"{host.print_prefix}canary verdict:"
+    assert said[1:] == [LOG_INDENT + line for line in lines]
+    assert len(LOG_INDENT) + TABLE_WIDTH == 80 and all(len(x) <= 80 for x in said[1:]), said

@@ -1,5 +1,6 @@
-"""The hostile-inputs table (docs/security.md) is a test: every row's value is refused, in one
-line that names the key and holds the row's text, and no URL credential reaches the message."""
+"""The hostile-inputs table (docs/reference/troubleshooting.md) is a test: every row's value is
+refused, in one line that names the key and holds the row's text, and no URL credential reaches
+the message."""
 
 from __future__ import annotations
 
@@ -13,9 +14,8 @@ import pytest
 from operations.settings import Layer, SettingsError, controller_problems, load
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTION = (
-    (ROOT / "docs" / "security.md").read_text().split("## Troubleshooting: hostile inputs", 1)[1]
-)
+TROUBLESHOOTING = ROOT / "docs" / "reference" / "troubleshooting.md"
+SECTION = TROUBLESHOOTING.read_text().split("## Troubleshooting: hostile inputs", 1)[1]
 ROWS = re.findall(r"^\| `(\{.*?\})` \| (.+?) \| .* \|$", SECTION.split("\n## ", 1)[0], re.M)
 CONTROLLER_FILES = {
     "<empty file>": "",

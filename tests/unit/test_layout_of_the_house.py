@@ -1,5 +1,6 @@
-"""Issue 36: the folders read as the architecture (docs/architecture.md's opening picture, which
-names every one of them), and each piece fits in a head. Read from the source (nothing imported):
+"""Issue 36: the folders read as the architecture (docs/how-it-works/architecture.md's opening
+picture, which names every one of them), and each piece fits in a head. Read from the source
+(nothing imported):
 
 - product code (operations/, deploy.py, pve.py, inventory/, group_data/) never imports tests:
   the quick start runs from a checkout without tests/ on the path (the simulated hosts are
@@ -158,18 +159,18 @@ def test_programs_have_no_package_init() -> None:
 
 
 def test_the_architecture_picture_names_every_folder_and_top_module() -> None:
-    """docs/architecture.md opens with one picture of operations/: a folder or a module at its
-    top that the picture does not name is one a reader cannot place."""
-    doc = (ROOT / "docs" / "architecture.md").read_text()
+    """docs/how-it-works/architecture.md opens with one picture of operations/: a folder or a
+    module at its top that the picture does not name is one a reader cannot place."""
+    doc = (ROOT / "docs" / "how-it-works" / "architecture.md").read_text()
     picture = doc.split("```", 2)[1]
     names = [f"{p.name}/" for p in OPERATIONS.iterdir() if p.is_dir() and p.name != "__pycache__"]
     names += [p.name for p in OPERATIONS.glob("*.py") if p.name != "__init__.py"]
     missing = sorted(n for n in names if n not in picture)
-    assert missing == [], f"not in docs/architecture.md's picture: {missing}"
+    assert missing == [], f"not in docs/how-it-works/architecture.md's picture: {missing}"
 
 
-# docs/architecture.md's picture, top to bottom: settings (with kb beside it), facts, plan,
-# render, runtime, steps. Values go down: a folder never imports one below it. kb and settings
+# docs/how-it-works/architecture.md's picture, top to bottom: settings (with kb beside it), facts,
+# plan, render, runtime, steps. Values go down: a folder never imports one below it. kb and settings
 # read a little of each other (settings the uv pins, kb the schema's verdicts); render is
 # called by the plan, and the facts decode ExecStart= with it, so it imports neither; cli/ and
 # simulated/ (the controller's commands, the quick start's hosts) may read any folder but the
@@ -204,7 +205,8 @@ def imports_upstream(edges: dict[str, set[str]]) -> list[str]:
             if _folder(target) in below and target not in DOORS.get(_folder(module), ()):
                 found.append(
                     f"{module} imports {target}: {_folder(module)}/ imports nothing of "
-                    f"{_folder(target)}/ (docs/architecture.md: values go down the picture, "
+                    f"{_folder(target)}/ (docs/how-it-works/architecture.md: values go down the "
+                    "picture, "
                     "pass what it needs in as a value)"
                 )
     return found
@@ -213,7 +215,10 @@ def imports_upstream(edges: dict[str, set[str]]) -> list[str]:
 def test_the_direction_check_names_each_import_up_the_picture() -> None:
     """The two seams issue 44 closed, as they were, and the facts' one door."""
     edges = {
-        "operations.plan.engine_plan": {"operations.steps.toolkit", "operations.plan.engine_spec"},
+        "operations.plan.engine_plan": {
+            "operations.steps.cuda_toolkit",
+            "operations.plan.engine_spec",
+        },
         "operations.settings.schema_json": {"operations.runtime.pyinfra_internals"},
         "operations.facts.once": {"operations.runtime.pyinfra_internals"},
         "operations.facts.serve": {"operations.runtime.gather"},
@@ -222,7 +227,7 @@ def test_the_direction_check_names_each_import_up_the_picture() -> None:
     }
     assert [line.split(":")[0] for line in imports_upstream(edges)] == [
         "operations.facts.serve imports operations.runtime.gather",
-        "operations.plan.engine_plan imports operations.steps.toolkit",
+        "operations.plan.engine_plan imports operations.steps.cuda_toolkit",
         "operations.settings.schema_json imports operations.runtime.pyinfra_internals",
     ]
 

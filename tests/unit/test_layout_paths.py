@@ -1,7 +1,7 @@
-"""docs/architecture.md: "layout.py is the one home of names and paths". This test reads every
-module under operations/ (the host scripts in operations/programs/ aside: they run on the host
-without this package and get their paths as arguments) and finds no string literal, f-string
-part included, that spells a path or name the deploy manages on a host: those come from
+"""docs/how-it-works/architecture.md: "layout.py is the one home of names and paths". This test
+reads every module under operations/ (the host scripts in operations/programs/ aside: they run on
+the host without this package and get their paths as arguments) and finds no string literal,
+f-string part included, that spells a path or name the deploy manages on a host: those come from
 operations/layout.py (EngineTree, StageTree, the unit names, the device-node list)."""
 
 from __future__ import annotations

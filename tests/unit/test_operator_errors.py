@@ -9,11 +9,14 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import textwrap
+from functools import cache
 from pathlib import Path
 
 import pytest
 
+from operations.cli.api_key import make_key
 from operations.facts.host import Model, parse_model
 from operations.plan.resolver import resolve
 from operations.steps.serve import ranks_label
@@ -186,8 +189,22 @@ def without_address(tmp_path: Path, *variables: str) -> dict[str, str]:
     return env
 
 
+def test_a_missing_api_key_file_is_refused_naming_how_to_make_it(tmp_path: Path) -> None:
+    """inventory/ct200.py names locks/api.key (README's quick path makes it, step 3)."""
+    env = without_address(tmp_path, "CT200_HOST", "CT200_USER")
+    env["SGLANG_API_KEY_FILE"] = str(tmp_path / "api.key")
+    rc, out = plan(inventory="inventory/ct200.py", env=env)
+    assert rc == 1 and "Traceback" not in out
+    (line,) = [ln for ln in unfolded(out).splitlines() if "api_key_file" in ln]
+    assert "no such file on the controller" in line, line
+    assert f"`make api-key API_KEY_FILE={tmp_path / 'api.key'}` makes one" in line, line
+
+
 def test_plan_and_status_without_ct200_host_say_what_to_set(tmp_path: Path) -> None:
     env = without_address(tmp_path, "CT200_HOST", "CT200_USER")
+    # The key README's quick path makes first (make api-key), so the host is what is missing.
+    env["SGLANG_API_KEY_FILE"] = str(tmp_path / "api.key")
+    make_key(tmp_path / "api.key")
     rc, out = plan(inventory="inventory/ct200.py", env=env)
     assert rc == 1
     assert "ct200: unreachable" in out, out
@@ -351,7 +368,17 @@ def test_the_same_bad_key_is_the_same_line_in_the_plan_the_deploy_and_pve() -> N
 # -- the air-gap tools and the pipes -----------------------------------------------------------
 
 
+@cache
+def quick_path_key() -> str:
+    """The API key README's quick path makes before anything else (`make api-key`), which
+    inventory/ct200.py names through SGLANG_API_KEY_FILE."""
+    path = Path(tempfile.mkdtemp(prefix="api-key-")) / "api.key"
+    make_key(path)
+    return str(path)
+
+
 def lock(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    env = {**(env or os.environ), "SGLANG_API_KEY_FILE": quick_path_key()}
     rc, out, err = run(
         sys.executable, "-m", "operations.lock", "inventory/ct200.py", *args, env=env
     )
@@ -398,7 +425,9 @@ def test_lock_names_the_setting_of_an_index_it_cannot_reach(tmp_path: Path) -> N
     keys = ("kernel_index_url", "torch_index_url", "package_index_url", "flashinfer_index_url")
     assert any(f"{closed}/" in errors[0] and f"({key})" in errors[0] for key in keys), out
     assert "uv: " in out  # uv's own lines, shown as they came
-    assert not (tmp_path / "locks").exists()
+    # No lock written (the router's control-plane key inventory/ct200.py's gateway needs is made
+    # beside where locks go, as by any first run).
+    assert not list((tmp_path / "locks").glob("*.lock"))
 
 
 def test_a_missing_interpreter_says_what_to_install() -> None:

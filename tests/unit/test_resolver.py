@@ -290,7 +290,8 @@ REFUSED: list[tuple[str, str, dict[str, Any], list[str]]] = [
                 "sglang_version '0.5.8' (set in test) is not in the knowledge base (known: "
                 f"{len(RELEASES)} releases, {RELEASES[0]} to {RELEASES[-1]}; which fit this "
                 "host: '.venv/bin/python -m operations.releases INVENTORY'); to add it, run "
-                "'.venv/bin/python -m operations.kb intake 0.5.8' (see docs/engine.md)"
+                "'.venv/bin/python -m operations.kb intake 0.5.8' (see "
+                "docs/how-to/add-a-release.md)"
             ),
             (
                 "sglang_version '0.5.8' (set in test) does not serve "

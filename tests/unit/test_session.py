@@ -21,7 +21,7 @@ DEMO = "inventory/demo.py"
 MISTYPED = "sglang_versoin=0.5.11"
 
 # Each command's main and its exit status for an inventory it cannot read (status: 2, "the
-# command itself could not run", docs/status.md; the others 1).
+# command itself could not run", docs/reference/status.md; the others 1).
 COMMANDS: dict[str, tuple[Callable[[list[str]], int], list[str], int]] = {
     "plan": (plan.main, [], 1),
     "status": (status_cli.main, [], 2),

@@ -1,4 +1,5 @@
-"""The link rule (operations/programs/stage_manifest.py, docs/model.md "Links in the source"): a
+"""The link rule (operations/programs/stage_manifest.py, docs/how-it-works/model.md, "Hugging Face
+cache snapshots and links in the source"): a
 link in the source that resolves inside the source's root to a regular file is staged as a
 regular file with that content; the root is the source, or for a Hugging Face cache snapshot
 (models--ORG--NAME/snapshots/REV, every file a relative link into ../../blobs/) the repository's

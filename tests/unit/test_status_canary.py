@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,6 +34,12 @@ def host(canary_at: dict[int, str], size: int = 8) -> dict[int, UnitState]:
 def view(fixture: str, units: dict[int, UnitState]) -> CanaryView:
     lines = json.loads((FIXTURES / f"{fixture}.json").read_text())["output"]
     return CanaryView.of(parse_canary(lines), units, sorted(units))
+
+
+def fact(fixture: str) -> dict[str, Any]:
+    """What the fixture says the fact reads (its "fact"), as JSON: not the parser's word."""
+    read: dict[str, Any] = json.loads((FIXTURES / f"{fixture}.json").read_text())["fact"]
+    return read
 
 
 def test_one_command_line_and_no_verdict_says_nothing() -> None:
@@ -86,9 +93,13 @@ def test_a_failed_verdict_before_its_rollback_says_the_next_deploy_rolls_back() 
     assert "last verdict FAILED" in lines[0]
     assert "not rolled back yet" in lines[0] and "rolls rank 0 back" in lines[0]
     assert "refused" in lines[1]
-    assert lines[2] == (
-        "    speed: output tok/s: canary 1102.7, baseline 1520.4 (threshold <=10% slower)"
-    )
+    # The program's own rows (scripts/capture_canary_records.py): speed alone failed.
+    (speed,) = [row for row in fact("failed")["record"]["rows"] if not row["passed"]]
+    assert speed["check"] == "speed"
+    assert lines[2:] == [
+        f"    speed: canary {speed['canary']}, baseline {speed['baseline']} "
+        f"(threshold {speed['threshold']})"
+    ]
 
 
 def test_a_rolled_back_verdict_names_the_failed_row() -> None:
@@ -114,6 +125,24 @@ def test_the_status_fact_reads_the_verdict_in_its_one_command() -> None:
     assert record is not None and not record.ok
 
 
-@pytest.mark.parametrize("fixture", ["none", "passed", "failed", "garbled"])
-def test_json_is_json(fixture: str) -> None:
-    json.dumps(view(fixture, host({0: NEW})).to_json())
+@pytest.mark.parametrize(
+    "fixture", ["none", "passed", "failed", "failed-rolled-back", "garbled", "foreign-owner"]
+)
+def test_json_holds_the_record_as_read_and_each_command_lines_ranks(fixture: str) -> None:
+    """`status --json`'s canary, through JSON and back: the record the fixture says the fact
+    reads (or why none), the ranks it judged, and the two command lines' ranks and engines."""
+    read = fact(fixture)
+    record = read["record"]
+    shown = json.loads(json.dumps(view(fixture, host({0: NEW})).to_json(), allow_nan=False))
+    assert shown == {
+        "record": record,
+        "problem": read["problem"],
+        "canary_ranks": [0] if record is not None else [],
+        "mixed": True,
+        "groups": [
+            {"ranks": [1, 2, 3, 4, 5, 6, 7], "engine": "0.5.11-cu128-fb8f6a42"},
+            {"ranks": [0], "engine": "0.5.12-cu128-1a2b3c4d"},
+        ],
+    }
+    assert (record is None) == (fixture in ("none", "garbled", "foreign-owner"))
+    assert (read["problem"] is None) == (fixture not in ("garbled", "foreign-owner"))

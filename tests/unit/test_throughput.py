@@ -1,8 +1,8 @@
 """The throughput check's pure parts: the guard (programs/throughput_guard.py), the plan
-(plan/throughput_plan.py), the knowledge of each release's client (knowledge/bench/) and the
-settings; and, marked integration, the host program (programs/throughput.py, bundled as the host
-runs it) against two SGLang server doubles with the client double, on this machine.
-The deploy's step, on the testbed, is tests/e2e/test_throughput.py."""
+(plan/throughput_plan.py) and the settings; and, marked integration, the host program
+(programs/throughput.py, bundled as the host runs it, with its load client) against two SGLang
+server doubles on this machine. The deploy's step, on the testbed, is
+tests/e2e/test_throughput.py."""
 
 from __future__ import annotations
 
@@ -268,7 +268,7 @@ def test_the_load_client_is_pinned_by_its_name() -> None:
     assert (CLIENT, digest) == (CLIENT, PINNED_DIGEST), f"bump CLIENT and PINNED_DIGEST: {digest}"
 
 
-PINNED_DIGEST = "to-be-pinned"
+PINNED_DIGEST = "890b77b774b8eca5ca039386bbd3e05fb96b2621f6c857fbcd6601524d9b2daa"
 
 
 # -- the plan ---------------------------------------------------------------------------------
@@ -602,7 +602,7 @@ ME = pwd.getpwuid(os.getuid()).pw_name
 OTHER = 65534 if os.getuid() != 65534 else 65533
 TIME = "2026-12-06T10:00:00Z"
 WHO = (
-    "(the key is sent only to the service user's listeners; docs/security.md "
+    "(the key is sent only to the service user's listeners; docs/reference/troubleshooting.md "
     '"Who is sent the API key")'
 )
 
@@ -835,7 +835,7 @@ def test_a_rank_whose_metrics_cannot_be_read_before_the_run_is_refused(
         ({"meta": "{not json"}, [], "--meta is not JSON (Expecting property name"),
         ({"meta": "[]"}, [], "--meta is not a JSON object with release, engine, model_digest"),
         ({"ceilings": '{"source": 1}'}, [], "--ceilings is not a JSON object with numbers"),
-        ({}, ["--rank", "r0"], "--rank 'r0' is not NAME=URL"),
+        ({}, ["--rank", "r0"], "--rank 'r0' is not UNIT=URL"),
         ({"guard": "sometimes"}, [], "the command line: argument --guard: invalid choice"),
         ({"timeout": "soon"}, [], "the command line: argument --timeout: invalid float value"),
     ],
@@ -1009,3 +1009,23 @@ def test_the_real_load_start_hands_the_key_in_its_environment_only(tmp_path: Pat
     assert why.endswith(" argv load)") and KEY not in why
     work = why.split(" cwd ", 1)[1].split(" argv ", 1)[0]
     assert os.path.basename(work).startswith("load-") and not os.path.exists(work)
+
+
+def test_the_search_stays_within_the_open_file_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One connection a request in flight: 8 ranks at 1,024 need 8,192 descriptors, past the
+    common soft limit of 1,024; the soft limit is raised to the hard one, and what is left
+    caps the search (said as found: most)."""
+    import resource
+
+    limits = {"now": (1024, 4096)}
+    monkeypatch.setattr(resource, "getrlimit", lambda which: limits["now"])
+
+    def setrlimit(which: int, value: tuple[int, int]) -> None:
+        limits["now"] = value
+
+    monkeypatch.setattr(resource, "setrlimit", setrlimit)
+    assert load_client.room_for(8, 1024) == (4096 - load_client.SPARE_FDS) // 8
+    assert limits["now"] == (4096, 4096)
+    limits["now"] = (1024, 1024)  # no room to raise it
+    assert load_client.room_for(8, 1024) == (1024 - load_client.SPARE_FDS) // 8
+    assert load_client.room_for(1, 64) == 64

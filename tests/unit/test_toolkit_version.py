@@ -24,6 +24,8 @@ from tests.unit.builders import make_settings
 ROOT = Path(__file__).resolve().parents[2]
 HEADING = re.compile(r"^## \[([0-9]+\.[0-9]+\.[0-9]+)\] - ([0-9]{4}-[0-9]{2}-[0-9]{2})$", re.M)
 TODAY = "2026-12-06"
+# The plan names 0.12.0 here (decide's `version`), dated as this version's entry (RELEASED).
+ANCHOR = f"CHANGELOG.md#0120---{RELEASED}"
 
 
 def releases() -> list[tuple[str, str]]:
@@ -107,9 +109,7 @@ def test_an_upgrade_names_both_versions_and_this_versions_entry() -> None:
     found = ToolkitRecord("0.11.0", "2026-12-04")
     plan = decide(found, record_text("0.11.0", "2026-12-04"))
     assert plan.change == "upgrade"
-    assert plan.said == (
-        "upgrade from 0.11.0 (recorded 2026-12-04) to 0.12.0: see CHANGELOG.md#0120---2026-12-06"
-    )
+    assert plan.said == (f"upgrade from 0.11.0 (recorded 2026-12-04) to 0.12.0: see {ANCHOR}")
     assert plan.file.text == record_text("0.12.0", TODAY) and plan.file.changes is True
     assert plan.decision().what == "toolkit" and plan.decision().value == plan.said
 
@@ -124,7 +124,7 @@ def test_a_downgrade_says_so() -> None:
     plan = decide(ToolkitRecord("0.13.0", "2027-01-02"), record_text("0.13.0", "2027-01-02"))
     assert plan.change == "downgrade"
     assert plan.said.startswith("downgrade from 0.13.0 (recorded 2027-01-02) to 0.12.0: ")
-    assert "CHANGELOG.md#0120---2026-12-06" in plan.said
+    assert ANCHOR in plan.said
     assert plan.file.text == record_text("0.12.0", TODAY) and plan.file.changes is True
 
 
@@ -140,8 +140,7 @@ def test_a_host_with_no_record_is_told_so_and_gets_one() -> None:
     plan = decide(None)
     assert plan.change == "none recorded"
     assert plan.said == (
-        "no toolkit version recorded (deployed before 0.12.0, or never): see "
-        "CHANGELOG.md#0120---2026-12-06"
+        f"no toolkit version recorded (deployed before 0.12.0, or never): see {ANCHOR}"
     )
     assert plan.file.text == record_text("0.12.0", TODAY) and plan.file.changes is True
     assert plan.file.path == layout.TOOLKIT_RECORD and plan.file.name == tv.NAME
@@ -161,7 +160,7 @@ def test_the_plans_json_says_it() -> None:
         "recorded_version": "0.11.0",
         "recorded_date": "2026-12-04",
         "change": "upgrade",
-        "changelog": "CHANGELOG.md#0120---2026-12-06",
+        "changelog": ANCHOR,
         "said": doc["said"],
         "changes": True,
     }

@@ -1,4 +1,4 @@
-"""Whether every replica is serving, per host and rank, in one screen (docs/status.md).
+"""Whether every replica is serving, per host and rank, in one screen (docs/reference/status.md).
 
 The command and its help: operations/cli/status/cli.py (`python -m operations.status --help`).
 """

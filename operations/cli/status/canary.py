@@ -2,7 +2,8 @@
 fact's one command), which ranks it names, what they run now, and whether the host is mixed:
 ranks whose command lines differ beyond their port (a canary paused, or a run cut off before
 it promoted or rolled back). What the next deploy does with each is the canary plan's
-(plan/canary_plan.py); these lines only say it (docs/operations.md "A canary first")."""
+(plan/canary_plan.py); these lines only say it (docs/how-to/upgrade-with-canary.md "A canary
+first")."""
 
 from __future__ import annotations
 
@@ -128,7 +129,8 @@ class CanaryView:
                 )
             lines.append(
                 "  a deploy of the same ranks' command line is refused; change it (or the "
-                "release) to try again"
+                "release) to try again, or judge it again on purpose: --data "
+                f"canary_judge_again={record.at}"
             )
             for row in record.failed_rows()[:ROWS_SHOWN]:
                 lines.append(

@@ -1,7 +1,7 @@
 """`status`'s throughput line: the host's last throughput record and the one before it of the
 same workload (programs/throughput_guard.previous), how much faster or slower, host and per
 rank output tok/s, and whether the last check did not pass (the host's pending marker: the next
-deploy checks again) (docs/operations.md "Throughput")."""
+deploy checks again) (docs/how-to/read-throughput-and-verdicts.md "Throughput")."""
 
 from __future__ import annotations
 

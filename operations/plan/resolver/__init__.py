@@ -14,6 +14,9 @@ One module per job:
 - model.py: the GPU, the model's architecture and its weights;
 - backend.py: the attention backend, and what no_buffer refuses;
 - args.py: the server's command line, renamed flags, extra_server_args, the CLI table check;
+- startup_levers.py: the release's start-up levers (the watchdog, the weight load's overlap);
+- throughput.py: the levers that set a rank's throughput;
+- caches.py: where a rank's compilers and tuners keep what they make;
 - ranks.py: each rank's argv, environment and unit;
 - host.py: the checks in order: `resolve`;
 - router.py: the router's command line and unit: `resolve_router`.

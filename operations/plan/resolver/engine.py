@@ -31,7 +31,7 @@ def check_release(ctx: Resolution) -> None:
         f"sglang_version {release!r} {ctx.where('sglang_version')} is not in the knowledge "
         f"base (known: {len(known)} releases, {known[0]} to {known[-1]}; which fit this host: "
         f"'{layout.command('releases')} INVENTORY'); to add it, run "
-        f"'{layout.command('kb')} intake {release}' (see docs/engine.md)"
+        f"'{layout.command('kb')} intake {release}' (see docs/how-to/add-a-release.md)"
     )
 
 

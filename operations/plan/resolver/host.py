@@ -12,11 +12,12 @@ from operations.plan.resolver.args import (
     server_args,
 )
 from operations.plan.resolver.backend import attention_backend, check_no_buffer
+from operations.plan.resolver.clients import clients
 from operations.plan.resolver.context import Resolution
 from operations.plan.resolver.engine import check_lane, check_release
-from operations.plan.resolver.levers import startup_levers
 from operations.plan.resolver.model import check_weights, gpu_entry, model_architecture
 from operations.plan.resolver.ranks import explain_environment, ranks
+from operations.plan.resolver.startup_levers import startup_levers
 from operations.plan.resolver.throughput import throughput_levers
 from operations.plan.resolver.types import Facts, ResolvedHost
 from operations.settings import Settings
@@ -46,6 +47,7 @@ def run(ctx: Resolution) -> ResolvedHost:
         )
     explain_environment(ctx)
     ranks(ctx, args + list(ctx.s.extra_server_args))
+    clients(ctx)
     return ctx.plan
 
 

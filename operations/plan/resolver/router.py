@@ -128,7 +128,7 @@ def open_binds(settings: Settings, host_name: str) -> list[str]:
             f"{host_name}: server_host {settings.server_host} (set in "
             f"{settings.origin('server_host')}) with no api_key_file: ranks on ports "
             f"{settings.base_port}-{last} answer anyone who reaches that address; set "
-            "api_key_file (docs/security.md)"
+            "api_key_file (docs/how-it-works/security.md)"
         )
     router = settings.router
     if router is not None and router.host == host_name and not _loopback(router.bind):
@@ -136,7 +136,7 @@ def open_binds(settings: Settings, host_name: str) -> list[str]:
             f"{host_name}: router bind {router.bind}:{router.port} (set in "
             f"{settings.origin('router')}) with no api_key_file: anyone who reaches it is "
             "served, and the router forwards each client's bearer key to the ranks; set "
-            "api_key_file (docs/security.md, the router's control plane)"
+            "api_key_file (docs/how-it-works/security.md, the router's control plane)"
         )
     return found
 

@@ -180,6 +180,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+class _Server(ThreadingHTTPServer):
+    # The listen backlog: socketserver's default is 5 (CPython Lib/socketserver.py,
+    # request_queue_size), which a rank under a saturating load overflows (connections reset,
+    # read by a router as a transport failure); uvicorn, SGLang's server, listens with 2048
+    # (uvicorn's settings page, `--backlog`: "Default: 2048").
+    request_queue_size = 2048
+
+
 class _State:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -461,7 +469,7 @@ def main(argv: list[str]) -> int:
     port = int(args.port or 30000)
     load_seconds = float(os.environ.get(LOAD_SECONDS_ENV, "2"))
     state = _State(args)
-    server = ThreadingHTTPServer((host, port), _handler(state))
+    server = _Server((host, port), _handler(state))
     server.daemon_threads = True
 
     def stop(signum: int, frame: Any) -> None:

@@ -1,1 +1,0 @@
-"""TEST DOUBLE of the sglang.benchmark package (0.5.15 on: where the benchmark client lives)."""
