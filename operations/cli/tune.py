@@ -10,7 +10,7 @@ each candidate (knowledge/throughput.yaml `tune`), and goes back on its own unit
 router. Prints a table, the best (within the latency bounds, where given) and the group_data
 lines to apply; keeps it on the host (/var/lib/sglang-deploy/tune.jsonl). It changes no
 setting: applying is a deploy. --dry shows the rank, the candidates and the estimated time,
-and runs nothing. docs/tune.md says more.
+and runs nothing. docs/how-to/tune.md says more.
 Exit status: pyinfra's.
 """
 

@@ -1,4 +1,4 @@
-"""What `python -m operations.tune` does on a host, decided in the plan (docs/tune.md).
+"""What `python -m operations.tune` does on a host, decided in the plan (docs/how-to/tune.md).
 
 - which rank: the highest-numbered one (`pick_rank`): every rank runs the same unit but for its
   GPU and port, so any one measures the settings; the last leaves rank 0, the first rank the

@@ -1,4 +1,4 @@
-"""The tune on one host (issue 50, docs/tune.md): one rank measured with each candidate's unit,
+"""The tune on one host (issue 50, docs/how-to/tune.md): one rank measured with each candidate's unit,
 one after the other, then put back on its own unit. Run as root by `python -m operations.tune`
 (steps/tune.py); the load client runs as the service user, as the throughput check's does:
 

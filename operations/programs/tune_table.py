@@ -140,7 +140,7 @@ def _ms(value: object) -> str:
 
 
 def table(rows: list[Row], bounds: Bounds = (None, None)) -> list[str]:
-    """The table, one line a candidate (docs/tune.md shows one); a row over a latency bound
+    """The table, one line a candidate (docs/how-to/tune.md shows one); a row over a latency bound
     says so at its end."""
     head = (
         f"{'candidate':<52} {'output tok/s':>13} {'spread':>7} {'TTFT p50':>9} {'ITL p50':>8} "
