@@ -249,6 +249,7 @@ def _cut_off(program: ModuleType, tmp: Path, unit_now: bytes) -> Path:
     return tmp / "log"
 
 
+@pytest.mark.integration  # starts processes (the host program, pyinfra)
 def test_a_cut_off_tune_is_restored_first_its_rank_restarted_and_readmitted(
     program: ModuleType, tmp_path: Path
 ) -> None:
@@ -261,6 +262,7 @@ def test_a_cut_off_tune_is_restored_first_its_rank_restarted_and_readmitted(
     assert oct(os.stat(tmp_path / "unit").st_mode & 0o777) == "0o644"
 
 
+@pytest.mark.integration  # starts processes (the host program, pyinfra)
 def test_a_unit_a_deploy_rewrote_since_is_left_as_it_is(
     program: ModuleType, tmp_path: Path
 ) -> None:
@@ -319,6 +321,7 @@ def test_settings_replaced_keep_their_other_values() -> None:
 # -- the demo (starts pyinfra: the slow part of this file) ------------------------------------
 
 
+@pytest.mark.integration  # starts processes (the host program, pyinfra)
 def test_make_demo_tune_previews_the_rank_the_candidates_and_the_time() -> None:
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run(
@@ -359,6 +362,7 @@ class _Measured:
         return Tune
 
 
+@pytest.mark.integration  # starts processes (the host program, pyinfra)
 def test_a_search_measures_each_candidate_shows_one_that_never_starts_and_restores_the_unit(
     program: ModuleType, tmp_path: Path
 ) -> None:
@@ -405,6 +409,7 @@ def test_the_reason_shown_is_the_rank_s_own_error_line_not_systemd_s(program: Mo
     assert program.failure_line([]) == "(no journal line)"
 
 
+@pytest.mark.integration  # starts processes (the host program, pyinfra)
 def test_a_tune_still_running_is_not_restored_under_it(program: ModuleType, tmp_path: Path) -> None:
     log = _cut_off(program, tmp_path, b"candidate unit\n")
     running = tmp_path / "tune.py"
