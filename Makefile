@@ -6,7 +6,7 @@ UV_VERSION := 0.13.9
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: help venv api-key demo demo-day2 pve-demo test lint typecheck unit e2e bench clean samples
+.PHONY: help venv api-key demo demo-day2 demo-tune pve-demo test lint typecheck unit e2e bench clean samples
 
 # `make` alone lists the targets: the first rule is the default one.
 help:
@@ -15,6 +15,7 @@ help:
 	@echo "make demo         preview a deploy on a simulated CT200 (pyinfra --dry; nothing is contacted)"
 	@echo "make demo-day2    the same CT200 already serving 0.5.11: --dry shows no change, then"
 	@echo "                  0.5.19 with a canary first (the default), then rolled, then its status"
+	@echo "make demo-tune    a tune previewed on that CT200 (--dry): the rank, the candidates, the time"
 	@echo "make pve-demo     preview pve.py on a simulated Proxmox node (what it would change)"
 	@echo "make test         what CI runs: lint, typecheck and every test layer (about 30 min)"
 	@echo "make lint         ruff check and ruff format --check"
@@ -52,6 +53,10 @@ demo: $(BIN)/.synced
 # change (a canary first, the default on a serving host), the same rolled, and what status shows.
 demo-day2: $(BIN)/.synced
 	$(BIN)/pyinfra inventory/demo_day2.py deploy.py --dry
+
+# A tune previewed on the same simulated CT200 (docs/tune.md): the rank, the candidates, the time.
+demo-tune: $(BIN)/.synced
+	$(BIN)/python -m operations.tune inventory/demo_day2.py --dry
 	$(BIN)/pyinfra inventory/demo_day2.py deploy.py --dry --data sglang_version=0.5.19
 	$(BIN)/pyinfra inventory/demo_day2.py deploy.py --dry --data sglang_version=0.5.19 \
 		--data 'rollout={"strategy": "rolling"}'

@@ -91,6 +91,14 @@ THROUGHPUT_PENDING = "/var/lib/sglang-deploy/throughput.pending"
 CANARY_SCRIPT = f"{SCRIPT_DIR}/canary_compare.py"
 CANARY_RECORD = "/var/lib/sglang-deploy/canary.json"
 CANARY_BACKUP_DIR = "/var/lib/sglang-deploy/canary"
+# The tune (`python -m operations.tune`, programs/tune.py): its results, one JSON line a
+# candidate and one a finished tune, beside the throughput records (root's, 644: no secret);
+# and its state while a candidate runs: the rank under test, where its own unit is saved and
+# the candidate's digest, so a cut-off tune's rank is restored by the next tune (the next
+# deploy rewrites a unit that is not the plan's anyway).
+TUNE_SCRIPT = f"{SCRIPT_DIR}/tune.py"
+TUNE_RECORDS = "/var/lib/sglang-deploy/tune.jsonl"
+TUNE_STATE = "/var/lib/sglang-deploy/tune.state"
 # The router's control-plane key (root only, mode 600): systemd hands it to the router unit as
 # the credential CONTROL_PLANE_CREDENTIAL (LoadCredential=), the launcher reads it from there
 # and the drain script from here (docs/how-it-works/security-gateway-and-concurrency.md "The
@@ -366,6 +374,8 @@ def managed_files(settings: Settings) -> tuple[ManagedFile, ...]:
         ManagedFile(ROLL_BATCH_SCRIPT, "serve", "755"),
         ManagedFile(THROUGHPUT_SCRIPT, "serve", "755"),
         ManagedFile(CANARY_SCRIPT, "serve", "755"),
+        # Written by the tune only (no deploy writes or reads it).
+        ManagedFile(TUNE_SCRIPT, "serve", "755", checksummed=False),
         ManagedFile(SECRETS_FILE, "serve", "640", user, True, dir_mode="750", dir_group=user),
         ManagedFile(unit_path(TARGET), "serve"),
         ManagedFile(TARGETS_FILE, "serve"),

@@ -52,11 +52,34 @@ class RawReference(TypedDict):
     source: RawCites
 
 
+class RawTogether(TypedDict):
+    lead: str
+    follows: str
+    why: str
+    source: RawCites
+
+
+class RawTune(TypedDict):
+    values: dict[str, list[float]]
+    together: list[RawTogether]
+
+
 class RawThroughput(TypedDict):
     sources: dict[str, RawSource]
     gpus: dict[str, RawGpuCeiling]
     levers: dict[str, RawLever]
     reference: list[RawReference]
+    tune: RawTune
+
+
+# The levers `python -m operations.tune` may move (their settings are numbers the resolver
+# writes as flags): a lever of `tune.values` outside these is a knowledge error.
+TUNABLE = (
+    "max_running_requests",
+    "cuda_graph_max_bs",
+    "chunked_prefill_size",
+    "mem_fraction_static",
+)
 
 
 @dataclass(frozen=True)
@@ -92,10 +115,31 @@ class ReferenceFigure:
 
 
 @dataclass(frozen=True)
+class Together:
+    """Two levers the tune moves together: `follows` takes `lead`'s value in the pair's
+    candidates (a larger running batch than the CUDA-graph size decodes without graphs)."""
+
+    lead: str
+    follows: str
+    why: str
+    source: Cites
+
+
+@dataclass(frozen=True)
+class TuneSpace:
+    """The tune's search (knowledge/throughput.yaml `tune`): each lever's values tried one at a
+    time, in the file's order, then each pair of `together` moved as one."""
+
+    values: Mapping[str, tuple[float, ...]]
+    together: tuple[Together, ...]
+
+
+@dataclass(frozen=True)
 class ThroughputKnowledge:
     gpus: Mapping[str, GpuCeiling]
     levers: Mapping[str, ThroughputLever]
     reference: tuple[ReferenceFigure, ...]
+    tune: TuneSpace
 
     def gpu_named(self, name: str) -> GpuCeiling | None:
         """The card nvidia-smi calls `name`; None for one the knowledge has no figures for."""
@@ -127,6 +171,7 @@ def _problems(raw: RawThroughput) -> Iterator[str]:
         *((f"gpus.{k}", g["source"]) for k, g in raw["gpus"].items()),
         *((f"levers.{k}", lever["source"]) for k, lever in raw["levers"].items()),
         *((f"reference[{i}]", r["source"]) for i, r in enumerate(raw["reference"])),
+        *((f"tune.together[{i}]", p["source"]) for i, p in enumerate(raw["tune"]["together"])),
     ]
     for key, cites in cited:
         if not _cites(cites):
@@ -157,9 +202,31 @@ def _problems(raw: RawThroughput) -> Iterator[str]:
             yield (
                 f"throughput.yaml reference[{i}].counts: {ref['counts']!r}; accepted: output, total"
             )
+    yield from _tune_problems(raw["tune"])
     running = raw["levers"].get("max_running_requests")
     if running is not None and "speculative_cap" not in running:
         yield "throughput.yaml levers.max_running_requests: no speculative_cap"
+
+
+def _tune_problems(tune: RawTune) -> Iterator[str]:
+    for name, values in tune["values"].items():
+        if name not in TUNABLE:
+            yield (
+                f"throughput.yaml tune.values.{name}: not a lever the tune moves "
+                f"({', '.join(TUNABLE)})"
+            )
+        elif not values or not all(isinstance(v, int | float) and v > 0 for v in values):
+            yield (
+                f"throughput.yaml tune.values.{name}: {values!r}; accepted: a list of numbers "
+                "above 0"
+            )
+    for i, pair in enumerate(tune["together"]):
+        for end, name in (("lead", pair["lead"]), ("follows", pair["follows"])):
+            if name not in tune["values"]:
+                yield (
+                    f"throughput.yaml tune.together[{i}].{end}: {name!r} has no tune.values; "
+                    "accepted: a lever listed there"
+                )
 
 
 def _source(raw: RawThroughput, cites: RawCites) -> Cites:
@@ -210,5 +277,14 @@ def load_throughput(path: Path = THROUGHPUT_FILE) -> ThroughputKnowledge:
                 source=_source(raw, r["source"]),
             )
             for r in raw["reference"]
+        ),
+        tune=TuneSpace(
+            values=MappingProxyType(
+                {k: tuple(float(v) for v in vs) for k, vs in raw["tune"]["values"].items()}
+            ),
+            together=tuple(
+                Together(p["lead"], p["follows"], p["why"], _source(raw, p["source"]))
+                for p in raw["tune"]["together"]
+            ),
         ),
     )

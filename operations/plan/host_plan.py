@@ -77,6 +77,9 @@ class HostReport:
     # The toolkit version the host's record names and the record this run writes
     # (plan/toolkit_version.py); None while preflight refuses the host.
     toolkit: toolkit_version.VersionPlan | None = None
+    # The facts the resolver read, for a plan that resolves the ranks again with other
+    # settings (the tune's candidates, operations/plan/tune_plan.py).
+    resolver_facts: resolver.Facts | None = None
 
     @property
     def errors(self) -> list[str]:
@@ -303,6 +306,7 @@ def decide(
         model_step=model_step,
         throughput=throughput,
         toolkit=toolkit,
+        resolver_facts=resolver_facts,
     )
 
 

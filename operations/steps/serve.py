@@ -114,6 +114,31 @@ def router_workers(
     yield shlex.join(words)
 
 
+def workers_args(drain: DrainPlan, action: DrainAction, ranks: Sequence[int]) -> WorkersArgs:
+    """router_workers' arguments for `ranks`: out (drain; UNIT=WORKER=METRICS) or in
+    (readmit), from the plan's DrainPlan (the serve step's and the tune's)."""
+    if action == "out":
+        targets = [f"{layout.unit_name(r)}={drain.worker(r)}={drain.metrics(r)}" for r in ranks]
+        timeout_s = drain.timeout_s
+    else:
+        targets = [f"{layout.unit_name(r)}={drain.worker(r)}" for r in ranks]
+        timeout_s = drain.readmit_timeout_s
+    api_drain = drain.api.drain
+    return {
+        "action": action,
+        "router": drain.router_url,
+        "api": (drain.api.list_workers, drain.api.remove_worker, drain.api.add_worker),
+        "timeout_s": timeout_s,
+        "targets": targets,
+        "key_file": drain.key_file,
+        "draining": api_drain.state if api_drain is not None else "",
+        "settle": None
+        if api_drain is None or drain.settle_s is None
+        else (drain.settle_s, api_drain.settle_update, api_drain.settle_applied),
+        "worker_key": drain.worker_key,
+    }
+
+
 def host_argv(op: Any, **arguments: Any) -> list[str]:
     """The one host command an operation of this step yields for `arguments`, as argv, for a
     roll batch to run among its steps (the operation's own generator, pyinfra's `_inner`)."""
@@ -345,29 +370,9 @@ class ServeStep:
 
     def _workers(self, action: DrainAction, ranks: Sequence[int]) -> WorkersArgs:
         """router_workers' arguments: out (drain; UNIT=WORKER=METRICS) or in (readmit)."""
-        drain = self.drain
-        if drain is None:
+        if self.drain is None:
             raise OperationError("router_workers needs the plan's DrainPlan")
-        if action == "out":
-            targets = [f"{layout.unit_name(r)}={drain.worker(r)}={drain.metrics(r)}" for r in ranks]
-            timeout_s = drain.timeout_s
-        else:
-            targets = [f"{layout.unit_name(r)}={drain.worker(r)}" for r in ranks]
-            timeout_s = drain.readmit_timeout_s
-        api_drain = drain.api.drain
-        return {
-            "action": action,
-            "router": drain.router_url,
-            "api": (drain.api.list_workers, drain.api.remove_worker, drain.api.add_worker),
-            "timeout_s": timeout_s,
-            "targets": targets,
-            "key_file": drain.key_file,
-            "draining": api_drain.state if api_drain is not None else "",
-            "settle": None
-            if api_drain is None or drain.settle_s is None
-            else (drain.settle_s, api_drain.settle_update, api_drain.settle_applied),
-            "worker_key": drain.worker_key,
-        }
+        return workers_args(self.drain, action, ranks)
 
     def _remove(self) -> None:
         self._out(self.plan.remove, "dp_size shrank")

@@ -13,6 +13,14 @@ is MAX_RUNNING / step(MAX_RUNNING). SGLANG_DOUBLE_SPEED_JITTER (default 0) draws
 speed within +-that fraction, as cards and starts differ by a few percent. These are a test's
 knobs, set in a unit drop-in: nothing here claims a real card's numbers.
 
+The levers the tune moves (operations/plan/tune_plan.py) act on it as they act on SGLang, in
+shape only: a running batch larger than --cuda-graph-max-bs (unset: 256, 0.5.11's value for a
+90-160 GiB card, knowledge/throughput.yaml sglang-gpu-memory-defaults) decodes "without graphs",
+each step EAGER_COST times as long (SGLANG_DOUBLE_EAGER_COST, default 2.0; sgl-project/sglang
+#33900: eager decode past the largest captured shape, "roughly a 4x per-token latency" on a small
+model); and a --mem-fraction-static above SGLANG_DOUBLE_MEM_LIMIT (default 0.93) does not start:
+the double prints a line shaped as PyTorch's out-of-memory error and exits 1 (`out_of_memory`).
+
 Shapes from the 0.5.11 wheel, sglang/srt/entrypoints/openai/protocol.py: CompletionResponse
 :368-377 (id, object "text_completion", created, model, choices [{index, text, logprobs,
 finish_reason, matched_stop}], usage), CompletionStreamResponse :402-409 and UsageInfo :131-137
@@ -47,6 +55,9 @@ TOKENS_PER_S_ENV = "SGLANG_DOUBLE_TOKENS_PER_S"
 MAX_RUNNING_ENV = "SGLANG_DOUBLE_MAX_RUNNING"
 BATCH_COST_ENV = "SGLANG_DOUBLE_BATCH_COST"
 JITTER_ENV = "SGLANG_DOUBLE_SPEED_JITTER"
+EAGER_COST_ENV = "SGLANG_DOUBLE_EAGER_COST"
+MEM_LIMIT_ENV = "SGLANG_DOUBLE_MEM_LIMIT"
+DEFAULT_GRAPH_BS = 256
 WINDOW_S = 5.0
 MAX_TOTAL_TOKENS = 262144
 DEFAULT_MAX_RUNNING = 32
@@ -68,7 +79,7 @@ class Slot:
 class Gen:
     """The rank's scheduler and what it generated, for /metrics."""
 
-    def __init__(self, max_running: int | None = None) -> None:
+    def __init__(self, max_running: int | None = None, graph_bs: int | None = None) -> None:
         self.lock = threading.Lock()
         self.wake = threading.Condition(self.lock)
         self.prompt_tokens = 0
@@ -82,12 +93,15 @@ class Gen:
         self.batch_cost = _env_float(BATCH_COST_ENV, 0.05)
         cap = os.environ.get(MAX_RUNNING_ENV) or max_running or DEFAULT_MAX_RUNNING
         self.max_running = max(1, int(cap))
+        self.graph_bs = graph_bs or DEFAULT_GRAPH_BS
+        self.eager_cost = _env_float(EAGER_COST_ENV, 2.0)
         self.waiting: deque[Slot] = deque()
         self.running: list[Slot] = []
         self.thread: threading.Thread | None = None
 
     def step_s(self, batch: int) -> float:
-        return (1 + self.batch_cost * (batch - 1)) / self.tokens_per_s
+        step = (1 + self.batch_cost * (batch - 1)) / self.tokens_per_s
+        return step * (self.eager_cost if batch > self.graph_bs else 1.0)
 
     def submit(self, slot: Slot) -> None:
         with self.lock:
@@ -140,6 +154,22 @@ class Gen:
     def token_usage(self) -> float:
         with self.lock:
             return min(1.0, self.running_tokens / MAX_TOTAL_TOKENS)
+
+
+def out_of_memory(mem_fraction_static: object) -> str | None:
+    """The line a start fails with when --mem-fraction-static is above the double's limit
+    (the docstring); None when it starts."""
+    try:
+        wanted = float(str(mem_fraction_static)) if mem_fraction_static is not None else None
+    except ValueError:
+        return None
+    limit = _env_float(MEM_LIMIT_ENV, 0.93)
+    if wanted is None or wanted <= limit:
+        return None
+    return (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB "
+        f"(the double: mem_fraction_static {wanted:g} is above {limit:g})"
+    )
 
 
 def _prompt_tokens(prompt: Any) -> int:

@@ -91,7 +91,7 @@ from importlib import resources
 from typing import Any
 
 from sglang._double_build import VERSION
-from sglang._generate_double import Gen, complete
+from sglang._generate_double import Gen, complete, out_of_memory
 from sglang._startup_double import start_up
 
 LOAD_SECONDS_ENV = "SGLANG_DOUBLE_LOAD_SECONDS"
@@ -207,8 +207,9 @@ class _State:
         self.flowing.set()
         self.queued = 0
         cap = getattr(args, "max_running_requests", None)
+        graph = getattr(args, "cuda_graph_max_bs", None)
         # /v1/completions' scheduler and what it generated (sglang/_generate_double.py).
-        self.gen = Gen(int(cap) if cap else None)
+        self.gen = Gen(int(cap) if cap else None, int(graph) if graph else None)
 
     def toggle_wedged(self) -> None:
         if self.flowing.is_set():
@@ -465,6 +466,10 @@ def main(argv: list[str]) -> int:
         return 1
     if not (os.path.isdir(args.model_path) and os.access(args.model_path, os.R_OK | os.X_OK)):
         print(f"OSError: cannot read the model directory {args.model_path}", file=sys.stderr)
+        return 1
+    oom = out_of_memory(getattr(args, "mem_fraction_static", None))
+    if oom is not None:
+        print(oom, file=sys.stderr, flush=True)
         return 1
     host = args.host or "127.0.0.1"
     port = int(args.port or 30000)
