@@ -1,5 +1,5 @@
-"""The tune on one host (issue 50, docs/how-to/tune.md): one rank measured with each candidate's unit,
-one after the other, then put back on its own unit. Run as root by `python -m operations.tune`
+"""The tune on one host (issue 50, docs/how-to/tune.md): one rank measured with each candidate's
+unit, one after the other, then put back on its own unit. Run as root by `python -m operations.tune`
 (steps/tune.py); the load client runs as the service user, as the throughput check's does:
 
     python3 tune.py --unit UNIT --unit-path PATH --url SERVER_ROOT --unit-sha256 HEX
