@@ -179,7 +179,7 @@ def _prompt_tokens(prompt: Any) -> int:
 
 
 def _chunk(handler: BaseHTTPRequestHandler, data: bytes) -> None:
-    # The stream's body ends when the connection closes (`Connection: close` above).
+    # HTTP/1.0 (the double's server): the stream's body ends when the connection closes.
     handler.wfile.write(data)
     handler.wfile.flush()
 
@@ -209,9 +209,6 @@ def complete(
         if stream:
             handler.send_response(200)
             handler.send_header("Content-Type", "text/event-stream")
-            # The stream's body ends when the connection closes (no length, not chunked).
-            handler.send_header("Connection", "close")
-            handler.close_connection = True
             handler.end_headers()
         for n in range(count):
             slot.tokens.get()

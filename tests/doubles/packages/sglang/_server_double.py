@@ -284,12 +284,6 @@ def reply_text(request: dict[str, Any], reply: str, served: str) -> tuple[str, s
 def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "sglang-double/" + VERSION
-        # HTTP/1.1 keep-alive, as uvicorn (SGLang's server) answers: a router's pooled
-        # connection is reused, not found closed (read as a transport failure); an idle one is
-        # closed after uvicorn's `--timeout-keep-alive` default, 5 s (its settings page). A
-        # streamed answer ends by closing its connection (sglang/_generate_double.py).
-        protocol_version = "HTTP/1.1"
-        timeout = 5
 
         def log_message(self, format: str, *args: Any) -> None:
             sys.stderr.write("[double] " + (format % args) + "\n")
