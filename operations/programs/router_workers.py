@@ -36,8 +36,10 @@ removal waits until --applied shows no job of the worker's pending or processing
 which would list the worker routable again: tests/fixtures/smg/behaviour-1.13.0.json
 "PATCH /workers/{id}: GET /workers/{id} while the update runs").
 
-out: each worker the router lists is removed (DELETE; the router sends it nothing new; what it
-     already sent finishes); a worker is out once the router no longer lists it or lists it
+out: once another worker is routable (PEER_WAIT_S at most: a router that marked the others
+     unhealthy a moment ago, as after a saturating check, has them back), each worker the
+     router lists is removed (DELETE; the router sends it nothing new; what it already sent
+     finishes); a worker is out once the router no longer lists it or lists it
      --draining. Then each rank's own /metrics is read (rank_metrics.py) until
      sglang:num_running_reqs plus sglang:num_queue_reqs is 0, for at most --timeout seconds
      (after that the restart goes on, and says how many requests it cuts): smg's drain is a
@@ -76,6 +78,11 @@ REQUEST_TIMEOUT_S = 10
 # The router answers a removal with 202 and a queued job; its removal job gives up after 30 s
 # (sglang-router 0.3.2, src/core/job_queue.rs: RemoveWorker's timeout_duration).
 REMOVAL_TIMEOUT_S = 40
+# How long a drain waits for another worker to be routable before it takes its own out: a
+# router that marked the others unhealthy a moment ago (a saturating throughput check or
+# canary comparison, a rank's restart) has them back after its health checks pass again
+# (router.health_check_interval_s x health_success_threshold: 10 s at the deploy's settings).
+PEER_WAIT_S = 30
 
 # The router and the ranks are this deployment's own: no proxy may see or answer them.
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -205,6 +212,29 @@ def in_flight(metrics_url: str) -> float | None:
     return requests_in_flight(text)
 
 
+def peer_routable(
+    args: argparse.Namespace, targets: list[tuple[str, str, str]], workers: dict[str, Worker]
+) -> dict[str, Worker]:
+    """The router's list once a worker that is not leaving is routable (`ready`), or after
+    PEER_WAIT_S, said: taking out the last routable worker would turn every client away until
+    the others are back. A router that lists no other worker is not waited for."""
+    leaving = {url for _, url, _ in targets}
+    deadline = time.monotonic() + PEER_WAIT_S
+    sleeps = backoff(FIRST_POLL_S, POLL_GROWTH, MAX_POLL_S)
+    while True:
+        others = [w for url, w in workers.items() if url not in leaving]
+        if not others or any(ready(w) for w in others):
+            return workers
+        if time.monotonic() >= deadline:
+            print(
+                f"no other worker is routable after {PEER_WAIT_S} s: draining anyway",
+                flush=True,
+            )
+            return workers
+        time.sleep(next(sleeps))  # polling the router's list, not synchronisation
+        workers = listed(args)
+
+
 def take_out(args: argparse.Namespace, targets: list[tuple[str, str, str]]) -> int:
     start = time.monotonic()
     try:
@@ -214,6 +244,7 @@ def take_out(args: argparse.Namespace, targets: list[tuple[str, str, str]]) -> i
     except RouterError as error:
         print(f"router does not answer ({error}): the ranks restart undrained", flush=True)
         return 0
+    workers = peer_routable(args, targets, workers)
     leaving: list[Worker] = []
     for unit, url, _ in targets:
         worker = workers.get(url)

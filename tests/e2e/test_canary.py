@@ -32,9 +32,7 @@ MODEL_DIR = "/srv/models/qwen-tok"
 CANARY = {"strategy": "canary", "canary_ranks": 1, "soak_s": 2, "max_slowdown": 0.1}
 # The double's scheduler (tests/doubles/packages/sglang/_generate_double.py): one request alone
 # decodes RATE tokens/s, each more in the batch costs 2% of a step, RUNNING at once at most.
-# Small enough that two saturated ranks, the load client, the router and the clients leave the
-# 2-core testbed CPU to answer health checks (~250 tok/s a rank, streamed token by token).
-RATE, RUNNING = 20, 16
+RATE, RUNNING = 20, 48
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +130,8 @@ def test_a_canary_passes_then_promotes_and_a_slower_one_rolls_back_and_is_refuse
     rate(c, "sglang@0.service", RATE // 4)
     with Load(url) as load:
         slower = deploy(tmp_path, {c: data(c, indexes, mem_fraction_static=0.8, rollout=CANARY)})
-    assert slower.rc != 0, slower
+    said = [x for x in slower.output.splitlines() if "canary" in x or "speed" in x or "x0." in x]
+    assert slower.rc != 0, said[:40]
     # The abort, too, failed no client's request.
     assert load.sent > 0 and load.failed == 0, load.failures[:5]
     assert "canary: FAILED (speed" in slower.output, slower

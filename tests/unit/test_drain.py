@@ -604,3 +604,43 @@ def test_the_list_reading_says_smgs_status_and_its_stall_veto(tmp_path: Path) ->
         assert read.router_states["http://127.0.0.1:5"] == "failed"
     finally:
         plane.stop()
+
+
+def test_a_drain_waits_for_another_routable_worker_before_taking_its_own_out(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """After a saturating check the router may list the other workers not_ready for a few
+    health checks; taking the last routable worker out then turns every client away (seen on
+    the two-rank testbed: 503 "All workers are unavailable" while a canary's promotion drained
+    the other rank). The drain waits until another worker is ready, and not past PEER_WAIT_S."""
+    import argparse
+
+    from operations.programs import router_workers as rw
+
+    states = iter(["not_ready", "not_ready", "ready"])
+    lists: list[str] = []
+
+    def listed(args: argparse.Namespace) -> dict[str, rw.Worker]:
+        state = next(states)
+        lists.append(state)
+        worker = {"id": "b", "url": "http://b", "is_healthy": True, "status": state}
+        return {"http://b": worker}  # type: ignore[dict-item]
+
+    monkeypatch.setattr(rw, "listed", listed)
+    monkeypatch.setattr("operations.programs.router_workers.time.sleep", lambda seconds: None)
+    leaving = [("sglang@0.service", "http://a", "")]
+    first = {
+        "http://a": {"id": "a", "url": "http://a", "is_healthy": True, "status": "ready"},
+        "http://b": {"id": "b", "url": "http://b", "is_healthy": False, "status": "not_ready"},
+    }
+    got = rw.peer_routable(argparse.Namespace(), leaving, first)  # type: ignore[arg-type]
+    assert got["http://b"]["status"] == "ready" and lists == ["not_ready", "not_ready", "ready"]
+    # No other worker listed: nothing to wait for.
+    alone = {"http://a": first["http://a"]}
+    assert rw.peer_routable(argparse.Namespace(), leaving, alone) is alone  # type: ignore[arg-type]
+    # Never ready: it drains anyway after PEER_WAIT_S, and says so.
+    clock = iter(range(0, 1000, 10))
+    monkeypatch.setattr("operations.programs.router_workers.time.monotonic", lambda: next(clock))
+    monkeypatch.setattr(rw, "listed", lambda args: {"http://b": first["http://b"]})
+    rw.peer_routable(argparse.Namespace(), leaving, first)  # type: ignore[arg-type]
+    assert "no other worker is routable after 30 s: draining anyway" in capsys.readouterr().out

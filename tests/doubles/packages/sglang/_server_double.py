@@ -28,12 +28,12 @@ It behaves like the real server where a deploy can observe it, with the standard
   decide_request_auth lets /health* and /metrics through, _ApiKeyASGIMiddleware answers that).
 
 - a chat completion takes SGLANG_DOUBLE_GENERATE_SECONDS (default 0) to answer, as a real
-  decode takes time; its tokens are counted in the rank's generated-token counter (a check's
-  figure counts clients' chats too), but it does not wait in the completions' scheduler
-  (below): a real rank under a saturating check answers chats seconds later, which on a
-  two-rank testbed left smg no available worker while a roll drained the other (a saturated
-  rank read as silent; tests/e2e/test_canary.py); on 8 ranks the others serve. While it runs
-  it is counted in the gauge sglang:num_running_reqs, which
+  decode takes time. It does not wait in the completions' scheduler (below), and its tokens
+  are not counted as generated (sglang:num_requests_total counts it): a real rank under a
+  saturating check answers chats seconds later, which on a two-rank testbed left smg no
+  available worker while a roll drained the other (tests/e2e/test_canary.py), and free tokens
+  counted would credit a slower rank with capacity it has not. While it runs it is counted in
+  the gauge sglang:num_running_reqs, which
   SGLang's scheduler reports on /metrics as "The number of running requests." beside
   sglang:num_queue_reqs, "The number of requests in the waiting queue." (collector.py above,
   SchedulerMetricsCollector); a roll reads both to know when a rank has drained. The double
@@ -243,7 +243,9 @@ def metrics_text(state: _State) -> str:
         f"sglang:token_usage{label} {gen.token_usage()}",
     ]
     prompt = n * PROMPT_TOKENS + gen.prompt_tokens
-    generated = n * COMPLETION_TOKENS + gen.generated
+    # A chat's tokens are not counted as generated: it takes none of the double's decode
+    # capacity (the docstring), and counting them would credit a rank with capacity it has not.
+    generated = gen.generated
     for name, doc, value in (
         ("prompt_tokens", "Number of prefill tokens processed.", prompt),
         ("generation_tokens", "Number of generation tokens processed.", generated),
