@@ -6,8 +6,9 @@ refused at once, and a tune holds off a deploy while it runs. Then the tune's ow
 (operations/plan/tune_plan.py: the rank, why, the candidates, the estimate, whether the rank
 stays behind a router) is said before anything starts, and the tune step
 (operations/steps/tune.py) runs it. With pyinfra's --dry nothing runs: the plan is the preview.
-The budget and the latency bounds come from the command (SGLANG_TUNE_BUDGET_S,
-SGLANG_TUNE_MAX_TTFT_MS, SGLANG_TUNE_MAX_ITL_MS, set and checked by operations/cli/tune.py).
+The budget, the latency bounds and --fresh come from the command (SGLANG_TUNE_BUDGET_S,
+SGLANG_TUNE_MAX_TTFT_MS, SGLANG_TUNE_MAX_ITL_MS, SGLANG_TUNE_FRESH, set and checked by
+operations/cli/tune.py).
 """
 
 import os
@@ -53,6 +54,7 @@ if (
         file_digests(serving),
         budget,
         (float(ttft) if ttft else None, float(itl) if itl else None),
+        os.environ.get("SGLANG_TUNE_FRESH") == "1",
     )
     if decided.errors:
         refuse(state, host, "\n".join(decided.errors))

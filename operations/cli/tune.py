@@ -1,6 +1,6 @@
 """Find a host's best throughput settings, one rank at a time while the others serve.
 
-    python -m operations.tune INVENTORY [--dry] [--budget-min N] [--max-ttft-ms MS]
+    python -m operations.tune INVENTORY [--dry] [--fresh] [--budget-min N] [--max-ttft-ms MS]
         [--max-itl-ms MS] [--data KEY=VALUE ...]
 
 On every host of the inventory (through pyinfra, the deploy file operations/tune_deploy.py,
@@ -9,7 +9,9 @@ router, is measured with its current settings (the baseline, its spread the nois
 each candidate (knowledge/throughput.yaml `tune`), and goes back on its own unit and into the
 router. Prints a table, the best (within the latency bounds, where given) and the group_data
 lines to apply; keeps it on the host (/var/lib/sglang-deploy/tune.jsonl). It changes no
-setting: applying is a deploy. --dry shows the rank, the candidates and the estimated time,
+setting: applying is a deploy. A tune that was cut off (killed, a lost connection) is resumed
+by the next: the candidates it measured are kept, the rest measured; --fresh starts over.
+--dry shows the rank, the candidates and the estimated time,
 and runs nothing. docs/how-to/tune.md says more.
 Exit status: pyinfra's.
 """
@@ -46,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = inventory_arguments(layout.command("tune"), __doc__)
     parser.add_argument("--dry", action="store_true", help="show the candidates and the time")
     parser.add_argument(
+        "--fresh", action="store_true", help="measure every candidate again (no resume)"
+    )
+    parser.add_argument(
         "--budget-min",
         type=int,
         default=None,
@@ -76,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"tune: {flag} {value:g}: accepted: milliseconds above 0", file=sys.stderr)
             return 2
     env = dict(os.environ)
+    env.pop("SGLANG_TUNE_FRESH", None)
+    if args.fresh:
+        env["SGLANG_TUNE_FRESH"] = "1"
     if args.budget_min is not None:
         env["SGLANG_TUNE_BUDGET_S"] = str(args.budget_min * 60)
     for key, value in (("TTFT", args.max_ttft_ms), ("ITL", args.max_itl_ms)):

@@ -16,6 +16,8 @@
   first and refuses to go on when its unit is then not this plan's (`--unit-sha256`);
 - the host program's command line (programs/tune.py), but the router and restart steps, which
   the step writes from the DrainPlan as the serve step does (steps/tune.py);
+- whether a cut-off tune is resumed: always, unless `--fresh` (the host program finds the cut-off
+  run with the same candidates, unit and load in its records, and keeps what it measured);
 - the estimate (`--dry`) and the time budget: the program starts no candidate the budget
   cannot finish, and shows it skipped; optional latency bounds (the best throughput within
   them, programs/tune_table.py).
@@ -174,6 +176,7 @@ def tune_plan(
     digests: Mapping[str, str],
     budget_s: int = DEFAULT_BUDGET_S,
     bounds: tuple[float | None, float | None] = (None, None),
+    fresh: bool = False,
 ) -> TunePlan:
     """The tune's decision for this host (see the docstring). `touched`: the ranks a deploy of
     this inventory would (re)start or hold here, `router_restarts`: it would restart the router
@@ -238,6 +241,7 @@ def tune_plan(
     argv += ["--key-file", layout.SECRETS_FILE, "--service-user", s.service_user]
     argv += ["--candidates", json.dumps([c.to_json() for c in found], sort_keys=True)]
     argv += load_flags(s)
+    argv += ["--fresh"] if fresh else []
     ttft, itl = bounds
     argv += ["--max-ttft-ms", f"{ttft:g}"] if ttft is not None else []
     argv += ["--max-itl-ms", f"{itl:g}"] if itl is not None else []

@@ -6,7 +6,7 @@ unit, one after the other, then put back on its own unit. Run as root by `python
         --state FILE --results FILE
         --budget S --start-estimate S --key-file SECRETS --service-user USER
         --candidates JSON --out STEPS --in STEPS --restart STEPS  <load flags>
-        [--max-ttft-ms MS] [--max-itl-ms MS]
+        [--max-ttft-ms MS] [--max-itl-ms MS] [--fresh]
 
 --candidates is the plan's list (plan/tune_plan.py: name, changes, lines, refused, unit; the
 first is the current settings, unit null). --out/--in are roll-batch steps (roll_steps.run)
@@ -32,13 +32,21 @@ that take the rank out of the router and drain it, and put it back; both [] with
    FAILED with the plan's reason and never started; a started one is measured by the load
    client (load_client.py: the ramp to a queue, --rounds windows, the rank's own counters).
    Each row is appended to --results as it is known (one JSON line; `"tune"` names the run).
+   A start line is appended first (`"event": "start"`: the candidates' names, the budget, the
+   plan's digest: the unit the candidates were made from, the candidates, the load; and the
+   tune it resumes). The last tune of this unit with the same digest that never wrote its
+   summary (cut off) is resumed unless --fresh: its measured and failed candidates are kept
+   (`kept_from`), the current settings and the rest are measured (tune_table.resumable). Each
+   candidate's line says how far the tune is and how much of the budget is left; the tune's
+   command streams its lines to the operator as they come (steps/tune.py).
 5. Whatever happens once the state is written (a failure, SIGTERM, SIGINT, SIGHUP): the saved
    unit is written back (when a candidate's was), the rank restarted on it and healthy, and back
    in the router (--in); the state file and the copy are removed only then. SIGKILL leaves the
    state file: step 1 of the next tune.
 6. Prints the table, the best (within --max-ttft-ms and --max-itl-ms, the load client's p50s,
    where given) and the group_data lines to apply (tune_table.py), and appends a summary line
-   to --results. Exit 0 when the rank is back on its own unit and serving (a
+   to --results (the proposal, its change and the noise it was judged against). Exit 0 when
+   the rank is back on its own unit and serving (a
    failed candidate included), 1 when it could not be put back (said, with how).
 The tune changes no setting and writes no file but the rank's unit (and back), the state, the
 copy and the results.
@@ -70,7 +78,15 @@ from operations.programs.program_main import Refused
 from operations.programs.roll_steps import WAIT, Step, run, steps_of
 from operations.programs.roll_waiting import wait_for_go
 from operations.programs.throughput_guard import figures
-from operations.programs.tune_table import Row, failed_row, measured_row, proposal, table
+from operations.programs.tune_table import (
+    Row,
+    failed_row,
+    measured_row,
+    proposal,
+    resumable,
+    summary,
+    table,
+)
 
 # Words in a journal line that name why a start failed, strongest first (the last line with the
 # first group's words is shown, else the next group's, else the last line).
@@ -88,6 +104,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--candidates", required=True)
     parser.add_argument("--budget", type=float, required=True)
     parser.add_argument("--start-estimate", type=float, required=True)
+    parser.add_argument("--fresh", action="store_true")
     for name in ("--out", "--in", "--restart"):
         parser.add_argument(name, default="[]")
     add_load_flags(parser)
@@ -101,6 +118,48 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+# The load's shape (load_runner.add_load_flags): a cut-off tune measured with another is not
+# resumed.
+LOAD_KEYS = (
+    "input_len",
+    "output_len",
+    "start",
+    "most",
+    "rounds",
+    "fixed",
+    "ramp_timeout",
+    "window",
+    "timeout",
+    "model",
+)
+
+
+def plan_digest(args: argparse.Namespace, raw: list[dict[str, object]]) -> str:
+    """What a resumed tune must share with the cut-off one: the unit the candidates were made
+    from, the candidates, the load."""
+    what = {
+        "unit_sha256": args.unit_sha256,
+        "candidates": raw,
+        "load": {k: getattr(args, k) for k in LOAD_KEYS},
+    }
+    return sha256(json.dumps(what, sort_keys=True).encode())
+
+
+def read_records(path: str) -> list[dict[str, object]]:
+    """The results file's records (a line that is not a JSON object is passed over)."""
+    records: list[dict[str, object]] = []
+    for line in (read_bytes(path) or b"").decode(errors="replace").splitlines():
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            if isinstance(record, dict):
+                records.append(record)
+    return records
+
+
+def minutes(seconds: float) -> str:
+    return f"{max(0.0, seconds) / 60:.0f} min"
 
 
 def write_atomic(path: str, data: bytes, mode: int = 0o644) -> None:
@@ -302,6 +361,10 @@ class Tune:
         original = read_bytes(args.unit_path)
         if original is None:
             raise Refused(f"{args.unit_path} cannot be read: nothing changed")
+        plan = plan_digest(args, raw)
+        resumes, kept = (
+            (None, {}) if args.fresh else resumable(read_records(args.results), args.unit, plan)
+        )
         # The saved unit and the state first, then the drain: from here on, whatever happens,
         # the rank is put back (its unit if a candidate's was written, the router either way).
         directory = os.path.dirname(args.state)
@@ -309,6 +372,22 @@ class Tune:
             os.makedirs(directory, mode=0o755, exist_ok=True)
         write_atomic(self.saved, original)
         self.write_state(None)
+        names = [str(c.get("name")) for c in raw]
+        self.keep(
+            {
+                "event": "start",
+                "candidates": names,
+                "budget_s": args.budget,
+                "plan": plan,
+                "resumes": resumes,
+            }
+        )
+        if resumes is not None:
+            self.say(
+                f"tune: resuming the tune of {resumes} (cut off): {len(kept)} of its candidates "
+                "are kept as measured; the current settings are measured again "
+                "(--fresh starts over)"
+            )
         restored = False
         try:
             if run(f"{args.unit} (tune: out of the router)", self.out, []) != 0:
@@ -316,7 +395,9 @@ class Tune:
             for index, candidate in enumerate(raw, 1):
                 name = str(candidate.get("name"))
                 need = per_measure + (args.start_estimate if candidate.get("unit") else 0)
-                if time.monotonic() + need > deadline:
+                if name in kept:
+                    row: Row = {**kept[name], "kept_from": str(resumes)}
+                elif time.monotonic() + need > deadline:
                     left = max(0.0, deadline - time.monotonic())
                     row = failed_row(
                         name,
@@ -326,7 +407,11 @@ class Tune:
                         f"{need:.0f} s needed",
                     )
                 else:
-                    self.say(f"tune: [{index}/{len(raw)}] {name} ...")
+                    self.say(
+                        f"tune: [{index}/{len(raw)}] {name} ... "
+                        f"({minutes(time.monotonic() - began)} in, "
+                        f"{minutes(deadline - time.monotonic())} of the budget left)"
+                    )
                     row = self.one(candidate, key, deadline)
                 rows.append(row)
                 self.keep(row)
@@ -335,6 +420,7 @@ class Tune:
                     if row.get("status") == "measured"
                     else f"{str(row.get('status')).upper()}: {row.get('why')}"
                 )
+                shown += f" (kept from {resumes})" if "kept_from" in row else ""
                 self.say(f"tune: [{index}/{len(raw)}] {name}: {shown}")
         finally:
             # Once restoring, a second signal must not cut it short.
@@ -377,7 +463,7 @@ def work(argv: list[str], script: str) -> int:
     lines = chosen.get("lines") or [] if chosen is not None and chosen["name"] != "current" else []
     for line in lines:
         tune.say(f"    {line}")
-    tune.keep({"summary": said, "proposal": lines, "restored": restored})
+    tune.keep({**summary(rows, chosen, said), "proposal": lines, "restored": restored})
     if not restored:
         tune.say(f"tune: FAILED to put {args.unit} back on its own unit (above)")
         return 1

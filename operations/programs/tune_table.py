@@ -10,13 +10,19 @@ difference the noise explains is no reason to change). With latency bounds (the 
 ITL p50 a proposal may have), only rows within them may be the best, and current settings over
 a bound are proposed away from whenever a row within them was measured.
 
+A cut-off tune is resumed (`resumable`): the records of the last tune of the same unit and the
+same plan (the candidates, the unit they were made from, the load: the start line's `plan`)
+that never reached its summary give the candidates it finished (measured or failed, not
+skipped), kept as they are; the current settings are always measured again, so every change is
+against a baseline of this run.
+
 Not run on its own: inlined into programs/tune.py by operations/render/host_scripts.py.
 """
 
 from __future__ import annotations
 
 import statistics
-from typing import TypedDict
+from typing import TypedDict, cast
 
 from operations.programs.throughput_guard import noise
 
@@ -36,6 +42,7 @@ class Row(TypedDict, total=False):
     itl_ms: float | None
     change: float | None
     beyond_noise: bool | None
+    kept_from: str  # the cut-off tune this row was measured in (resumed)
 
 
 def measured_row(
@@ -147,19 +154,73 @@ def table(rows: list[Row], bounds: Bounds = (None, None)) -> list[str]:
         f"{'vs current':>10}  beyond noise"
     )
     lines = [head]
+    kept = sorted({str(r["kept_from"]) for r in rows if r.get("kept_from")})
     for row in compared(rows):
         status = row.get("status")
+        name = f"{row['name']}{' *' if row.get('kept_from') else ''}"
         if status != "measured":
-            lines.append(f"{row['name']:<52} {str(status).upper()}: {row.get('why', '')}")
+            lines.append(f"{name:<52} {str(status).upper()}: {row.get('why', '')}")
             continue
         change = row.get("change")
         beyond = row.get("beyond_noise")
         lines.append(
-            f"{row['name']:<52} {float(row.get('output_tok_s') or 0):>13.1f} "
+            f"{name:<52} {float(row.get('output_tok_s') or 0):>13.1f} "
             f"{float(row.get('noise') or 0):>7.1%} {_ms(row.get('ttft_ms')):>9} "
             f"{_ms(row.get('itl_ms')):>8} "
             f"{'-' if change is None else f'{change:+.1%}':>10}  "
             f"{'-' if beyond is None else ('yes' if beyond else 'no')}"
             + (f"  ({bound})" if (bound := over(row, bounds)) else "")
         )
+    if kept:
+        lines.append(f"* measured by the cut-off tune of {', '.join(kept)} (resumed)")
     return lines
+
+
+# Row keys a kept row carries over (not the old run's "tune" and "unit").
+ROW_KEYS = tuple(Row.__annotations__)
+
+
+def resumable(
+    records: list[dict[str, object]], unit: str, plan: str
+) -> tuple[str | None, dict[str, Row]]:
+    """The cut-off tune to resume (its id) and its finished rows by name (the docstring); (None,
+    {}) when the last tune of `unit` finished, had another plan, or there is none."""
+    last = next(
+        (r for r in reversed(records) if r.get("unit") == unit and r.get("event") == "start"),
+        None,
+    )
+    if last is None or last.get("plan") != plan:
+        return None, {}
+    tid = last.get("tune")
+    own = [r for r in records if r.get("tune") == tid and r.get("unit") == unit]
+    if any("summary" in r for r in own):
+        return None, {}
+    kept: dict[str, Row] = {}
+    for record in own:
+        name = record.get("name")
+        if (
+            isinstance(name, str)
+            and name != "current"
+            and record.get("status")
+            in (
+                "measured",
+                "failed",
+            )
+        ):
+            kept[name] = cast(Row, {k: record[k] for k in ROW_KEYS if k in record})
+    return str(tid), kept
+
+
+def summary(rows: list[Row], chosen: Row | None, said: str) -> dict[str, object]:
+    """The summary line's decision: the proposal (None: nothing to propose), its change
+    against the current settings and the noise that change was judged against."""
+    if chosen is None:
+        return {"summary": said, "best": None, "change": None, "noise": None, "beyond_noise": None}
+    base = rows[0] if rows else {}
+    return {
+        "summary": said,
+        "best": chosen.get("name"),
+        "change": chosen.get("change"),
+        "noise": max(float(chosen.get("noise") or 0), float(base.get("noise") or 0)),
+        "beyond_noise": chosen.get("beyond_noise"),
+    }

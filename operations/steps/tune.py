@@ -27,19 +27,14 @@ from operations.steps.serve import host_argv, restart_command, router_workers, w
 
 
 def _tuned(state: State, host: Host, arguments: ConnectorArguments, command: str) -> bool:
-    """Run the tune; its own lines (`tune: ...`, the roll steps' aside) and, from the table's
-    head on, every line (the table, the best, the group_data lines); an error when the rank
-    could not be put back."""
-    status, output = run(host, arguments, command)
-    said = output.stdout.splitlines()
-    head = next((i for i, x in enumerate(said) if x.startswith("candidate ")), len(said))
-    lines = [x for x in said[:head] if x.startswith("tune")]
-    lines = lines or (output.stderr.strip().splitlines() or ["tune: no output"])[-1:]
-    log = logger.info if status else logger.error
-    for line in lines:
-        log(host_text(host, line))
-    for line in said[head:]:  # the table: a row is never wrapped
-        log(host_text(host, line, width=len(line) + 80))
+    """Run the tune, its lines streamed as they come (a tune takes hours: each candidate's line
+    says how far it is and how much of the budget is left; then the table, the best and the
+    group_data lines); an error when the rank could not be put back."""
+    status, output = run(host, arguments, command, print_output=True)
+    if not status:
+        said = [x for x in output.stdout.splitlines() if x.startswith("tune")]
+        last = (said or output.stderr.strip().splitlines() or ["tune: no output"])[-1]
+        logger.error(host_text(host, f"the tune failed: {last}"))
     return bool(status)
 
 

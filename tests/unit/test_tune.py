@@ -13,6 +13,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -392,9 +393,88 @@ def test_a_search_measures_each_candidate_shows_one_that_never_starts_and_restor
     assert log.read_text().split() == ["restart", "restart", "restart", "readmitted"]
     assert not (tmp_path / "tune.state").exists() and not (tmp_path / "tune.state.unit").exists()
     kept = [json.loads(x) for x in (tmp_path / "tune.jsonl").read_text().splitlines()]
-    assert [k["name"] for k in kept] == ["current", "a", "b", "c"]
+    (start,) = [k for k in kept if k.get("event") == "start"]
+    assert start["candidates"] == ["current", "a", "b", "c"] and start["resumes"] is None
+    assert [k["name"] for k in kept if "name" in k] == ["current", "a", "b", "c"]
     chosen, _ = tune_table.proposal(rows)
     assert chosen is not None and chosen["lines"] == ["a: 1"]
+
+
+_FOUR = [
+    {"name": "current", "lines": [], "unit": None, "refused": ""},
+    {"name": "a", "lines": ["a: 1"], "unit": "rate=150\n", "refused": ""},
+    {"name": "b", "lines": ["b: 1"], "unit": "rate=120\n", "refused": ""},
+    {"name": "c", "lines": ["c: 1"], "unit": "rate=90\n", "refused": ""},
+]
+
+
+def _search(program: ModuleType, tmp: Path, *extra: str, candidates: object = None) -> object:
+    (tmp / "unit").write_text("rate=100 own\n")
+    args = _args(tmp, tmp / "log")
+    args[args.index("--candidates") + 1] = json.dumps(candidates or _FOUR)
+    return _Measured.make(program)(program.parse([*args, *extra]), "tune.py")
+
+
+def _records(tmp: Path) -> list[dict[str, Any]]:
+    lines = (tmp / "tune.jsonl").read_text().splitlines()
+    return [json.loads(x) for x in lines if x.startswith("{")]
+
+
+@pytest.mark.integration  # starts processes (the roll steps' shells)
+def test_a_cut_off_tune_is_resumed_keeping_what_it_measured_and_measuring_current_again(
+    program: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = _search(program, tmp_path)
+    first.search(None)  # type: ignore[attr-defined]
+    # Cut off after `a` (its summary never written): only its start line and two rows stay.
+    lines = (tmp_path / "tune.jsonl").read_text().splitlines()
+    (tmp_path / "tune.jsonl").write_text("\n".join(lines[:3]) + "\nnot json\n")
+    cut = _records(tmp_path)[0]["tune"]
+    capsys.readouterr()
+    again = _search(program, tmp_path)
+    again.id = "later"  # type: ignore[attr-defined]
+    rows, restored = again.search(None)  # type: ignore[attr-defined]
+    assert restored is True
+    assert [r.get("kept_from") for r in rows] == [None, cut, None, None]
+    assert [r["output_tok_s"] for r in rows] == [100.0, 150.0, 120.0, 90.0]
+    (start,) = [r for r in _records(tmp_path) if r.get("tune") == "later" and "event" in r]
+    assert start["resumes"] == cut
+    said = capsys.readouterr().out
+    assert f"resuming the tune of {cut} (cut off): 1 of its candidates" in said
+    assert f"tune: [2/4] a: 150.0 output tok/s (kept from {cut})" in said
+    assert "tune: [2/4] a ... " not in said  # not measured again
+    shown = tune_table.table(rows)
+    assert shown[2].startswith("a *") and shown[-1] == (
+        f"* measured by the cut-off tune of {cut} (resumed)"
+    )
+
+
+@pytest.mark.integration  # starts processes (the roll steps' shells)
+def test_a_finished_tune_another_plan_or_fresh_is_not_resumed(
+    program: ModuleType, tmp_path: Path
+) -> None:
+    _search(program, tmp_path).search(None)  # type: ignore[attr-defined]
+    lines = (tmp_path / "tune.jsonl").read_text().splitlines()
+    (tmp_path / "tune.jsonl").write_text("\n".join(lines[:3]) + "\n")
+    for extra, found in (((), _FOUR[:3]), (("--fresh",), None)):
+        again = _search(program, tmp_path, *extra, candidates=found)
+        rows, _ = again.search(None)  # type: ignore[attr-defined]
+        assert all("kept_from" not in r for r in rows), (extra, rows)
+    # A tune that wrote its summary is never resumed.
+    records = [*_records(tmp_path), {"tune": "x", "unit": "sglang@1.service", "summary": "s"}]
+    records.insert(-1, {"tune": "x", "unit": "sglang@1.service", "event": "start", "plan": "p"})
+    assert tune_table.resumable(records, "sglang@1.service", "p") == (None, {})
+    assert tune_table.resumable(records[:-1], "sglang@1.service", "p") == ("x", {})
+    assert tune_table.resumable(records[:-1], "sglang@2.service", "p") == (None, {})
+
+
+def test_the_summary_names_the_proposal_its_change_and_the_noise() -> None:
+    rows = [_row("current", [99, 100, 101]), _row("fast", [148, 150, 152])]
+    chosen, said = tune_table.proposal(rows)
+    decided = tune_table.summary(rows, chosen, said)
+    assert decided["best"] == "fast" and decided["change"] == 0.5
+    assert decided["beyond_noise"] is True and decided["noise"] == pytest.approx(0.0133, abs=1e-3)
+    assert tune_table.summary(rows, None, "none")["best"] is None
 
 
 def test_the_reason_shown_is_the_rank_s_own_error_line_not_systemd_s(program: ModuleType) -> None:
@@ -469,3 +549,8 @@ def test_the_plan_passes_the_bounds_to_the_host_and_says_them() -> None:
     argv = plan.argv  # type: ignore[attr-defined]
     assert argv[argv.index("--max-ttft-ms") + 1] == "1500" and "--max-itl-ms" not in argv
     assert "the best within TTFT p50 at most 1500 ms" in plan.estimate  # type: ignore[attr-defined]
+
+
+def test_fresh_is_passed_to_the_host_and_a_resume_is_the_default() -> None:
+    assert "--fresh" not in _plan(make_settings()).argv  # type: ignore[attr-defined]
+    assert "--fresh" in _plan(make_settings(), fresh=True).argv  # type: ignore[attr-defined]
