@@ -10,7 +10,9 @@ and eager cost are drawn here at random for each run (and printed on failure), s
 cannot know which candidate is best: it checks that the proposal is within the measured noise
 of the best measured, that the candidate that could not start is shown failed with the rank's
 own line, that no client request failed, that rank 0 served throughout (same process, active)
-and that every unit file ends as it was (a deploy afterwards changes nothing).
+and that every unit file ends as it was (a deploy afterwards changes nothing). A tune killed
+while a candidate runs is put back by the next tune, which resumes it (what it measured kept),
+or by the next deploy, under client load.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from tests.testbed import Container, ContainerSpec, inventory_file
 pytestmark = pytest.mark.e2e
 
 MODEL_DIR = "/srv/models/qwen-tok"
+# The rank the tune takes: the highest (plan/tune_plan.py pick_rank).
+TUNED = "sglang@1.service"
 DROPIN = "/run/systemd/system/sglang@.service.d/speed.conf"
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -131,7 +135,7 @@ def test_a_tune_proposes_within_noise_of_the_best_fails_none_and_leaves_every_un
     said = f"the double: {knobs}\n" + tuned.stdout + tuned.stderr
     prose = " ".join(said.split())  # our lines wrap at the terminal's width
     assert tuned.returncode == 0, said
-    assert "tune: rank 1 (sglang@1.service)" in prose, said
+    assert f"tune: rank 1 ({TUNED})" in prose, said
     # No client request failed, and rank 0 served throughout: the same process, active.
     assert load.sent > 0 and load.failed == 0, load.report("client load")
     assert main_pid(c, "sglang@0.service") == serving, said
@@ -139,7 +143,7 @@ def test_a_tune_proposes_within_noise_of_the_best_fails_none_and_leaves_every_un
     assert units(c) == before, said
     _, left, _ = c.ssh_run(f"ls {layout.TUNE_STATE} {layout.TUNE_STATE}.unit 2>/dev/null; true")
     assert left.strip() == "", left
-    assert main_pid(c, "sglang@1.service")[0] == "active", said
+    assert main_pid(c, TUNED)[0] == "active", said
 
     kept = [r for r in rows(c) if "name" in r]
     by_name = {r["name"]: r for r in kept}
@@ -168,7 +172,39 @@ def test_a_tune_proposes_within_noise_of_the_best_fails_none_and_leaves_every_un
     assert {k: v for k, v in again.statuses.items() if v != "No changes"} == {}, again
 
 
-def test_a_tune_killed_while_a_candidate_runs_is_put_back_by_the_next_tune(
+def state(c: Container) -> dict[str, Any]:
+    _, out, _ = c.ssh_run(f"cat {layout.TUNE_STATE} 2>/dev/null; true")
+    return json.loads(out) if out.strip() else {}
+
+
+def killed_tune(c: Container, tune: list[str], measured: int) -> str:
+    """A tune killed (SIGKILL, as a lost machine leaves it) once `measured` candidates but the
+    current settings are in its records and the next one's unit is written; what it said."""
+    first = subprocess.Popen(
+        tune, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
+    )
+
+    def there() -> bool:
+        if not state(c).get("candidate_sha256"):
+            return False
+        records = rows(c)
+        starts = [r for r in records if r.get("event") == "start"]
+        if not starts:
+            return False
+        this = [r for r in records if r.get("tune") == starts[-1]["tune"] and "name" in r]
+        return len([r for r in this if r["name"] != "current"]) >= measured
+
+    try:
+        wait_for(there, 900, f"{measured} candidate(s) measured and the next under test")
+        rc, _, err = c.ssh_run(f"kill -KILL {state(c)['pid']}")
+        assert rc == 0, err
+    finally:
+        said, _ = first.communicate(timeout=600)
+    assert first.returncode != 0, said
+    return said
+
+
+def test_a_tune_killed_while_a_candidate_runs_is_put_back_and_resumed_by_the_next_tune(
     host: Container, indexes: Indexes, tmp_path: Path
 ) -> None:
     c = host
@@ -178,36 +214,52 @@ def test_a_tune_killed_while_a_candidate_runs_is_put_back_by_the_next_tune(
     before = units(c)
     inventory = inventory_file(tmp_path, {c: settings}, filename="tune.py")
     tune = [sys.executable, "-m", "operations.tune", str(inventory)]
-    first = subprocess.Popen(
-        tune, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
-    )
-
-    def state() -> dict[str, Any]:
-        _, out, _ = c.ssh_run(f"cat {layout.TUNE_STATE} 2>/dev/null; true")
-        return json.loads(out) if out.strip() else {}
-
-    try:
-        # A candidate's unit written (the current settings measured before it): killed there.
-        wait_for(lambda: bool(state().get("candidate_sha256")), 600, "a candidate under test")
-        rc, _, err = c.ssh_run(f"kill -KILL {state()['pid']}")
-        assert rc == 0, err
-    finally:
-        killed_said, _ = first.communicate(timeout=600)
-    assert first.returncode != 0, killed_said
+    killed_said = killed_tune(c, tune, measured=1)
     assert units(c) != before, killed_said  # the candidate's unit, left by the kill
+    cut = [r for r in rows(c) if r.get("event") == "start"][-1]["tune"]
+    done = [r["name"] for r in rows(c) if r.get("tune") == cut and r.get("name") != "current"]
+    done = [n for n in done if n]
 
-    # The next tune puts the rank back first (a budget that measures nothing after it).
+    # The next tune puts the rank back first, then resumes: what the cut-off one measured is
+    # kept (a budget that measures nothing more).
     again = subprocess.run(
         [*tune, "--budget-min", "1"], capture_output=True, text=True, cwd=ROOT, check=False
     )
     said = f"the double: {knobs}\n" + again.stdout + again.stderr
     prose = " ".join(said.split())
     assert again.returncode == 0, said
-    assert "a tune was cut off while sglang@1.service was under test" in prose, said
-    assert "sglang@1.service is back on its own unit and in service" in prose, said
+    assert f"a tune was cut off while {TUNED} was under test" in prose, said
+    assert f"{TUNED} is back on its own unit and in service" in prose, said
+    assert f"resuming the tune of {cut} (cut off): {len(done)} of its candidates" in prose, said
+    resumed = [r for r in rows(c) if r.get("kept_from") == cut]
+    assert [r["name"] for r in resumed] == done and done, (done, said)
+    assert f"(kept from {cut})" in prose, said
     assert units(c) == before, said
-    assert state() == {} and main_pid(c, "sglang@1.service")[0] == "active", said
+    assert state(c) == {} and main_pid(c, TUNED)[0] == "active", said
     # And the router lists it again: a deploy changes nothing.
+    converged = deploy(tmp_path, {c: settings})
+    ok(converged)
+    assert {k: v for k, v in converged.statuses.items() if v != "No changes"} == {}, converged
+
+
+def test_a_tune_killed_while_a_candidate_runs_is_put_back_by_the_next_deploy(
+    host: Container, indexes: Indexes, tmp_path: Path
+) -> None:
+    c = host
+    speed(c)
+    settings = data(c, indexes)
+    ok(deploy(tmp_path, {c: settings}))
+    before = units(c)
+    inventory = inventory_file(tmp_path, {c: settings}, filename="tune.py")
+    killed_said = killed_tune(c, [sys.executable, "-m", "operations.tune", str(inventory)], 0)
+    assert units(c) != before, killed_said
+    with Load(f"http://{c.address}:{ROUTER_PORT}") as load:
+        restored = deploy(tmp_path, {c: settings})
+    ok(restored)
+    assert load.sent > 0 and load.failed == 0, load.report("client load")
+    assert units(c) == before, restored
+    assert main_pid(c, TUNED)[0] == "active", restored
+    # The rank is back in the router too: the next deploy changes nothing.
     converged = deploy(tmp_path, {c: settings})
     ok(converged)
     assert {k: v for k, v in converged.statuses.items() if v != "No changes"} == {}, converged
