@@ -23,21 +23,19 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import urllib.request
-import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from operations.render.host_scripts import script_text  # noqa: E402
-from tests.doubles import wheels  # noqa: E402
+from tests.doubles.rank_doubles import RankDoubles, engine_env  # noqa: E402
 
 RATE, COST, RUNNING = 20.0, 0.02, 48
 SPEED_JITTER = 0.05
@@ -50,52 +48,14 @@ LOAD = [
 ]  # fmt: skip
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Ranks:
-    """Server doubles, started and stopped by pid."""
-
-    def __init__(self, engine: Path, model: Path) -> None:
-        self.engine, self.model = engine, model
-        self.procs: list[subprocess.Popen[str]] = []
-
-    def start(self, rates: list[float]) -> list[str]:
-        urls = []
-        for i, rate in enumerate(rates):
-            port = free_port()
-            env = {
-                "PATH": os.environ["PATH"],
-                "CUDA_VISIBLE_DEVICES": str(i),
-                "SGLANG_DOUBLE_LOAD_SECONDS": "0",
-                "SGLANG_DOUBLE_TOKENS_PER_S": str(rate),
-                "SGLANG_DOUBLE_BATCH_COST": str(COST),
-                "SGLANG_DOUBLE_MAX_RUNNING": str(RUNNING),
-                "SGLANG_DOUBLE_SPEED_JITTER": str(SPEED_JITTER),
-            }
-            words = [str(self.engine / "bin" / "python"), "-m", "sglang.launch_server"]
-            words += ["--model-path", str(self.model), "--served-model-name", "m"]
-            words += ["--host", "127.0.0.1", "--port", str(port), "--enable-metrics"]
-            words += ["--api-key", KEY]
-            proc = subprocess.Popen(
-                words, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-            )
-            self.procs.append(proc)
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                if "ready: serving" in line:
-                    break
-            urls.append(f"http://127.0.0.1:{port}")
-        return urls
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            proc.terminate()
-            proc.wait(timeout=30)
-        self.procs = []
+def start(ranks: RankDoubles, rates: list[float]) -> list[str]:
+    """The doubles at `rates`, each drawing its speed within +-SPEED_JITTER: their roots."""
+    knobs = {
+        "SGLANG_DOUBLE_BATCH_COST": str(COST),
+        "SGLANG_DOUBLE_MAX_RUNNING": str(RUNNING),
+        "SGLANG_DOUBLE_SPEED_JITTER": str(SPEED_JITTER),
+    }
+    return [ranks.start(str(rate), **knobs) for rate in rates]
 
 
 class Clients:
@@ -178,24 +138,17 @@ def canary(tmp: Path, urls: list[str]) -> tuple[bool, str]:
 
 def main(trials: int) -> int:
     work = Path(tempfile.mkdtemp(prefix="decisions-"))
-    env = work / "env"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
-    (site,) = (env / "lib").glob("python3*/site-packages")
-    with zipfile.ZipFile(wheels.sglang_wheel(work / "wheels", "0.5.11")) as zf:
-        zf.extractall(site)
-    model = work / "model"
-    model.mkdir()
     (work / "secrets.yaml").write_text(f'api-key: "{KEY}"\n')
-    ranks = Ranks(env, model)
+    ranks = RankDoubles(engine_env(work / "engine"), work / "model", KEY)
     counts: dict[str, list[bool]] = {"guard": [], "canary as fast": [], "canary 25% slower": []}
     try:
-        urls = ranks.start([RATE, RATE])
+        urls = start(ranks, [RATE, RATE])
         with Clients(urls):
             code, record, line = check(work, urls)
         ranks.stop()
         print(f"guard's first record: {record.get('output_tok_s')} tok/s; {line}", flush=True)
         for i in range(trials):
-            urls = ranks.start([RATE, RATE])
+            urls = start(ranks, [RATE, RATE])
             with Clients(urls) as load:
                 code, record, line = check(work, urls)
             ranks.stop()
@@ -207,7 +160,7 @@ def main(trials: int) -> int:
             ("canary 25% slower", 0.75, False),
         ):
             for i in range(trials):
-                urls = ranks.start([RATE * factor, RATE, RATE])
+                urls = start(ranks, [RATE * factor, RATE, RATE])
                 with Clients(urls):
                     passed, said = canary(work, urls)
                 ranks.stop()

@@ -89,9 +89,14 @@ class RankDoubles:
         error: BaseException | None,
         trace: TracebackType | None,
     ) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Every double started, stopped by its PID (they may be started again)."""
         for proc in self.procs:
             proc.terminate()
             proc.wait(timeout=30)
+        self.procs = []
 
 
 def page(counts: dict[str, tuple[int, int]]) -> str:

@@ -217,8 +217,9 @@ def test_a_tune_killed_while_a_candidate_runs_is_put_back_and_resumed_by_the_nex
     killed_said = killed_tune(c, tune, measured=1)
     assert units(c) != before, killed_said  # the candidate's unit, left by the kill
     cut = [r for r in rows(c) if r.get("event") == "start"][-1]["tune"]
-    done = [r["name"] for r in rows(c) if r.get("tune") == cut and r.get("name") != "current"]
-    done = [n for n in done if n]
+    done = [
+        r["name"] for r in rows(c) if r.get("tune") == cut and r.get("name", "current") != "current"
+    ]
 
     # The next tune puts the rank back first, then resumes: what the cut-off one measured is
     # kept (a budget that measures nothing more).
