@@ -11,6 +11,8 @@
   resolver, so every flag is checked against the release's real parser as a deploy's is; a
   candidate the resolver refuses is shown failed with its reason and never started. A value
   equal to the current setting is no candidate;
+- each started candidate is asked a chat question once healthy (`smoke`, as a roll's batch is
+  before it rejoins, with `smoke_requests`): one that answers wrong is failed, never measured;
 - a host a deploy of this inventory would change is refused (deploy first), but for the tune's
   own rank, which a cut-off tune leaves on a candidate's unit: the host program puts it back
   first and refuses to go on when its unit is then not this plan's (`--unit-sha256`);
@@ -38,6 +40,7 @@ from operations.kb.throughput import TuneSpace
 from operations.plan.planned_files import PlannedFile, planned
 from operations.plan.resolver.types import Rank, ResolvedHost
 from operations.plan.serve_plan import RollPlan
+from operations.plan.smoke_plan import SmokeRequests, smoke_targets
 from operations.plan.throughput_plan import load_flags
 from operations.render.host_scripts import script_text
 from operations.settings import Settings
@@ -92,6 +95,9 @@ class TunePlan:
     service: str = ""
     estimate: str = ""
     errors: list[str] = field(default_factory=list)
+    # Each candidate is asked a chat question once healthy, as a roll's batch is before it
+    # rejoins (smoke_requests: true): one that answers wrong is failed, never measured.
+    smoke: SmokeRequests | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -103,6 +109,7 @@ class TunePlan:
             "service": self.service,
             "estimate": self.estimate,
             "errors": self.errors,
+            "smoke": self.smoke.targets if self.smoke is not None else None,
         }
 
 
@@ -249,7 +256,13 @@ def tune_plan(
         shown = [f"TTFT p50 at most {ttft:g} ms" if ttft is not None else ""]
         shown += [f"ITL p50 at most {itl:g} ms" if itl is not None else ""]
         estimate += f"; the best within {' and '.join(x for x in shown if x)}"
+    smoke = (
+        SmokeRequests(layout.env_python(chosen.engine_env), smoke_targets(s, [chosen], None, False))
+        if s.smoke_requests
+        else None
+    )
     return TunePlan(
+        smoke=smoke,
         rank=chosen.rank,
         why_rank=why,
         candidates=found,

@@ -11,7 +11,8 @@ unit, one after the other, then put back on its own unit. Run as root by `python
 --candidates is the plan's list (plan/tune_plan.py: name, changes, lines, refused, unit; the
 first is the current settings, unit null). --out/--in are roll-batch steps (roll_steps.run)
 that take the rank out of the router and drain it, and put it back; both [] without a router.
---restart: the steps that restart the rank on its unit file and wait for /health.
+--restart: the steps that restart the rank on its unit file, wait for /health and, where the
+plan asks, put it a chat question (`smoke`: a candidate that answers wrong is failed).
 
 1. A state file left by a tune that was cut off (--state: the unit, where its own unit was
    saved, the digest of the candidate written, the tune's pid) is dealt with first (refused
@@ -87,6 +88,9 @@ from operations.programs.tune_table import (
     summary,
     table,
 )
+
+# The restart step that asks the rank a chat question (steps/tune.py, from the plan's smoke).
+SMOKE = "smoke"
 
 # Words in a journal line that name why a start failed, strongest first (the last line with the
 # first group's words is shown, else the next group's, else the last line).
@@ -330,8 +334,13 @@ class Tune:
             self.write_state(sha256(data))
             began = time.time()
             write_atomic(self.args.unit_path, data)
-            if run(f"{self.args.unit} ({name})", self.restart, []) != 0:
+            stopped: list[int] = []
+            if run(f"{self.args.unit} ({name})", self.restart, [], stopped) != 0:
                 why = journal_line(self.args.unit, began, self.secrets)
+                step = self.restart[stopped[0]][0] if stopped else ""
+                if step == SMOKE:
+                    why = f"answers wrong: the chat question failed (its line above); {why}"
+                    return failed_row(name, lines, "failed", why)
                 return failed_row(name, lines, "failed", f"never healthy: {why}")
         result, failed = self.measure(key, deadline)
         if result is None:

@@ -2,7 +2,8 @@
 shipped, then programs/tune.py run with the plan's command line (plan/tune_plan.py) and the
 steps it runs around each candidate, written here as the serve step writes a roll batch's: out
 of the router and drained, back in (router_workers.py, from the plan's DrainPlan; none without a
-router), and the restart with the health wait. What runs, the plan decided."""
+router), and the restart with the health wait and the chat question (the plan's `smoke`). What
+runs, the plan decided."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from operations.runtime.host_lines import host_text
 from operations.steps.health import wait_healthy
 from operations.steps.host_files import put_planned
 from operations.steps.serve import host_argv, restart_command, router_workers, workers_args
+from operations.steps.smoke import smoke_requests
 
 
 def _tuned(state: State, host: Host, arguments: ConnectorArguments, command: str) -> bool:
@@ -78,6 +80,16 @@ def tune_argv(report: HostReport, decided: TunePlan) -> list[str]:
         ("restart", ["/bin/sh", "-c", restart_command(unit)], []),
         ("health", health, []),
     ]
+    if decided.smoke is not None:
+        smoke = host_argv(
+            smoke_requests,
+            python=decided.smoke.python,
+            model=s.model_name,
+            timeout_s=s.smoke_timeout_s,
+            targets=decided.smoke.targets,
+            service_user=s.service_user,
+        )
+        restart.append(("smoke", smoke, []))
     words = [*decided.argv, "--out", json.dumps(out), "--in", json.dumps(back)]
     return [*words, "--restart", json.dumps(restart)]
 

@@ -554,3 +554,26 @@ def test_the_plan_passes_the_bounds_to_the_host_and_says_them() -> None:
 def test_fresh_is_passed_to_the_host_and_a_resume_is_the_default() -> None:
     assert "--fresh" not in _plan(make_settings()).argv  # type: ignore[attr-defined]
     assert "--fresh" in _plan(make_settings(), fresh=True).argv  # type: ignore[attr-defined]
+
+
+def test_each_candidate_is_asked_a_chat_question_where_the_plan_asks_one() -> None:
+    s = make_settings()
+    plan = _plan(s)
+    rank = plan.rank  # type: ignore[attr-defined]
+    assert plan.smoke.targets == [  # type: ignore[attr-defined]
+        f"{layout.unit_name(rank)}={layout.rank_api_base(s, rank)}"
+    ]
+    assert _plan(replace(s, smoke_requests=False)).smoke is None  # type: ignore[attr-defined]
+
+
+@pytest.mark.integration  # starts processes (the roll steps' shells)
+def test_a_candidate_that_answers_wrong_is_failed_and_never_measured(
+    program: ModuleType, tmp_path: Path
+) -> None:
+    tune = _search(program, tmp_path, candidates=_FOUR[:2])
+    # Healthy, but its chat question fails (the smoke step's exit status).
+    tune.restart = [("restart", ["/bin/true"], []), (program.SMOKE, ["/bin/false"], [])]  # type: ignore[attr-defined]
+    rows, restored = tune.search(None)  # type: ignore[attr-defined]
+    assert restored is False  # its own unit's restart asks the question too: it fails as well
+    assert rows[1]["status"] == "failed" and rows[1]["why"].startswith("answers wrong: ")
+    assert "output_tok_s" not in rows[1]
