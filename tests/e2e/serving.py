@@ -1,7 +1,7 @@
-"""What the serving end-to-end tests share (tests/e2e/test_serve.py, tests/e2e/test_status.py):
-the release and model they deploy, the package indexes holding the SGLang server double and the
-real router, and helpers that deploy with the real `pyinfra -y INVENTORY deploy.py` and look at
-the ranks from outside.
+"""What the serving end-to-end tests share (tests/e2e/test_serve.py, test_status.py, test_tune.py
+and others): the release and model they deploy, the package indexes holding the SGLang server
+double and the real router, and helpers that deploy with the real `pyinfra -y INVENTORY
+deploy.py` and look at the ranks from outside (their units, their /health while a run goes).
 """
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +33,13 @@ from tests.e2e.deploying import (
     run_deploy,
 )
 from tests.e2e.index import pinned_wheels
-from tests.testbed import Container, ContainerSpec
+from tests.testbed import Container, ContainerSpec, Testbed
 
 RELEASE = "0.5.11"
 MODEL_DIR = "/srv/models/qwen"
+# A model directory with a tokenizer file: the load client (programs/tokenizer_files.py) needs
+# one, so the throughput, canary and tune tests serve this one.
+TOKENIZED_MODEL_DIR = "/srv/models/qwen-tok"
 ROUTER_PORT = 8000
 
 
@@ -172,3 +177,66 @@ def run_status(inventory: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc
+
+
+@dataclass
+class HealthWatch:
+    """Each rank's /health (UNIT -> URL) asked from outside every `every_s` while the block
+    runs: which ranks were ever down and the most down at once (a tune or a roll may take one
+    rank out; the others must serve throughout). An observer, not a synchronisation: nothing
+    waits on it."""
+
+    urls: dict[str, str]
+    every_s: float = 0.5
+    down_ever: set[str] = field(default_factory=set)
+    most_down: int = 0
+    asked: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    @staticmethod
+    def healthy(url: str) -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                return int(resp.status) == 200
+        except (OSError, ValueError):
+            return False
+
+    def _watch(self) -> None:
+        while not self.stop.wait(self.every_s):
+            down = {unit for unit, url in self.urls.items() if not self.healthy(url)}
+            self.down_ever |= down
+            self.most_down = max(self.most_down, len(down))
+            self.asked += 1
+
+    def __enter__(self) -> HealthWatch:
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(timeout=30)
+
+
+def health_urls(c: Container, dp_size: int, base_port: int = 30000) -> dict[str, str]:
+    """Each rank's /health as the test reaches it (the ranks bind the container's address)."""
+    return {
+        f"sglang@{r}.service": f"http://{c.address}:{base_port + r}/health" for r in range(dp_size)
+    }
+
+
+def tokenized_model_host(testbed: Testbed) -> Iterator[Container]:
+    """One testbed container holding TOKENIZED_MODEL_DIR (a module fixture's body: boots it,
+    yields it, destroys it)."""
+    spec = ContainerSpec(
+        extra_files={
+            f"{TOKENIZED_MODEL_DIR}/config.json": MODEL_CONFIG,
+            f"{TOKENIZED_MODEL_DIR}/tokenizer.json": b"{}",
+            f"{TOKENIZED_MODEL_DIR}/model-00001-of-00001.safetensors": b"\0" * 4096,
+        }
+    )
+    (container,) = testbed.boot(spec)
+    yield container
+    testbed.destroy(container)

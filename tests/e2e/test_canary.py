@@ -17,16 +17,23 @@ import pytest
 
 from operations import layout
 from tests import testbed as tb
-from tests.e2e.deploying import MODEL_CONFIG, Indexes, start_deploy
+from tests.e2e.deploying import Indexes, start_deploy
 from tests.e2e.load import Load
-from tests.e2e.serving import ROUTER_PORT, base_data, deploy, ok
+from tests.e2e.serving import (
+    ROUTER_PORT,
+    TOKENIZED_MODEL_DIR,
+    base_data,
+    deploy,
+    ok,
+    tokenized_model_host,
+)
 from tests.e2e.serving import serving_indexes as serving_indexes  # the `indexes` fixture
 from tests.e2e.test_crash import ARMED, REACHED, SYSTEMCTL, held_at, run_status, written_double
-from tests.testbed import Container, ContainerSpec
+from tests.testbed import Container
 
 pytestmark = pytest.mark.e2e
 
-MODEL_DIR = "/srv/models/qwen-tok"
+MODEL_DIR = TOKENIZED_MODEL_DIR
 # At the default max_slowdown (0.10): the speed row decides beyond the noise it measures (issue
 # 49; 0.13.0's single round moved 8-12% between identical ranks here and needed 0.3).
 CANARY = {"strategy": "canary", "canary_ranks": 1, "soak_s": 2, "max_slowdown": 0.1}
@@ -37,16 +44,7 @@ RATE, RUNNING = 20, 48
 
 @pytest.fixture(scope="module")
 def host(testbed: tb.Testbed) -> Iterator[Container]:
-    spec = ContainerSpec(
-        extra_files={
-            f"{MODEL_DIR}/config.json": MODEL_CONFIG,
-            f"{MODEL_DIR}/tokenizer.json": b"{}",
-            f"{MODEL_DIR}/model-00001-of-00001.safetensors": b"\0" * 4096,
-        }
-    )
-    (container,) = testbed.boot(spec)
-    yield container
-    testbed.destroy(container)
+    yield from tokenized_model_host(testbed)
 
 
 def data(c: Container, indexes: Indexes, **extra: Any) -> dict[str, Any]:

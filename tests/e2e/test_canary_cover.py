@@ -17,27 +17,18 @@ import pytest
 
 from operations import layout
 from tests import testbed as tb
-from tests.e2e.deploying import MODEL_CONFIG, Indexes
-from tests.e2e.serving import deploy, ok
+from tests.e2e.deploying import Indexes
+from tests.e2e.serving import deploy, ok, tokenized_model_host
 from tests.e2e.serving import serving_indexes as serving_indexes  # the `indexes` fixture
-from tests.e2e.test_canary import MODEL_DIR, RATE, data, fraction, rate, record, slow_canary_undone
-from tests.testbed import Container, ContainerSpec
+from tests.e2e.test_canary import RATE, data, fraction, rate, record, slow_canary_undone
+from tests.testbed import Container
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
 def host(testbed: tb.Testbed) -> Iterator[Container]:
-    spec = ContainerSpec(
-        extra_files={
-            f"{MODEL_DIR}/config.json": MODEL_CONFIG,
-            f"{MODEL_DIR}/tokenizer.json": b"{}",
-            f"{MODEL_DIR}/model-00001-of-00001.safetensors": b"\0" * 4096,
-        }
-    )
-    (container,) = testbed.boot(spec)
-    yield container
-    testbed.destroy(container)
+    yield from tokenized_model_host(testbed)
 
 
 def fail_while_unit_says(c: Container, rank: int, pattern: str) -> None:

@@ -20,15 +20,22 @@ import pytest
 
 from operations import layout
 from tests import testbed as tb
-from tests.e2e.deploying import MODEL_CONFIG, Indexes, Run
+from tests.e2e.deploying import Indexes, Run
 from tests.e2e.load import Load
-from tests.e2e.serving import ROUTER_PORT, base_data, deploy, ok
+from tests.e2e.serving import (
+    ROUTER_PORT,
+    TOKENIZED_MODEL_DIR,
+    base_data,
+    deploy,
+    ok,
+    tokenized_model_host,
+)
 from tests.e2e.serving import serving_indexes as serving_indexes  # the `indexes` fixture
-from tests.testbed import Container, ContainerSpec, inventory_file
+from tests.testbed import Container, inventory_file
 
 pytestmark = pytest.mark.e2e
 
-MODEL_DIR = "/srv/models/qwen-tok"
+MODEL_DIR = TOKENIZED_MODEL_DIR
 DROPIN = "/run/systemd/system/sglang@.service.d/tokens.conf"
 OP = "load client"
 RUNNING = 48
@@ -36,16 +43,7 @@ RUNNING = 48
 
 @pytest.fixture(scope="module")
 def host(testbed: tb.Testbed) -> Iterator[Container]:
-    spec = ContainerSpec(
-        extra_files={
-            f"{MODEL_DIR}/config.json": MODEL_CONFIG,
-            f"{MODEL_DIR}/tokenizer.json": b"{}",
-            f"{MODEL_DIR}/model-00001-of-00001.safetensors": b"\0" * 4096,
-        }
-    )
-    (container,) = testbed.boot(spec)
-    yield container
-    testbed.destroy(container)
+    yield from tokenized_model_host(testbed)
 
 
 def data(c: Container, indexes: Indexes, **extra: Any) -> dict[str, Any]:

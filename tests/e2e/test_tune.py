@@ -29,34 +29,35 @@ import pytest
 
 from operations import layout
 from tests import testbed as tb
-from tests.e2e.deploying import MODEL_CONFIG, Indexes
+from tests.e2e.deploying import Indexes
 from tests.e2e.index import wait_for
 from tests.e2e.load import Load
-from tests.e2e.serving import ROUTER_PORT, base_data, deploy, ok
+from tests.e2e.serving import (
+    ROUTER_PORT,
+    TOKENIZED_MODEL_DIR,
+    HealthWatch,
+    base_data,
+    deploy,
+    health_urls,
+    ok,
+    tokenized_model_host,
+)
 from tests.e2e.serving import serving_indexes as serving_indexes  # the `indexes` fixture
-from tests.testbed import Container, ContainerSpec, inventory_file
+from tests.testbed import Container, inventory_file
 
 pytestmark = pytest.mark.e2e
 
-MODEL_DIR = "/srv/models/qwen-tok"
+MODEL_DIR = TOKENIZED_MODEL_DIR
+DP_SIZE = 2
 # The rank the tune takes: the highest (plan/tune_plan.py pick_rank).
-TUNED = "sglang@1.service"
+TUNED = f"sglang@{DP_SIZE - 1}.service"
 DROPIN = "/run/systemd/system/sglang@.service.d/speed.conf"
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def host(testbed: tb.Testbed) -> Iterator[Container]:
-    spec = ContainerSpec(
-        extra_files={
-            f"{MODEL_DIR}/config.json": MODEL_CONFIG,
-            f"{MODEL_DIR}/tokenizer.json": b"{}",
-            f"{MODEL_DIR}/model-00001-of-00001.safetensors": b"\0" * 4096,
-        }
-    )
-    (container,) = testbed.boot(spec)
-    yield container
-    testbed.destroy(container)
+    yield from tokenized_model_host(testbed)
 
 
 def data(c: Container, indexes: Indexes) -> dict[str, Any]:
@@ -75,7 +76,7 @@ def data(c: Container, indexes: Indexes) -> dict[str, Any]:
         "cuda_graph_max_bs": 32,
         "mem_fraction_static": 0.9,
     }
-    return base_data(c, indexes, model_source=MODEL_DIR, dp_size=2, router=router, **workload)
+    return base_data(c, indexes, model_source=MODEL_DIR, dp_size=DP_SIZE, router=router, **workload)
 
 
 def speed(c: Container) -> dict[str, float]:
@@ -123,7 +124,8 @@ def test_a_tune_proposes_within_noise_of_the_best_fails_none_and_leaves_every_un
     assert serving[0] == "active", serving
 
     inventory = inventory_file(tmp_path, {c: settings}, filename="tune.py")
-    with Load(f"http://{c.address}:{ROUTER_PORT}") as load:
+    watch = HealthWatch(health_urls(c, DP_SIZE))
+    with Load(f"http://{c.address}:{ROUTER_PORT}") as load, watch:
         tuned = subprocess.run(
             [sys.executable, "-m", "operations.tune", str(inventory)],
             capture_output=True,
@@ -135,10 +137,13 @@ def test_a_tune_proposes_within_noise_of_the_best_fails_none_and_leaves_every_un
     said = f"the double: {knobs}\n" + tuned.stdout + tuned.stderr
     prose = " ".join(said.split())  # our lines wrap at the terminal's width
     assert tuned.returncode == 0, said
-    assert f"tune: rank 1 ({TUNED})" in prose, said
+    assert f"tune: rank {DP_SIZE - 1} ({TUNED})" in prose, said
     # No client request failed, and rank 0 served throughout: the same process, active.
     assert load.sent > 0 and load.failed == 0, load.report("client load")
     assert main_pid(c, "sglang@0.service") == serving, said
+    # All but the tuned rank healthy throughout (7 of 8 on CT200), asked from outside.
+    assert watch.asked > 10 and watch.down_ever <= {TUNED}, (watch, said)
+    assert watch.most_down <= 1, (watch, said)
     # Every unit as it was; nothing left of the run; the rank back and serving.
     assert units(c) == before, said
     _, left, _ = c.ssh_run(f"ls {layout.TUNE_STATE} {layout.TUNE_STATE}.unit 2>/dev/null; true")
@@ -254,10 +259,14 @@ def test_a_tune_killed_while_a_candidate_runs_is_put_back_by_the_next_deploy(
     inventory = inventory_file(tmp_path, {c: settings}, filename="tune.py")
     killed_said = killed_tune(c, [sys.executable, "-m", "operations.tune", str(inventory)], 0)
     assert units(c) != before, killed_said
-    with Load(f"http://{c.address}:{ROUTER_PORT}") as load:
+    with (
+        Load(f"http://{c.address}:{ROUTER_PORT}") as load,
+        HealthWatch(health_urls(c, DP_SIZE)) as watch,
+    ):
         restored = deploy(tmp_path, {c: settings})
     ok(restored)
     assert load.sent > 0 and load.failed == 0, load.report("client load")
+    assert watch.down_ever <= {TUNED} and watch.most_down <= 1, (watch, restored)
     assert units(c) == before, restored
     assert main_pid(c, TUNED)[0] == "active", restored
     # The rank is back in the router too: the next deploy changes nothing.
