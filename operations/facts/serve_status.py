@@ -4,7 +4,8 @@ The deploy's reading of the rank units (operations/facts/serve.py), and, probed 
 itself, each /health answer, each rank's running and queued requests from its /metrics
 (operations/programs/serving_probe.py), the GPUs' memory use from nvidia-smi, and behind a
 router its own view of each worker (programs/router_list.py, with the control-plane key read on
-the host, as the deploy's fact reads it).
+the host, as the deploy's fact reads it); for `status`, the last throughput records, the canary's
+verdict (facts/canary.py) and the last tune (facts/tune.py).
 """
 
 from __future__ import annotations

@@ -225,3 +225,11 @@ def test_the_status_fact_reads_the_tune_in_its_one_command() -> None:
     read = parse_status(["now 1", *(f"tune {line}" for line in lines)])
     assert read.tune_lines == lines
     assert parse_tune(read.tune_lines).phase == "finished"
+
+
+def test_the_simulated_ct200_holds_the_finished_fixtures_records() -> None:
+    """inventory/demo_measured.py's tune (docs/samples/status-measured.txt) is the finished
+    fixture's output: one composer writes both (scripts/compose_tune_records.py)."""
+    from operations.simulated import ct200
+
+    assert ct200.captured("tune-state.txt") == output("finished")
