@@ -1,7 +1,8 @@
-"""The simulated CT200 of day 2 (inventory/demo_day2.py) after a throughput check and a canary
-that failed and was rolled back: its status shows the last throughput record beside the one
-before it, and the verdict with its failed rows. The records are the real programs' output,
-captured against server doubles (operations/simulated/captured/ct200/README.md). Nothing is
+"""The simulated CT200 of day 2 (inventory/demo_day2.py) after a throughput check, a canary
+that failed and was rolled back, and a tune: its status shows the last throughput record beside
+the one before it, the verdict with its failed rows, and the tune's proposal. The throughput and
+canary records are the real programs' output, captured against server doubles; the tune's are
+composed in its records' format (operations/simulated/captured/ct200/README.md). Nothing is
 contacted:
 
     .venv/bin/python -m operations.status inventory/demo_measured.py

@@ -170,6 +170,8 @@ class Serving:
     throughput_lines: list[str] = field(default_factory=list)
     # status only: the canary fact's lines (facts/canary.py parse_canary reads them).
     canary_lines: list[str] = field(default_factory=list)
+    # status only: the tune fact's lines (facts/tune.py parse_tune reads them).
+    tune_lines: list[str] = field(default_factory=list)
     # Unit -> `systemctl is-enabled` ("enabled", "disabled", "" when unknown), for the units
     # asked with `enabled=` (the stage unit: a converged run needs no SystemdStatus fact).
     enabled: dict[str, str] = field(default_factory=dict)

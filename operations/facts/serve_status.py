@@ -4,7 +4,8 @@ The deploy's reading of the rank units (operations/facts/serve.py), and, probed 
 itself, each /health answer, each rank's running and queued requests from its /metrics
 (operations/programs/serving_probe.py), the GPUs' memory use from nvidia-smi, and behind a
 router its own view of each worker (programs/router_list.py, with the control-plane key read on
-the host, as the deploy's fact reads it).
+the host, as the deploy's fact reads it); for `status`, the last throughput records, the canary's
+verdict (facts/canary.py) and the last tune (facts/tune.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from operations.facts.serve import (
     serving_words,
 )
 from operations.facts.throughput import RECORDS_READ
+from operations.facts.tune import tune_words
 from operations.render import host_scripts
 
 ROUTER_KEY = "router"  # the router's key among the ranks' in health_urls and Serving.health
@@ -36,7 +38,17 @@ GPU_QUERY = "index,name,memory.used,memory.total"
 GPU_TIMEOUT_S = 10  # a wedged driver must not hang the status
 # The first word of each line the probes print (the rest is parse_serving's).
 _PROBE_WORDS = frozenset(
-    {"health", "health_unavailable", "metrics", "phases", "gpu", "gpu_rc", "throughput", "canary"}
+    {
+        "health",
+        "health_unavailable",
+        "metrics",
+        "phases",
+        "gpu",
+        "gpu_rc",
+        "throughput",
+        "canary",
+        "tune",
+    }
 )
 
 
@@ -154,6 +166,14 @@ def status_canary_words(read: bool) -> Words:
     return ["(", StringCommand(*canary_words(), _separator=""), ") | sed 's/^/canary /';"]
 
 
+def status_tune_words(read: bool) -> Words:
+    """The last tune's records and its state (facts/tune.py TuneRecords' script, in a subshell
+    as the canary's), each line prefixed "tune "."""
+    if not read:
+        return []
+    return ["(", StringCommand(*tune_words(), _separator=""), ") | sed 's/^/tune /';"]
+
+
 def _gpus(rc: str | None, lines: list[str]) -> tuple[list[GpuUsage], str | None]:
     if rc is None:
         return [], None
@@ -180,6 +200,7 @@ def parse_status(lines: list[str]) -> Serving:
     gpu_lines: list[str] = []
     throughput_lines: list[str] = []
     canary_lines: list[str] = []
+    tune_lines: list[str] = []
     values: dict[str, str] = {}
     rest_lines: list[str] = []
     for line in lines:
@@ -201,6 +222,8 @@ def parse_status(lines: list[str]) -> Serving:
             throughput_lines.append(rest.strip())
         elif word == "canary":
             canary_lines.append(rest.strip())
+        elif word == "tune":
+            tune_lines.append(rest)
         else:
             values[word] = rest.strip()
     gpus, gpu_error = _gpus(values.get("gpu_rc"), gpu_lines)
@@ -214,6 +237,7 @@ def parse_status(lines: list[str]) -> Serving:
         gpu_error=gpu_error,
         throughput_lines=throughput_lines,
         canary_lines=canary_lines,
+        tune_lines=tune_lines,
     )
 
 
@@ -243,6 +267,8 @@ class ServingStatus(FactBase[Serving]):
     + throughput: whether to read the last throughput records (`Serving.throughput_lines`)
     + canary: whether to read the canary's verdict and backups (`Serving.canary_lines`,
       facts/canary.py parse_canary)
+    + tune: whether to read the last tune's records and state (`Serving.tune_lines`,
+      facts/tune.py parse_tune)
     """
 
     def command(
@@ -260,6 +286,7 @@ class ServingStatus(FactBase[Serving]):
         phases: str = "",
         throughput: bool = False,
         canary: bool = False,
+        tune: bool = False,
     ) -> StringCommand:
         return StringCommand(
             *serving_words(engine_root, model_link, ranks=ranks, router=router),
@@ -268,6 +295,7 @@ class ServingStatus(FactBase[Serving]):
             *gpu_words(gpus),
             *throughput_words(throughput),
             *status_canary_words(canary),
+            *status_tune_words(tune),
             "true",
         )
 

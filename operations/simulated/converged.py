@@ -266,7 +266,8 @@ def fake_responses(
     (default: the repository's). The facts the plan asks besides ServingState and
     ModelStaging are the bare CT200's (ct200.py): the same GPUs, memory and model. `measured`:
     the host also holds two throughput records and a failed canary's verdict, as the real
-    programs wrote them (captured/ct200: throughput.jsonl, canary-state.txt; see its README)."""
+    programs wrote them, and a finished tune's records in the tune's format (captured/ct200:
+    throughput.jsonl, canary-state.txt, tune-state.txt; see its README)."""
     settings = settings or repository_settings()
     converged = image(settings)
     bare = ct200.fake_responses()
@@ -274,6 +275,7 @@ def fake_responses(
     if measured:
         status[-1:-1] = [f"throughput {line}" for line in ct200.captured("throughput.jsonl")]
         status[-1:-1] = [f"canary {line}" for line in ct200.captured("canary-state.txt")]
+        status[-1:-1] = [f"tune {line}" for line in ct200.captured("tune-state.txt")]
     return {
         # The status command's fact first: its command holds ServingState's too.
         STATUS_SIGNATURE: status,

@@ -8,10 +8,12 @@ from operations import kb as kbmod
 from operations.cli.status.canary import CanaryView
 from operations.cli.status.rows import HostResult, fact_args, host_result, probe_args, with_probe
 from operations.cli.status.throughput import ThroughputView
+from operations.cli.status.tune import TuneView
 from operations.facts.canary import parse_canary
 from operations.facts.serve_status import ServingStatus
 from operations.facts.smoke import Probe, SmokeProbe
 from operations.facts.throughput import parse_records
+from operations.facts.tune import parse_tune
 from operations.plan.drain import router_list_url
 from operations.runtime.inventory import Session, one_line, open_session, quiet_pyinfra
 
@@ -56,6 +58,7 @@ def read_hosts(session: Session, probe: bool = False) -> list[HostResult]:
         result.canary = CanaryView.of(
             parse_canary(status.canary_lines), status.ranks, list(range(settings.dp_size))
         )
+        result.tune = TuneView.of(parse_tune(status.tune_lines), settings)
         if probe:
             try:
                 answers = host.get_fact(SmokeProbe, **probe_args(settings, host.name, status))

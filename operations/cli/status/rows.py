@@ -11,6 +11,7 @@ from typing import NotRequired, TypedDict
 from operations import layout
 from operations.cli.status.canary import CanaryStatusJson, CanaryView
 from operations.cli.status.throughput import RecordsJson, ThroughputView
+from operations.cli.status.tune import TuneJson, TuneView
 from operations.facts.serve import RankLoad, RankStart, Serving, UnitState
 from operations.facts.serve_status import ROUTER_KEY
 from operations.facts.smoke import Probe, ProbeAnswer
@@ -43,6 +44,7 @@ class ServingArgs(TypedDict):
     phases: str
     throughput: bool
     canary: bool
+    tune: bool
 
 
 class ProbeArgs(TypedDict):
@@ -95,6 +97,8 @@ class HostJson(TypedDict):
     toolkit: ToolkitRow | None
     throughput: NotRequired[RecordsJson]
     canary: NotRequired[CanaryStatusJson]
+    # The last tune (status/tune.py); null: the host was never tuned.
+    tune: NotRequired[TuneJson | None]
 
 
 class StatusJson(TypedDict):
@@ -188,6 +192,8 @@ class HostResult:
     throughput: ThroughputView | None = None
     # The last canary verdict and the ranks' command lines (status/canary.py).
     canary: CanaryView | None = None
+    # The last tune: finished, running or cut off (status/tune.py).
+    tune: TuneView | None = None
 
     def deployed_by(self) -> str:
         """The status's line of the toolkit version that last deployed the host."""
@@ -270,6 +276,8 @@ class HostResult:
             data["throughput"] = self.throughput.to_json()
         if self.canary is not None:
             data["canary"] = self.canary.to_json()
+        if self.tune is not None:
+            data["tune"] = self.tune.to_json()
         return data
 
 
@@ -333,6 +341,7 @@ def fact_args(settings: Settings, host_name: str, router_list: str | None = None
         "phases": startup_patterns(settings.sglang_version),
         "throughput": True,
         "canary": True,
+        "tune": True,
     }
 
 

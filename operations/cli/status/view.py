@@ -246,6 +246,8 @@ def print_results(results: list[HostResult], console: Any = None) -> None:
             console.print(Text(line))
         for line in result.canary.lines() if result.canary is not None else []:
             console.print(Text(line))
+        for line in result.tune.lines() if result.tune is not None else []:
+            console.print(Text(line))
         if result.router is not None:
             router = result.router
             answered = ""
