@@ -23,6 +23,7 @@ LEVERS = (
     "cuda_graph_max_bs",
     "chunked_prefill_size",
     "mem_fraction_static",
+    "schedule_conservativeness",
     "speculative",
     "fp8_checkpoint",
 )

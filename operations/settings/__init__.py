@@ -211,6 +211,7 @@ class Settings:
     cuda_graph_max_bs: int | None
     max_running_requests: int | None
     chunked_prefill_size: int | None
+    schedule_conservativeness: float | None
     speculative: Speculative | None
     enable_metrics: bool
     extra_server_args: tuple[str, ...]
@@ -489,6 +490,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "throughput_window_s": float,
     "ram_per_rank_gb": float,
     "model_stage_bwlimit_mbps": _number,
+    "schedule_conservativeness": _number,
     "extra_server_args": tuple,
     "speculative": lambda v: Speculative(**v) if isinstance(v, dict) else None,
     "router": lambda v: Router(**v) if isinstance(v, dict) else None,
