@@ -67,7 +67,9 @@ __all__ = [
     "parse_source",
     "path_escape",
     "schema",
+    "value_problem",
     "verdicts",
+    "with_values",
 ]
 
 # Where the weights come from (docs/how-it-works/model.md): a directory on the target, one on the
@@ -390,6 +392,36 @@ def load(
     typed = {key: _CONVERT.get(key, _same)(values[key]) for key in props}
     files = _read_controller_files(typed, make_key)
     return Settings(**typed, origins={k: origins[k] for k in ours}, controller_files=files)
+
+
+def value_problem(key: str, value: object) -> str | None:
+    """What `load` would refuse in `value` for the setting `key` alone (its schema, and the
+    checks beyond it), as "VALUE; accepted: ..."; None when it is accepted."""
+    props = schema()["properties"]
+    if key not in props:
+        return f"{key!r} is not a setting; see docs/reference/settings.md"
+    one = {"type": "object", "properties": {key: props[key]}}
+    for error in verdicts.errors(one, {key: value}):
+        return f"{value!r}; accepted: {describe(error, props)[1]}"
+    for _, why in control_problems({key: value}) + value_problems({key: value}):
+        return f"{value!r}; {why}"
+    return None
+
+
+def with_values(s: Settings, values: Mapping[str, object], origin: str) -> Settings:
+    """`s` with `values` (each as a group_data line sets it) checked as `load` checks each key
+    (SettingsError naming every problem), converted as `load` converts them, each set in
+    `origin`. Pure: the controller's files are `s`'s."""
+    problems = [
+        f"{key} = {value!r} (set in {origin}): {why}"
+        for key, value in values.items()
+        if (why := value_problem(key, value)) is not None
+    ]
+    if problems:
+        raise SettingsError(problems)
+    typed = {key: _CONVERT.get(key, _same)(value) for key, value in values.items()}
+    origins = {**s.origins, **dict.fromkeys(values, origin)}
+    return replace(s, **typed, origins=origins)
 
 
 def _read_controller_files(typed: Mapping[str, Any], make_key: bool) -> ControllerFiles:
