@@ -45,8 +45,9 @@ from operations.render.host_scripts import script_text
 from operations.settings import Settings, SettingsError, with_values
 
 # The default time budget of a whole tune: a real rank (a 27B model) takes minutes to start,
-# and each candidate starts once; two hours holds the default search on CT200.
-DEFAULT_BUDGET_S = 7200
+# and each candidate starts once; three hours holds the default search on CT200 (15
+# candidates: `make demo-tune` estimates about 135 minutes).
+DEFAULT_BUDGET_S = 10800
 # What one start of a rank is estimated at for `--dry`, where the release's start-up is not
 # measured yet: the bound is health_timeout_s (said beside it).
 START_ESTIMATE_S = 240

@@ -339,7 +339,7 @@ def test_make_demo_tune_previews_the_rank_the_candidates_and_the_time() -> None:
     assert "tune: rank 7 (sglang@7.service)" in prose, out
     assert "OUT OF SERVICE" in prose, out  # the demo's CT200 has no router
     assert "tune: candidate max_running_requests=64 + cuda_graph_max_bs=64" in prose, out
-    assert "budget 120 min" in prose and "Traceback" not in out, out
+    assert "budget 180 min" in prose and "Traceback" not in out, out
 
 
 class _Measured:
