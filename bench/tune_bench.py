@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import cast
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -87,7 +88,8 @@ def truth(settings: dict[str, float], knobs: dict[str, str]) -> float | None:
 
 
 def candidates() -> list[dict[str, object]]:
-    """The knowledge base's search for CURRENT, as the plan builds it (tune_plan.candidates),
+    """The knowledge base's search over the levers of CURRENT, as the plan builds it
+    (tune_plan.candidates; the other levers, which this bench's double is not given, left out),
     each candidate's unit the double's settings."""
     from operations import kb
 
@@ -95,10 +97,10 @@ def candidates() -> list[dict[str, object]]:
     moves: list[dict[str, float]] = []
     for lever, values in space.values.items():
         if lever in CURRENT:
-            moves += [{lever: float(v)} for v in values if v != CURRENT[lever]]
+            moves += [{lever: float(cast(float, v))} for v in values if v != CURRENT[lever]]
     for pair in space.together:
         for value in space.values[pair.lead]:
-            move = {pair.lead: float(value), pair.follows: float(value)}
+            move = {pair.lead: float(cast(float, value)), pair.follows: float(cast(float, value))}
             if any(v != CURRENT[k] for k, v in move.items()) and move not in moves:
                 moves.append(move)
     found: list[dict[str, object]] = [{"name": "current", "lines": [], "unit": None}]

@@ -52,6 +52,7 @@ _SHOWN = {
     # The throughput levers (operations/plan/resolver/throughput.py), the same way.
     "max running requests",
     "chunked prefill",
+    "schedule conservativeness",
     "memory fraction",
     "speculative decoding",
     "weights",

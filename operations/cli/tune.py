@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         "--budget-min",
         type=int,
         default=None,
-        help="the whole tune's time budget in minutes (default: 120)",
+        help="the whole tune's time budget in minutes (default: 180)",
     )
     for name, what in (("--max-ttft-ms", "time to first token"), ("--max-itl-ms", "inter-token")):
         parser.add_argument(

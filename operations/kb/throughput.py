@@ -15,6 +15,7 @@ from typing import Literal, NotRequired, TypedDict, cast
 
 from operations.kb.raw import KNOWLEDGE_DIR, KnowledgeError, RawCites, RawSource, parse_yaml
 from operations.kb.types import Cites, Source
+from operations.settings import value_problem
 
 THROUGHPUT_FILE = KNOWLEDGE_DIR / "throughput.yaml"
 
@@ -23,6 +24,7 @@ LEVERS = (
     "cuda_graph_max_bs",
     "chunked_prefill_size",
     "mem_fraction_static",
+    "schedule_conservativeness",
     "speculative",
     "fp8_checkpoint",
 )
@@ -59,9 +61,25 @@ class RawTogether(TypedDict):
     source: RawCites
 
 
+class RawNeed(TypedDict):
+    lever: str
+    sets: NotRequired[dict[str, object]]
+    explicit: NotRequired[str]
+    why: str
+    source: RawCites
+
+
+class RawLast(TypedDict):
+    levers: list[str]
+    why: str
+    source: RawCites
+
+
 class RawTune(TypedDict):
-    values: dict[str, list[float]]
+    values: dict[str, list[object]]
     together: list[RawTogether]
+    needs: NotRequired[list[RawNeed]]
+    last: NotRequired[RawLast]
 
 
 class RawThroughput(TypedDict):
@@ -72,14 +90,20 @@ class RawThroughput(TypedDict):
     tune: RawTune
 
 
-# The levers `python -m operations.tune` may move (their settings are numbers the resolver
-# writes as flags): a lever of `tune.values` outside these is a knowledge error.
+# The levers `python -m operations.tune` may move (each a setting the resolver writes as
+# flags): a lever of `tune.values` outside these is a knowledge error.
 TUNABLE = (
     "max_running_requests",
     "cuda_graph_max_bs",
     "chunked_prefill_size",
     "mem_fraction_static",
+    "schedule_conservativeness",
+    "speculative",
 )
+
+# One value of a tune lever, as a group_data line sets the setting (settings.schema.json checks
+# it at load): a whole number or a fraction, a name, false or null (off), or a mapping.
+TuneValue = int | float | bool | str | None | Mapping[str, object]
 
 
 @dataclass(frozen=True)
@@ -126,12 +150,38 @@ class Together:
 
 
 @dataclass(frozen=True)
+class Need:
+    """What a candidate that turns `lever` on (a value other than false or null) carries with it:
+    `sets`, settings at these values (where the current settings differ); `explicit`, a lever
+    that must be set (where the current settings leave it unset, the candidate is tried at each
+    of its tune.values)."""
+
+    lever: str
+    sets: Mapping[str, TuneValue]
+    explicit: str | None
+    why: str
+    source: Cites
+
+
+@dataclass(frozen=True)
+class Last:
+    """Levers searched after every other lever and pair (each value on the current settings)."""
+
+    levers: tuple[str, ...]
+    why: str
+    source: Cites
+
+
+@dataclass(frozen=True)
 class TuneSpace:
     """The tune's search (knowledge/throughput.yaml `tune`): each lever's values tried one at a
-    time, in the file's order, then each pair of `together` moved as one."""
+    time, in the file's order, then each pair of `together` moved as one, then the `last`
+    levers' values; a candidate carries what its `needs` say."""
 
-    values: Mapping[str, tuple[float, ...]]
+    values: Mapping[str, tuple[TuneValue, ...]]
     together: tuple[Together, ...]
+    needs: tuple[Need, ...] = ()
+    last: Last | None = None
 
 
 @dataclass(frozen=True)
@@ -172,6 +222,8 @@ def _problems(raw: RawThroughput) -> Iterator[str]:
         *((f"levers.{k}", lever["source"]) for k, lever in raw["levers"].items()),
         *((f"reference[{i}]", r["source"]) for i, r in enumerate(raw["reference"])),
         *((f"tune.together[{i}]", p["source"]) for i, p in enumerate(raw["tune"]["together"])),
+        *((f"tune.needs[{i}]", n["source"]) for i, n in enumerate(raw["tune"].get("needs", []))),
+        *(("tune.last", last["source"]) for last in [raw["tune"]["last"]] if "last" in raw["tune"]),
     ]
     for key, cites in cited:
         if not _cites(cites):
@@ -209,17 +261,22 @@ def _problems(raw: RawThroughput) -> Iterator[str]:
 
 
 def _tune_problems(tune: RawTune) -> Iterator[str]:
+    """Each lever one the tune moves, each value one its setting accepts (settings.schema.json,
+    as a group_data line is checked), each pair, need and last lever naming levers with
+    values."""
     for name, values in tune["values"].items():
         if name not in TUNABLE:
             yield (
                 f"throughput.yaml tune.values.{name}: not a lever the tune moves "
                 f"({', '.join(TUNABLE)})"
             )
-        elif not values or not all(isinstance(v, int | float) and v > 0 for v in values):
-            yield (
-                f"throughput.yaml tune.values.{name}: {values!r}; accepted: a list of numbers "
-                "above 0"
-            )
+        elif not isinstance(values, list) or not values:
+            yield f"throughput.yaml tune.values.{name}: {values!r}; accepted: a list of its values"
+        else:
+            for i, value in enumerate(values):
+                why = value_problem(name, value)
+                if why is not None:
+                    yield f"throughput.yaml tune.values.{name}[{i}]: {why}"
     for i, pair in enumerate(tune["together"]):
         for end, name in (("lead", pair["lead"]), ("follows", pair["follows"])):
             if name not in tune["values"]:
@@ -227,6 +284,34 @@ def _tune_problems(tune: RawTune) -> Iterator[str]:
                     f"throughput.yaml tune.together[{i}].{end}: {name!r} has no tune.values; "
                     "accepted: a lever listed there"
                 )
+    for i, need in enumerate(tune.get("needs", [])):
+        where = f"throughput.yaml tune.needs[{i}]"
+        if need["lever"] not in tune["values"]:
+            yield f"{where}.lever: {need['lever']!r} has no tune.values; accepted: a lever there"
+        for key, value in need.get("sets", {}).items():
+            why = value_problem(key, value)
+            if why is not None:
+                yield f"{where}.sets.{key}: {why}"
+        explicit = need.get("explicit")
+        if explicit is not None and explicit not in tune["values"]:
+            yield (
+                f"{where}.explicit: {explicit!r} has no tune.values; accepted: a lever listed there"
+            )
+        if not need.get("sets") and explicit is None:
+            yield f"{where}: neither sets nor explicit; accepted: one of them or both"
+    for name in tune["last"]["levers"] if "last" in tune else []:
+        if name not in tune["values"]:
+            yield (
+                f"throughput.yaml tune.last.levers: {name!r} has no tune.values; accepted: a "
+                "lever listed there"
+            )
+
+
+def _frozen(value: object) -> TuneValue:
+    """A value as the knowledge holds it (a mapping read-only); checked by _tune_problems."""
+    if isinstance(value, dict):
+        return MappingProxyType(dict(value))
+    return cast(TuneValue, value)
 
 
 def _source(raw: RawThroughput, cites: RawCites) -> Cites:
@@ -280,11 +365,26 @@ def load_throughput(path: Path = THROUGHPUT_FILE) -> ThroughputKnowledge:
         ),
         tune=TuneSpace(
             values=MappingProxyType(
-                {k: tuple(float(v) for v in vs) for k, vs in raw["tune"]["values"].items()}
+                {k: tuple(_frozen(v) for v in vs) for k, vs in raw["tune"]["values"].items()}
             ),
             together=tuple(
                 Together(p["lead"], p["follows"], p["why"], _source(raw, p["source"]))
                 for p in raw["tune"]["together"]
+            ),
+            needs=tuple(
+                Need(
+                    n["lever"],
+                    MappingProxyType({k: _frozen(v) for k, v in n.get("sets", {}).items()}),
+                    n.get("explicit"),
+                    n["why"],
+                    _source(raw, n["source"]),
+                )
+                for n in raw["tune"].get("needs", [])
+            ),
+            last=(
+                Last(tuple(last["levers"]), last["why"], _source(raw, last["source"]))
+                if (last := raw["tune"].get("last")) is not None
+                else None
             ),
         ),
     )

@@ -6,11 +6,15 @@
 - which candidates (`candidates`): the current settings first (the baseline, measured the same
   way, its rounds' spread the noise), then each value of knowledge/throughput.yaml `tune.values`
   one lever at a time, then each `tune.together` pair moved as one (the follower takes the
-  lead's value: a running batch past the CUDA-graph size decodes without graphs). Each candidate
-  is the rank's whole unit, resolved from the settings with the candidate's values by the
-  resolver, so every flag is checked against the release's real parser as a deploy's is; a
-  candidate the resolver refuses is shown failed with its reason and never started. A value
-  equal to the current setting is no candidate;
+  lead's value: a running batch past the CUDA-graph size decodes without graphs), then the
+  `tune.last` levers' values (speculative decoding, as SGLang's own tuner does). A candidate
+  that turns a lever on carries its `tune.needs` (speculative: the extra_buffer Mamba
+  strategy; max_running_requests kept explicit, tried at each of its values where it is
+  unset). Each value is set as a group_data line sets it (settings.with_values: checked and
+  typed as a load does), and the candidate is the rank's whole unit, resolved from those
+  settings by the resolver, so every flag is checked against the release's real parser as a
+  deploy's is; a candidate the settings or the resolver refuse is shown failed with its reason
+  and never started. A value equal to the current setting is no candidate;
 - each started candidate is asked a chat question once healthy (`smoke`, as a roll's batch is
   before it rejoins, with `smoke_requests`): one that answers wrong is failed, never measured;
 - a host a deploy of this inventory would change is refused (deploy first), but for the tune's
@@ -32,27 +36,28 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from operations import layout
 from operations.facts.serve import Serving
-from operations.kb.throughput import TuneSpace
+from operations.kb.throughput import TuneSpace, TuneValue
 from operations.plan.planned_files import PlannedFile, planned
 from operations.plan.resolver.types import Rank, ResolvedHost
 from operations.plan.serve_plan import RollPlan
 from operations.plan.smoke_plan import SmokeRequests, smoke_targets
 from operations.plan.throughput_plan import load_flags
 from operations.render.host_scripts import script_text
-from operations.settings import Settings
+from operations.settings import Settings, SettingsError, with_values
 
 # The default time budget of a whole tune: a real rank (a 27B model) takes minutes to start,
-# and each candidate starts once; two hours holds the default search on CT200.
-DEFAULT_BUDGET_S = 7200
+# and each candidate starts once; three hours holds the default search on CT200 (15
+# candidates: `make demo-tune` estimates about 135 minutes).
+DEFAULT_BUDGET_S = 10800
 # What one start of a rank is estimated at for `--dry`, where the release's start-up is not
 # measured yet: the bound is health_timeout_s (said beside it).
 START_ESTIMATE_S = 240
-# Levers whose settings are whole numbers (the rest are fractions).
-WHOLE = ("max_running_requests", "cuda_graph_max_bs", "chunked_prefill_size")
+# Where a candidate's values are said to be set (a refusal names it).
+TUNED = "the tune's candidate"
 
 TUNE_REFUSAL = (
     "tune: this inventory would restart ranks or the router on this host (not yet deployed: "
@@ -68,7 +73,7 @@ class Candidate:
     resolver refuses it (then it is never started)."""
 
     name: str
-    changes: dict[str, float]
+    changes: dict[str, object]  # each setting as a group_data line sets it (JSON)
     unit: str | None
     lines: list[str]
     refused: str = ""
@@ -124,40 +129,100 @@ def pick_rank(ranks: Sequence[Rank]) -> tuple[Rank, str]:
     return chosen, why
 
 
-def value_text(lever: str, value: float) -> str:
-    """A lever's value as group_data writes it."""
-    return str(int(value)) if lever in WHOLE else f"{value:g}"
+Move = dict[str, TuneValue]
 
 
-def _current(s: Settings, lever: str) -> float | None:
-    value = getattr(s, lever)
-    return float(value) if isinstance(value, int | float) else None
+def plain(value: TuneValue) -> object:
+    """A value as JSON holds it (a read-only mapping as a dict)."""
+    return dict(value) if isinstance(value, Mapping) else value
+
+
+def value_text(value: TuneValue) -> str:
+    """A value as a candidate's name shows it: a number as written, false or null as off, a
+    speculative mapping as its algorithm and numbers."""
+    if isinstance(value, Mapping):
+        shown = {"num_steps": "steps", "eagle_topk": "topk", "num_draft_tokens": "draft"}
+        rest = " ".join(f"{shown.get(k, k)} {v}" for k, v in value.items() if k != "algorithm")
+        return " ".join(x for x in (str(value.get("algorithm")), rest) if x)
+    if value is None or value is False:
+        return "off"
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def line(key: str, value: TuneValue) -> str:
+    """The group_data line that sets `key` to `value` (YAML: JSON's numbers, false, null and
+    mappings are YAML too)."""
+    return f"{key}: {json.dumps(plain(value))}"
+
+
+def _set(s: Settings, move: Move) -> Settings:
+    return with_values(s, {k: plain(v) for k, v in move.items()}, TUNED)
+
+
+def differs(s: Settings, key: str, value: TuneValue) -> bool:
+    """Whether setting `key` to `value` changes `s` (a value the settings refuse does: the
+    candidate is then shown refused)."""
+    try:
+        return bool(getattr(_set(s, {key: value}), key) != getattr(s, key))
+    except SettingsError:
+        return True
+
+
+def _needs(s: Settings, move: Move, space: TuneSpace) -> list[Move]:
+    """`move` with what it needs (the `Need` docstring): one move, or one per value of an
+    explicit lever the current settings leave unset."""
+    found = [dict(move)]
+    for need in space.needs:
+        value = move.get(need.lever, False)
+        if value is None or value is False:
+            continue
+        extra = {k: v for k, v in need.sets.items() if k not in move and differs(s, k, v)}
+        found = [{**m, **extra} for m in found]
+        key = need.explicit
+        if key is not None and key not in move and getattr(s, key) is None:
+            found = [{**m, key: v} for m in found for v in space.values[key]]
+    return found
 
 
 def candidates(
     s: Settings, rank: int, space: TuneSpace, resolve: Callable[[Settings], ResolvedHost]
 ) -> list[Candidate]:
     """The search, in order (the docstring); `resolve` is the resolver with this host's facts."""
-    moves: list[dict[str, float]] = []
-    for lever, values in space.values.items():
-        moves += [{lever: v} for v in values if v != _current(s, lever)]
+    last = space.last.levers if space.last is not None else ()
+
+    def one_at_a_time(levers: Collection[str]) -> list[Move]:
+        return [
+            {lever: v}
+            for lever, values in space.values.items()
+            if lever in levers
+            for v in values
+            if differs(s, lever, v)
+        ]
+
+    moves = one_at_a_time([k for k in space.values if k not in last])
     for pair in space.together:
         for value in space.values[pair.lead]:
-            move = {pair.lead: value, pair.follows: value}
-            if any(v != _current(s, k) for k, v in move.items()) and move not in moves:
+            move: Move = {pair.lead: value, pair.follows: value}
+            if any(differs(s, k, v) for k, v in move.items()) and move not in moves:
                 moves.append(move)
+    moves += one_at_a_time(last)
     found = [Candidate("current", {}, None, [])]
-    for move in moves:
-        name = " + ".join(f"{k}={value_text(k, v)}" for k, v in move.items())
-        lines = [f"{k}: {value_text(k, v)}" for k, v in move.items()]
-        typed = {k: int(v) if k in WHOLE else v for k, v in move.items()}
-        resolved = resolve(replace(s, **typed))  # type: ignore[arg-type]
+    for move in (m for base in moves for m in _needs(s, base, space)):
+        name = " + ".join(f"{k}={value_text(v)}" for k, v in move.items())
+        lines = [line(k, v) for k, v in move.items()]
+        changes = {k: plain(v) for k, v in move.items()}
+        try:
+            resolved = resolve(_set(s, move))
+        except SettingsError as e:
+            why = "; ".join(e.problems)
+            found.append(Candidate(name, changes, None, lines, f"refused by the plan: {why}"))
+            continue
         unit = next((r.unit for r in resolved.ranks if r.rank == rank), None)
         if resolved.errors or unit is None:
             why = "; ".join(resolved.errors) or f"the resolver gave no rank {rank}"
-            found.append(Candidate(name, move, None, lines, refused=f"refused by the plan: {why}"))
+            found.append(Candidate(name, changes, None, lines, f"refused by the plan: {why}"))
         else:
-            found.append(Candidate(name, move, unit, lines))
+            found.append(Candidate(name, changes, unit, lines))
     return found
 
 

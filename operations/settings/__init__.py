@@ -67,7 +67,9 @@ __all__ = [
     "parse_source",
     "path_escape",
     "schema",
+    "value_problem",
     "verdicts",
+    "with_values",
 ]
 
 # Where the weights come from (docs/how-it-works/model.md): a directory on the target, one on the
@@ -211,6 +213,7 @@ class Settings:
     cuda_graph_max_bs: int | None
     max_running_requests: int | None
     chunked_prefill_size: int | None
+    schedule_conservativeness: float | None
     speculative: Speculative | None
     enable_metrics: bool
     extra_server_args: tuple[str, ...]
@@ -391,6 +394,36 @@ def load(
     return Settings(**typed, origins={k: origins[k] for k in ours}, controller_files=files)
 
 
+def value_problem(key: str, value: object) -> str | None:
+    """What `load` would refuse in `value` for the setting `key` alone (its schema, and the
+    checks beyond it), as "VALUE; accepted: ..."; None when it is accepted."""
+    props = schema()["properties"]
+    if key not in props:
+        return f"{key!r} is not a setting; see docs/reference/settings.md"
+    one = {"type": "object", "properties": {key: props[key]}}
+    for error in verdicts.errors(one, {key: value}):
+        return f"{value!r}; accepted: {describe(error, props)[1]}"
+    for _, why in control_problems({key: value}) + value_problems({key: value}):
+        return f"{value!r}; {why}"
+    return None
+
+
+def with_values(s: Settings, values: Mapping[str, object], origin: str) -> Settings:
+    """`s` with `values` (each as a group_data line sets it) checked as `load` checks each key
+    (SettingsError naming every problem), converted as `load` converts them, each set in
+    `origin`. Pure: the controller's files are `s`'s."""
+    problems = [
+        f"{key} = {value!r} (set in {origin}): {why}"
+        for key, value in values.items()
+        if (why := value_problem(key, value)) is not None
+    ]
+    if problems:
+        raise SettingsError(problems)
+    typed = {key: _CONVERT.get(key, _same)(value) for key, value in values.items()}
+    origins = {**s.origins, **dict.fromkeys(values, origin)}
+    return replace(s, **typed, origins=origins)
+
+
 def _read_controller_files(typed: Mapping[str, Any], make_key: bool) -> ControllerFiles:
     """The files on the controller the typed values name, each read once; the router's
     control-plane key is router.control_plane_key_file or, unset, the one beside the engine
@@ -489,6 +522,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "throughput_window_s": float,
     "ram_per_rank_gb": float,
     "model_stage_bwlimit_mbps": _number,
+    "schedule_conservativeness": _number,
     "extra_server_args": tuple,
     "speculative": lambda v: Speculative(**v) if isinstance(v, dict) else None,
     "router": lambda v: Router(**v) if isinstance(v, dict) else None,

@@ -56,6 +56,7 @@ EVERYTHING: dict[str, Any] = {
     "cuda_graph_max_bs": 256,
     "max_running_requests": 256,
     "chunked_prefill_size": 8192,
+    "schedule_conservativeness": 0.5,
     "api_key_file": "/etc/keys/sglang",
     "enable_metrics": True,
     "speculative": {"algorithm": "EAGLE", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4},

@@ -138,6 +138,18 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
     ("running zero", {"max_running_requests": 0}, "max_running_requests", "positive integer"),
     ("running as text", {"max_running_requests": "64"}, "max_running_requests", "positive"),
     ("prefill chunk zero", {"chunked_prefill_size": 0}, "chunked_prefill_size", "positive"),
+    (
+        "conservativeness below zero",
+        {"schedule_conservativeness": -0.5},
+        "schedule_conservativeness",
+        "a number from 0",
+    ),
+    (
+        "conservativeness as text",
+        {"schedule_conservativeness": "low"},
+        "schedule_conservativeness",
+        "a number from 0",
+    ),
     ("service user uppercase", {"service_user": "SGLang"}, "service_user", "system user name"),
 ]
 

@@ -17,7 +17,12 @@ from tests.unit.builders import QWEN36, facts, make_settings
 MTP = {"algorithm": "EAGLE", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4}
 # Options a default inventory never wrote: these levers keep it so (a changed command line
 # restarts every rank on upgrade).
-LEVER_OPTIONS = ("--max-running-requests", "--chunked-prefill-size", "--cuda-graph-max-bs")
+LEVER_OPTIONS = (
+    "--max-running-requests",
+    "--chunked-prefill-size",
+    "--cuda-graph-max-bs",
+    "--schedule-conservativeness",
+)
 
 
 def plan(model: Model | None = QWEN36, **settings: Any) -> ResolvedHost:
@@ -44,6 +49,7 @@ def test_a_default_inventory_writes_no_lever_option_and_each_lever_says_why() ->
         "max running requests",
         "graph batch size",
         "chunked prefill",
+        "schedule conservativeness",
         "memory fraction",
         "speculative decoding",
         "weights",
@@ -94,11 +100,22 @@ def test_chunked_prefill_is_written_when_set() -> None:
     assert decision(p, "chunked prefill")[0] == "--chunked-prefill-size 2048"
 
 
+def test_the_scheduler_s_conservativeness_is_written_when_set_and_the_release_s_own_said() -> None:
+    p = plan(schedule_conservativeness=0.5)
+    assert option(p, "--schedule-conservativeness") == "0.5"
+    value, why = decision(p, "schedule conservativeness")
+    assert value == "--schedule-conservativeness 0.5"
+    assert "sglang-conservativeness-0511" in why and "sglang-hyperparameter-tuning" in why
+    unset = decision(plan(), "schedule conservativeness")
+    assert unset[0] == "the release's own (no option written)" and "own 1.0" in unset[1]
+
+
 @pytest.mark.parametrize(
     ("key", "value", "extra"),
     [
         ("max_running_requests", 64, ["--max-running-requests", "32"]),
         ("chunked_prefill_size", 4096, ["--chunked-prefill-size=2048"]),
+        ("schedule_conservativeness", 0.5, ["--schedule-conservativeness", "1.3"]),
     ],
 )
 def test_a_lever_set_both_as_a_setting_and_in_extra_server_args_is_refused(

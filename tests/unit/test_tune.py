@@ -70,7 +70,7 @@ def test_the_knowledge_moves_max_running_requests_and_the_graph_size_together_wi
 
 def test_a_tune_lever_the_plan_cannot_move_or_a_pair_without_values_is_named() -> None:
     raw = {
-        "values": {"speculative": [1.0], "max_running_requests": [64]},
+        "values": {"attention_backend": ["triton"], "max_running_requests": [64]},
         "together": [
             {
                 "lead": "max_running_requests",
@@ -81,7 +81,7 @@ def test_a_tune_lever_the_plan_cannot_move_or_a_pair_without_values_is_named() -
         ],
     }
     problems = list(_tune_problems(raw))  # type: ignore[arg-type]
-    assert any("tune.values.speculative: not a lever the tune moves" in p for p in problems)
+    assert any("tune.values.attention_backend: not a lever the tune moves" in p for p in problems)
     assert any(
         "tune.together[0].follows: 'cuda_graph_max_bs' has no tune.values" in p for p in problems
     )
@@ -100,7 +100,7 @@ def test_the_highest_rank_is_picked_and_why_is_said() -> None:
 def test_candidates_one_lever_at_a_time_then_the_pair_each_a_resolved_unit() -> None:
     s = make_settings(max_running_requests=64)
     space = TuneSpace(
-        values={"max_running_requests": (64.0, 128.0), "cuda_graph_max_bs": (128.0,)},
+        values={"max_running_requests": (64, 128), "cuda_graph_max_bs": (128,)},
         together=(Together("max_running_requests", "cuda_graph_max_bs", "", ()),),
     )
     found = candidates(s, 1, space, _resolve)
@@ -123,7 +123,7 @@ def test_candidates_one_lever_at_a_time_then_the_pair_each_a_resolved_unit() -> 
 
 def test_a_candidate_the_resolver_refuses_is_failed_in_the_plan_and_never_started() -> None:
     s = make_settings(extra_server_args=["--max-running-requests", "32"])
-    space = TuneSpace(values={"max_running_requests": (64.0,)}, together=())
+    space = TuneSpace(values={"max_running_requests": (64,)}, together=())
     found = candidates(s, 0, space, _resolve)
     assert found[1].unit is None
     assert found[1].refused.startswith("refused by the plan: ")
@@ -340,7 +340,7 @@ def test_make_demo_tune_previews_the_rank_the_candidates_and_the_time() -> None:
     assert "tune: rank 7 (sglang@7.service)" in prose, out
     assert "OUT OF SERVICE" in prose, out  # the demo's CT200 has no router
     assert "tune: candidate max_running_requests=64 + cuda_graph_max_bs=64" in prose, out
-    assert "budget 120 min" in prose and "Traceback" not in out, out
+    assert "budget 180 min" in prose and "Traceback" not in out, out
 
 
 class _Measured:

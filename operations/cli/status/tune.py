@@ -6,12 +6,13 @@ was never tuned."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import TypedDict
 
 from operations import layout
 from operations.facts.tune import LastTune, Phase, TuneRun, TuneSummary
-from operations.plan.tune_plan import value_text
+from operations.plan.tune_plan import differs
 from operations.settings import Settings
 
 RESUME = "`python -m operations.tune INVENTORY`"
@@ -43,18 +44,19 @@ class TuneJson(TypedDict):
 
 def settings_have(proposal: tuple[str, ...], settings: Settings | None) -> bool | None:
     """Whether every group_data line of the proposal ("max_running_requests: 128", written by
-    plan/tune_plan.value_text) is what the settings hold; None: no proposal, no settings, or a
-    line that names no setting."""
+    plan/tune_plan.line) is what the settings hold; None: no proposal, no settings, or a line
+    that names no setting."""
     if not proposal or settings is None:
         return None
-    for line in proposal:
-        key, sep, text = line.partition(": ")
-        value = getattr(settings, key, None) if sep else None
-        if value is None and not hasattr(settings, key):
+    for entry in proposal:
+        key, sep, text = entry.partition(": ")
+        if not sep or not hasattr(settings, key):
             return None
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            return False
-        if value_text(key, value) != text.strip():
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return None
+        if differs(settings, key, value):
             return False
     return True
 

@@ -1,8 +1,9 @@
 """The levers that set a rank's throughput, each a decision with what it trades and its source
 (knowledge/throughput.yaml): how many requests a rank runs at once (and the 48 that speculative
 decoding caps it at when it is unset), the largest CUDA-graph batch against that concurrency,
-the prefill chunk, the memory fraction, speculative decoding, and FP8 weights. Only a setting
-writes an option; unset, the release decides and the plan says what it will choose."""
+the prefill chunk, the scheduler's conservativeness, the memory fraction, speculative decoding,
+and FP8 weights. Only a setting writes an option; unset, the release decides and the plan says
+what it will choose."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from operations.plan.vocabulary import Decision
 
 MAX_RUNNING = "--max-running-requests"
 CHUNKED_PREFILL = "--chunked-prefill-size"
+CONSERVATIVENESS = "--schedule-conservativeness"
 # The GPU memory tier (MiB, as SGLang measures it) whose defaults throughput.yaml records: an
 # RTX PRO 6000's 96 GB (nvidia-smi: 97,887 MiB) lies in it.
 DEFAULTS_TIER_MIB = (90 * 1024, 160 * 1024)
@@ -73,7 +75,10 @@ def throughput_levers(ctx: Resolution, arch: Architecture | None) -> list[str]:
     running, option = _max_running(ctx)
     args += option
     decide(_graph_bs(ctx, running))
-    args += _chunked_prefill(ctx)
+    args += _written_lever(ctx, "chunked_prefill_size", CHUNKED_PREFILL, "chunked prefill")
+    args += _written_lever(
+        ctx, "schedule_conservativeness", CONSERVATIVENESS, "schedule conservativeness"
+    )
     decide(
         Decision(
             "memory fraction",
@@ -160,26 +165,25 @@ def _graph_bs(ctx: Resolution, running: int | None) -> Decision:
     return Decision(what, value, _why(lever, note))
 
 
-def _chunked_prefill(ctx: Resolution) -> list[str]:
-    s, lever, what = ctx.s, _lever("chunked_prefill_size"), "chunked prefill"
-    given = _given(ctx, CHUNKED_PREFILL)
-    if s.chunked_prefill_size is not None and given is not None:
+def _written_lever(ctx: Resolution, key: str, option: str, what: str) -> list[str]:
+    """A lever whose setting is written as `option` when set (chunked_prefill_size,
+    schedule_conservativeness): the setting, else extra_server_args, else the release's own;
+    both at once is refused."""
+    lever = _lever(key)
+    value = getattr(ctx.s, key)
+    given = _given(ctx, option)
+    if value is not None and given is not None:
         ctx.error(
-            f"chunked_prefill_size {ctx.where('chunked_prefill_size')} and extra_server_args "
-            f"{ctx.where('extra_server_args')} both set {CHUNKED_PREFILL}: keep the setting "
-            "and drop it from extra_server_args"
+            f"{key} {ctx.where(key)} and extra_server_args {ctx.where('extra_server_args')} "
+            f"both set {option}: keep the setting and drop it from extra_server_args"
         )
         return []
-    if s.chunked_prefill_size is not None:
-        n = s.chunked_prefill_size
+    if value is not None:
+        text = f"{value:g}" if isinstance(value, float) else str(value)
         ctx.plan.decisions.append(
-            Decision(
-                what,
-                f"{CHUNKED_PREFILL} {n}",
-                _why(lever, f"chunked_prefill_size {ctx.where('chunked_prefill_size')}"),
-            )
+            Decision(what, f"{option} {text}", _why(lever, f"{key} {ctx.where(key)}"))
         )
-        return [CHUNKED_PREFILL, str(n)]
+        return [option, text]
     if given is not None:
         ctx.plan.decisions.append(Decision(what, "extra_server_args", _why(lever, "set there")))
         return []

@@ -20,6 +20,23 @@ each step EAGER_COST times as long (SGLANG_DOUBLE_EAGER_COST, default 2.0; sgl-p
 #33900: eager decode past the largest captured shape, "roughly a 4x per-token latency" on a small
 model); and a --mem-fraction-static above SGLANG_DOUBLE_MEM_LIMIT (default 0.93) does not start:
 the double prints a line shaped as PyTorch's out-of-memory error and exits 1 (`out_of_memory`).
+Three more, each off by default so a test that sets no knob sees the speeds above:
+- the KV cache: with SGLANG_DOUBLE_KV_REQUESTS = K (default 0: no limit) it admits at most
+  K / --schedule-conservativeness requests at once (unset: 1.0), below the running cap: a
+  lower value admits more, as SGLang's scheduler reserves each running request's remaining
+  output times min(0.7 x the value, 1) when it admits another (0.5.11 srt/managers/
+  scheduler.py:1128-1132, schedule_policy.py:438-445; knowledge/throughput.yaml
+  sglang-conservativeness-0511). A test that draws K at random cannot know the best value;
+- chunked prefill: each admitted request's prompt is prefilled in ceil(prompt tokens /
+  --chunked-prefill-size) chunks (unset: 8192, 0.5.11's on a 90-160 GiB card), each stalling
+  the batch's next step by SGLANG_DOUBLE_CHUNK_S seconds (default 0): smaller chunks cost a
+  long prompt more steps (SGLang prefills one chunk per step between decode steps);
+- speculative decoding (--speculative-algorithm given): each step gives every running
+  request SGLANG_DOUBLE_SPEC_ACCEPT tokens (default 2: drafts accepted plus the verified one)
+  and takes (1 + SGLANG_DOUBLE_SPEC_COST x batch) times as long (default 0.02: the draft and
+  verify work grows with the batch, so a full batch gains little or loses; knowledge/
+  throughput.yaml speculative, sglang#39515); without --max-running-requests it runs at most
+  48 requests (SPEC_CAP: 0.5.11 server_args.py:3454-3458, sglang-spec-cap-0511).
 
 Shapes from the 0.5.11 wheel, sglang/srt/entrypoints/openai/protocol.py: CompletionResponse
 :368-377 (id, object "text_completion", created, model, choices [{index, text, logprobs,
@@ -57,7 +74,13 @@ BATCH_COST_ENV = "SGLANG_DOUBLE_BATCH_COST"
 JITTER_ENV = "SGLANG_DOUBLE_SPEED_JITTER"
 EAGER_COST_ENV = "SGLANG_DOUBLE_EAGER_COST"
 MEM_LIMIT_ENV = "SGLANG_DOUBLE_MEM_LIMIT"
+KV_REQUESTS_ENV = "SGLANG_DOUBLE_KV_REQUESTS"
+CHUNK_S_ENV = "SGLANG_DOUBLE_CHUNK_S"
+SPEC_ACCEPT_ENV = "SGLANG_DOUBLE_SPEC_ACCEPT"
+SPEC_COST_ENV = "SGLANG_DOUBLE_SPEC_COST"
 DEFAULT_GRAPH_BS = 256
+DEFAULT_CHUNK = 8192
+SPEC_CAP = 48
 WINDOW_S = 5.0
 MAX_TOTAL_TOKENS = 262144
 DEFAULT_MAX_RUNNING = 32
@@ -70,8 +93,9 @@ def _env_float(name: str, default: float) -> float:
 class Slot:
     """One request in the scheduler: the tokens it still needs, and where each one is put."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, prompt: int = 0) -> None:
         self.left = count
+        self.prompt = prompt
         self.tokens: queue.SimpleQueue[bool] = queue.SimpleQueue()
         self.gone = False
 
@@ -79,7 +103,14 @@ class Slot:
 class Gen:
     """The rank's scheduler and what it generated, for /metrics."""
 
-    def __init__(self, max_running: int | None = None, graph_bs: int | None = None) -> None:
+    def __init__(
+        self,
+        max_running: int | None = None,
+        graph_bs: int | None = None,
+        conservativeness: float | None = None,
+        chunk: int | None = None,
+        speculative: bool = False,
+    ) -> None:
         self.lock = threading.Lock()
         self.wake = threading.Condition(self.lock)
         self.prompt_tokens = 0
@@ -91,17 +122,33 @@ class Gen:
         jitter = _env_float(JITTER_ENV, 0.0)
         self.tokens_per_s = rate * (1 + random.uniform(-jitter, jitter))
         self.batch_cost = _env_float(BATCH_COST_ENV, 0.05)
-        cap = os.environ.get(MAX_RUNNING_ENV) or max_running or DEFAULT_MAX_RUNNING
+        unset = SPEC_CAP if speculative else DEFAULT_MAX_RUNNING
+        cap = os.environ.get(MAX_RUNNING_ENV) or max_running or unset
         self.max_running = max(1, int(cap))
+        kv = _env_float(KV_REQUESTS_ENV, 0.0)
+        if kv > 0:
+            admitted = int(kv / (conservativeness if conservativeness else 1.0))
+            self.max_running = max(1, min(self.max_running, admitted))
         self.graph_bs = graph_bs or DEFAULT_GRAPH_BS
         self.eager_cost = _env_float(EAGER_COST_ENV, 2.0)
+        self.chunk = chunk or DEFAULT_CHUNK
+        self.chunk_s = _env_float(CHUNK_S_ENV, 0.0)
+        self.accept = max(1, int(_env_float(SPEC_ACCEPT_ENV, 2.0))) if speculative else 1
+        self.spec_cost = _env_float(SPEC_COST_ENV, 0.02) if speculative else 0.0
         self.waiting: deque[Slot] = deque()
         self.running: list[Slot] = []
         self.thread: threading.Thread | None = None
 
     def step_s(self, batch: int) -> float:
         step = (1 + self.batch_cost * (batch - 1)) / self.tokens_per_s
+        step *= 1 + self.spec_cost * batch
         return step * (self.eager_cost if batch > self.graph_bs else 1.0)
+
+    def prefill_s(self, prompt: int) -> float:
+        """The stall one admitted request's prefill adds (the docstring); a chunk size of -1
+        (SGLang's "disabling chunked prefill") prefills a prompt in one step."""
+        chunks = -(-prompt // self.chunk) if self.chunk > 0 else 1
+        return chunks * self.chunk_s if prompt > 0 else 0.0
 
     def submit(self, slot: Slot) -> None:
         with self.lock:
@@ -118,11 +165,14 @@ class Gen:
                 while not self.running and not self.waiting:
                     self.wake.wait()
                     due = time.monotonic()
+                stall = 0.0
                 while self.waiting and len(self.running) < self.max_running:
-                    self.running.append(self.waiting.popleft())
+                    admitted = self.waiting.popleft()
+                    stall += self.prefill_s(admitted.prompt)
+                    self.running.append(admitted)
                 batch = len(self.running)
             # The double's step time, paced from the last step (not synchronisation).
-            due = max(time.monotonic(), due + self.step_s(batch))
+            due = max(time.monotonic(), due + stall + self.step_s(batch))
             time.sleep(max(0.0, due - time.monotonic()))
             now = time.monotonic()
             with self.lock:
@@ -130,11 +180,13 @@ class Gen:
                 for slot in self.running:
                     if slot.gone:
                         continue
-                    slot.left -= 1
-                    self.generated += 1
-                    self.running_tokens += 1
-                    self.recent.append(now)
-                    slot.tokens.put(True)
+                    made = min(self.accept, slot.left)
+                    slot.left -= made
+                    self.generated += made
+                    self.running_tokens += made
+                    for _ in range(made):
+                        self.recent.append(now)
+                        slot.tokens.put(True)
                     if slot.left > 0:
                         kept.append(slot)
                 self.running = kept
@@ -202,7 +254,7 @@ def complete(
         gen.prompt_tokens += prompt
         gen.running_tokens += prompt
     stream = bool(request.get("stream"))
-    slot = Slot(count)
+    slot = Slot(count, prompt)
     gen.submit(slot)
     got = 0
     try:

@@ -208,8 +208,16 @@ class _State:
         self.queued = 0
         cap = getattr(args, "max_running_requests", None)
         graph = getattr(args, "cuda_graph_max_bs", None)
+        conservative = getattr(args, "schedule_conservativeness", None)
+        chunk = getattr(args, "chunked_prefill_size", None)
         # /v1/completions' scheduler and what it generated (sglang/_generate_double.py).
-        self.gen = Gen(int(cap) if cap else None, int(graph) if graph else None)
+        self.gen = Gen(
+            int(cap) if cap else None,
+            int(graph) if graph else None,
+            conservativeness=float(conservative) if conservative else None,
+            chunk=int(chunk) if chunk else None,
+            speculative=bool(getattr(args, "speculative_algorithm", None)),
+        )
 
     def toggle_wedged(self) -> None:
         if self.flowing.is_set():
