@@ -24,6 +24,10 @@ Records, with the key closed:
   to exit (what a router restart costs clients);
 - smg started with CONTROL_PLANE_API_KEYS in its environment and no option: is the control
   plane closed (does the Python launcher read that variable the Rust binary declares)?
+- a worker whose requests fail until its circuit breaker opens: what GET /workers, GET
+  /workers/{id} and the smg_worker_cb_state / smg_worker_health gauges say of it, what a client
+  gets once the other worker is drained, and whether the gauge moves when the breaker's timeout
+  passes with no request (smg moves an open breaker to half_open on its next look).
 
 Timings are rounded to 0.1 s; ids and ports, which change every run, are left out. No GPU, no
 engine, no network beyond PyPI for the install. Review the diff and commit the fixture.
@@ -71,6 +75,7 @@ class Rank:
     def __init__(self, name: str) -> None:
         self.name = name
         self.healthy = True
+        self.failing = False  # every chat request answered 500 (an engine in trouble)
         self.in_flight = 0
         self.served = 0
         self.lock = threading.Lock()
@@ -135,7 +140,7 @@ class Rank:
                 if self.path.split("?")[0] != "/v1/chat/completions":
                     self._send(404, {"error": "not found"})
                     return
-                if "fail:500" in body:  # an engine error, for the router's error counters
+                if "fail:500" in body or rank.failing:  # an engine error: the router counts it
                     self._send(500, {"error": "asked to fail"})
                     return
                 with rank.lock:
@@ -204,9 +209,11 @@ def running_smg(
     extra_env: dict[str, str],
     with_key: bool,
     metrics_port: int | None = None,
+    extra_args: tuple[str, ...] = (),
 ) -> Iterator[tuple[list[str], subprocess.Popen[str]]]:
-    """smg on 127.0.0.1:port (its Prometheus listener on metrics_port, else any free one);
-    yields its log lines (filled while it runs) and its process."""
+    """smg on 127.0.0.1:port (its Prometheus listener on metrics_port, else any free one;
+    extra_args after the capture's own); yields its log lines (filled while it runs) and its
+    process."""
     lines: list[str] = []
     with tempfile.TemporaryDirectory() as creds:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "SGLANG"))}
@@ -214,6 +221,8 @@ def running_smg(
         if with_key:
             (Path(creds) / "control-plane-key").write_text(KEY + "\n")
             env["CREDENTIALS_DIRECTORY"] = creds
+            # The launcher imports its siblings as operations.programs.* (as on a host).
+            env["PYTHONPATH"] = str(REPO)
             cmd = [python, str(LAUNCHER), "smg.launch_router"]
         else:
             cmd = [python, "-m", "smg.launch_router"]
@@ -224,6 +233,7 @@ def running_smg(
         cmd += ["--health-check-interval-secs", "1", "--health-failure-threshold", "2"]
         cmd += ["--health-success-threshold", "1", "--health-check-timeout-secs", "1"]
         cmd += ["--retry-max-retries", "1", "--worker-startup-timeout-secs", "60"]
+        cmd += list(extra_args)
         proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
@@ -281,6 +291,9 @@ def workers(port: int) -> dict[str, dict[str, Any]]:
 
 def statuses(port: int, names: dict[str, str]) -> dict[str, str]:
     return {names[u]: str(w.get("status")) for u, w in workers(port).items() if u in names}
+
+
+CHAT_BODY = {"model": "tiny", "messages": [{"role": "user", "content": "sleep:0"}]}
 
 
 def chat(port: int, sleep: float, results: list[dict[str, Any]]) -> None:
@@ -375,6 +388,78 @@ def capture_settle(port: int, url: str) -> dict[str, Any]:
         "listed health after the PATCH": workers(port)[url].get("health"),
     }
     found["drain_after_patch_settle_0s"] = removal(port, url, worker_id)
+    return found
+
+
+def gauge(metrics_port: int, family: str, names: dict[str, str]) -> dict[str, float]:
+    """One per-worker gauge on smg's Prometheus listener: {rank name: value} by its `worker`
+    label (the worker's URL)."""
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    with _DIRECT.open(url, timeout=10) as response:
+        text = response.read().decode(errors="replace")
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        match = re.match(rf'{family}{{worker="([^"]*)"}} (\S+)$', line.strip())
+        if match and match.group(1) in names:
+            found[names[match.group(1)]] = float(match.group(2))
+    return found
+
+
+def capture_breaker(python: str) -> dict[str, Any]:
+    """A worker listed `ready` whose circuit breaker is open (its requests answered 500), the
+    other one drained: what GET /workers and the metrics say of it, what a client gets, and
+    when the breaker lets requests through again (router_workers.py's peer guard)."""
+    a, b = Rank("a"), Rank("b")
+    names = {a.url: "a", b.url: "b"}
+    port, metrics_port, timeout_s = free_port(), free_port(), 4
+    flags = ("--cb-failure-threshold", "2", "--cb-timeout-duration-secs", str(timeout_s))
+    found: dict[str, Any] = {"flags": " ".join(flags)}
+    with running_smg(python, [a.url, b.url], port, {}, True, metrics_port, flags):
+        wait_for(lambda: statuses(port, names) == {"a": "ready", "b": "ready"}, 60, "2 ready")
+        found["smg_worker_cb_state before"] = gauge(metrics_port, "smg_worker_cb_state", names)
+        b.failing = True
+        answers: list[dict[str, Any]] = []
+
+        def opened() -> bool:
+            chat(port, 0, answers)
+            return gauge(metrics_port, "smg_worker_cb_state", names).get("b") == 1
+
+        wait_for(opened, 30, "b's breaker open")
+        listed = workers(port)[b.url]
+        found["b open: chat requests sent"] = len(answers)
+        found["b open: GET /workers"] = {
+            "status": listed.get("status"),
+            "is_healthy": listed.get("is_healthy"),
+            "keys": sorted(listed),
+        }
+        found["b open: GET /workers/{id} keys"] = sorted(
+            http("GET", port, f"/workers/{listed['id']}", key=KEY)[1]
+        )
+        found["b open: smg_worker_cb_state"] = gauge(metrics_port, "smg_worker_cb_state", names)
+        found["b open: smg_worker_health"] = gauge(metrics_port, "smg_worker_health", names)
+        ida = workers(port)[a.url]["id"]
+        http("DELETE", port, f"/workers/{ida}", key=KEY)
+        wait_for(lambda: statuses(port, names).get("a", "draining") == "draining", 10, "a out")
+        code, body = http("POST", port, "/v1/chat/completions", CHAT_BODY)
+        found["a drained, b listed ready with its breaker open: a chat request"] = {
+            "status": code,
+            "body": json.loads(json.dumps(body).replace(b.url, "{b}").replace(a.url, "{a}")),
+            "statuses": statuses(port, names),
+        }
+        b.failing = False
+        time.sleep(timeout_s + 1)
+        found[f"{timeout_s + 1} s later, no request meanwhile: smg_worker_cb_state"] = gauge(
+            metrics_port, "smg_worker_cb_state", names
+        )
+        after: list[dict[str, Any]] = []
+        chat(port, 0, after)
+        found["then a chat request"] = {
+            "status": after[0]["status"],
+            "served_by": after[0]["served_by"],
+        }
+        found["then smg_worker_cb_state"] = gauge(metrics_port, "smg_worker_cb_state", names)
+    for rank in (a, b):
+        rank.server.shutdown()
     return found
 
 
@@ -512,6 +597,7 @@ def capture(python: str, version: str) -> dict[str, Any]:
         }
     for rank in (a, b, c):
         rank.server.shutdown()
+    found["circuit_breaker_open"] = capture_breaker(python)
     return found
 
 

@@ -309,13 +309,13 @@ def compare_argv(
 
 def router_metrics_url(s: Settings, drain: DrainPlan | None) -> str | None:
     """The router's Prometheus server (its /metrics: per-worker counters) as this host reaches
-    it: the address the drain reaches the router at, on router.metrics_port (the router serves
-    its metrics on its bind address). None: no router, or rolls are not drain-protected."""
+    it: the drain plan's (the address the drain reaches the router at, on router.metrics_port;
+    the router serves its metrics on its bind address). None: no router, or rolls are not
+    drain-protected."""
     if drain is None or s.router is None:
         return None
-    address = drain.router_url.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
     # The program reads BASE/metrics (throughput_client.metrics): the server, not its page.
-    return layout.local_url(address, s.router.metrics_port)
+    return drain.router_metrics
 
 
 def _refusal(record: CanaryRecord, stopped: Sequence[int] = ()) -> str:

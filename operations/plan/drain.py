@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from operations import layout
 from operations.kb import Knowledge, RouterRelease
 from operations.plan.vocabulary import Decision
+from operations.programs.router_workers import PEER_WAIT_S
 from operations.settings import Settings
 
 # smg's drain settle for a worker a roll drains, in its unit (whole seconds): the shortest that
@@ -59,6 +60,12 @@ class DrainPlan:
     # (the ranks' key file on this host, the add request's field): each re-add carries the
     # ranks' key, read there (smg, ranks with an API key); None: the router needs none.
     worker_key: tuple[str, str] | None = None
+    # The router's Prometheus server as this host reaches it (router.metrics_port on the address
+    # above; its page is URL/metrics) and its circuit breaker's timeout (router.cb_timeout_s):
+    # the drain's peer guard reads each worker's breaker there (programs/router_workers.py:
+    # smg's GET /workers does not say it); None: not read (the guard takes `ready` alone).
+    router_metrics: str | None = None
+    breaker_timeout_s: int | None = None
 
     def worker(self, rank: int) -> str:
         """The rank as the router names it (its --worker-urls entry, resolver.worker_urls)."""
@@ -88,13 +95,21 @@ def _list_url(router_url: str, api: RouterRelease) -> str | None:
     return router_url.rstrip("/") + path if method == "GET" and "{" not in path else None
 
 
-def _router_url(
+def _router_address(
     host_name: str, settings: Settings, inventory_settings: list[tuple[str, Settings]]
 ) -> str:
     router = settings.router
     assert router is not None
     router_host = dict(inventory_settings).get(router.host, settings)
-    return layout.worker_url(router_address(host_name, router_host, router.bind), router.port)
+    return router_address(host_name, router_host, router.bind)
+
+
+def _router_url(
+    host_name: str, settings: Settings, inventory_settings: list[tuple[str, Settings]]
+) -> str:
+    assert settings.router is not None
+    address = _router_address(host_name, settings, inventory_settings)
+    return layout.worker_url(address, settings.router.port)
 
 
 def router_list_url(
@@ -141,8 +156,9 @@ def decide(
             f"(known: {known}): rolls restart ranks the router still sends requests to"
         )
         return None, Decision("roll drain", "none: rolls are not drain-protected", why), [why]
+    address = _router_address(host_name, settings, inventory_settings)
     plan = DrainPlan(
-        router_url=_router_url(host_name, settings, inventory_settings),
+        router_url=layout.worker_url(address, router.port),
         server_host=settings.server_host,
         base_port=settings.base_port,
         api=api,
@@ -152,6 +168,8 @@ def decide(
         worker_key=(layout.SECRETS_FILE, api.worker_api_key.field)
         if api.worker_api_key is not None and settings.api_key_file
         else None,
+        router_metrics=layout.local_url(address, router.metrics_port),
+        breaker_timeout_s=router.cb_timeout_s,
     )
     sources = ", ".join(s.url for s in api.source)
     timer = settle = keyed = ""
@@ -186,7 +204,10 @@ def decide(
             f"through {api.package} {router.version} at {plan.router_url}, up to "
             f"{settings.drain_timeout_s}s per batch"
             + (f", router settle {plan.settle_s}s" if plan.settle_s is not None else ""),
-            f"each restarted rank leaves the router first ({api.remove_worker}{timer}), "
+            f"each restarted rank leaves the router first ({api.remove_worker}{timer}) once "
+            "another is one the router would send a request to (listed ready, not stalled, its "
+            f"circuit breaker not open on {plan.router_metrics}/metrics; {PEER_WAIT_S}s at "
+            "most, then it leaves anyway, said), "
             "finishes its in-flight requests (its sglang:num_running_reqs and num_queue_reqs at "
             f"0, or {settings.drain_timeout_s}s), restarts, answers /health and a chat request, "
             f"then rejoins ({api.add_worker}); a rank that fails stays out and the roll stops"

@@ -6,7 +6,8 @@ serve step makes behind a router (operations/plan/drain.py decides it; the worke
 from the knowledge base's `routers` entry for the pinned release, as `METHOD /path`):
 
     router_workers.py --router URL --list 'GET /workers' --remove 'DELETE /workers/{id}' \\
-        --add 'POST /workers' --key-file PATH --timeout S out UNIT=WORKER_URL=METRICS_URL ...
+        --add 'POST /workers' --key-file PATH [--router-metrics URL --breaker-timeout S] \\
+        --timeout S out UNIT=WORKER_URL=METRICS_URL ...
     router_workers.py ... [--worker-key-file PATH --worker-key-field FIELD] --timeout S \\
         in UNIT=WORKER_URL ...
 
@@ -36,10 +37,34 @@ removal waits until --applied shows no job of the worker's pending or processing
 which would list the worker routable again: tests/fixtures/smg/behaviour-1.13.0.json
 "PATCH /workers/{id}: GET /workers/{id} while the update runs").
 
+--router-metrics URL --breaker-timeout S (out; smg): the router's Prometheus server
+(--prometheus-port, read as URL/metrics) and its --cb-timeout-duration-secs, for the peer
+guard below.
+
+Routable, for the guard, is what smg's placement takes: smg 1.13.0 draws a request's worker from
+those whose `is_available()` holds: status Ready, no liveness veto (`stall_reason`), no overload
+veto, and a circuit breaker that is not open (model_gateway/src/worker/worker.rs:2879-2887;
+routers/common/placement.rs:250-262); with none, the client gets 503 "All workers are
+unavailable (circuit breaker open or unhealthy)" (routers/http/router.rs:590-610). Only a pool
+whose every worker is vetoed by overload or liveness falls back to one that is ready with its
+breaker letting requests through (routers/common/overload.rs:94-146). What a client of smg can
+read of it: GET /workers gives `status` and `is_healthy` (both the status Ready) and `stalled`
+(the liveness veto's reason, absent when there is none), nothing of the breaker or the overload
+veto (crates/protocols/src/worker.rs:976-1030, worker/worker.rs:3307-3330); the breaker's state
+is only on the Prometheus listener, `smg_worker_cb_state{worker=URL}` (BREAKER_GAUGE). So a
+peer counts when it is listed ready, not stalled, and its breaker is not open. The gauge moves
+when the breaker does, and an open breaker moves to half_open (which takes requests) only when
+smg next looks at it after its timeout (worker/circuit_breaker.rs:171-204): a breaker seen open
+for --breaker-timeout seconds counts as half_open. The overload veto is left out: without
+--worker-overload-shed (the deploy sets none) an all-overloaded pool still places a request.
+Without the gauge (no --router-metrics, a page that cannot be read, sglang-router 0.3.2) the
+guard says so and takes the listing's `ready` alone.
+
 out: once another worker is routable (PEER_WAIT_S at most: a router that marked the others
-     unhealthy a moment ago, as after a saturating check, has them back), each worker the
-     router lists is removed (DELETE; the router sends it nothing new; what it already sent
-     finishes); a worker is out once the router no longer lists it or lists it
+     unhealthy, or opened their breakers, a moment ago, as after a saturating check, has them
+     back; after that the drain goes on, naming each peer and why it is not routable), each
+     worker the router lists is removed (DELETE; the router sends it nothing new; what it
+     already sent finishes); a worker is out once the router no longer lists it or lists it
      --draining. Then each rank's own /metrics is read (rank_metrics.py) until
      sglang:num_running_reqs plus sglang:num_queue_reqs is 0, for at most --timeout seconds
      (after that the restart goes on, and says how many requests it cuts): smg's drain is a
@@ -66,7 +91,7 @@ from typing import Any, TypedDict
 
 from operations.programs.api_key_file import read_api_key
 from operations.programs.polling import backoff
-from operations.programs.rank_metrics import requests_in_flight
+from operations.programs.rank_metrics import requests_in_flight, series
 
 # Polls back off (programs/polling.py): a removal the router makes at once, a rank whose last
 # request ends in a few ms, a worker listed healthy soon after it is added: each seen within
@@ -83,6 +108,13 @@ REMOVAL_TIMEOUT_S = 40
 # canary comparison, a rank's restart) has them back after its health checks pass again
 # (router.health_check_interval_s x health_success_threshold: 10 s at the deploy's settings).
 PEER_WAIT_S = 30
+# smg's circuit breaker state per worker on its Prometheus listener (--prometheus-port): a gauge
+# labelled `worker` with the worker's URL, 0 closed, 1 open, 2 half_open (smg 1.13.0,
+# model_gateway/src/observability/metrics.rs:2559-2566, worker/builder.rs:382-385,
+# worker/circuit_breaker.rs:35-38 and 62-76; tests/fixtures/smg/behaviour-1.13.0.json
+# "circuit_breaker_open"). GET /workers does not carry it (crates/protocols/src/worker.rs:976-1030).
+BREAKER_GAUGE = "smg_worker_cb_state"
+BREAKER_OPEN = 1.0
 
 # The router and the ranks are this deployment's own: no proxy may see or answer them.
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -180,6 +212,7 @@ class Worker(TypedDict, total=False):
     url: str
     is_healthy: bool
     status: str  # smg: pending, ready, not_ready, failed, draining
+    stalled: str  # smg: its liveness veto (unreachable, wedged), if any
     health: Health  # smg
     job_status: Job  # smg, GET /workers/{id} only
 
@@ -212,22 +245,99 @@ def in_flight(metrics_url: str) -> float | None:
     return requests_in_flight(text)
 
 
+def breaker_states(text: str) -> dict[str, float] | None:
+    """Each worker's circuit breaker state by URL on smg's /metrics page (BREAKER_GAUGE: 0
+    closed, 1 open, 2 half_open); None when the page has no sample of it (a router that does
+    not export it, as sglang-router 0.3.2 names none such)."""
+    found = {
+        labels["worker"].rstrip("/"): value
+        for name, labels, value in series(text)
+        if name == BREAKER_GAUGE and "worker" in labels
+    }
+    return found or None
+
+
+def unplaceable(
+    worker: Worker | None, open_for: float | None, breaker_timeout_s: float | None
+) -> str | None:
+    """Why smg would not place a request on this worker, or None when it would (smg 1.13.0's
+    Worker::is_available, model_gateway/src/worker/worker.rs:2879-2887: status Ready, no
+    liveness veto, circuit breaker not open; the module docstring). `open_for`: how long its
+    breaker has been seen open (None: not seen open, or its state unknown); one open for
+    at least `breaker_timeout_s` (the router's --cb-timeout-duration-secs) counts as half_open,
+    which lets requests through: smg moves it there on its next look
+    (worker/circuit_breaker.rs:171-204), and its gauge only then."""
+    if not ready(worker):
+        status = worker.get("status", "unhealthy") if worker is not None else "absent"
+        return f"listed {status}"
+    assert worker is not None
+    if worker.get("stalled"):
+        return f"stalled ({worker['stalled']})"
+    if open_for is not None and (breaker_timeout_s is None or open_for < breaker_timeout_s):
+        return "circuit breaker open"
+    return None
+
+
+def router_breakers(args: argparse.Namespace) -> dict[str, float] | None:
+    """The router's breaker states (breaker_states) from --router-metrics; None without the
+    argument, or when the page cannot be read or has none."""
+    if not args.router_metrics:
+        return None
+    url = args.router_metrics.rstrip("/") + "/metrics"
+    try:
+        with _DIRECT.open(url, timeout=REQUEST_TIMEOUT_S) as response:
+            text = response.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    return breaker_states(text)
+
+
 def peer_routable(
     args: argparse.Namespace, targets: list[tuple[str, str, str]], workers: dict[str, Worker]
 ) -> dict[str, Worker]:
-    """The router's list once a worker that is not leaving is routable (`ready`), or after
-    PEER_WAIT_S, said: taking out the last routable worker would turn every client away until
-    the others are back. A router that lists no other worker is not waited for."""
+    """The router's list once a worker that is not leaving is one smg would place a request
+    on (`unplaceable` is None: listed ready, not stalled, its circuit breaker not open, read
+    from --router-metrics), or after PEER_WAIT_S, said: taking out the last placeable worker
+    turns every client away (smg: 503 "All workers are unavailable") until the others are
+    back. Without the breaker's state (no --router-metrics, a page that cannot be read or has
+    no BREAKER_GAUGE) a worker listed ready and not stalled counts, said once. A router that
+    lists no other worker is not waited for."""
     leaving = {url for _, url, _ in targets}
     deadline = time.monotonic() + PEER_WAIT_S
     sleeps = backoff(FIRST_POLL_S, POLL_GROWTH, MAX_POLL_S)
+    open_since: dict[str, float] = {}
+    said = False
     while True:
-        others = [w for url, w in workers.items() if url not in leaving]
-        if not others or any(ready(w) for w in others):
+        others = {url: w for url, w in workers.items() if url not in leaving}
+        if not others:
             return workers
-        if time.monotonic() >= deadline:
+        breakers = router_breakers(args)
+        now = time.monotonic()
+        if breakers is None and not said:
+            where = args.router_metrics or "no --router-metrics"
             print(
-                f"no other worker is routable after {PEER_WAIT_S} s: draining anyway",
+                f"the router's circuit breakers are unknown ({where}: no {BREAKER_GAUGE}): "
+                "another worker counts as routable when the router lists it ready",
+                flush=True,
+            )
+            said = True
+        for url in others:
+            if breakers is not None and breakers.get(url) == BREAKER_OPEN:
+                open_since.setdefault(url, now)
+            else:
+                open_since.pop(url, None)
+        why = {
+            url: unplaceable(
+                w, now - open_since[url] if url in open_since else None, args.breaker_timeout
+            )
+            for url, w in others.items()
+        }
+        if any(reason is None for reason in why.values()):
+            return workers
+        if now >= deadline:
+            reasons = ", ".join(f"{url} {reason}" for url, reason in why.items())
+            print(
+                f"no other worker is routable after {PEER_WAIT_S} s ({reasons}): draining anyway",
                 flush=True,
             )
             return workers
@@ -433,6 +543,8 @@ def main() -> int:
     parser.add_argument("--settle", type=int)
     parser.add_argument("--update", default="")
     parser.add_argument("--applied", default="")
+    parser.add_argument("--router-metrics", default="")
+    parser.add_argument("--breaker-timeout", type=float)
     parser.add_argument("--timeout", type=float, required=True)
     parser.add_argument("action", choices=("out", "in"))
     parser.add_argument("targets", nargs="+")

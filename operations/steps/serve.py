@@ -70,6 +70,7 @@ class WorkersArgs(TypedDict):
     draining: str
     settle: tuple[int, str, str] | None
     worker_key: tuple[str, str] | None
+    breakers: tuple[str, int] | None
 
 
 @operation(is_idempotent=False)
@@ -83,6 +84,7 @@ def router_workers(
     draining: str = "",
     settle: tuple[int, str, str] | None = None,
     worker_key: tuple[str, str] | None = None,
+    breakers: tuple[str, int] | None = None,
 ) -> Commands:
     """
     Take ranks out of the router and wait for their in-flight requests, or put them back.
@@ -98,6 +100,8 @@ def router_workers(
       settle (smg), set before its removal and carried by its re-add; None: the router's own
     + worker_key: (the ranks' key file on the host, the add request's field): each re-add
       carries the ranks' key, read there (its path only); None: the router needs none
+    + breakers: (the router's Prometheus server, its breaker timeout in seconds): out waits for
+      another worker whose circuit breaker is not open there; None: for one listed ready
     """
     list_call, remove_call, add_call = api
     words = ["python3", layout.ROUTER_WORKERS_SCRIPT, "--router", router]
@@ -110,6 +114,9 @@ def router_workers(
     if worker_key is not None and action == "in":
         key_file, field = worker_key
         words += ["--worker-key-file", key_file, "--worker-key-field", field]
+    if breakers is not None and action == "out":
+        metrics_url, breaker_timeout_s = breakers
+        words += ["--router-metrics", metrics_url, "--breaker-timeout", str(breaker_timeout_s)]
     words += ["--timeout", str(timeout_s), action, *targets]
     yield shlex.join(words)
 
@@ -136,6 +143,9 @@ def workers_args(drain: DrainPlan, action: DrainAction, ranks: Sequence[int]) ->
         if api_drain is None or drain.settle_s is None
         else (drain.settle_s, api_drain.settle_update, api_drain.settle_applied),
         "worker_key": drain.worker_key,
+        "breakers": None
+        if drain.router_metrics is None or drain.breaker_timeout_s is None
+        else (drain.router_metrics, drain.breaker_timeout_s),
     }
 
 

@@ -612,7 +612,8 @@ def test_a_drain_waits_for_another_routable_worker_before_taking_its_own_out(
     """After a saturating check the router may list the other workers not_ready for a few
     health checks; taking the last routable worker out then turns every client away (seen on
     the two-rank testbed: 503 "All workers are unavailable" while a canary's promotion drained
-    the other rank). The drain waits until another worker is ready, and not past PEER_WAIT_S."""
+    the other rank). The drain waits until another worker is ready, and not past PEER_WAIT_S.
+    Here no --router-metrics: the guard says it takes `ready` alone."""
     import argparse
 
     from operations.programs import router_workers as rw
@@ -623,24 +624,151 @@ def test_a_drain_waits_for_another_routable_worker_before_taking_its_own_out(
     def listed(args: argparse.Namespace) -> dict[str, rw.Worker]:
         state = next(states)
         lists.append(state)
-        worker = {"id": "b", "url": "http://b", "is_healthy": True, "status": state}
+        worker = {"id": "b", "url": "http://b", "is_healthy": state == "ready", "status": state}
         return {"http://b": worker}  # type: ignore[dict-item]
 
     monkeypatch.setattr(rw, "listed", listed)
     monkeypatch.setattr("operations.programs.router_workers.time.sleep", lambda seconds: None)
+    args = argparse.Namespace(router_metrics="", breaker_timeout=None)
     leaving = [("sglang@0.service", "http://a", "")]
     first = {
         "http://a": {"id": "a", "url": "http://a", "is_healthy": True, "status": "ready"},
         "http://b": {"id": "b", "url": "http://b", "is_healthy": False, "status": "not_ready"},
     }
-    got = rw.peer_routable(argparse.Namespace(), leaving, first)  # type: ignore[arg-type]
+    got = rw.peer_routable(args, leaving, first)  # type: ignore[arg-type]
     assert got["http://b"]["status"] == "ready" and lists == ["not_ready", "not_ready", "ready"]
+    assert "circuit breakers are unknown (no --router-metrics" in capsys.readouterr().out
     # No other worker listed: nothing to wait for.
     alone = {"http://a": first["http://a"]}
-    assert rw.peer_routable(argparse.Namespace(), leaving, alone) is alone  # type: ignore[arg-type]
-    # Never ready: it drains anyway after PEER_WAIT_S, and says so.
+    assert rw.peer_routable(args, leaving, alone) is alone  # type: ignore[arg-type]
+    # Never ready: it drains anyway after PEER_WAIT_S, and says so, and why.
     clock = iter(range(0, 1000, 10))
     monkeypatch.setattr("operations.programs.router_workers.time.monotonic", lambda: next(clock))
     monkeypatch.setattr(rw, "listed", lambda args: {"http://b": first["http://b"]})
-    rw.peer_routable(argparse.Namespace(), leaving, first)  # type: ignore[arg-type]
-    assert "no other worker is routable after 30 s: draining anyway" in capsys.readouterr().out
+    rw.peer_routable(args, leaving, first)  # type: ignore[arg-type]
+    said = capsys.readouterr().out
+    assert "no other worker is routable after 30 s (http://b listed not_ready): " in said
+    assert "draining anyway" in said
+
+
+def _smg_breaker_page(states: dict[str, float]) -> str:
+    """smg's /metrics as it writes smg_worker_cb_state (the metrics capture's family and label;
+    observability/metrics.rs:2559-2566), beside a gauge of the same label."""
+    lines = ["# TYPE smg_worker_cb_state gauge"]
+    lines += [f'smg_worker_cb_state{{worker="{url}"}} {value}' for url, value in states.items()]
+    lines += [f'smg_worker_health{{worker="{url}"}} 1' for url in states]
+    return "\n".join(lines) + "\n"
+
+
+def test_the_breaker_gauge_is_the_one_the_real_smg_exports() -> None:
+    """The family and its label are the captured smg's, and the capture saw the gauge at 1 for
+    a worker GET /workers listed ready, whose listing has no breaker field."""
+    from operations.programs import router_workers as rw
+
+    fixtures = Path(__file__).parents[1] / "fixtures" / "smg"
+    families = json.loads((fixtures / "metrics-1.13.0.json").read_text())["families"]
+    assert families[rw.BREAKER_GAUGE] == {"labels": ["worker"], "type": "gauge"}
+    seen = json.loads((fixtures / "behaviour-1.13.0.json").read_text())["circuit_breaker_open"]
+    assert seen["b open: GET /workers"]["status"] == "ready"
+    assert seen["b open: smg_worker_cb_state"]["b"] == rw.BREAKER_OPEN
+    assert not [k for k in seen["b open: GET /workers"]["keys"] if "circuit" in k or "cb" in k]
+    answer = seen["a drained, b listed ready with its breaker open: a chat request"]
+    assert answer["status"] == 503 and "All workers are unavailable" in json.dumps(answer)
+
+
+def test_breaker_states_read_smg_s_gauge_by_worker_url() -> None:
+    from operations.programs import router_workers as rw
+
+    page = _smg_breaker_page({"http://b:1/": 1.0, "http://c:2": 0.0})
+    assert rw.breaker_states(page) == {"http://b:1": 1.0, "http://c:2": 0.0}
+    # sglang-router 0.3.2's page, or any without the gauge: unknown, not "all closed".
+    assert rw.breaker_states("sgl_router_requests_total 3\n") is None
+
+
+def test_a_peer_listed_ready_with_its_breaker_open_or_stalled_is_not_routable() -> None:
+    """smg places a request only on a worker that is Ready, not stalled and whose breaker is
+    not open (Worker::is_available); GET /workers says the first two, the metrics the third."""
+    from operations.programs import router_workers as rw
+
+    ready: rw.Worker = {"id": "b", "url": "http://b", "is_healthy": True, "status": "ready"}
+    assert rw.unplaceable(ready, None, 10) is None
+    assert rw.unplaceable(ready, 0.0, 10) == "circuit breaker open"
+    assert rw.unplaceable(ready, 9.9, 10) == "circuit breaker open"
+    # Open for its whole timeout: smg's next look makes it half_open, which takes requests.
+    assert rw.unplaceable(ready, 10.0, 10) is None
+    assert rw.unplaceable(ready, 99.0, None) == "circuit breaker open"
+    stalled: rw.Worker = {**ready, "stalled": "unreachable"}
+    assert rw.unplaceable(stalled, None, 10) == "stalled (unreachable)"
+    not_ready: rw.Worker = {**ready, "is_healthy": False, "status": "not_ready"}
+    assert rw.unplaceable(not_ready, None, 10) == "listed not_ready"
+    assert rw.unplaceable(None, None, 10) == "listed absent"
+
+
+def test_a_drain_waits_for_a_peer_whose_breaker_lets_requests_through(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The testbed's case: the other rank listed ready, its breaker open. The drain waits
+    until the router's metrics show it closed (or half_open), or until it has been seen open
+    for the breaker's timeout; an unreadable page falls back to `ready`, said."""
+    import argparse
+
+    from operations.programs import router_workers as rw
+
+    leaving = [("sglang@0.service", "http://a", "")]
+    both = {
+        "http://a": {"id": "a", "url": "http://a", "is_healthy": True, "status": "ready"},
+        "http://b": {"id": "b", "url": "http://b", "is_healthy": True, "status": "ready"},
+    }
+    monkeypatch.setattr(rw, "listed", lambda args: both)
+    monkeypatch.setattr("operations.programs.router_workers.time.sleep", lambda seconds: None)
+    args = argparse.Namespace(router_metrics="http://r:29000", breaker_timeout=10.0)
+
+    pages = iter([{"http://a": 0.0, "http://b": 1.0}] * 2 + [{"http://a": 0.0, "http://b": 2.0}])
+    reads: list[dict[str, float]] = []
+
+    def breakers(args: argparse.Namespace) -> dict[str, float] | None:
+        reads.append(next(pages))
+        return rw.breaker_states(_smg_breaker_page(reads[-1]))
+
+    monkeypatch.setattr(rw, "router_breakers", breakers)
+    rw.peer_routable(args, leaving, both)  # type: ignore[arg-type]
+    assert len(reads) == 3  # waited while b's breaker was open, went on once half_open
+    assert "draining anyway" not in capsys.readouterr().out
+
+    # Open, with no request to move it: after the breaker's timeout it counts as half_open.
+    clock = iter(range(0, 1000, 4))
+    monkeypatch.setattr("operations.programs.router_workers.time.monotonic", lambda: next(clock))
+    monkeypatch.setattr(rw, "router_breakers", lambda args: {"http://b": 1.0})
+    reads.clear()
+    rw.peer_routable(args, leaving, both)  # type: ignore[arg-type]
+    assert "draining anyway" not in capsys.readouterr().out
+
+    # No breaker timeout known: it waits PEER_WAIT_S, then drains, naming why.
+    args = argparse.Namespace(router_metrics="http://r:29000", breaker_timeout=None)
+    rw.peer_routable(args, leaving, both)  # type: ignore[arg-type]
+    said = capsys.readouterr().out
+    assert "(http://b circuit breaker open): draining anyway" in said
+
+    # The page cannot be read: `ready` alone, said once.
+    monkeypatch.setattr(rw, "router_breakers", lambda args: None)
+    assert rw.peer_routable(args, leaving, both) is both  # type: ignore[arg-type]
+    said = capsys.readouterr().out
+    assert said.count("circuit breakers are unknown (http://r:29000: no smg_worker_cb_state)") == 1
+
+
+def test_behind_a_router_the_plan_hands_the_drain_its_metrics_and_breaker_timeout() -> None:
+    """The guard's metrics URL is the router's Prometheus server where the drain reaches the
+    router (the canary reads the same one), and only `out` gets it."""
+    from operations.plan.canary_plan import router_metrics_url
+    from operations.steps.serve import host_argv, router_workers, workers_args
+
+    s = with_router()
+    plan, _, _ = drain.decide("ct200", s, [("ct200", s)], kb.load())
+    assert plan is not None and s.router is not None
+    assert plan.router_metrics == f"http://127.0.0.1:{s.router.metrics_port}"
+    assert plan.breaker_timeout_s == s.router.cb_timeout_s
+    assert router_metrics_url(s, plan) == plan.router_metrics
+    out = " ".join(host_argv(router_workers, **workers_args(plan, "out", [0])))
+    back = " ".join(host_argv(router_workers, **workers_args(plan, "in", [0])))
+    want = f"--router-metrics {plan.router_metrics} --breaker-timeout {s.router.cb_timeout_s}"
+    assert want in out and "--router-metrics" not in back
