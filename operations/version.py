@@ -8,7 +8,7 @@ Semantic versioning (https://semver.org/): while the major is 0, a minor release
 ranks or move the router, and its CHANGELOG.md entry says so.
 """
 
-VERSION = "0.14.0"
-# The date of VERSION's heading in CHANGELOG.md ("## [0.14.0] - 2026-12-07"): its anchor.
+VERSION = "0.15.0"
+# The date of VERSION's heading in CHANGELOG.md ("## [0.15.0] - 2026-12-07"): its anchor.
 RELEASED = "2026-12-07"
 CHANGELOG = "CHANGELOG.md"

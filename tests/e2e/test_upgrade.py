@@ -47,7 +47,7 @@ from tests.testbed import Container
 pytestmark = pytest.mark.e2e
 
 # The versions a host is upgraded from: (version, commit), CHANGELOG.md's.
-PREVIOUS = ("0.13.0", "d247fe508033de653e0937a374e9913aaa3d3b9b")
+PREVIOUS = ("0.14.0", "25e5cb84eeb11705dd93674b95706b33238576d8")
 LAST_ON_SGLANG_ROUTER = ("0.9.0", "80d22312444e3134bd0a9b6cbf0f5b3bc531a455")
 # Where an earlier version keeps its settings' schema (it refuses a key it does not know).
 SCHEMAS = ("operations/settings/settings.schema.json", "operations/settings.schema.json")
