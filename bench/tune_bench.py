@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import json
 import os
 import random
@@ -41,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from operations.render.host_scripts import script_text  # noqa: E402
-from tests.doubles.rank_doubles import engine_env, free_port  # noqa: E402
+from tests.doubles.rank_doubles import engine_env, free_port, scheduler_module  # noqa: E402
 
 KEY = "sk-bench-tune"
 LOAD = [
@@ -58,26 +57,15 @@ MEM_LIMIT = 0.93
 READY_S = 60
 
 
-def double_module() -> object:
-    """The double's scheduler module alone (stdlib only), to read its step time."""
-    path = ROOT / "tests" / "doubles" / "packages" / "sglang" / "_generate_double.py"
-    spec = importlib.util.spec_from_file_location("generate_double_for_bench", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def truth(settings: dict[str, float], knobs: dict[str, str]) -> float | None:
     """The double's output tokens/s at saturation with `settings` (None: it cannot start)."""
     if settings["mem_fraction_static"] > MEM_LIMIT:
         return None
-    gen_module = double_module()
+    gen_module = scheduler_module("generate_double_for_bench")
     saved = dict(os.environ)
     os.environ.update(knobs)
     try:
-        gen = gen_module.Gen(  # type: ignore[attr-defined]
+        gen = gen_module.Gen(
             int(settings["max_running_requests"]), int(settings["cuda_graph_max_bs"])
         )
     finally:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import importlib.util
 import os
 import socket
 import subprocess
@@ -20,9 +21,23 @@ import sys
 import threading
 import zipfile
 from pathlib import Path
-from types import TracebackType
+from types import ModuleType, TracebackType
 
 from tests.doubles import wheels
+
+DOUBLES = Path(__file__).resolve().parent / "packages"
+
+
+def scheduler_module(name: str = "generate_double") -> ModuleType:
+    """The SGLang double's scheduler module alone (sglang/_generate_double.py, stdlib only: the
+    package's __init__ needs a built wheel), to read its step time and levers in-process."""
+    path = DOUBLES / "sglang" / "_generate_double.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def engine_env(out: Path, release: str = "0.5.11") -> Path:

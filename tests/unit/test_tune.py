@@ -5,7 +5,6 @@ crash safety (a cut-off tune's rank put back) and the server double's levers."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -27,10 +26,10 @@ from operations.plan.tune_plan import TUNE_REFUSAL, candidates, pick_rank, tune_
 from operations.programs import tune_table
 from operations.render.host_scripts import load
 from operations.settings import Settings
+from tests.doubles.rank_doubles import scheduler_module
 from tests.unit.builders import facts, make_settings
 
 DEMO = ("inventory/demo_day2.py", "--dry")
-DOUBLES = Path(__file__).resolve().parents[1] / "doubles" / "packages"
 
 
 def _resolve(s: Settings) -> ResolvedHost:
@@ -289,14 +288,7 @@ def test_a_state_file_that_cannot_be_read_is_refused_naming_it(
 
 @pytest.fixture(scope="module")
 def gen_module() -> ModuleType:
-    # The module alone (stdlib only): the package's __init__ needs a built wheel.
-    path = DOUBLES / "sglang" / "_generate_double.py"
-    spec = importlib.util.spec_from_file_location("generate_double_for_tune", path)
-    assert spec is not None and spec.loader is not None
-    double = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = double
-    spec.loader.exec_module(double)
-    return double
+    return scheduler_module("generate_double_for_tune")
 
 
 def test_the_double_decodes_a_batch_past_its_graph_size_slower(gen_module: ModuleType) -> None:

@@ -8,9 +8,6 @@ speed moved by each, in shape."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import sys
-from pathlib import Path
 from types import MappingProxyType, ModuleType
 
 import pytest
@@ -24,10 +21,10 @@ from operations.plan import resolver
 from operations.plan.resolver.types import ResolvedHost
 from operations.plan.tune_plan import TUNED, Candidate, candidates
 from operations.settings import Layer, Settings, load, with_values
+from tests.doubles.rank_doubles import scheduler_module
 from tests.unit.builders import BASE, facts, make_settings
 
 MTP = {"algorithm": "EAGLE", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4}
-DOUBLES = Path(__file__).resolve().parents[1] / "doubles" / "packages"
 
 
 def _resolve(s: Settings) -> ResolvedHost:
@@ -216,14 +213,7 @@ def test_every_candidate_s_lines_load_back_into_the_settings_it_was_resolved_fro
 
 @pytest.fixture(scope="module")
 def gen_module() -> ModuleType:
-    # The module alone (stdlib only): the package's __init__ needs a built wheel.
-    path = DOUBLES / "sglang" / "_generate_double.py"
-    spec = importlib.util.spec_from_file_location("generate_double_for_levers", path)
-    assert spec is not None and spec.loader is not None
-    double = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = double
-    spec.loader.exec_module(double)
-    return double
+    return scheduler_module("generate_double_for_levers")
 
 
 def test_the_double_admits_more_at_a_lower_conservativeness_under_its_kv_limit(
