@@ -26,9 +26,11 @@ plan asks, put it a chat question (`smoke`: a candidate that answers wrong is fa
    throughput.py's rule), an unreadable key or unit file.
 3. The rank's unit file is copied beside the state file and the state file written, then the
    rank leaves the router and drains (--out).
-4. Each candidate in order, while the budget (--budget seconds from the start) can still hold
-   it: the current settings are measured as they serve; any other's unit is written (a new file
-   renamed over it, 0644), the rank restarted (--restart); one that cannot start or never gets
+4. Each candidate in order, then the current settings once more (`current, again`: their
+   drift between first and last is part of the noise, tune_table.baseline), while the budget
+   (--budget seconds from the start) can still hold it: the current settings are measured as
+   they serve; any other's unit is written (a new file renamed over it, 0644), the rank
+   restarted (--restart); one that cannot start or never gets
    healthy is shown FAILED with the rank's own journal line, one the plan refused is shown
    FAILED with the plan's reason and never started; a started one is measured by the load
    client (load_client.py: the ramp to a queue, --rounds windows, the rank's own counters).
@@ -80,8 +82,10 @@ from operations.programs.roll_steps import WAIT, Step, run, steps_of
 from operations.programs.roll_waiting import wait_for_go
 from operations.programs.throughput_guard import figures
 from operations.programs.tune_table import (
+    AGAIN,
     Row,
     failed_row,
+    is_current,
     measured_row,
     proposal,
     resumable,
@@ -381,7 +385,11 @@ class Tune:
             os.makedirs(directory, mode=0o755, exist_ok=True)
         write_atomic(self.saved, original)
         self.write_state(None)
-        names = [str(c.get("name")) for c in raw]
+        text = original.decode()
+        # The current settings once more after every candidate (tune_table.AGAIN): their drift
+        # is part of the noise.
+        planned: list[dict[str, object]] = [*raw, {"name": AGAIN, "lines": [], "unit": None}]
+        names = [str(c.get("name")) for c in planned]
         self.keep(
             {
                 "event": "start",
@@ -401,8 +409,14 @@ class Tune:
         try:
             if run(f"{args.unit} (tune: out of the router)", self.out, []) != 0:
                 raise Refused(f"{args.unit} could not leave the router and drain (above)")
-            for index, candidate in enumerate(raw, 1):
+            for index, candidate in enumerate(planned, 1):
                 name = str(candidate.get("name"))
+                if name == AGAIN:
+                    measured = [r.get("status") == "measured" for r in rows]
+                    if not (measured and measured[0] and any(measured[1:])):
+                        break  # nothing to compare with the current settings
+                    now = read_bytes(args.unit_path)
+                    candidate = {**candidate, "unit": None if now == original else text}
                 need = per_measure + (args.start_estimate if candidate.get("unit") else 0)
                 if name in kept:
                     row: Row = {**kept[name], "kept_from": str(resumes)}
@@ -417,7 +431,7 @@ class Tune:
                     )
                 else:
                     self.say(
-                        f"tune: [{index}/{len(raw)}] {name} ... "
+                        f"tune: [{index}/{len(planned)}] {name} ... "
                         f"({minutes(time.monotonic() - began)} in, "
                         f"{minutes(deadline - time.monotonic())} of the budget left)"
                     )
@@ -430,7 +444,7 @@ class Tune:
                     else f"{str(row.get('status')).upper()}: {row.get('why')}"
                 )
                 shown += f" (kept from {resumes})" if "kept_from" in row else ""
-                self.say(f"tune: [{index}/{len(raw)}] {name}: {shown}")
+                self.say(f"tune: [{index}/{len(planned)}] {name}: {shown}")
         finally:
             # Once restoring, a second signal must not cut it short.
             for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
@@ -469,7 +483,7 @@ def work(argv: list[str], script: str) -> int:
         tune.say(line)
     chosen, said = proposal(rows, bounds)
     tune.say(said)
-    lines = chosen.get("lines") or [] if chosen is not None and chosen["name"] != "current" else []
+    lines = chosen.get("lines") or [] if chosen is not None and not is_current(chosen) else []
     for line in lines:
         tune.say(f"    {line}")
     tune.keep({**summary(rows, chosen, said), "proposal": lines, "restored": restored})

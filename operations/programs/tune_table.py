@@ -2,11 +2,15 @@
 against the current settings and the noise, the best, and the proposal. Shared by the host
 program (programs/tune.py) and its tests; stdlib only.
 
-The noise of a comparison is the larger of the two sides' own noise (throughput_guard.noise:
-the rounds' half-range over their median); a change is beyond the noise when its size is
-larger. The best is the measured candidate with the highest median; the proposal is the best
-when it is faster than the current settings beyond the noise, else the current settings (a
-difference the noise explains is no reason to change). With latency bounds (the most TTFT and
+The current settings are measured first and again last (`AGAIN`, after every candidate): the
+baseline is their mean, and its noise the larger of each one's own (throughput_guard.noise: the
+rounds' half-range over their median) and the drift between them (half their difference over
+the mean), so a host whose speed moved during the tune widens the noise rather than crediting
+or blaming a candidate. The noise of a comparison is the larger of the row's and the
+baseline's; a change is beyond the noise when its size is larger. The best is the measured
+candidate with the highest median; the proposal is the best when it is faster than the current
+settings beyond the noise, else the current settings (a difference the noise explains is no
+reason to change). With latency bounds (the most TTFT and
 ITL p50 a proposal may have), only rows within them may be the best, and current settings over
 a bound are proposed away from whenever a row within them was measured.
 
@@ -65,19 +69,46 @@ def failed_row(name: str, lines: list[str], status: str, why: str) -> Row:
     return {"name": name, "lines": lines, "status": status, "why": why}
 
 
+# The current settings are measured first and, after every candidate, again (AGAIN): a drift
+# of the host between them (another tenant's load, the card's clock) is part of the noise every
+# change is judged against, as paired runs (A B ... A) measure it.
+CURRENT = "current"
+AGAIN = "current, again"
+
+
+def is_current(row: Row) -> bool:
+    return row.get("name") in (CURRENT, AGAIN)
+
+
+def baseline(rows: list[Row]) -> tuple[float, float] | None:
+    """The current settings' rate (the mean of their measurements) and their noise: the larger
+    of each measurement's own and the drift between the first and the last (half their
+    difference over the rate); None when the first was not measured."""
+    first = rows[0] if rows and rows[0].get("status") == "measured" else None
+    if first is None or not first.get("output_tok_s"):
+        return None
+    runs = [
+        r for r in rows if is_current(r) and r.get("status") == "measured" and r.get("output_tok_s")
+    ]
+    rates = [float(r.get("output_tok_s") or 0) for r in runs]
+    rate = statistics.mean(rates)
+    drift = (max(rates) - min(rates)) / 2 / rate
+    return rate, max(drift, *(float(r.get("noise") or 0) for r in runs))
+
+
 def compared(rows: list[Row]) -> list[Row]:
-    """Each row with its change against the first (the current settings) and whether that is
-    beyond the noise; rows not measured, or all of them when the current settings were not,
-    get None."""
-    base = rows[0] if rows and rows[0].get("status") == "measured" else None
+    """Each row with its change against the current settings (`baseline`) and whether that is
+    beyond the noise (the larger of the row's and the baseline's); rows not measured, or all of
+    them when the current settings were not, get None."""
+    base = baseline(rows)
     out: list[Row] = []
     for row in rows:
         row = dict(row)  # type: ignore[assignment]
-        if base is None or row.get("status") != "measured" or not base.get("output_tok_s"):
+        if base is None or row.get("status") != "measured":
             row["change"], row["beyond_noise"] = None, None
         else:
-            ratio = float(row.get("output_tok_s") or 0) / float(base["output_tok_s"])
-            n = max(float(row.get("noise") or 0), float(base.get("noise") or 0))
+            ratio = float(row.get("output_tok_s") or 0) / base[0]
+            n = max(float(row.get("noise") or 0), base[1])
             row["change"] = round(ratio - 1, 4)
             row["beyond_noise"] = abs(ratio - 1) > n
         out.append(row)
@@ -99,11 +130,15 @@ def over(row: Row, bounds: Bounds) -> str:
 
 
 def best(rows: list[Row], bounds: Bounds = (None, None)) -> Row | None:
-    """The measured row within the bounds with the highest median (the first of equals)."""
+    """The measured row within the bounds with the highest median (the first of equals; the
+    current settings' runs count as one, the first)."""
     measured = [
         r
         for r in rows
-        if r.get("status") == "measured" and r.get("output_tok_s") and not over(r, bounds)
+        if r.get("status") == "measured"
+        and r.get("output_tok_s")
+        and not over(r, bounds)
+        and r.get("name") != AGAIN
     ]
     return max(measured, key=lambda r: float(r.get("output_tok_s") or 0), default=None)
 
@@ -124,7 +159,7 @@ def proposal(rows: list[Row], bounds: Bounds = (None, None)) -> tuple[Row | None
         )
     current_over = over(rows[0], bounds)
     if not current_over and (
-        top["name"] == rows[0]["name"] or not top.get("beyond_noise") or not top.get("change")
+        is_current(top) or not top.get("beyond_noise") or not top.get("change")
     ):
         return rows[0], (
             "tune: keep the current settings: no candidate was faster beyond the noise "
@@ -173,6 +208,15 @@ def table(rows: list[Row], bounds: Bounds = (None, None)) -> list[str]:
         )
     if kept:
         lines.append(f"* measured by the cut-off tune of {', '.join(kept)} (resumed)")
+    base = baseline(rows)
+    runs = [r for r in rows if is_current(r) and r.get("status") == "measured"]
+    if base is not None and len(runs) > 1:
+        first, last = (float(r.get("output_tok_s") or 0) for r in (runs[0], runs[-1]))
+        lines.append(
+            f"the current settings measured first and last: {first:.1f} and {last:.1f} "
+            f"output tok/s; every change is against their mean, beyond a noise of at least "
+            f"{base[1]:.1%}"
+        )
     return lines
 
 
@@ -200,7 +244,7 @@ def resumable(
         name = record.get("name")
         if (
             isinstance(name, str)
-            and name != "current"
+            and name not in (CURRENT, AGAIN)
             and record.get("status")
             in (
                 "measured",
@@ -216,11 +260,11 @@ def summary(rows: list[Row], chosen: Row | None, said: str) -> dict[str, object]
     against the current settings and the noise that change was judged against."""
     if chosen is None:
         return {"summary": said, "best": None, "change": None, "noise": None, "beyond_noise": None}
-    base = rows[0] if rows else {}
+    base = baseline(rows)
     return {
         "summary": said,
         "best": chosen.get("name"),
         "change": chosen.get("change"),
-        "noise": max(float(chosen.get("noise") or 0), float(base.get("noise") or 0)),
+        "noise": max(float(chosen.get("noise") or 0), base[1] if base else 0.0),
         "beyond_noise": chosen.get("beyond_noise"),
     }

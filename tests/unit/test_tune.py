@@ -377,17 +377,20 @@ def test_a_search_measures_each_candidate_shows_one_that_never_starts_and_restor
     tune = _Measured.make(program)(program.parse(args), "tune.py")
     rows, restored = tune.search(None)
     assert restored is True
-    assert [r["status"] for r in rows] == ["measured", "measured", "failed", "failed"]
+    assert [r["status"] for r in rows] == ["measured", "measured", "failed", "failed", "measured"]
+    assert rows[-1]["name"] == "current, again" and rows[-1]["output_tok_s"] == 100.0
     assert rows[1]["output_tok_s"] == 150.0 and rows[2]["why"].startswith("never healthy: ")
     assert rows[3]["why"] == "refused by the plan: x"
-    # Back on its own unit, restarted on it, back in the router; nothing of the run left.
+    # Back on its own unit (restarted on it to measure it again), back in the router; nothing
+    # of the run left.
     assert (tmp_path / "unit").read_text() == "rate=100 own\n"
     assert log.read_text().split() == ["restart", "restart", "restart", "readmitted"]
     assert not (tmp_path / "tune.state").exists() and not (tmp_path / "tune.state.unit").exists()
     kept = [json.loads(x) for x in (tmp_path / "tune.jsonl").read_text().splitlines()]
     (start,) = [k for k in kept if k.get("event") == "start"]
-    assert start["candidates"] == ["current", "a", "b", "c"] and start["resumes"] is None
-    assert [k["name"] for k in kept if "name" in k] == ["current", "a", "b", "c"]
+    assert start["candidates"] == ["current", "a", "b", "c", "current, again"]
+    assert start["resumes"] is None
+    assert [k["name"] for k in kept if "name" in k] == ["current", "a", "b", "c", "current, again"]
     chosen, _ = tune_table.proposal(rows)
     assert chosen is not None and chosen["lines"] == ["a: 1"]
 
@@ -427,16 +430,16 @@ def test_a_cut_off_tune_is_resumed_keeping_what_it_measured_and_measuring_curren
     again.id = "later"  # type: ignore[attr-defined]
     rows, restored = again.search(None)  # type: ignore[attr-defined]
     assert restored is True
-    assert [r.get("kept_from") for r in rows] == [None, cut, None, None]
-    assert [r["output_tok_s"] for r in rows] == [100.0, 150.0, 120.0, 90.0]
+    assert [r.get("kept_from") for r in rows] == [None, cut, None, None, None]
+    assert [r["output_tok_s"] for r in rows] == [100.0, 150.0, 120.0, 90.0, 100.0]
     (start,) = [r for r in _records(tmp_path) if r.get("tune") == "later" and "event" in r]
     assert start["resumes"] == cut
     said = capsys.readouterr().out
     assert f"resuming the tune of {cut} (cut off): 1 of its candidates" in said
-    assert f"tune: [2/4] a: 150.0 output tok/s (kept from {cut})" in said
-    assert "tune: [2/4] a ... " not in said  # not measured again
+    assert f"tune: [2/5] a: 150.0 output tok/s (kept from {cut})" in said
+    assert "tune: [2/5] a ... " not in said  # not measured again
     shown = tune_table.table(rows)
-    assert shown[2].startswith("a *") and shown[-1] == (
+    assert shown[2].startswith("a *") and shown[-2] == (
         f"* measured by the cut-off tune of {cut} (resumed)"
     )
 
@@ -569,3 +572,21 @@ def test_a_candidate_that_answers_wrong_is_failed_and_never_measured(
     assert restored is False  # its own unit's restart asks the question too: it fails as well
     assert rows[1]["status"] == "failed" and rows[1]["why"].startswith("answers wrong: ")
     assert "output_tok_s" not in rows[1]
+
+
+def test_the_current_settings_measured_again_last_put_their_drift_into_the_noise() -> None:
+    rows = [_row("current", [99, 100, 101]), _row("a", [107, 108, 109])]
+    # Measured once, `a` is 8% faster beyond a 1% noise.
+    assert tune_table.compared(rows)[1]["beyond_noise"] is True
+    # The host sped up during the tune (the current settings 116 at the end): the baseline is
+    # their mean (108) and its noise their drift (7.4%): `a` is no faster, and kept off.
+    again = [*rows, _row("current, again", [115, 116, 117])]
+    judged = tune_table.compared(again)
+    assert judged[1]["change"] == 0.0 and judged[1]["beyond_noise"] is False
+    chosen, said = tune_table.proposal(again)
+    assert chosen is not None and chosen["name"] == "current" and "keep" in said
+    assert tune_table.summary(again, chosen, said)["noise"] == pytest.approx(0.074, abs=1e-3)
+    assert tune_table.table(again)[-1] == (
+        "the current settings measured first and last: 100.0 and 116.0 output tok/s; every "
+        "change is against their mean, beyond a noise of at least 7.4%"
+    )
