@@ -7,7 +7,9 @@ double's knobs, tests/doubles/packages/sglang/_generate_double.py), so nobody kn
 candidate in advance, and runs the bundled tune program (programs/tune.py) as the host runs it,
 at the defaults (3 windows; windows of 2 s to keep a trial short), on one rank of the double
 whose "unit" is its command line: the restart step restarts the double on it. The candidates are
-the knowledge base's for the e2e test's current settings (32 running, a graph size of 32).
+the knowledge base's for the e2e test's current settings (32 running, a graph size of 32) over
+the levers this double is given (the running cap, the graph size, the memory fraction and the
+scheduler's conservativeness, with a KV cache of a random number of requests).
 
 The right answer is the double's own capacity for each candidate, from its scheduler's step
 time (Gen.step_s: a batch of the running cap, decoded as fast as the double decodes it, with no
@@ -47,11 +49,18 @@ LOAD = [
     "--input-len", "8", "--output-len", "32", "--start", "8", "--most", "512",
     "--ramp-timeout", "60", "--rounds", "3", "--window", "2", "--timeout", "240", "--model", "m",
 ]  # fmt: skip
-CURRENT = {"max_running_requests": 32, "cuda_graph_max_bs": 32, "mem_fraction_static": 0.9}
+# The e2e test's current settings; the scheduler's conservativeness at the release's 1.0.
+CURRENT = {
+    "max_running_requests": 32,
+    "cuda_graph_max_bs": 32,
+    "mem_fraction_static": 0.9,
+    "schedule_conservativeness": 1.0,
+}
 FLAGS = {
     "max_running_requests": "--max-running-requests",
     "cuda_graph_max_bs": "--cuda-graph-max-bs",
     "mem_fraction_static": "--mem-fraction-static",
+    "schedule_conservativeness": "--schedule-conservativeness",
 }
 MEM_LIMIT = 0.93
 READY_S = 60
@@ -66,7 +75,9 @@ def truth(settings: dict[str, float], knobs: dict[str, str]) -> float | None:
     os.environ.update(knobs)
     try:
         gen = gen_module.Gen(
-            int(settings["max_running_requests"]), int(settings["cuda_graph_max_bs"])
+            int(settings["max_running_requests"]),
+            int(settings["cuda_graph_max_bs"]),
+            settings["schedule_conservativeness"],
         )
     finally:
         os.environ.clear()
@@ -153,6 +164,9 @@ def trial(work: Path, env: Path, n: int) -> tuple[bool, bool, str]:
         "SGLANG_DOUBLE_BATCH_COST": f"{draw.uniform(0.01, 0.04):.3f}",
         "SGLANG_DOUBLE_EAGER_COST": f"{draw.uniform(1.5, 3.0):.2f}",
         "SGLANG_DOUBLE_MEM_LIMIT": str(MEM_LIMIT),
+        # The KV cache's room, in requests (over the conservativeness): it may cap a larger
+        # running cap, so that several candidates tie or a smaller one is as good.
+        "SGLANG_DOUBLE_KV_REQUESTS": str(draw.randint(40, 160)),
     }
     here = work / f"trial{n}"
     here.mkdir()

@@ -233,3 +233,20 @@ def test_the_simulated_ct200_holds_the_finished_fixtures_records() -> None:
     from operations.simulated import ct200
 
     assert ct200.captured("tune-state.txt") == output("finished")
+
+
+def test_a_tune_the_real_program_wrote_is_read_as_finished_with_its_proposal() -> None:
+    """tests/fixtures/tune/bench-trial.jsonl: programs/tune.py's own file (SOURCE.md)."""
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "tune" / "bench-trial.jsonl"
+    records = path.read_text().splitlines()
+    written = [json.loads(x) for x in records]
+    (start,) = [r for r in written if r.get("event") == "start"]
+    (summary,) = [r for r in written if "summary" in r]
+    last = parse_tune([f"record {x}" for x in records] + ["end"])
+    assert last.notes == () and last.phase == "finished", last
+    run = last.current
+    assert run is not None and run.summary is not None
+    assert run.total == len(start["candidates"]) and run.done == len(start["candidates"])
+    assert run.summary.best == summary["best"] and run.summary.proposal == tuple(
+        summary["proposal"]
+    )
