@@ -51,7 +51,7 @@ from operations.settings import Settings, SettingsError, with_values
 
 # The default time budget of a whole tune: a real rank (a 27B model) takes minutes to start,
 # and each candidate starts once; three hours holds the default search on CT200 (15
-# candidates: `make demo-tune` estimates about 135 minutes).
+# candidates: `make demo-tune` estimates about 140 minutes).
 DEFAULT_BUDGET_S = 10800
 # What one start of a rank is estimated at for `--dry`, where the release's start-up is not
 # measured yet: the bound is health_timeout_s (said beside it).
@@ -284,11 +284,14 @@ def tune_plan(
     starts = sum(1 for c in found if c.unit is not None and not c.refused)
     took = measure_s(s)
     start_s = min(START_ESTIMATE_S, s.health_timeout_s)
-    least = len([c for c in found if not c.refused]) * took
+    # The current settings are measured once more last (programs/tune_table.AGAIN), on the
+    # rank's own unit restarted: one measurement and one start more.
+    least = (len([c for c in found if not c.refused]) + (1 if starts else 0)) * took
     likely = least + (starts + (1 if starts else 0)) * start_s
     estimate = (
         f"{len(found)} candidates ({starts} to start, "
-        f"{len(found) - 1 - starts} refused by the plan); about {likely / 60:.0f} min "
+        f"{len(found) - 1 - starts} refused by the plan; the current settings measured again "
+        f"last); about {likely / 60:.0f} min "
         f"({took:g} s measuring each, about {start_s} s a start, each start at most "
         f"health_timeout_s {s.health_timeout_s} s); budget {budget_s / 60:.0f} min"
     )
