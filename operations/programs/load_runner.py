@@ -40,14 +40,23 @@ RESULT_MAX = 16 * 2**20
 OFF = "set throughput_check: off"
 
 
+LOAD_INTS = ("--input-len", "--output-len", "--start", "--most", "--rounds")
+LOAD_SECONDS = ("--ramp-timeout", "--window", "--timeout")
+# Every flag of the load's shape, as an argparse Namespace names it (the tune's plan digest).
+LOAD_KEYS = tuple(
+    f.removeprefix("--").replace("-", "_")
+    for f in (*LOAD_INTS, "--fixed", *LOAD_SECONDS, "--model")
+)
+
+
 def add_load_flags(parser: argparse.ArgumentParser) -> None:
     """The load's shape, as the plan writes it for both programs (plan/throughput_plan.py
     load_flags): lengths, where the ramp starts and the most it goes to (--fixed: no ramp),
     rounds and their window, the model's served name and the whole run's time budget."""
-    for name in ("--input-len", "--output-len", "--start", "--most", "--rounds"):
+    for name in LOAD_INTS:
         parser.add_argument(name, type=int, required=True)
     parser.add_argument("--fixed", action="store_true")
-    for name in ("--ramp-timeout", "--window", "--timeout"):
+    for name in LOAD_SECONDS:
         parser.add_argument(name, type=float, required=True)
     parser.add_argument("--model", required=True)
 

@@ -71,6 +71,7 @@ from typing import NoReturn, cast
 from operations.programs.hostsafe import mask_journal, read_listeners
 from operations.programs.load_client import LOAD, load_main
 from operations.programs.load_runner import (
+    LOAD_KEYS,
     WHO_GETS_THE_KEY,
     add_load_flags,
     listener_refusal,
@@ -126,22 +127,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-# The load's shape (load_runner.add_load_flags): a cut-off tune measured with another is not
-# resumed.
-LOAD_KEYS = (
-    "input_len",
-    "output_len",
-    "start",
-    "most",
-    "rounds",
-    "fixed",
-    "ramp_timeout",
-    "window",
-    "timeout",
-    "model",
-)
 
 
 def plan_digest(args: argparse.Namespace, raw: list[dict[str, object]]) -> str:

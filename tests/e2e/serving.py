@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from operations import layout
 from operations.kb.pins import router_file
 from tests.doubles import wheels as doubles
 from tests.e2e.deploying import (
@@ -221,9 +222,10 @@ class HealthWatch:
 
 
 def health_urls(c: Container, dp_size: int, base_port: int = 30000) -> dict[str, str]:
-    """Each rank's /health as the test reaches it (the ranks bind the container's address)."""
+    """Each rank's /health as the test reaches it (the ranks bind the container's address;
+    base_port: the setting's default)."""
     return {
-        f"sglang@{r}.service": f"http://{c.address}:{base_port + r}/health" for r in range(dp_size)
+        layout.unit_name(r): layout.health_url(c.address, base_port + r) for r in range(dp_size)
     }
 
 
