@@ -36,7 +36,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import cast
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -87,30 +86,29 @@ def truth(settings: dict[str, float], knobs: dict[str, str]) -> float | None:
 
 
 def candidates() -> list[dict[str, object]]:
-    """The knowledge base's search over the levers of CURRENT, as the plan builds it
-    (tune_plan.candidates; the other levers, which this bench's double is not given, left out),
-    each candidate's unit the double's settings."""
+    """The plan's own search (tune_plan.candidates) for CURRENT on the simulated CT200, less
+    the candidates that move a lever this bench's double is not given; each candidate's unit
+    the double's settings."""
     from operations import kb
+    from operations.plan import resolver
+    from operations.plan.tune_plan import candidates as planned
+    from tests.unit.builders import facts, make_settings
 
-    space = kb.load_throughput().tune
-    moves: list[dict[str, float]] = []
-    for lever, values in space.values.items():
-        if lever in CURRENT:
-            moves += [{lever: float(cast(float, v))} for v in values if v != CURRENT[lever]]
-    for pair in space.together:
-        for value in space.values[pair.lead]:
-            move = {pair.lead: float(cast(float, value)), pair.follows: float(cast(float, value))}
-            if any(v != CURRENT[k] for k, v in move.items()) and move not in moves:
-                moves.append(move)
-    found: list[dict[str, object]] = [{"name": "current", "lines": [], "unit": None}]
-    for move in moves:
-        settings = {**CURRENT, **move}
-        name = " + ".join(f"{k}={v:g}" for k, v in move.items())
-        unit = json.dumps(settings, sort_keys=True) + "\n"
-        found.append(
-            {"name": name, "lines": [f"{k}: {v:g}" for k, v in move.items()], "unit": unit}
-        )
-    return [{**c, "refused": "", "changes": {}} for c in found]
+    s = make_settings(**CURRENT)
+    knowledge = kb.load()
+    found = planned(
+        s, 7, kb.load_throughput().tune, lambda t: resolver.resolve(t, facts(), knowledge)
+    )
+    kept = [c for c in found if set(c.changes) <= set(CURRENT) and not c.refused]
+    return [
+        {
+            **c.to_json(),
+            "unit": None
+            if c.unit is None
+            else json.dumps({**CURRENT, **c.changes}, sort_keys=True) + "\n",
+        }
+        for c in kept
+    ]
 
 
 def restart(unit: str, pidfile: str, port: str, knobs_file: str) -> int:
