@@ -31,8 +31,9 @@ from pyinfra.api.facts import FactBase
 
 from operations import layout
 
-# A tune writes a start line, a row per candidate (nine by default) and a summary: the last
-# run's lines, and the end of the one before it, fit.
+# A tune writes a start line, a row per candidate (16 by default: 15 candidates and the
+# current settings measured again) and a summary: the last run's lines, and the end of the one
+# before it, fit.
 RECORDS_READ = 48
 # A row is well under 2 KiB (a failure's journal line is the longest part); a longer line is
 # cut, then read as unreadable: at most RECORDS_READ x LINE_BYTES travel.
